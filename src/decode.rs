@@ -1,0 +1,5 @@
+//! Bytes → capture (being written).
+
+/// A decoded capture that owns its bytes (being written).
+#[derive(Debug, Clone, Default)]
+pub struct OwnedCapture {}
