@@ -10,15 +10,17 @@
 //! Prints one line per check and a table of TFLOP/s (median of interleaved repeats,
 //! CUDA events, after warm-up). Exits non-zero if any check fails.
 
+#[allow(dead_code)] // each example uses its own part of the shared code
 mod common;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use common::gemm::{check, median, Gemm, Out, Problem, Reference, Timer, Variant, WARPS_PER_BLOCK};
-use tracing_gpu::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use tracing_gpu::cuda::{ensure_libraries, CudaError};
-use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use common::gemm::{
+    check, median, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant, EVENTS,
+};
+use tracing_gpu::clock::HostClock;
+use tracing_gpu::cuda::cudarc::driver::CudaContext;
+use tracing_gpu::cuda::ensure_libraries;
 
 /// The tolerance the issue sets: ‖C − ref‖ / ‖ref‖ for bf16 inputs.
 const TOLERANCE: f64 = 1e-2;
@@ -92,49 +94,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// A zeroed trace buffer with its header, sized for `gemm` on `p`, and its kernel argument.
-struct TraceBuffer {
-    buf: CudaSlice<u8>,
-    arg: KernelArg,
-}
-
-impl TraceBuffer {
-    fn new(stream: &Arc<CudaStream>, gemm: &Gemm, p: &Problem) -> Result<Self, CudaError> {
-        let cfg = gemm.config(p);
-        let slot_count = cfg.grid_dim.0 * WARPS_PER_BLOCK;
-        // Records per warp: at most 3 per k-tile (wait, load or mma, release) and 2 per
-        // tile (epilogue, tile), for each tile the block walks.
-        let capacity = (gemm.tiles_per_block(p) * (3 * (p.k / common::gemm::BK) + 2)) as u32;
-        let size = format::buffer_size(slot_count, capacity)
-            .ok_or_else(|| CudaError::Invalid("trace buffer too large".into()))?;
-        let mut host = vec![0u8; size];
-        BufferHeader {
-            version: format::VERSION,
-            slot_capacity: capacity,
-            slot_count,
-            warps_per_block: WARPS_PER_BLOCK,
-            launch_id: 1,
-            grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
-            block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
-            flags: 0,
-        }
-        .write_to(&mut host);
-        let buf = stream.clone_htod(&host)?;
-        let base = {
-            use tracing_gpu::cuda::cudarc::driver::DevicePtr;
-            buf.device_ptr(stream).0
-        };
-        Ok(TraceBuffer {
-            buf,
-            arg: KernelArg {
-                base,
-                capacity,
-                slot_count,
-            },
-        })
-    }
-}
-
 fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     ensure_libraries()?;
     let ctx = CudaContext::new(0)?;
@@ -171,40 +130,48 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         for g in &gemms {
-            let trace = if g.variant.traced() {
-                Some(TraceBuffer::new(&stream, g, &p)?)
-            } else {
-                None
-            };
-            match check(
+            let trace = g
+                .variant
+                .traced()
+                .then(|| TraceBuffer::new(&stream, g, &p))
+                .transpose()?;
+            let result = check(
                 g,
                 &ref_values,
                 &stream,
                 &mut p,
                 trace.as_ref().map(|t| &t.arg),
-            ) {
-                Ok(err) => {
-                    let pass = err <= TOLERANCE;
+            )
+            .and_then(|err| {
+                Ok((
+                    err,
+                    trace.as_ref().map(|t| t.recorded(&stream)).transpose()?,
+                ))
+            });
+            let label = format!(
+                "check {}×{}×{} {:<16}",
+                shape.0,
+                shape.1,
+                shape.2,
+                g.variant.name()
+            );
+            match result {
+                Ok((err, recorded)) => {
+                    let want = g.expected_records(&p);
+                    let pass = err <= TOLERANCE && recorded.is_none_or(|r| r == want);
                     ok &= pass;
+                    let records = match recorded {
+                        Some(r) => format!(", {r} records of {want} expected"),
+                        None => String::new(),
+                    };
                     println!(
-                        "check {}×{}×{} {:<16} rel err {:.3e} {}",
-                        shape.0,
-                        shape.1,
-                        shape.2,
-                        g.variant.name(),
-                        err,
+                        "{label} rel err {err:.3e}{records} {}",
                         if pass { "ok" } else { "FAIL" }
                     );
                 }
                 Err(e) => {
                     ok = false;
-                    println!(
-                        "check {}×{}×{} {:<16} FAIL: {e}",
-                        shape.0,
-                        shape.1,
-                        shape.2,
-                        g.variant.name()
-                    );
+                    println!("{label} FAIL: {e}");
                 }
             }
         }
@@ -214,7 +181,7 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let mut p = Problem::new(&stream, args.shape, args.out, 0xBE7C)?;
     // SAFETY: written by cuBLAS before anything reads it.
     let mut c_blas = unsafe { stream.alloc::<u8>(p.m * p.n * args.out.size()) }?;
-    let traces: Vec<Option<TraceBuffer>> = gemms
+    let mut traces: Vec<Option<TraceBuffer>> = gemms
         .iter()
         .map(|g| {
             g.variant
@@ -223,24 +190,15 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                 .transpose()
         })
         .collect::<Result<_, _>>()?;
-    let timers: Vec<Timer> = (0..=gemms.len())
-        .map(|_| Timer::new(&ctx))
-        .collect::<Result<_, _>>()?;
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); gemms.len() + 1];
-    for rep in 0..args.reps + 3 {
-        for (i, g) in gemms.iter().enumerate() {
-            timers[i].around(&stream, || {
-                g.launch(&stream, &mut p, traces[i].as_ref().map(|t| &t.arg))
-            })?;
-        }
-        timers[gemms.len()].around(&stream, || reference.gemm(&p, &mut c_blas, args.out))?;
-        for (i, t) in timers.iter().enumerate() {
-            let ms = t.ms()? as f64;
-            if rep >= 3 {
-                times[i].push(ms);
-            }
-        }
-    }
+    let mut times = time_interleaved(
+        &ctx,
+        &stream,
+        &gemms,
+        &mut traces,
+        &mut p,
+        |p| reference.gemm(p, &mut c_blas, args.out),
+        (3, args.reps),
+    )?;
     let flops = p.flops();
     let blas_ms = median(&mut times[gemms.len()].clone());
     println!(
@@ -265,25 +223,65 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         100.0
     );
 
-    // One traced launch into a clean buffer, written out raw for the decoder and the CLI.
+    // One traced launch into a clean buffer, written out raw for the decoder and the
+    // CLI, with what a reader needs to know about the launch beside it.
     if let Some(path) = &args.raw {
         let g = gemms
             .iter()
-            .find(|g| g.variant.traced())
-            .ok_or("--raw needs a traced variant in --variants")?;
+            .find(|g| matches!(g.variant, Variant::Phases | Variant::Full))
+            .ok_or("--raw needs phases or full in --variants")?;
         let t = TraceBuffer::new(&stream, g, &p)?;
+        let before = HostClock::Boottime.now_ns();
         g.launch(&stream, &mut p, Some(&t.arg))?;
         stream.synchronize()?;
-        let bytes = stream.clone_dtoh(&t.buf)?;
-        std::fs::write(path, &bytes)?;
+        let after = HostClock::Boottime.now_ns();
+        let bytes = t.bytes(&stream)?;
+        write_maybe_gz(path, &bytes)?;
+        let cfg = g.config(&p);
+        let events: Vec<String> = EVENTS
+            .iter()
+            .map(|(id, name)| format!("\"{id}\": \"{name}\""))
+            .collect();
+        let meta = format!(
+            "{{\n  \"device\": \"{}\",\n  \"kernel\": \"{}\",\n  \"variant\": \"{}\",\n  \"shape\": [{}, {}, {}],\n  \"grid\": [{}, 1, 1],\n  \"block\": [{}, 1, 1],\n  \"slot_count\": {},\n  \"capacity\": {},\n  \"host_launch_boottime_ns\": {before},\n  \"host_complete_boottime_ns\": {after},\n  \"events\": {{{}}}\n}}\n",
+            ctx.name()?,
+            common::gemm::KERNEL,
+            g.variant.name(),
+            p.m,
+            p.n,
+            p.k,
+            cfg.grid_dim.0,
+            cfg.block_dim.0,
+            t.arg.slot_count,
+            t.arg.capacity,
+            events.join(", ")
+        );
+        let meta_path = path.with_extension("json");
+        std::fs::write(&meta_path, meta)?;
         println!(
-            "\nwrote {} ({} bytes, variant {}, {} slots of {} records)",
+            "\nwrote {} ({} bytes raw, variant {}, {} slots of {} records) and {}",
             path.display(),
             bytes.len(),
             g.variant.name(),
             t.arg.slot_count,
-            t.arg.capacity
+            t.arg.capacity,
+            meta_path.display()
         );
     }
     Ok(ok)
+}
+
+/// Writes `bytes` to `path`, gzip-compressed if the name ends in `.gz`.
+fn write_maybe_gz(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut z = flate2::write::GzEncoder::new(
+            std::fs::File::create(path)?,
+            flate2::Compression::default(),
+        );
+        z.write_all(bytes)?;
+        z.finish()?.sync_all()
+    } else {
+        std::fs::write(path, bytes)
+    }
 }

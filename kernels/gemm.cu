@@ -39,6 +39,180 @@
 #define GEMM_RECORDER 0
 #endif
 
+// The events, by warp role. Payloads: the k-tile index for per-k-tile events, the tile
+// index for per-tile ones.
+TGPU_EVENT(ProdWait, 1);  // producer: waiting for the consumers to free a stage
+TGPU_EVENT(Load, 2);      // producer: issuing the stage's TMA copies (they land asynchronously)
+TGPU_EVENT(Wait, 3);      // consumer: waiting for the stage's data to land
+TGPU_EVENT(Mma, 4);       // consumer: issuing the k-tile's wgmma, retiring the previous one
+TGPU_EVENT(Epilogue, 5);  // consumer: draining the last wgmma and storing C
+TGPU_EVENT(Tile, 6);      // consumer, level 2: the whole tile
+TGPU_EVENT(Release, 7);   // consumer, level 2 instant: a stage handed back to the producer
+
+#if defined(TGPU_ENABLED) && TGPU_ENABLED && GEMM_RECORDER != 0
+namespace baseline {
+
+// The two designs we compare against, reimplemented from their published descriptions
+// behind the same interface as tgpu::Recorder, so the GEMM's call sites are the same
+// lines in every build. Both read their buffer from the same tgpu::Trace argument.
+
+template <class T, class... Ts>
+struct index_of;
+template <class T, class... Ts>
+struct index_of<T, T, Ts...> {
+  static constexpr unsigned int value = 0;
+};
+template <class T, class U, class... Ts>
+struct index_of<T, U, Ts...> {
+  static constexpr unsigned int value = 1 + index_of<T, Ts...>::value;
+};
+
+__device__ __forceinline__ unsigned long long timer64() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned int timer32() {
+  unsigned int t;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned int slot_index() {
+  return blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+}
+
+#if GEMM_RECORDER == 1
+// The seed (CuTe DSL SM profiler, PR "in-kernel SM profiler"): a per-(block, warp) append
+// buffer of 5 x int64 records {event id, start, end, smid, payload}; each warp's record
+// counter lives in global memory, padded to its own 128-byte line; start times stay in
+// registers (a compile-time open-id map); a switch shares one timer read; lane 0 writes.
+// Buffer: slot_count counters of 128 B, then slot_count x capacity records of 40 B.
+template <class... Events>
+class Recorder {
+  unsigned long long* counter_;
+  unsigned long long* records_;
+  unsigned int capacity_;
+  bool writes_;
+  unsigned long long start_[sizeof...(Events)];
+
+  template <class T>
+  __device__ __forceinline__ void record(unsigned long long start, unsigned long long end, unsigned int payload) {
+    if (writes_) {
+      unsigned long long n;
+      asm volatile("ld.global.u64 %0, [%1];" : "=l"(n) : "l"(counter_) : "memory");
+      if (n < capacity_) {
+        unsigned long long* r = records_ + n * 5;
+        unsigned int sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        r[0] = T::id;
+        r[1] = start;
+        r[2] = end;
+        r[3] = sm;
+        r[4] = payload;
+      }
+      asm volatile("st.global.u64 [%0], %1;" ::"l"(counter_), "l"(n + 1) : "memory");
+    }
+  }
+
+ public:
+  __device__ __forceinline__ explicit Recorder(tgpu::Trace t) {
+    const unsigned int s = slot_index();
+    writes_ = t.base != 0 && s < t.slot_count && threadIdx.x % 32 == 0;
+    counter_ = reinterpret_cast<unsigned long long*>(t.base) + s * 16;
+    records_ = reinterpret_cast<unsigned long long*>(t.base + 128ull * t.slot_count) +
+               (unsigned long long)s * t.capacity * 5;
+    capacity_ = t.capacity;
+  }
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    start_[index_of<T, Events...>::value] = timer64();
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int payload = 0) {
+    const unsigned long long t = timer64();
+    record<T>(start_[index_of<T, Events...>::value], t, payload);
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
+    const unsigned long long t = timer64();
+    record<A>(start_[index_of<A, Events...>::value], t, payload);
+    start_[index_of<B, Events...>::value] = t;
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int payload = 0) {
+    const unsigned long long t = timer64();
+    record<T>(t, t, payload);
+  }
+  __device__ __forceinline__ void flush() {}
+};
+
+#elif GEMM_RECORDER == 2
+// FlashInfer's profiler (include/flashinfer/profiler.cuh): one 8-byte entry per event
+// boundary, {tag, %globaltimer_lo}, the tag packing smid, block, event id and
+// begin/end/instant; a write pointer in registers that strides over all (block, group)
+// pairs, so entry i of every group lies together; one writer thread per group (here lane
+// 0 of each warp); __threadfence_block() around every event; no payload, no fused switch
+// (a switch is an end and a begin). Buffer: entry 0 = {blocks, groups}, then the entries.
+template <class... Events>
+class Recorder {
+  unsigned long long* ptr_;
+  unsigned int stride_;
+  unsigned int tag_;
+  bool writes_;
+
+  __device__ __forceinline__ void entry(unsigned int id, unsigned int type) {
+    if (writes_) {
+      const unsigned int t = timer32();
+      *ptr_ = ((unsigned long long)t << 32) | (tag_ | (id << 2) | type);
+      ptr_ += stride_;
+    }
+  }
+
+ public:
+  __device__ __forceinline__ explicit Recorder(tgpu::Trace t) {
+    const unsigned int groups = blockDim.x / 32;
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    unsigned long long* buf = reinterpret_cast<unsigned long long*>(t.base);
+    writes_ = t.base != 0 && threadIdx.x % 32 == 0;
+    if (writes_ && blockIdx.x == 0 && threadIdx.x == 0) {
+      buf[0] = ((unsigned long long)groups << 32) | gridDim.x;
+    }
+    ptr_ = buf + 1 + blockIdx.x * groups + threadIdx.x / 32;
+    stride_ = gridDim.x * groups;
+    tag_ = (sm << 24) | ((blockIdx.x & 0xFFF) << 12);
+  }
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    entry(T::id, 0);
+    __threadfence_block();
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int = 0) {
+    __threadfence_block();
+    entry(T::id, 1);
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
+    end<A>(payload);
+    begin<B>();
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int = 0) {
+    __threadfence_block();
+    entry(T::id, 2);
+    __threadfence_block();
+  }
+  __device__ __forceinline__ void flush() {}
+};
+#endif
+
+}  // namespace baseline
+#define GEMM_RECORDER_DECL(name, ...) ::baseline::Recorder<__VA_ARGS__> name(tgpu_trace)
+#else
+#define GEMM_RECORDER_DECL(name, ...) TGPU_RECORDER(name, __VA_ARGS__)
+#endif
+
 namespace gemm {
 
 typedef unsigned int u32;
@@ -195,7 +369,7 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
 extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     tgpu_gemm_bf16(const __grid_constant__ gemm::TensorMap tma_a,
                    const __grid_constant__ gemm::TensorMap tma_b, gemm::out_t* __restrict__ c,
-                   int m, int n, int k) {
+                   int m, int n, int k TGPU_TRACE_PARAM) {
   using namespace gemm;
   extern __shared__ unsigned char smem_raw[];
   const u32 ring = (smem_addr(smem_raw) + 1023) & ~1023u;
@@ -224,20 +398,29 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     // Producer: registers are returned for the consumers' accumulators.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (warp != 0) return;
+    GEMM_RECORDER_DECL(rec, ProdWait, Load);
     int stage = 0;
     u32 phase = 0;  // parity of the ring's current lap
     bool first_lap = true;
+    rec.begin<ProdWait>();
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       int tm, tn;
       tile_coords(t, tiles_m, tiles_n, tm, tn);
+      const bool last_tile = t + (int)gridDim.x >= tiles;
       for (int kt = 0; kt < ktiles; ++kt) {
         // The stage is free once every consumer warp released it on the previous lap.
         if (!first_lap) bar_wait(empty + 8 * stage, phase ^ 1);
+        rec.switch_to<ProdWait, Load>(kt);
         if (lane == 0) {
           const u32 a = ring + stage * STAGE_BYTES;
           bar_expect_tx(full + 8 * stage, STAGE_BYTES);
           tma_load(a, &tma_a, kt * BK, tm * BM, full + 8 * stage);
           tma_load(a + A_BYTES, &tma_b, kt * BK, tn * BN, full + 8 * stage);
+        }
+        if (last_tile && kt + 1 == ktiles) {
+          rec.end<Load>(kt);
+        } else {
+          rec.switch_to<Load, ProdWait>(kt);
         }
         if (++stage == STAGES) {
           stage = 0;
@@ -246,9 +429,11 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
         }
       }
     }
+    rec.flush();
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = warpgroup - 1;  // which 64 rows of the tile this warpgroup owns
+    GEMM_RECORDER_DECL(rec, Wait, Mma, Epilogue, Tile, Release);
     int stage = 0;
     u32 phase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -258,8 +443,11 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       int prev = -1;
+      if (GEMM_TRACE_LEVEL >= 2) rec.begin<Tile>();
+      rec.begin<Wait>();
       for (int kt = 0; kt < ktiles; ++kt) {
         bar_wait(full + 8 * stage, phase);
+        rec.switch_to<Wait, Mma>(kt);
         const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
         const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
         wgmma_fence();
@@ -273,6 +461,12 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
         // stage can be handed back to the producer.
         wgmma_wait<1>();
         if (prev >= 0 && lane == 0) bar_arrive(empty + 8 * prev);
+        if (GEMM_TRACE_LEVEL >= 2 && prev >= 0) rec.instant<Release>(kt - 1);
+        if (kt + 1 < ktiles) {
+          rec.switch_to<Mma, Wait>(kt);
+        } else {
+          rec.switch_to<Mma, Epilogue>(kt);
+        }
         prev = stage;
         if (++stage == STAGES) {
           stage = 0;
@@ -294,6 +488,9 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
         store_pair(c0 + 8 * j, d[4 * j], d[4 * j + 1]);
         store_pair(c8 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
       }
+      rec.end<Epilogue>(t);
+      if (GEMM_TRACE_LEVEL >= 2) rec.end<Tile>(t);
     }
+    rec.flush();
   }
 }

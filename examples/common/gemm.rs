@@ -13,7 +13,7 @@ use tracing_gpu::cuda::cudarc::driver::{
     DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
-use tracing_gpu::format::KernelArg;
+use tracing_gpu::format::{self, BufferHeader, KernelArg};
 
 /// The kernel's source, embedded so one binary is all the GPU machine needs.
 pub const SOURCE: &str = include_str!("../../kernels/gemm.cu");
@@ -34,6 +34,17 @@ pub const WARPS_PER_BLOCK: u32 = THREADS / 32;
 /// Dynamic shared memory per block: the ring, its barriers and 1 KiB of alignment slack
 /// (mirrors `gemm::SMEM_BYTES`; the kernel traps if it is given less).
 pub const SMEM_BYTES: u32 = STAGES * ((BM + BN) * BK * 2) as u32 + 2 * STAGES * 8 + 1024;
+
+/// The kernel's event types (`TGPU_EVENT` in gemm.cu): id and name, for the registry.
+pub const EVENTS: [(u16, &str); 7] = [
+    (1, "prod_wait"),
+    (2, "load"),
+    (3, "wait"),
+    (4, "mma"),
+    (5, "epilogue"),
+    (6, "tile"),
+    (7, "release"),
+];
 
 /// Which instrumentation a build carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,6 +335,22 @@ impl Gemm {
         tiles.div_ceil(self.config(p).grid_dim.0 as usize)
     }
 
+    /// Records a launch of this variant writes on `p`, all warps together: the count
+    /// the trace must hold (in begin/end pairs for the FlashInfer design).
+    pub fn expected_records(&self, p: &Problem) -> u64 {
+        let tiles = (p.m / BM * (p.n / BN)) as u64;
+        let kt = (p.k / BK) as u64;
+        // Per tile: the producer warp records wait and load per k-tile; each of the 8
+        // consumer warps records wait and mma per k-tile and an epilogue, and at level 2
+        // also a tile range and a release instant for every k-tile but the last.
+        let consumer = match self.variant {
+            Variant::Off => return 0,
+            Variant::Full => 3 * kt + 1,
+            Variant::Phases | Variant::Seed | Variant::FlashInfer => 2 * kt + 1,
+        };
+        tiles * (2 * kt + 8 * consumer)
+    }
+
     /// Launches the product on `stream`. `trace` must be given exactly when the variant
     /// is traced: the untraced kernel has no such parameter.
     pub fn launch(
@@ -512,6 +539,66 @@ impl Timer {
     }
 }
 
+/// Times every kernel of `gemms` (with its trace buffer, if traced) and `extra`
+/// (cuBLAS, say) on `p`, in `warmup + reps` rounds that each run all of them once.
+/// Returns the milliseconds of the last `reps` rounds: `times[i][round]`, one list per
+/// kernel and a last one for `extra`, so that callers can pair kernels round by round.
+///
+/// Two habits keep the comparison fair. The order rotates by one place every round, so
+/// each kernel runs in every position and after every other one equally often (the first
+/// kernel after an idle gap or after cuBLAS runs at a different speed). And all rounds are
+/// queued before the host waits for any: the GPU never idles between them.
+///
+/// Before each timed launch (outside the timed region) the same number of bytes is
+/// zeroed for every kernel: the seed design's counters, which it reads back, or an
+/// equal scratch area for the others, so all launches find the caches alike.
+pub fn time_interleaved(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    gemms: &[Gemm],
+    traces: &mut [Option<TraceBuffer>],
+    p: &mut Problem,
+    mut extra: impl FnMut(&Problem) -> Result<(), CudaError>,
+    (warmup, reps): (usize, usize),
+) -> Result<Vec<Vec<f64>>, CudaError> {
+    let reset = traces
+        .iter()
+        .flatten()
+        .map(TraceBuffer::reset_bytes)
+        .max()
+        .unwrap_or(0);
+    let mut scratch = stream.alloc_zeros::<u8>(reset.max(1))?;
+    let kinds = gemms.len() + 1;
+    let rounds = warmup + reps;
+    let timers: Vec<Timer> = (0..kinds * rounds)
+        .map(|_| Timer::new(ctx))
+        .collect::<Result<_, _>>()?;
+    for round in 0..rounds {
+        for step in 0..kinds {
+            let i = (round + step) % kinds;
+            let timer = &timers[round * kinds + i];
+            if i == gemms.len() {
+                timer.around(stream, || extra(p))?;
+                continue;
+            }
+            match traces[i].as_mut() {
+                Some(t) if t.reset_bytes() > 0 => t.zero_prefix(stream, t.reset_bytes())?,
+                _ if reset > 0 => stream.memset_zeros(&mut scratch.slice_mut(..reset))?,
+                _ => {}
+            }
+            let arg = traces[i].as_ref().map(|t| t.arg);
+            timer.around(stream, || gemms[i].launch(stream, p, arg.as_ref()))?;
+        }
+    }
+    let mut times = vec![Vec::with_capacity(reps); kinds];
+    for round in warmup..rounds {
+        for (i, list) in times.iter_mut().enumerate() {
+            list.push(timers[round * kinds + i].ms()? as f64);
+        }
+    }
+    Ok(times)
+}
+
 /// The median of `v` (sorts it).
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -522,5 +609,129 @@ pub fn median(v: &mut [f64]) -> f64 {
         v[n / 2]
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A device buffer for one traced variant, in that variant's own layout, and the
+/// `tgpu::Trace` argument that points the kernel at it.
+pub struct TraceBuffer {
+    /// The buffer.
+    pub buf: CudaSlice<u8>,
+    /// The kernel argument.
+    pub arg: KernelArg,
+    variant: Variant,
+}
+
+impl TraceBuffer {
+    /// A zeroed buffer sized for `gemm` on `p` (with the wire-format header for our
+    /// recorder). Errs for the untraced variant.
+    pub fn new(stream: &Arc<CudaStream>, gemm: &Gemm, p: &Problem) -> Result<Self, CudaError> {
+        let cfg = gemm.config(p);
+        let slot_count = cfg.grid_dim.0 * WARPS_PER_BLOCK;
+        // Records per warp: at most 3 per k-tile (wait, mma, release) and 2 per tile
+        // (epilogue, tile), for each tile the block walks.
+        let capacity = (gemm.tiles_per_block(p) * (3 * (p.k / BK) + 2)) as u32;
+        let (slots, cap) = (slot_count as usize, capacity as usize);
+        let size = match gemm.variant {
+            Variant::Off => {
+                return Err(CudaError::Invalid(
+                    "the untraced GEMM takes no buffer".into(),
+                ))
+            }
+            Variant::Phases | Variant::Full => format::buffer_size(slot_count, capacity)
+                .ok_or_else(|| CudaError::Invalid("trace buffer too large".into()))?,
+            // 128-byte counters, then 5 × i64 records.
+            Variant::Seed => slots * 128 + slots * cap * 40,
+            // The {blocks, groups} entry, then two 8-byte entries per range.
+            Variant::FlashInfer => 8 * (1 + 2 * slots * cap),
+        };
+        let mut buf = stream.alloc_zeros::<u8>(size)?;
+        if matches!(gemm.variant, Variant::Phases | Variant::Full) {
+            let mut header = [0u8; format::BUFFER_HEADER_SIZE];
+            BufferHeader {
+                version: format::VERSION,
+                slot_capacity: capacity,
+                slot_count,
+                warps_per_block: WARPS_PER_BLOCK,
+                launch_id: 1,
+                grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
+                block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
+                flags: 0,
+            }
+            .write_to(&mut header);
+            stream.memcpy_htod(&header, &mut buf.slice_mut(..header.len()))?;
+        }
+        let base = buf.device_ptr(stream).0;
+        Ok(TraceBuffer {
+            buf,
+            arg: KernelArg {
+                base,
+                capacity,
+                slot_count,
+            },
+            variant: gemm.variant,
+        })
+    }
+
+    /// Bytes that must be zero again before each launch: the seed design's counters
+    /// (it reads them back); the other designs only write.
+    pub fn reset_bytes(&self) -> usize {
+        match self.variant {
+            Variant::Seed => self.arg.slot_count as usize * 128,
+            _ => 0,
+        }
+    }
+
+    /// Zeroes the first `bytes` bytes of the buffer.
+    pub fn zero_prefix(&mut self, stream: &Arc<CudaStream>, bytes: usize) -> Result<(), CudaError> {
+        stream.memset_zeros(&mut self.buf.slice_mut(..bytes))?;
+        Ok(())
+    }
+
+    /// The buffer's bytes, after the stream is done.
+    pub fn bytes(&self, stream: &Arc<CudaStream>) -> Result<Vec<u8>, CudaError> {
+        Ok(stream.clone_dtoh(&self.buf)?)
+    }
+
+    /// Counts what the last launch recorded, read in the variant's own layout: records
+    /// (our recorder, the seed) or begin/end pairs (FlashInfer). Errs on drops.
+    pub fn recorded(&self, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
+        let b = self.bytes(stream)?;
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let slots = self.arg.slot_count as usize;
+        match self.variant {
+            Variant::Off => Ok(0),
+            Variant::Phases | Variant::Full => {
+                let stride = format::slot_stride(self.arg.capacity);
+                let (mut kept, mut dropped) = (0u64, 0u64);
+                for s in 0..slots {
+                    let h = format::BUFFER_HEADER_SIZE + s * stride;
+                    kept += u32_at(h + format::slot_offsets::RECORD_COUNT) as u64;
+                    dropped += u32_at(h + format::slot_offsets::DROP_COUNT) as u64;
+                }
+                if dropped != 0 {
+                    return Err(CudaError::Invalid(format!("{dropped} records dropped")));
+                }
+                Ok(kept)
+            }
+            Variant::Seed => {
+                let counts: Vec<u64> = (0..slots).map(|s| u64_at(s * 128)).collect();
+                if let Some(c) = counts.iter().find(|&&c| c > self.arg.capacity as u64) {
+                    return Err(CudaError::Invalid(format!(
+                        "a seed counter reached {c}, over capacity"
+                    )));
+                }
+                Ok(counts.iter().sum())
+            }
+            Variant::FlashInfer => {
+                // Tags are never zero (event ids start at 1); a written entry has one.
+                let entries = (8..b.len())
+                    .step_by(8)
+                    .filter(|&at| u32_at(at) != 0)
+                    .count() as u64;
+                Ok(entries / 2)
+            }
+        }
     }
 }
