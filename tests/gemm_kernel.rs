@@ -159,3 +159,50 @@ fn gemm_compiles_with_line_info_and_tensor_core_code() {
         );
     }
 }
+
+/// With the gate off, the instrumented GEMM is the production GEMM: its PTX (line info
+/// included) is identical to that of the source with every recorder line blanked and
+/// the trace parameter removed.
+#[test]
+fn gate_off_gemm_is_the_uninstrumented_gemm() {
+    if tools().is_none() {
+        return;
+    }
+    let mut blanked = 0;
+    let stripped: Vec<String> = gemm::SOURCE
+        .lines()
+        .map(|l| {
+            if l.contains("rec.") || l.contains("GEMM_RECORDER_DECL(rec") {
+                blanked += 1;
+                String::new()
+            } else {
+                l.replace(" TGPU_TRACE_PARAM", "")
+            }
+        })
+        .collect();
+    assert!(
+        blanked >= 12,
+        "only {blanked} recorder lines found: the test would prove little"
+    );
+    let stripped = stripped.join("\n") + "\n";
+    assert!(!stripped.contains("TGPU_TRACE_PARAM"));
+    let build = Variant::Off.build(Out::Bf16);
+    let compile = |src: &str| tracing_gpu::cuda::compile(src, &build).unwrap().to_src();
+    let (a, b) = (compile(gemm::SOURCE), compile(&stripped));
+    if let Some((i, (x, y))) = a
+        .lines()
+        .zip(b.lines())
+        .enumerate()
+        .find(|(_, (x, y))| x != y)
+    {
+        panic!(
+            "gate-off PTX differs from the uninstrumented kernel's at line {}:\n  {x}\n  {y}",
+            i + 1
+        );
+    }
+    assert_eq!(
+        a.lines().count(),
+        b.lines().count(),
+        "gate-off PTX differs in length"
+    );
+}

@@ -13,7 +13,9 @@ use tracing_gpu::cuda::cudarc::driver::{
     DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
+use tracing_gpu::decode::Capture;
 use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use tracing_gpu::registry::EventRegistry;
 
 /// The kernel's source, embedded so one binary is all the GPU machine needs.
 pub const SOURCE: &str = include_str!("../../kernels/gemm.cu");
@@ -45,6 +47,11 @@ pub const EVENTS: [(u16, &str); 7] = [
     (6, "tile"),
     (7, "release"),
 ];
+
+/// The registry of [`EVENTS`], for decoding and naming.
+pub fn registry() -> EventRegistry {
+    EventRegistry::from_pairs(EVENTS).expect("EVENTS has distinct ids and names")
+}
 
 /// Which instrumentation a build carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -703,17 +710,16 @@ impl TraceBuffer {
         match self.variant {
             Variant::Off => Ok(0),
             Variant::Phases | Variant::Full => {
-                let stride = format::slot_stride(self.arg.capacity);
-                let (mut kept, mut dropped) = (0u64, 0u64);
-                for s in 0..slots {
-                    let h = format::BUFFER_HEADER_SIZE + s * stride;
-                    kept += u32_at(h + format::slot_offsets::RECORD_COUNT) as u64;
-                    dropped += u32_at(h + format::slot_offsets::DROP_COUNT) as u64;
+                // The strict decoder validates every slot and record on the way.
+                let capture = Capture::decode(&b, Some(&registry()))
+                    .map_err(|e| CudaError::Invalid(format!("the trace does not decode: {e}")))?;
+                if capture.drop_count() != 0 {
+                    return Err(CudaError::Invalid(format!(
+                        "{} records dropped",
+                        capture.drop_count()
+                    )));
                 }
-                if dropped != 0 {
-                    return Err(CudaError::Invalid(format!("{dropped} records dropped")));
-                }
-                Ok(kept)
+                Ok(capture.event_count())
             }
             Variant::Seed => {
                 let counts: Vec<u64> = (0..slots).map(|s| u64_at(s * 128)).collect();
