@@ -3,9 +3,10 @@
 //!
 //! - `off`: the production kernel, no recorder (built twice: the two copies' difference
 //!   is the noise floor of the comparison);
-//! - `phases`: our recorder, per-k-tile phases (every warp records its role's wait and
-//!   load or mma per k-tile, and the epilogue);
-//! - `full`: our recorder, every event (also a tile range and a release instant per k-tile);
+//! - `phases`: our recorder, per-k-tile phases (the producer warp records a load per
+//!   k-tile; every consumer warp records wait and mma per k-tile, and the epilogue);
+//! - `full`: our recorder, every event (also the producer's wait apart from its load, a
+//!   tile range and a release instant per k-tile);
 //! - `seed-style`: the seed's published design at the phases' call sites;
 //! - `flashinfer-style`: FlashInfer's published design at the same call sites.
 //!

@@ -20,10 +20,10 @@
 //     runs ahead into the next tile while the consumers write the epilogue.
 //
 // Instrumentation (tracing_gpu.cuh, compiled only with TGPU_ENABLED): each warp records
-// its own role. Producer: ProdWait (waiting for a free stage) and Load (issuing the
-// copies) per k-tile. Consumers: Wait (waiting for the stage's data) and Mma per
-// k-tile, then Epilogue per tile. GEMM_TRACE_LEVEL=2 ("full") adds a Tile range
-// around each tile and a Release instant per k-tile. With TGPU_ENABLED off, every
+// its own role. Producer: Load per k-tile. Consumers: Wait and Mma per k-tile, then
+// Epilogue per tile. GEMM_TRACE_LEVEL=2 ("full") splits the producer's ProdWait from
+// its Load and adds a Tile range around each tile and a Release instant per k-tile.
+// (The events below say where each stamp sits, and why.) With TGPU_ENABLED off, every
 // `rec.` line compiles to nothing and the kernel keeps its production parameters.
 //
 // GEMM_RECORDER selects who implements `rec` when TGPU_ENABLED is on, for the overhead
@@ -41,13 +41,27 @@
 
 // The events, by warp role. Payloads: the k-tile index for per-k-tile events, the tile
 // index for per-tile ones.
-TGPU_EVENT(ProdWait, 1);  // producer: waiting for the consumers to free a stage
+TGPU_EVENT(ProdWait, 1);  // producer, level 2: waiting for the consumers to free a stage
 TGPU_EVENT(Load, 2);      // producer: issuing the stage's TMA copies (they land asynchronously)
-TGPU_EVENT(Wait, 3);      // consumer: waiting for the stage's data to land
-TGPU_EVENT(Mma, 4);       // consumer: issuing the k-tile's wgmma, retiring the previous one
+TGPU_EVENT(Wait, 3);      // consumer: waiting for the stage's data, issuing its wgmma
+TGPU_EVENT(Mma, 4);       // consumer: retiring the previous k-tile's wgmma, freeing its stage
 TGPU_EVENT(Epilogue, 5);  // consumer: draining the last wgmma and storing C
 TGPU_EVENT(Tile, 6);      // consumer, level 2: the whole tile
 TGPU_EVENT(Release, 7);   // consumer, level 2 instant: a stage handed back to the producer
+
+// Where the stamps go. A timer read costs a few ns; placed between a barrier wait and the
+// copy or wgmma issue that the wait unblocks, it lengthens the pipeline's critical path
+// by that much on every k-tile. So at level 1 every stamp follows an issue: the consumer
+// stamps Wait->Mma just after issuing the k-tile's wgmma (Wait: until the data landed and
+// the wgmma are issued; Mma: retiring the previous k-tile's wgmma and releasing its
+// stage), and the producer stamps once per k-tile after issuing the copies (Load: waiting
+// for a free stage, then issuing). Level 2 also splits the producer's wait from its issue
+// (ProdWait, then Load), at the price of a stamp on that path.
+#if GEMM_TRACE_LEVEL >= 2
+typedef ProdWait ProdIdle;
+#else
+typedef Load ProdIdle;
+#endif
 
 #if defined(TGPU_ENABLED) && TGPU_ENABLED && GEMM_RECORDER != 0
 namespace baseline {
@@ -402,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     int stage = 0;
     u32 phase = 0;  // parity of the ring's current lap
     bool first_lap = true;
-    rec.begin<ProdWait>();
+    rec.begin<ProdIdle>();
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       int tm, tn;
       tile_coords(t, tiles_m, tiles_n, tm, tn);
@@ -410,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
       for (int kt = 0; kt < ktiles; ++kt) {
         // The stage is free once every consumer warp released it on the previous lap.
         if (!first_lap) bar_wait(empty + 8 * stage, phase ^ 1);
-        rec.switch_to<ProdWait, Load>(kt);
+        if (GEMM_TRACE_LEVEL >= 2) rec.switch_to<ProdIdle, Load>(kt);
         if (lane == 0) {
           const u32 a = ring + stage * STAGE_BYTES;
           bar_expect_tx(full + 8 * stage, STAGE_BYTES);
@@ -420,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
         if (last_tile && kt + 1 == ktiles) {
           rec.end<Load>(kt);
         } else {
-          rec.switch_to<Load, ProdWait>(kt);
+          rec.switch_to<Load, ProdIdle>(kt);
         }
         if (++stage == STAGES) {
           stage = 0;
@@ -447,7 +461,6 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
       rec.begin<Wait>();
       for (int kt = 0; kt < ktiles; ++kt) {
         bar_wait(full + 8 * stage, phase);
-        rec.switch_to<Wait, Mma>(kt);
         const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
         const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
         wgmma_fence();
@@ -457,6 +470,7 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
           wgmma_m64n256k16(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32));
         }
         wgmma_commit();
+        rec.switch_to<Wait, Mma>(kt);
         // One k-tile of wgmma stays in flight; the one before it is done, so its
         // stage can be handed back to the producer.
         wgmma_wait<1>();

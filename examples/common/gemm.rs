@@ -58,9 +58,11 @@ pub fn registry() -> EventRegistry {
 pub enum Variant {
     /// No recorder: the production kernel.
     Off,
-    /// Our recorder, per-k-tile phases (wait and load or mma per warp role, epilogue).
+    /// Our recorder, per-k-tile phases (load per k-tile for the producer, wait and mma
+    /// per k-tile and the epilogue for the consumers).
     Phases,
-    /// Our recorder, every event: phases plus a tile range and a release instant per k-tile.
+    /// Our recorder, every event: phases plus the producer's wait apart from its load,
+    /// a tile range and a release instant per k-tile.
     Full,
     /// The seed's design at the phases' call sites: per-warp counters in global memory,
     /// padded to 128 B, and 5 × i64 records.
@@ -347,15 +349,16 @@ impl Gemm {
     pub fn expected_records(&self, p: &Problem) -> u64 {
         let tiles = (p.m / BM * (p.n / BN)) as u64;
         let kt = (p.k / BK) as u64;
-        // Per tile: the producer warp records wait and load per k-tile; each of the 8
-        // consumer warps records wait and mma per k-tile and an epilogue, and at level 2
-        // also a tile range and a release instant for every k-tile but the last.
-        let consumer = match self.variant {
+        // Per tile: the producer warp records a load per k-tile (and at level 2 its wait
+        // apart); each of the 8 consumer warps records wait and mma per k-tile and an
+        // epilogue, and at level 2 also a tile range and a release instant for every
+        // k-tile but the last.
+        let (producer, consumer) = match self.variant {
             Variant::Off => return 0,
-            Variant::Full => 3 * kt + 1,
-            Variant::Phases | Variant::Seed | Variant::FlashInfer => 2 * kt + 1,
+            Variant::Full => (2 * kt, 3 * kt + 1),
+            Variant::Phases | Variant::Seed | Variant::FlashInfer => (kt, 2 * kt + 1),
         };
-        tiles * (2 * kt + 8 * consumer)
+        tiles * (producer + 8 * consumer)
     }
 
     /// Launches the product on `stream`. `trace` must be given exactly when the variant
