@@ -9,7 +9,7 @@ use tracing_gpu::format::{self, buffer_offsets, record_offsets, slot_offsets};
 const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
 const FORMAT_RS: &str = include_str!("../src/format.rs");
 
-/// Every `constexpr unsigned int NAME = VALUE;` at namespace scope in the header (such lines
+/// Every `enum : unsigned int { NAME = VALUE };` at namespace scope in the header (such lines
 /// are not indented there), keyed `NAME` or `namespace::NAME` (the enclosing `tgpu` dropped).
 fn header_constants() -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -29,11 +29,11 @@ fn header_constants() -> BTreeMap<String, u64> {
             }
             continue;
         }
-        let Some(rest) = line.strip_prefix("constexpr unsigned int ") else {
+        let Some(rest) = line.strip_prefix("enum : unsigned int { ") else {
             continue;
         };
         let (name, value) = rest
-            .trim_end_matches(';')
+            .trim_end_matches(" };")
             .split_once(" = ")
             .unwrap_or_else(|| panic!("unexpected constant line in the header: {line}"));
         let value = value.trim_end_matches('u');
