@@ -34,7 +34,15 @@ struct Args {
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { rounds: Calibrator::INITIAL_ROUNDS, costs: false, clocks: 0, seconds: 0.0, every: 1.0, out: None, raw: None };
+    let mut a = Args {
+        rounds: Calibrator::INITIAL_ROUNDS,
+        costs: false,
+        clocks: 0,
+        seconds: 0.0,
+        every: 1.0,
+        out: None,
+        raw: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -79,7 +87,11 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn two_sided(samples: &[Sample]) -> Vec<Sample> {
-    samples.iter().copied().filter(Sample::is_two_sided).collect()
+    samples
+        .iter()
+        .copied()
+        .filter(Sample::is_two_sided)
+        .collect()
 }
 
 /// One burst's figures, as JSON.
@@ -112,12 +124,17 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let t0 = Instant::now();
         let mut cal = Calibrator::new(&ctx)?;
         let create_ms = t0.elapsed().as_secs_f64() * 1e3;
-        println!("GPU {ordinal}: {name}; calibrator ready in {create_ms:.1} ms; %globaltimer step {} ns", cal.timer_step_ns());
+        println!(
+            "GPU {ordinal}: {name}; calibrator ready in {create_ms:.1} ms; %globaltimer step {} ns",
+            cal.timer_step_ns()
+        );
         // Warm up the path once; then the calibration this example reports.
         cal.calibrate(args.rounds)?;
         let t = Instant::now();
-        let first = cal.calibrate(args.rounds)?;
+        let first_samples = cal.sample(args.rounds)?;
+        let first = cal.checkpoint(&first_samples)?;
         let first_ms = t.elapsed().as_secs_f64() * 1e3;
+        let first_two = cal.fit(&two_sided(&first_samples))?;
         let m = &first.map;
         println!(
             "  offset {} ns (host − device), drift {:+.3} ppm (consistent range {:+.1} .. {:+.1}), bound {} ns at the anchor, {} ns over the {:.2} ms window; {} rounds in {first_ms:.2} ms",
@@ -135,7 +152,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             "{}{{\"ordinal\":{ordinal},\"name\":\"{name}\",\"timer_step_ns\":{},\"create_ms\":{create_ms:.2},\"first\":{},\"first_ms\":{first_ms:.3}",
             if ordinal > 0 { "," } else { "" },
             cal.timer_step_ns(),
-            burst_json(m, &cal.fit(&two_sided(&cal.sample(args.rounds)?))?)
+            burst_json(m, &first_two)
         );
 
         if args.costs {
@@ -152,8 +169,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     tf.push(t.elapsed().as_secs_f64() * 1e6);
                 }
                 let (s, f) = (median(&mut ts), median(&mut tf));
-                println!("           {n:6}  {s:18.1}  {f:15.1}  {:14.0}", s * 1e3 / n as f64);
-                let _ = write!(json, "{}{{\"rounds\":{n},\"sample_us\":{s:.1},\"fit_us\":{f:.1}}}", if k > 0 { "," } else { "" });
+                println!(
+                    "           {n:6}  {s:18.1}  {f:15.1}  {:14.0}",
+                    s * 1e3 / n as f64
+                );
+                let _ = write!(
+                    json,
+                    "{}{{\"rounds\":{n},\"sample_us\":{s:.1},\"fit_us\":{f:.1}}}",
+                    if k > 0 { "," } else { "" }
+                );
             }
             json.push(']');
         }
@@ -166,17 +190,30 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     let s = cal.sample_with(clock, args.rounds)?;
                     if r < 2 {
                         for x in &s {
-                            let _ = writeln!(raw, "{ordinal},{},{r},{},{},{},{}", clock.name(), x.is_two_sided() as u8, x.host_before, x.device, x.host_after);
+                            let _ = writeln!(
+                                raw,
+                                "{ordinal},{},{r},{},{},{},{}",
+                                clock.name(),
+                                x.is_two_sided() as u8,
+                                x.host_before,
+                                x.device,
+                                x.host_after
+                            );
                         }
                     }
                     per[c].push((cal.fit(&s)?, cal.fit(&two_sided(&s))?));
                 }
             }
-            println!("  clocks ({} bursts of {} rounds each, medians)", args.clocks, args.rounds);
+            println!(
+                "  clocks ({} bursts of {} rounds each, medians)",
+                args.clocks, args.rounds
+            );
             println!("    clock          min rtt  med rtt  bound@anchor  bound(window)  two-sided@anchor  resid rms  drift ppm");
             for (c, &clock) in HostClock::ALL.iter().enumerate() {
                 let b = &per[c];
-                let mut f = |g: &dyn Fn(&(ClockMap, ClockMap)) -> f64| median(&mut b.iter().map(g).collect::<Vec<_>>());
+                let f = |g: &dyn Fn(&(ClockMap, ClockMap)) -> f64| {
+                    median(&mut b.iter().map(g).collect::<Vec<_>>())
+                };
                 println!(
                     "    {:13} {:8.0} {:8.0} {:13.0} {:14.0} {:17.0} {:10.1} {:10.2}",
                     clock.name(),
@@ -188,7 +225,12 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     f(&|x| x.0.stats().residual_rms_ns),
                     f(&|x| x.0.drift_ppm()),
                 );
-                let _ = write!(json, "{}\"{}\":[", if c > 0 { "," } else { "" }, clock.name());
+                let _ = write!(
+                    json,
+                    "{}\"{}\":[",
+                    if c > 0 { "," } else { "" },
+                    clock.name()
+                );
                 for (i, (a, t)) in b.iter().enumerate() {
                     let _ = write!(json, "{}{}", if i > 0 { "," } else { "" }, burst_json(a, t));
                 }
@@ -236,7 +278,14 @@ fn drift_run(
         costs.push(t.elapsed().as_secs_f64() * 1e6);
         if k <= 3 {
             for x in &samples {
-                let _ = writeln!(raw, "{ordinal},periodic,{k},{},{},{},{}", x.is_two_sided() as u8, x.host_before, x.device, x.host_after);
+                let _ = writeln!(
+                    raw,
+                    "{ordinal},periodic,{k},{},{},{},{}",
+                    x.is_two_sided() as u8,
+                    x.host_before,
+                    x.device,
+                    x.host_after
+                );
             }
         }
         calibration.push(cp)?;
@@ -246,7 +295,13 @@ fn drift_run(
     let hist = calibration.drift_history();
     let (a0, h0) = cps[0].map.anchor();
     let t_of = |d: u64| (d - a0) as f64 / 1e9;
-    println!("  drift run: {} checkpoints over {:.0} s ({} rounds each, median cost {:.0} µs)", cps.len(), args.seconds, Calibrator::PERIODIC_ROUNDS, median(&mut costs.clone()));
+    println!(
+        "  drift run: {} checkpoints over {:.0} s ({} rounds each, median cost {:.0} µs)",
+        cps.len(),
+        args.seconds,
+        Calibrator::PERIODIC_ROUNDS,
+        median(&mut costs.clone())
+    );
     println!("    t (s)   offset − first (ns)  segment drift (ppm)  ± (ppm)  bound@anchor (ns)  realtime−boottime Δ (ns)  raw−boottime Δ (ns)");
     let step = (cps.len() / 12).max(1);
     for (i, cp) in cps.iter().enumerate() {
@@ -271,7 +326,10 @@ fn drift_run(
     let (an, hn) = cps[cps.len() - 1].map.anchor();
     let dx = (an - a0) as f64;
     let total_ppm = ((hn as f64 - h0 as f64) - dx) / dx * 1e6;
-    let total_unc = (cps[0].map.parts().bound_anchor_ns + cps[cps.len() - 1].map.parts().bound_anchor_ns) as f64 / dx * 1e6;
+    let total_unc = (cps[0].map.parts().bound_anchor_ns
+        + cps[cps.len() - 1].map.parts().bound_anchor_ns) as f64
+        / dx
+        * 1e6;
     // Leave one out: predict each inner checkpoint's anchor from its neighbours.
     let (mut worst, mut violations, mut errs) = (0i128, 0usize, Vec::new());
     for i in 1..cps.len().saturating_sub(1) {
@@ -290,7 +348,10 @@ fn drift_run(
             violations += 1;
         }
     }
-    let mut bounds: Vec<f64> = cps.iter().map(|c| c.map.parts().bound_anchor_ns as f64).collect();
+    let mut bounds: Vec<f64> = cps
+        .iter()
+        .map(|c| c.map.parts().bound_anchor_ns as f64)
+        .collect();
     println!(
         "    whole run: drift {total_ppm:+.4} ± {total_unc:.4} ppm; periodic bound@anchor median {:.0} ns; leave-one-out error median {:.0} ns, max {worst} ns, {violations} of {} beyond the two bounds",
         median(&mut bounds),

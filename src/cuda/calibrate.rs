@@ -34,10 +34,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
 
 use super::{compile, ensure_libraries, CudaError, KernelBuild};
-use crate::clock::{Checkpoint, ClockError, ClockMap, FitOptions, HostClock, HostOffsets, Sample, GLOBALTIMER_STEP_NS};
+use crate::clock::{
+    Checkpoint, ClockError, ClockMap, FitOptions, HostClock, HostOffsets, Sample,
+    GLOBALTIMER_STEP_NS,
+};
 
 /// The calibration kernels' source, embedded.
 pub const CALIBRATE_SOURCE: &str = include_str!("../../kernels/calibrate.cu");
@@ -91,8 +96,15 @@ impl MappedHost {
         let host = unsafe { result::malloc_host(words * 8, flags) }? as *mut u64;
         let mut device: sys::CUdeviceptr = 0;
         // SAFETY: `host` was returned by cuMemHostAlloc with DEVICEMAP just above.
-        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }.result();
-        let mem = MappedHost { ctx: ctx.clone(), host, device, words };
+        let mapped =
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }
+                .result();
+        let mem = MappedHost {
+            ctx: ctx.clone(),
+            host,
+            device,
+            words,
+        };
         mapped?;
         for i in 0..words {
             mem.word(i).store(0, Ordering::Relaxed);
@@ -173,7 +185,10 @@ impl Calibrator {
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Calibrator, CalibrateError> {
         ensure_libraries()?;
         // A virtual architecture: the driver JIT-compiles this PTX for any newer GPU.
-        let ptx = compile(CALIBRATE_SOURCE, &KernelBuild::new("calibrate.cu", "compute_75"))?;
+        let ptx = compile(
+            CALIBRATE_SOURCE,
+            &KernelBuild::new("calibrate.cu", "compute_75"),
+        )?;
         let module = ctx.load_module(ptx)?;
         let calibrate = module.load_function("tgpu_calibrate")?;
         let step_fn = module.load_function("tgpu_timer_step")?;
@@ -221,9 +236,15 @@ impl Calibrator {
 
     /// As [`Calibrator::sample`], stamped with any host clock (to compare them;
     /// a [`crate::clock::Calibration`] wants BOOTTIME).
-    pub fn sample_with(&mut self, clock: HostClock, n: usize) -> Result<Vec<Sample>, CalibrateError> {
+    pub fn sample_with(
+        &mut self,
+        clock: HostClock,
+        n: usize,
+    ) -> Result<Vec<Sample>, CalibrateError> {
         if n == 0 {
-            return Err(CalibrateError::Invalid("a calibration needs at least one round"));
+            return Err(CalibrateError::Invalid(
+                "a calibration needs at least one round",
+            ));
         }
         let mut two = Vec::with_capacity(n);
         let mut one = Vec::with_capacity(n);
@@ -245,7 +266,10 @@ impl Calibrator {
     /// A checkpoint from samples taken just now with [`Calibrator::sample`]:
     /// their map, and the host clocks' offsets read now.
     pub fn checkpoint(&self, samples: &[Sample]) -> Result<Checkpoint, ClockError> {
-        Ok(Checkpoint { map: self.fit(samples)?, host_offsets: HostOffsets::measure() })
+        Ok(Checkpoint {
+            map: self.fit(samples)?,
+            host_offsets: HostOffsets::measure(),
+        })
     }
 
     /// Samples `n` rounds and fits them: one checkpoint, to start a
@@ -271,11 +295,23 @@ impl Calibrator {
             mem.word(ACK + i).store(0, Ordering::Relaxed);
             mem.word(STALE + i).store(0, Ordering::Relaxed);
         }
-        let (cmd_ptr, ack_ptr, stale_ptr) = (mem.device_ptr(CMD), mem.device_ptr(ACK), mem.device_ptr(STALE));
+        let (cmd_ptr, ack_ptr, stale_ptr) = (
+            mem.device_ptr(CMD),
+            mem.device_ptr(ACK),
+            mem.device_ptr(STALE),
+        );
         let total_u32 = total as u32;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut launch = self.stream.launch_builder(&self.calibrate);
-        launch.arg(&cmd_ptr).arg(&ack_ptr).arg(&stale_ptr).arg(&total_u32);
+        launch
+            .arg(&cmd_ptr)
+            .arg(&ack_ptr)
+            .arg(&stale_ptr)
+            .arg(&total_u32);
         // SAFETY: the kernel takes (const u64*, u64*, u64*, unsigned) as passed; the
         // pointers map `mem`, which outlives the kernel: it is synchronized below
         // on every path, and `mem` is only freed when the calibrator is dropped.
@@ -305,7 +341,10 @@ impl Calibrator {
                             // The kernel stops on STOP; if it never started, this
                             // waits for it to start and stop (or reports the error).
                             self.stream.synchronize()?;
-                            return Err(CalibrateError::Timeout { round: i, timeout: self.timeout });
+                            return Err(CalibrateError::Timeout {
+                                round: i,
+                                timeout: self.timeout,
+                            });
                         }
                         Some(_) => {}
                     }
@@ -316,7 +355,11 @@ impl Calibrator {
         }
         self.stream.synchronize()?;
         for (i, &(before, posted, device, after)) in stamps.iter().enumerate().skip(WARMUP_ROUNDS) {
-            two.push(Sample { host_before: before, device, host_after: after });
+            two.push(Sample {
+                host_before: before,
+                device,
+                host_after: after,
+            });
             let stale = mem.word(STALE + i).load(Ordering::Acquire);
             if stale != 0 {
                 one.push(Sample::at_most(stale, posted));
@@ -333,7 +376,11 @@ impl Calibrator {
         }
         let out_ptr = self.mem.device_ptr(out);
         let reads: u32 = 1 << 16;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut launch = self.stream.launch_builder(step_fn);
         launch.arg(&out_ptr).arg(&reads);
         // SAFETY: the kernel takes (u64*, unsigned); it writes three words of `mem`
@@ -343,7 +390,9 @@ impl Calibrator {
         let step = self.mem.word(out).load(Ordering::Acquire);
         let changes = self.mem.word(out + 1).load(Ordering::Acquire);
         if changes == 0 || step == 0 || step == u64::MAX || step > 1_000_000 {
-            return Err(CalibrateError::Invalid("%globaltimer did not advance in steps of at most 1 ms"));
+            return Err(CalibrateError::Invalid(
+                "%globaltimer did not advance in steps of at most 1 ms",
+            ));
         }
         Ok(step)
     }
