@@ -15,6 +15,8 @@
 //!   seconds for T seconds: offset and drift over time, and a leave-one-out
 //!   check of the interpolation between checkpoints.
 //! - `--out`: every figure as JSON; `--raw`: the raw samples of some bursts as CSV.
+//! - `--refit samples.csv` (no GPU): fits the bursts of a `--raw` file again
+//!   with variants of the fit (one-sided samples or not, tolerated outliers).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -31,6 +33,7 @@ struct Args {
     every: f64,
     out: Option<String>,
     raw: Option<String>,
+    refit: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -42,6 +45,7 @@ fn parse() -> Result<Args, String> {
         every: 1.0,
         out: None,
         raw: None,
+        refit: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,6 +58,7 @@ fn parse() -> Result<Args, String> {
             "--every" => a.every = value()?.parse().map_err(|e| format!("--every: {e}"))?,
             "--out" => a.out = Some(value()?),
             "--raw" => a.raw = Some(value()?),
+            "--refit" => a.refit = Some(value()?),
             "-h" | "--help" => return Err("usage: calibrate [--rounds N] [--costs] [--clocks R] [--seconds T --every K] [--out F.json] [--raw F.csv]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -72,7 +77,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(&args) {
+    let result = match &args.refit {
+        Some(path) => refit(path),
+        None => run(&args),
+    };
+    if let Err(e) = result {
         eprintln!("calibrate: {e}");
         std::process::exit(1);
     }
@@ -111,6 +120,62 @@ fn burst_json(map: &ClockMap, two: &ClockMap) -> String {
         s.used,
         s.rejected
     )
+}
+
+/// Fits the bursts of a `--raw` CSV again, with variants of the fit options.
+fn refit(path: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use std::collections::BTreeMap;
+    use tracing_gpu::clock::FitOptions;
+    let text = std::fs::read_to_string(path)?;
+    let mut bursts: BTreeMap<(String, String, String), Vec<Sample>> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 7 {
+            return Err(format!("bad line: {line}").into());
+        }
+        let s = Sample {
+            host_before: f[4].parse()?,
+            device: f[5].parse()?,
+            host_after: f[6].parse()?,
+        };
+        bursts
+            .entry((f[0].into(), f[1].into(), f[2].into()))
+            .or_default()
+            .push(s);
+    }
+    println!("device clock          burst  two-sided  one-sided  min rtt   anchor bound: all/r=2  all/r=0  two/r=2  two/r=0   window bound: all/r=2  two/r=2");
+    for ((dev, clock, burst), samples) in &bursts {
+        let two = two_sided(samples);
+        let fit = |s: &[Sample], r: usize| {
+            ClockMap::fit_with(
+                s,
+                &FitOptions {
+                    tolerated_outliers: r,
+                    ..FitOptions::default()
+                },
+            )
+        };
+        let (a2, a0, t2, t0) = (
+            fit(samples, 2)?,
+            fit(samples, 0)?,
+            fit(&two, 2)?,
+            fit(&two, 0)?,
+        );
+        let b = |m: &ClockMap| m.parts().bound_anchor_ns;
+        println!(
+            "{dev:6} {clock:14} {burst:>5} {:10} {:10} {:8} {:22} {:8} {:8} {:8} {:22} {:8}",
+            two.len(),
+            samples.len() - two.len(),
+            a2.stats().min_round_trip_ns,
+            b(&a2),
+            b(&a0),
+            b(&t2),
+            b(&t0),
+            a2.bound_ns(),
+            t2.bound_ns()
+        );
+    }
+    Ok(())
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
