@@ -474,7 +474,7 @@ fn drift_run(
     // The whole run's drift, first to last anchor.
     let (an, hn) = cps[cps.len() - 1].map.anchor();
     let dx = (an - a0) as f64;
-    let total_ppm = ((hn as f64 - h0 as f64) - dx) / dx * 1e6;
+    let total_ppm = ((hn as i128 - h0 as i128) as f64 - dx) / dx * 1e6;
     let total_unc = (cps[0].map.parts().bound_anchor_ns
         + cps[cps.len() - 1].map.parts().bound_anchor_ns) as f64
         / dx

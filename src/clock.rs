@@ -447,8 +447,9 @@ impl ClockMap {
         let to_ns = |b: f64| (b + extra).ceil() as u64;
         let device_at = |x: f64| clamp_u64(base_d as i128 + x as i128);
         let anchor_device_ns = device_at(xa);
-        let anchor_offset = base_o as f64 + fit(xa) + 0.5 * q;
-        let anchor_host = anchor_device_ns as i128 + anchor_offset.round() as i128;
+        // In integers: the offset itself (~1.8e18 ns against a wall-clock-seeded
+        // timer) is beyond f64's nanosecond precision (its ulp there is 256 ns).
+        let anchor_host = anchor_device_ns as i128 + base_o + (fit(xa) + 0.5 * q).round() as i128;
         let parts = ClockMapParts {
             anchor_device_ns,
             anchor_host_ns: clamp_u64(anchor_host),
@@ -1103,7 +1104,7 @@ impl Calibration {
                     end_device_ns: xb,
                     start_host_ns: ya,
                     offset_ns: w[0].map.offset_ns(),
-                    drift_ppm: ((yb as f64 - ya as f64) - dx) / dx * 1e6,
+                    drift_ppm: ((yb as i128 - ya as i128) as f64 - dx) / dx * 1e6,
                     uncertainty_ppm: (ba + bb) as f64 / dx * 1e6,
                 }
             })
@@ -1151,7 +1152,9 @@ impl Calibration {
         let (xa, _) = a.map.anchor();
         let (xb, _) = b.map.anchor();
         let t = ((device_ns as f64 - xa as f64) / (xb - xa) as f64).clamp(0.0, 1.0);
-        (oa as f64 + (ob as f64 - oa as f64) * t).round() as i64
+        // The offsets themselves are too large for f64 to keep nanoseconds: only their difference is scaled.
+        let step = ((ob as i128 - oa as i128) as f64 * t).round() as i128;
+        (oa as i128 + step).clamp(i64::MIN as i128, i64::MAX as i128) as i64
     }
 
     /// The checkpoints whose host offsets apply at `device_ns` (the same one twice outside the anchors).
@@ -1481,6 +1484,43 @@ mod tests {
             ClockMap::fit(&only),
             Err(ClockError::NotEnoughSamples { got: 0, needed: 3 })
         );
+    }
+
+    #[test]
+    fn precise_when_the_delays_are_small() {
+        // Fast, steady paths: a bound of a few tens of ns, which a mapping that
+        // lost nanoseconds anywhere (f64 cannot hold a 1.8e18 ns offset to the
+        // ns) would break.
+        for seed in 0..30 {
+            let mut rng = Rng(40_000 + seed);
+            let clock = SimClock::new(&mut rng);
+            let delays = Delays {
+                fwd_min: 30.0,
+                ret_min: 40.0,
+                jitter: 5.0,
+            };
+            let samples = burst(&clock, &mut rng, &delays, 0.0, 500, 3000.0);
+            let map = ClockMap::fit(&samples).unwrap();
+            assert!(
+                map.parts().bound_anchor_ns < 80,
+                "seed {seed}: {:?}",
+                map.parts()
+            );
+            let (w0, w1) = window_rel(&map, &clock);
+            check_map(&map, &clock, &mut rng, w0, w1, &format!("seed {seed}"));
+            let cal = Calibration::new(Checkpoint {
+                map: map.clone(),
+                host_offsets: HostOffsets {
+                    realtime_ns: 1_796_218_821_660_592_641,
+                    ..HostOffsets::default()
+                },
+            });
+            let d = map.anchor().0;
+            assert_eq!(
+                cal.to_host(HostClock::Realtime, d),
+                map.to_host(d) + 1_796_218_821_660_592_641
+            );
+        }
     }
 
     #[test]
