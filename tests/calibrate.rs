@@ -33,34 +33,48 @@ fn entry<'a>(ptx: &'a str, name: &str) -> &'a str {
 
 #[test]
 fn kernels_compile_and_poll_right_after_reading_the_timer() {
+    // (kernel, timer reads, claims rounds through a shared atomic)
+    let kernels = [
+        ("tgpu_calibrate", 2, false),
+        ("tgpu_calibrate_pollers", 4, true),
+    ];
     for arch in ["compute_75", "sm_90"] {
         let Some(ptx) = ptx(arch) else { return };
-        let cal = entry(&ptx, "tgpu_calibrate");
-        // The stale-poll bound needs the timer read right before the poll's load
-        // is issued: the instruction before the volatile load reads the timer.
-        let instructions: Vec<&str> = cal
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with(".loc"))
-            .collect();
-        let load = instructions
-            .iter()
-            .position(|l| l.starts_with("ld.volatile.global.u64"))
-            .expect("the poll is a volatile load");
-        assert!(
-            instructions[load - 1].contains("%globaltimer"),
-            "{arch}: no timer read right before the poll:\n{cal}"
-        );
-        // Start, stagger, poll, answer.
-        assert_eq!(cal.matches("%globaltimer").count(), 4, "{arch}:\n{cal}");
-        // The first poller to see a round claims it.
-        assert!(cal.contains("atom.shared.max.u64"), "{arch}:\n{cal}");
-        // Answers are volatile stores (each a posted PCIe write).
-        assert_eq!(
-            cal.matches("st.volatile.global.u64").count(),
-            2,
-            "{arch}:\n{cal}"
-        );
+        for (name, reads, claims) in kernels {
+            let cal = entry(&ptx, name);
+            // The stale-poll bound needs the timer read right before the poll's
+            // load is issued: the instruction before the volatile load reads the timer.
+            let instructions: Vec<&str> = cal
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with(".loc"))
+                .collect();
+            let load = instructions
+                .iter()
+                .position(|l| l.starts_with("ld.volatile.global.u64"))
+                .expect("the poll is a volatile load");
+            assert!(
+                instructions[load - 1].contains("%globaltimer"),
+                "{arch} {name}: no timer read right before the poll:\n{cal}"
+            );
+            // Poll and answer (and, with pollers, start and stagger).
+            assert_eq!(
+                cal.matches("%globaltimer").count(),
+                reads,
+                "{arch} {name}:\n{cal}"
+            );
+            assert_eq!(
+                cal.contains("atom.shared.max.u64"),
+                claims,
+                "{arch} {name}:\n{cal}"
+            );
+            // Answers are volatile stores (each a posted PCIe write).
+            assert_eq!(
+                cal.matches("st.volatile.global.u64").count(),
+                2,
+                "{arch} {name}:\n{cal}"
+            );
+        }
         assert!(entry(&ptx, "tgpu_timer_step").contains("%globaltimer"));
     }
 }
