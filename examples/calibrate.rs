@@ -153,7 +153,7 @@ fn refit(path: &str) -> Result<(), Box<dyn std::error::Error>> {
             .or_default()
             .push(s);
     }
-    println!("device clock          burst  two-sided  one-sided  min rtt   anchor bound: all/r=2  all/r=0  two/r=2  two/r=0   window bound: all/r=2  two/r=2");
+    println!("device clock          burst  two-sided  one-sided  min rtt  anchor bound: r=0   r=1   r=2  two-sided r=2  window bound r=2");
     for ((dev, clock, burst), samples) in &bursts {
         let two = two_sided(samples);
         let fit = |s: &[Sample], r: usize| {
@@ -165,24 +165,23 @@ fn refit(path: &str) -> Result<(), Box<dyn std::error::Error>> {
                 },
             )
         };
-        let (a2, a0, t2, t0) = (
-            fit(samples, 2)?,
+        let (a0, a1, a2, t2) = (
             fit(samples, 0)?,
+            fit(samples, 1)?,
+            fit(samples, 2)?,
             fit(&two, 2)?,
-            fit(&two, 0)?,
         );
         let b = |m: &ClockMap| m.parts().bound_anchor_ns;
         println!(
-            "{dev:6} {clock:14} {burst:>5} {:10} {:10} {:8} {:22} {:8} {:8} {:8} {:22} {:8}",
+            "{dev:6} {clock:14} {burst:>5} {:10} {:10} {:8} {:17} {:5} {:5} {:14} {:17}",
             two.len(),
             samples.len() - two.len(),
             a2.stats().min_round_trip_ns,
-            b(&a2),
             b(&a0),
+            b(&a1),
+            b(&a2),
             b(&t2),
-            b(&t0),
-            a2.bound_ns(),
-            t2.bound_ns()
+            a2.bound_ns()
         );
     }
     Ok(())
