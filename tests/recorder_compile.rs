@@ -164,6 +164,33 @@ mod nvrtc {
         }
     }
 
+    #[test]
+    fn bench_kernel_compiles_in_every_build() {
+        if !available() {
+            return;
+        }
+        let src = include_str!("../kernels/bench/recorder_bench.cu");
+        let builds: [&[&str]; 5] = [
+            &[],
+            &["TGPU_BENCH_FLOOR=1"],
+            &["TGPU_ENABLED=1"],
+            &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
+            &["TGPU_BENCH_SEED=1"],
+        ];
+        for defines in builds {
+            for unroll in ["TGPU_BENCH_UNROLL=1", "TGPU_BENCH_UNROLL=4"] {
+                let mut d = defines.to_vec();
+                d.push(unroll);
+                let p = ptx("recorder_bench", "sm_90", src, &d);
+                assert_eq!(
+                    p.contains("st.global.cs.v4.u32"),
+                    defines.contains(&"TGPU_ENABLED=1"),
+                    "{d:?}"
+                );
+            }
+        }
+    }
+
     /// Compiles a kernel that must be rejected, gate on and off, and returns NVRTC's logs.
     fn rejected(body: &str) -> Vec<String> {
         let src = format!(

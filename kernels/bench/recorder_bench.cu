@@ -14,7 +14,6 @@
 #include "tracing_gpu.cuh"
 
 TGPU_EVENT(Work, 1);
-TGPU_EVENT(Other, 2);
 
 #if defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED
 namespace seed {
