@@ -56,6 +56,10 @@ pub(crate) trait Recalibrate: Send {
     fn checkpoint(&mut self) -> Result<Checkpoint, ProfilerError>;
 }
 
+/// A recalibration, and the longest a decoded launch may wait for the checkpoint
+/// after it.
+pub(crate) type Recalibration = (Box<dyn Recalibrate>, Duration);
+
 /// Where each delivered batch may also go (the dump file).
 pub(crate) trait Archive: Send {
     /// Takes one batch; errors are reported at the next flush.
@@ -196,7 +200,7 @@ pub(crate) struct CollectorConfig {
     pub registry: Arc<EventRegistry>,
     /// Recalibration, and the longest a decoded launch may wait for the
     /// checkpoint after it; `None` maps everything with the first calibration.
-    pub recalibrate: Option<(Box<dyn Recalibrate>, Duration)>,
+    pub recalibrate: Option<Recalibration>,
     pub archive: Option<Box<dyn Archive>>,
     /// Called on the collector thread before anything else (binds the CUDA context).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
@@ -306,7 +310,7 @@ struct Worker {
     device: Arc<DeviceInfo>,
     registry: Arc<EventRegistry>,
     calibration: Calibration,
-    recalibrate: Option<(Box<dyn Recalibrate>, Duration)>,
+    recalibrate: Option<Recalibration>,
     archive: Option<Box<dyn Archive>>,
     held: VecDeque<Held>,
     held_bytes: usize,
@@ -569,10 +573,7 @@ mod tests {
         })
     }
 
-    fn start(
-        ordinal: u32,
-        recalibrate: Option<(Box<dyn Recalibrate>, Duration)>,
-    ) -> (Collector, Arc<Shared>) {
+    fn start(ordinal: u32, recalibrate: Option<Recalibration>) -> (Collector, Arc<Shared>) {
         let shared = Shared::new(Calibration::exact(0, 5_000, 0.0));
         let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
         let c = Collector::spawn(

@@ -50,7 +50,9 @@ use std::time::Duration;
 use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, DriverError, LaunchConfig};
 
 pub use super::collector::ProfilerStats;
-use super::collector::{Archive, Collector, CollectorConfig, Completion, Job, Recalibrate, Shared};
+use super::collector::{
+    Archive, Collector, CollectorConfig, Completion, Job, Recalibrate, Recalibration, Shared,
+};
 use super::pool::{Pool, Stream, TraceBuffer};
 use super::CudaError;
 use crate::bridge::{DeviceInfo, LaunchInfo};
@@ -443,6 +445,8 @@ impl Profiler {
         let host_launch_ns = HostClock::Boottime.now_ns();
         let result = launch(arg);
         drop(entered);
+        // Recorded after the launch call, so that the call follows the clock read at once.
+        span.record("gpu.host_launch_ns", host_launch_ns);
         let Some(buffer) = buffer else {
             return result.map_err(Into::into);
         };
@@ -518,7 +522,7 @@ impl Drop for Profiler {
 fn start_clock(
     ctx: &Arc<CudaContext>,
     period: Option<Duration>,
-) -> Result<(Calibration, Option<(Box<dyn Recalibrate>, Duration)>), ProfilerError> {
+) -> Result<(Calibration, Option<Recalibration>), ProfilerError> {
     let _ = (ctx, period);
     Err(ProfilerError::Calibration(
         "PENDING: the clock helper's Calibrator".into(),
@@ -632,7 +636,8 @@ impl Drop for CudaCompletion {
 ///   is `tgpu::Trace` on the device) as a kernel argument, and returns its result
 ///   (`Result<_, E>` with `E: Into<ProfilerError>`, such as cudarc's `DriverError`).
 ///
-/// It opens an `INFO` span named `"name"` (fields `gpu.launch_id`, `gpu.device`),
+/// It opens an `INFO` span named `"name"` (fields `gpu.launch_id`, `gpu.device`,
+/// and `gpu.host_launch_ns`, the trace-clock time read just before the launch call),
 /// reads the host clock just before the launch, queues the completion for the
 /// collector, and returns `Result<T, ProfilerError>` with the launch's own value.
 /// A missing library, a stream of another context, or a buffer over the memory
@@ -657,6 +662,7 @@ macro_rules! gpu_profile {
             $name,
             gpu.launch_id = __tgpu_id,
             gpu.device = __tgpu_profiler.device().ordinal as u64,
+            gpu.host_launch_ns = $crate::cuda::__private::tracing::field::Empty,
         );
         __tgpu_profiler.launch($stream, $name, $cfg, __tgpu_id, __tgpu_span, $launch)
     }};
