@@ -20,7 +20,7 @@ use parking_lot::{Condvar, Mutex};
 use tracing::Dispatch;
 
 use crate::bridge::{self, Batch, DeviceInfo, LaunchInfo};
-use crate::clock::{Calibration, Checkpoint, HostClock};
+use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
 use crate::decode::OwnedCapture;
 use crate::format::BufferHeader;
 use crate::registry::EventRegistry;
@@ -50,20 +50,31 @@ pub(crate) struct Job {
     pub completion: Box<dyn Completion>,
 }
 
-/// Takes a new clock checkpoint for the device.
+/// One calibration: the raw samples and the checkpoint fitted from them.
+#[derive(Debug, Clone)]
+pub(crate) struct Round {
+    /// Host (BOOTTIME) before, device timer, host after.
+    pub samples: Vec<Sample>,
+    /// The map fitted from them, with the host clocks' offsets.
+    pub checkpoint: Checkpoint,
+}
+
+/// Takes new clock checkpoints for the device.
 pub(crate) trait Recalibrate: Send {
     /// Samples the device clock now and fits a checkpoint.
-    fn checkpoint(&mut self) -> Result<Checkpoint, ProfilerError>;
+    fn round(&mut self) -> Result<Round, ProfilerError>;
 }
 
 /// A recalibration, and the longest a decoded launch may wait for the checkpoint
 /// after it.
 pub(crate) type Recalibration = (Box<dyn Recalibrate>, Duration);
 
-/// Where each delivered batch may also go (the dump file).
+/// Where each delivered batch, and each calibration, may also go (the capture dump).
 pub(crate) trait Archive: Send {
-    /// Takes one batch; errors are reported at the next flush.
-    fn record(&mut self, batch: &Batch) -> Result<(), ProfilerError>;
+    /// Takes one calibration round of the collector's device.
+    fn calibration(&mut self, device: &DeviceInfo, round: &Round);
+    /// Takes one batch.
+    fn record(&mut self, batch: &Batch);
     /// Writes everything out.
     fn finish(&mut self) -> Result<(), ProfilerError>;
 }
@@ -421,10 +432,14 @@ impl Worker {
         let Some((recal, _)) = self.recalibrate.as_mut() else {
             return;
         };
-        let result = recal.checkpoint().and_then(|cp| {
+        let result = recal.round().and_then(|round| {
             self.calibration
-                .push(cp)
-                .map_err(|e| ProfilerError::Calibration(e.to_string()))
+                .push(round.checkpoint.clone())
+                .map_err(|e| ProfilerError::Calibration(e.to_string()))?;
+            if let Some(a) = self.archive.as_mut() {
+                a.calibration(&self.device, &round);
+            }
+            Ok(())
         });
         let mut st = self.shared.state.lock();
         match result {
@@ -504,9 +519,7 @@ impl Worker {
             registry: self.registry.clone(),
         });
         if let Some(a) = self.archive.as_mut() {
-            if let Err(e) = a.record(&batch) {
-                self.shared.push_error(e);
-            }
+            a.record(&batch);
         }
         bridge::deliver(&dispatch, batch);
         // Only now may the launch span close (and its id be reused).
@@ -555,11 +568,14 @@ mod tests {
     }
 
     impl Recalibrate for Steps {
-        fn checkpoint(&mut self) -> Result<Checkpoint, ProfilerError> {
+        fn round(&mut self) -> Result<Round, ProfilerError> {
             self.next += 10_000_000;
-            Ok(Checkpoint {
-                map: ClockMap::exact(self.next, self.next + self.offset, 0.0),
-                host_offsets: HostOffsets::default(),
+            Ok(Round {
+                samples: Vec::new(),
+                checkpoint: Checkpoint {
+                    map: ClockMap::exact(self.next, self.next + self.offset, 0.0),
+                    host_offsets: HostOffsets::default(),
+                },
             })
         }
     }

@@ -148,10 +148,12 @@ fn header_dir() -> std::io::Result<Arc<std::path::PathBuf>> {
     Ok(d)
 }
 
+mod archive;
 mod collector;
 mod pool;
 mod profiler;
 
+pub use archive::{DumpLayer, DumpRecorder};
 pub use profiler::{
     next_launch_id, Profiler, ProfilerBuilder, ProfilerError, ProfilerStats, DEFAULT_CAPACITY,
     DEFAULT_MEMORY_LIMIT, DEFAULT_RECALIBRATION,

@@ -49,10 +49,9 @@ use std::time::Duration;
 
 use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, DriverError, LaunchConfig};
 
+use super::archive::DumpRecorder;
 pub use super::collector::ProfilerStats;
-use super::collector::{
-    Archive, Collector, CollectorConfig, Completion, Job, Recalibrate, Recalibration, Shared,
-};
+use super::collector::{Collector, CollectorConfig, Completion, Job, Recalibration, Round, Shared};
 use super::pool::{Pool, Stream, TraceBuffer};
 use super::CudaError;
 use crate::bridge::{DeviceInfo, LaunchInfo};
@@ -171,7 +170,7 @@ pub struct ProfilerBuilder {
     registry: EventRegistry,
     events: Vec<(u16, String)>,
     recalibrate_every: Option<Duration>,
-    dump_to: Option<PathBuf>,
+    dump: Option<Arc<DumpRecorder>>,
 }
 
 impl Default for ProfilerBuilder {
@@ -185,7 +184,7 @@ impl Default for ProfilerBuilder {
             registry: EventRegistry::new(),
             events: Vec::new(),
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
-            dump_to: None,
+            dump: None,
         }
     }
 }
@@ -248,10 +247,17 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Also write every delivered launch into a capture dump at `path`
-    /// (`crate::dump`), for `tracing-gpu convert` / `report` later.
-    pub fn dump_to(mut self, path: impl Into<PathBuf>) -> Self {
-        self.dump_to = Some(path.into());
+    /// Also record the run (devices, calibrations, launches) into a capture
+    /// file at `path`, written when the profiler is dropped. For the host spans
+    /// too, and for one file from several profilers, use [`ProfilerBuilder::dump`].
+    pub fn dump_to(self, path: impl Into<PathBuf>) -> Self {
+        self.dump(DumpRecorder::new(path))
+    }
+
+    /// Also record the run into `recorder` (shared by several profilers, and
+    /// with its [`DumpRecorder::layer`] for the host spans).
+    pub fn dump(mut self, recorder: Arc<DumpRecorder>) -> Self {
+        self.dump = Some(recorder);
         self
     }
 
@@ -279,12 +285,18 @@ impl ProfilerBuilder {
             self.registry.register(*id, name)?;
         }
         let device = Arc::new(device_info(&ctx)?);
-        let (calibration, recalibrate) = start_clock(&ctx, self.recalibrate_every)?;
-        let archive = match &self.dump_to {
-            Some(path) => Some(open_archive(path, &device)?),
+        let (first, recalibrate) = start_clock(&ctx, self.recalibrate_every)?;
+        let archive = match &self.dump {
+            Some(rec) => {
+                rec.add_registry(&self.registry)?;
+                rec.add_device(&device);
+                let mut a = rec.archive();
+                a.calibration(&device, &first);
+                Some(a)
+            }
             None => None,
         };
-        let shared = Shared::new(calibration);
+        let shared = Shared::new(Calibration::new(first.checkpoint.clone()));
         let bind = ctx.clone();
         let collector = Collector::spawn(
             CollectorConfig {
@@ -522,23 +534,11 @@ impl Drop for Profiler {
 fn start_clock(
     ctx: &Arc<CudaContext>,
     period: Option<Duration>,
-) -> Result<(Calibration, Option<Recalibration>), ProfilerError> {
+) -> Result<(Round, Option<Recalibration>), ProfilerError> {
     let _ = (ctx, period);
     Err(ProfilerError::Calibration(
         "PENDING: the clock helper's Calibrator".into(),
     ))
-}
-
-/// The capture dump the collector appends each delivered launch to.
-fn open_archive(
-    path: &std::path::Path,
-    device: &DeviceInfo,
-) -> Result<Box<dyn Archive>, ProfilerError> {
-    let _ = device;
-    Err(ProfilerError::Dump {
-        path: path.to_path_buf(),
-        message: "PENDING: dump.rs".into(),
-    })
 }
 
 fn thread_name() -> String {
