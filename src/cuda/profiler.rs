@@ -443,6 +443,14 @@ impl Profiler {
         }
         let shape = Shape::of(&cfg, self.capacity, self.pool.limit())?;
         self.ctx.bind_to_thread()?;
+        // SAFETY: the stream is live (borrowed) and its context is bound.
+        let capture = unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? };
+        if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            // The completion event and the copy back cannot be part of a graph.
+            return Err(ProfilerError::Invalid(format!(
+                "{kernel}: the stream is capturing a CUDA graph; profile launches outside capture"
+            )));
+        }
         let buffer = self.pool.acquire(shape.bytes, self.wait_for_buffers)?;
         self.shared.count_launch(buffer.is_none());
         let arg = match &buffer {
