@@ -590,7 +590,15 @@ mod tests {
     }
 
     fn start(ordinal: u32, recalibrate: Option<Recalibration>) -> (Collector, Arc<Shared>) {
-        let shared = Shared::new(Calibration::exact(0, 5_000, 0.0));
+        start_mapped(ordinal, recalibrate, Calibration::exact(0, 5_000, 0.0))
+    }
+
+    fn start_mapped(
+        ordinal: u32,
+        recalibrate: Option<Recalibration>,
+        calibration: Calibration,
+    ) -> (Collector, Arc<Shared>) {
+        let shared = Shared::new(calibration);
         let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
         let c = Collector::spawn(
             CollectorConfig {
@@ -624,6 +632,8 @@ mod tests {
         // The device never writes the buffer header: the collector must.
         made[..crate::format::BUFFER_HEADER_SIZE].fill(0);
         let span = tracing::info_span!("sim_kernel", gpu.launch_id = launch_id);
+        // The launch call, as `Profiler::launch` makes it: inside the span.
+        span.in_scope(|| ());
         Job {
             launch: LaunchInfo {
                 launch_id,
@@ -750,5 +760,50 @@ mod tests {
         assert_eq!(s.stats().delivered, 5);
         assert_eq!(rec.0.lock().spans.len(), 20);
         let _ = BufferHeader::default();
+    }
+
+    #[allow(dead_code)]
+    #[path = "../../../../tests/perfetto_check/mod.rs"]
+    mod perfetto_check;
+
+    #[test]
+    fn two_simulated_devices_make_one_perfetto_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("two-gpus.perfetto-trace");
+        let (layer, guard) = crate::perfetto::PerfettoLayer::builder()
+            .file(&path)
+            .build()
+            .unwrap();
+        let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
+        // Device time 1 ms lands a second from now: after the launch spans.
+        let host = HostClock::Boottime.now_ns() + 1_000_000_000;
+        let map = |skew: u64| Calibration::exact(1_000_000, host + skew, 0.0);
+        let (c0, s0) = start_mapped(0, None, map(0));
+        let (c1, s1) = start_mapped(1, None, map(3_000));
+        tracing::dispatcher::with_default(&dispatch, || {
+            let _step = tracing::info_span!("step").entered();
+            for i in 0..3 {
+                c0.send(job(0, 1_000_000 + i * 10_000, None));
+                c1.send(job(1, 1_000_000 + i * 10_000, None));
+            }
+        });
+        c0.flush().unwrap();
+        c1.flush().unwrap();
+        let stats = guard.finish().unwrap();
+        assert_eq!((stats.kernels, stats.flows, stats.device_events), (6, 6, 24));
+        assert_eq!(s0.stats().events + s1.stats().events, 24);
+        perfetto_check::check(
+            &path,
+            &[
+                "--expect-gpus",
+                "2",
+                "--expect-kernels",
+                "6",
+                "--expect-flows",
+                "6",
+                "--expect-device-slices",
+                "24",
+            ],
+        );
     }
 }
