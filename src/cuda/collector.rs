@@ -536,6 +536,12 @@ impl Worker {
     }
 }
 
+/// The Perfetto schema checker the integration tests use (`tests/check_perfetto.py`).
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../tests/perfetto_check/mod.rs"]
+mod perfetto_check;
+
 #[cfg(test)]
 mod tests {
     //! The collector without a GPU: host-made buffers stand in for the device,
@@ -762,10 +768,6 @@ mod tests {
         let _ = BufferHeader::default();
     }
 
-    #[allow(dead_code)]
-    #[path = "../../../../tests/perfetto_check/mod.rs"]
-    mod perfetto_check;
-
     #[test]
     fn two_simulated_devices_make_one_perfetto_trace() {
         let dir = tempfile::tempdir().unwrap();
@@ -792,7 +794,7 @@ mod tests {
         let stats = guard.finish().unwrap();
         assert_eq!((stats.kernels, stats.flows, stats.device_events), (6, 6, 24));
         assert_eq!(s0.stats().events + s1.stats().events, 24);
-        perfetto_check::check(
+        super::perfetto_check::check(
             &path,
             &[
                 "--expect-gpus",
