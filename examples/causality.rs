@@ -178,14 +178,9 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
 
     let profiler = Profiler::builder().device(0).events(EVENTS).build()?;
     let ctx = profiler.context().clone();
-    let arch = {
-        let d = profiler.device();
-        format!("sm_{}{}", d.compute_capability.0, d.compute_capability.1)
-    };
     let ptx = cuda::compile(
         SOURCE,
-        &KernelBuild::new("quickstart.cu", Box::leak(arch.into_boxed_str()))
-            .define("TGPU_ENABLED=1"),
+        &KernelBuild::new("quickstart.cu", profiler.arch()).define("TGPU_ENABLED=1"),
     )?;
     let module = ctx.load_module(ptx)?;
     let kernel = module.load_function("tiled_poly")?;

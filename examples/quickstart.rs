@@ -66,14 +66,7 @@ pub fn run(
                 b.build()?
             };
             let ctx = profiler.context().clone();
-            let arch = match profiler.device().compute_capability {
-                (9, 0) => "sm_90",
-                (10, 0) => "sm_100",
-                (12, 0) => "sm_120",
-                (8, 9) => "sm_89",
-                (8, 6) => "sm_86",
-                _ => "sm_80",
-            };
+            let arch = profiler.arch();
             let kernel = {
                 let _s = tracing::info_span!("compile", arch).entered();
                 let ptx = cuda::compile(

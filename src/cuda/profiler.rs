@@ -404,6 +404,29 @@ impl Profiler {
         &self.device
     }
 
+    /// The NVRTC target for this GPU (`"sm_90"` on an H200), for
+    /// [`super::KernelBuild`]: its own compute capability, or the newest one
+    /// below it that this crate knows.
+    pub fn arch(&self) -> &'static str {
+        const KNOWN: [((u32, u32), &str); 10] = [
+            ((12, 0), "sm_120"),
+            ((10, 0), "sm_100"),
+            ((9, 0), "sm_90"),
+            ((8, 9), "sm_89"),
+            ((8, 7), "sm_87"),
+            ((8, 6), "sm_86"),
+            ((8, 0), "sm_80"),
+            ((7, 5), "sm_75"),
+            ((7, 2), "sm_72"),
+            ((7, 0), "sm_70"),
+        ];
+        let cc = self.device.compute_capability;
+        KNOWN
+            .iter()
+            .find(|(k, _)| *k <= cc)
+            .map_or("sm_70", |(_, a)| a)
+    }
+
     /// The current device → host clock mapping.
     pub fn calibration(&self) -> Arc<Calibration> {
         self.shared.calibration()
