@@ -120,6 +120,8 @@ pub(crate) struct TraceBuffer {
     pub(crate) done: Event,
     /// Recorded on the copy stream after the copy back and the zeroing.
     pub(crate) copied: Event,
+    /// Whether the device memory is known to be zero (false only when new).
+    zeroed: bool,
 }
 
 // SAFETY: the buffer is owned by one launch at a time; the pinned mirror is plain
@@ -127,7 +129,8 @@ pub(crate) struct TraceBuffer {
 unsafe impl Send for TraceBuffer {}
 
 impl TraceBuffer {
-    /// Allocates `size` bytes on the device (zeroed) and a pinned mirror.
+    /// Allocates `size` bytes on the device (not zeroed yet: see
+    /// [`TraceBuffer::zero_before_use`]) and a pinned mirror.
     fn new(ctx: &Arc<CudaContext>, size: usize) -> Result<TraceBuffer, DriverError> {
         ctx.bind_to_thread()?;
         let done = Event::new(false)?;
@@ -149,10 +152,23 @@ impl TraceBuffer {
             size,
             done,
             copied,
+            zeroed: false,
         };
-        // SAFETY: `dptr` holds `size` bytes.
-        unsafe { result::memset_d8_sync(buf.dptr, 0, size)? };
         Ok(buf)
+    }
+
+    /// Zeroes a new buffer on the stream of its first launch, so that the
+    /// launch is ordered after it (a synchronous `cuMemset` is not ordered with
+    /// non-blocking streams). Returns whether it had to (the buffer is new).
+    pub(crate) fn zero_before_use(&mut self, stream: sys::CUstream) -> Result<bool, DriverError> {
+        if self.zeroed {
+            return Ok(false);
+        }
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the device range is ours; the stream is live.
+        unsafe { result::memset_d8_async(self.dptr, 0, self.size, stream)? };
+        self.zeroed = true;
+        Ok(true)
     }
 
     /// Enqueues on `stream`, after `done`: the copy of the first `used` bytes into
@@ -230,7 +246,7 @@ impl Pool {
         self.limit
     }
 
-    /// A zeroed buffer of at least `size` bytes: the smallest free one that fits,
+    /// A buffer of at least `size` bytes: the smallest free one that fits,
     /// else a new one if the limit allows (dropping free buffers that are too
     /// small to make room). `Ok(None)` when everything is in use; with `wait`,
     /// waits for a buffer to come back instead.
@@ -276,7 +292,7 @@ impl Pool {
         }
     }
 
-    /// Puts a zeroed buffer back.
+    /// Puts a zeroed buffer back (its zeroing complete, as seen from the host).
     pub(crate) fn release(&self, buf: TraceBuffer) {
         self.state.lock().free.push(buf);
         self.returned.notify_all();

@@ -474,7 +474,17 @@ impl Profiler {
                 "{kernel}: the stream is capturing a CUDA graph; profile launches outside capture"
             )));
         }
-        let buffer = self.pool.acquire(shape.bytes, self.wait_for_buffers)?;
+        let mut buffer = self.pool.acquire(shape.bytes, self.wait_for_buffers)?;
+        let mut fresh = false;
+        if let Some(b) = buffer.as_mut() {
+            fresh = match b.zero_before_use(stream.cu_stream()) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.pool.discard(buffer.take().expect("present"));
+                    return Err(e.into());
+                }
+            };
+        }
         self.shared.count_launch(buffer.is_none());
         let arg = match &buffer {
             Some(b) => KernelArg {
@@ -496,8 +506,13 @@ impl Profiler {
         let value = match result {
             Ok(v) => v,
             Err(e) => {
-                // Nothing ran: the buffer is still zero.
-                self.pool.release(buffer);
+                // Nothing ran: the buffer is still zero, unless its first
+                // zeroing is only queued on this stream (not ordered with others).
+                if fresh {
+                    self.pool.discard(buffer);
+                } else {
+                    self.pool.release(buffer);
+                }
                 return Err(e.into());
             }
         };
