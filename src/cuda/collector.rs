@@ -792,7 +792,10 @@ mod tests {
         c0.flush().unwrap();
         c1.flush().unwrap();
         let stats = guard.finish().unwrap();
-        assert_eq!((stats.kernels, stats.flows, stats.device_events), (6, 6, 24));
+        assert_eq!(
+            (stats.kernels, stats.flows, stats.device_events),
+            (6, 6, 24)
+        );
         assert_eq!(s0.stats().events + s1.stats().events, 24);
         super::perfetto_check::check(
             &path,
