@@ -176,7 +176,8 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
     let subscriber = tracing_subscriber::registry().with(collect.clone());
     tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
 
-    let profiler = Profiler::builder().device(0).events(EVENTS).build()?;
+    // At most 3 × 4 tiles + 1 events per warp.
+    let profiler = Profiler::builder().device(0).events(EVENTS).capacity(16).build()?;
     let ctx = profiler.context().clone();
     let ptx = cuda::compile(
         SOURCE,

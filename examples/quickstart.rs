@@ -59,7 +59,8 @@ pub fn run(
             let _main = tracing::info_span!("quickstart").entered();
             let profiler = {
                 let _s = tracing::info_span!("setup").entered();
-                let mut b = Profiler::builder().device(0).events(EVENTS);
+                // Each warp records 3 phases × `tiles` + 1 events: 25 of 32 places.
+                let mut b = Profiler::builder().device(0).events(EVENTS).capacity(32);
                 if let Some(r) = &recorder {
                     b = b.dump(r.clone());
                 }
