@@ -506,12 +506,18 @@ impl Profiler {
         let value = match result {
             Ok(v) => v,
             Err(e) => {
-                // Nothing ran: the buffer is still zero, unless its first
-                // zeroing is only queued on this stream (not ordered with others).
-                if fresh {
-                    self.pool.discard(buffer);
-                } else {
+                // Nothing ran: the buffer is zero, once a first zeroing queued
+                // on this stream is done (other streams are not ordered after it).
+                let settled = !fresh
+                    || buffer
+                        .done
+                        .record(stream.cu_stream())
+                        .and_then(|()| buffer.done.synchronize())
+                        .is_ok();
+                if settled {
                     self.pool.release(buffer);
+                } else {
+                    self.pool.discard(buffer);
                 }
                 return Err(e.into());
             }
