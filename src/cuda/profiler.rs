@@ -523,7 +523,9 @@ impl Profiler {
             }
         };
         if let Err(e) = buffer.done.record(stream.cu_stream()) {
-            // The launch happened; only its trace is lost. Say so at the next flush.
+            // The launch happened; only its trace is lost (say so at the next
+            // flush). The kernel may still write the buffer: wait before freeing it.
+            let _ = stream.synchronize();
             self.pool.discard(buffer);
             self.shared.push_error(e.into());
             return Ok(value);
