@@ -15,6 +15,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
+use std::io::Write;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,9 +45,9 @@ use crate::clock::HostClock;
 pub const LAUNCH_ID_FIELD: &str = "gpu.launch_id";
 
 /// Builds a [`PerfettoLayer`] and its [`PerfettoGuard`].
-#[derive(Debug, Clone)]
 pub struct PerfettoBuilder {
     path: Option<PathBuf>,
+    writer: Option<Box<dyn Write + Send>>,
     process_name: Option<String>,
     chunk_bytes: usize,
     queued_chunks: usize,
@@ -57,6 +58,7 @@ impl Default for PerfettoBuilder {
     fn default() -> Self {
         PerfettoBuilder {
             path: None,
+            writer: None,
             process_name: None,
             chunk_bytes: 64 << 10,
             queued_chunks: 16,
@@ -70,6 +72,14 @@ impl PerfettoBuilder {
     /// only when the guard finishes; until then the data goes to `<file>.tmp`.
     pub fn file(mut self, path: impl AsRef<Path>) -> Self {
         self.path = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Streams the trace into `w` instead of a file (a pipe, a socket, a sink
+    /// for benchmarks). There is no temporary file then: what was written
+    /// before an error stays written.
+    pub fn writer(mut self, w: impl Write + Send + 'static) -> Self {
+        self.writer = Some(Box::new(w));
         self
     }
 
@@ -101,8 +111,11 @@ impl PerfettoBuilder {
 
     /// Creates `<file>.tmp`, writes the trace's preamble, starts the writer thread.
     pub fn build(self) -> Result<(PerfettoLayer, PerfettoGuard), PerfettoError> {
-        let path = self.path.ok_or(PerfettoError::NoFile)?;
-        let file = TraceFile::create(&path)?;
+        let out = match (self.writer, &self.path) {
+            (Some(w), _) => Output::Stream(w),
+            (None, Some(path)) => Output::File(TraceFile::create(path)?),
+            (None, None) => return Err(PerfettoError::NoFile),
+        };
         let ids = Arc::new(Ids::new());
         let flow_origins = Arc::new(Mutex::new(HashSet::new()));
         let mut core = Core::new(ids.clone(), flow_origins.clone());
@@ -119,7 +132,7 @@ impl PerfettoBuilder {
             }),
             ..Default::default()
         }));
-        let writer = TraceWriter::with_core(file, core)?;
+        let writer = TraceWriter::with_core(out, core)?;
         let (tx, rx) = mpsc::sync_channel(self.batch_queue);
         static NEXT_LAYER: AtomicUsize = AtomicUsize::new(1);
         let shared = Arc::new(Shared {
@@ -147,6 +160,56 @@ impl PerfettoBuilder {
                 thread: Some(thread),
             },
         ))
+    }
+}
+
+impl std::fmt::Debug for PerfettoBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerfettoBuilder")
+            .field("path", &self.path)
+            .field("writer", &self.writer.as_ref().map(|_| "dyn Write"))
+            .field("process_name", &self.process_name)
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("queued_chunks", &self.queued_chunks)
+            .field("batch_queue", &self.batch_queue)
+            .finish()
+    }
+}
+
+/// Where the writer thread writes.
+enum Output {
+    File(TraceFile),
+    Stream(Box<dyn Write + Send>),
+}
+
+impl Output {
+    /// Makes the output final: renames the file into place.
+    fn commit(self) -> Result<(), PerfettoError> {
+        match self {
+            Output::File(f) => f.commit().map(drop),
+            Output::Stream(mut w) => Ok(w.flush()?),
+        }
+    }
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Output::File(f) => f.write(buf),
+            Output::Stream(w) => w.write(buf),
+        }
+    }
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Output::File(f) => f.write_all(buf),
+            Output::Stream(w) => w.write_all(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Output::File(f) => f.flush(),
+            Output::Stream(w) => w.flush(),
+        }
     }
 }
 
@@ -723,7 +786,7 @@ impl Drop for CloseOnExit<'_> {
 /// ones) and writes them. At the finish, also ends the slices still open.
 fn collect(
     shared: &Shared,
-    w: &mut TraceWriter<TraceFile>,
+    w: &mut TraceWriter<Output>,
     all: bool,
     finish: bool,
     failed: &mut Option<PerfettoError>,
@@ -767,11 +830,11 @@ fn collect(
 fn run_writer(
     shared: &Shared,
     rx: Receiver<Msg>,
-    mut w: TraceWriter<TraceFile>,
+    mut w: TraceWriter<Output>,
 ) -> Result<WriteStats, PerfettoError> {
     let _close = CloseOnExit(shared);
     let mut failed: Option<PerfettoError> = None;
-    let handle = |msg: Msg, w: &mut TraceWriter<TraceFile>, failed: &mut Option<PerfettoError>| {
+    let handle = |msg: Msg, w: &mut TraceWriter<Output>, failed: &mut Option<PerfettoError>| {
         match msg {
             Msg::Batch(b) => {
                 collect(shared, w, false, false, failed);
@@ -812,7 +875,7 @@ fn run_writer(
     if let Some(e) = failed {
         return Err(e); // The TraceFile is dropped uncommitted: no file.
     }
-    let (file, stats) = w.finish()?;
-    file.commit()?;
+    let (out, stats) = w.finish()?;
+    out.commit()?;
     Ok(stats)
 }

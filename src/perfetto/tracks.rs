@@ -123,6 +123,10 @@ pub(crate) struct Lane {
     pub(crate) last_ts: Option<u64>,
     /// Ends of the slices open on this lane, innermost last.
     pub(crate) stack: Vec<u64>,
+    /// The encoded `trusted_packet_sequence_id` field (key and varint), which
+    /// every packet of the lane repeats.
+    pub(crate) seq_field: [u8; 6],
+    pub(crate) seq_field_len: u8,
     /// Event-name iids already interned on this sequence (a bitset).
     interned: Vec<u64>,
 }
@@ -321,9 +325,16 @@ impl Warp {
             sibling_order_rank: Some(self.rank.saturating_add(n.min(63) as i32)),
             ..Default::default()
         }));
+        let seq = ids.sequence();
+        let mut e = Enc::default();
+        e.uint(super::proto::field::PACKET_SEQUENCE_ID, u64::from(seq));
+        let mut seq_field = [0u8; 6];
+        seq_field[..e.len()].copy_from_slice(&e.buf);
         self.lanes.push(Lane {
             uuid,
-            seq: ids.sequence(),
+            seq,
+            seq_field,
+            seq_field_len: e.len() as u8,
             last_ts: None,
             stack: Vec::new(),
             interned: Vec::new(),

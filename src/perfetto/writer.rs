@@ -409,29 +409,65 @@ fn emit_warp(enc: &mut Enc, ids: &Ids, warp: &mut Warp, events: &[DevEvent], nam
     }
 }
 
-/// Opens a packet on `lane`'s sequence at `ts`: starts the sequence if this is
-/// its first packet, then writes the timestamp delta and the sequence id.
+/// The time of the previous packet on `lane`'s sequence, starting the
+/// sequence (with its clock at `ts`) if this is its first packet.
 #[inline]
-fn lane_packet(enc: &mut Enc, lane: &mut Lane, ts: u64) -> super::proto::Open {
-    let prev = match lane.last_ts {
+fn lane_clock(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
+    match lane.last_ts {
         Some(t) => t,
-        None => {
-            enc.packet(&sequence_start(
-                lane.seq,
-                lane.uuid,
-                ts,
-                Some(device_sequence_interned()),
-            ));
-            ts
-        }
-    };
-    lane.last_ts = Some(ts);
-    let p = enc.open(field::TRACE_PACKET);
-    enc.uint(field::PACKET_TIMESTAMP, ts - prev);
-    enc.uint(field::PACKET_SEQUENCE_ID, u64::from(lane.seq));
-    p
+        None => start_lane(enc, lane, ts),
+    }
 }
 
+#[cold]
+fn start_lane(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
+    enc.packet(&sequence_start(
+        lane.seq,
+        lane.uuid,
+        ts,
+        Some(device_sequence_interned()),
+    ));
+    ts
+}
+
+/// A varint at `b[n..]`; returns the index after it. `b` has room: callers
+/// size it for the longest packet.
+#[inline(always)]
+fn put_varint(b: &mut [u8], mut n: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        b[n] = v as u8 | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    b[n] = v as u8;
+    n + 1
+}
+
+/// Field keys of the hot packets, as single bytes (all field numbers < 16).
+const KEY_PACKET: u8 = (field::TRACE_PACKET << 3 | 2) as u8;
+const KEY_TIMESTAMP: u8 = (field::PACKET_TIMESTAMP << 3) as u8;
+const KEY_TRACK_EVENT: u8 = (field::PACKET_TRACK_EVENT << 3 | 2) as u8;
+const KEY_TYPE: u8 = (field::EVENT_TYPE << 3) as u8;
+const KEY_NAME_IID: u8 = (field::EVENT_NAME_IID << 3) as u8;
+const KEY_ANNOTATIONS: u8 = (field::EVENT_DEBUG_ANNOTATIONS << 3 | 2) as u8;
+const KEY_ANNOTATION_NAME_IID: u8 = (field::ANNOTATION_NAME_IID << 3) as u8;
+const KEY_ANNOTATION_UINT: u8 = (field::ANNOTATION_UINT << 3) as u8;
+
+/// Writes the packet header (`Trace.packet` key, length placeholder, timestamp
+/// delta, sequence id) into `b`; returns the index after it.
+#[inline(always)]
+fn packet_head(b: &mut [u8; 64], lane: &Lane, delta: u64) -> usize {
+    b[0] = KEY_PACKET;
+    b[2] = KEY_TIMESTAMP;
+    let n = put_varint(b, 3, delta);
+    let s = lane.seq_field_len as usize;
+    b[n..n + s].copy_from_slice(&lane.seq_field[..s]);
+    n + s
+}
+
+/// A slice begin or an instant on `lane`: one packet of at most 46 bytes,
+/// built on the stack and appended at once (the first use of a name on the
+/// lane takes the general path, which interns it).
 #[inline]
 fn emit_named(
     enc: &mut Enc,
@@ -442,16 +478,65 @@ fn emit_named(
     payload: u32,
     names: &[Arc<str>],
 ) {
-    let p = lane_packet(enc, lane, ts);
+    let prev = lane_clock(enc, lane, ts);
     if !lane.has(iid) {
-        lane.mark(iid);
-        let i = enc.open(field::PACKET_INTERNED_DATA);
-        let n = enc.open(field::INTERNED_EVENT_NAMES);
-        enc.uint(field::INTERNED_IID, u64::from(iid));
-        enc.bytes(field::INTERNED_NAME, names[iid as usize].as_bytes());
-        enc.close(n);
-        enc.close(i);
+        return emit_interning(enc, lane, ts, ts - prev, kind, iid, payload, names);
     }
+    lane.last_ts = Some(ts);
+    let mut b = [0u8; 64];
+    let mut n = packet_head(&mut b, lane, ts - prev);
+    b[n] = KEY_TRACK_EVENT;
+    let te = n + 2;
+    b[te] = KEY_TYPE;
+    b[te + 1] = kind as u8;
+    b[te + 2] = KEY_NAME_IID;
+    n = put_varint(&mut b, te + 3, u64::from(iid));
+    b[n] = KEY_ANNOTATIONS;
+    let an = n + 2;
+    b[an] = KEY_ANNOTATION_NAME_IID;
+    b[an + 1] = PAYLOAD_NAME_IID as u8;
+    b[an + 2] = KEY_ANNOTATION_UINT;
+    n = put_varint(&mut b, an + 3, u64::from(payload));
+    // Every length here is below 128: one byte each.
+    b[an - 1] = (n - an) as u8;
+    b[te - 1] = (n - te) as u8;
+    b[1] = (n - 2) as u8;
+    append(enc, &b, n);
+}
+
+/// Appends `b[..n]`: copies the whole fixed-size array (a few vector moves,
+/// no call) and cuts the tail off again.
+#[inline(always)]
+fn append(enc: &mut Enc, b: &[u8; 64], n: usize) {
+    let len = enc.buf.len();
+    enc.buf.extend_from_slice(b);
+    enc.buf.truncate(len + n);
+}
+
+/// [`emit_named`] for a name not yet interned on the lane's sequence.
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn emit_interning(
+    enc: &mut Enc,
+    lane: &mut Lane,
+    ts: u64,
+    delta: u64,
+    kind: EventType,
+    iid: u32,
+    payload: u32,
+    names: &[Arc<str>],
+) {
+    lane.last_ts = Some(ts);
+    lane.mark(iid);
+    let p = enc.open(field::TRACE_PACKET);
+    enc.uint(field::PACKET_TIMESTAMP, delta);
+    enc.uint(field::PACKET_SEQUENCE_ID, u64::from(lane.seq));
+    let i = enc.open(field::PACKET_INTERNED_DATA);
+    let nm = enc.open(field::INTERNED_EVENT_NAMES);
+    enc.uint(field::INTERNED_IID, u64::from(iid));
+    enc.bytes(field::INTERNED_NAME, names[iid as usize].as_bytes());
+    enc.close(nm);
+    enc.close(i);
     let t = enc.open(field::PACKET_TRACK_EVENT);
     enc.uint(field::EVENT_TYPE, kind as u64);
     enc.uint(field::EVENT_NAME_IID, u64::from(iid));
@@ -463,13 +548,19 @@ fn emit_named(
     enc.close(p);
 }
 
+/// A slice end on `lane`: one packet of at most 23 bytes.
 #[inline]
 fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
-    let p = lane_packet(enc, lane, ts);
-    let t = enc.open(field::PACKET_TRACK_EVENT);
-    enc.uint(field::EVENT_TYPE, EventType::SliceEnd as u64);
-    enc.close(t);
-    enc.close(p);
+    let prev = lane_clock(enc, lane, ts);
+    lane.last_ts = Some(ts);
+    let mut b = [0u8; 64];
+    let n = packet_head(&mut b, lane, ts - prev);
+    b[n] = KEY_TRACK_EVENT;
+    b[n + 1] = 2;
+    b[n + 2] = KEY_TYPE;
+    b[n + 3] = EventType::SliceEnd as u8;
+    b[1] = (n + 4 - 2) as u8;
+    append(enc, &b, n + 4);
 }
 
 /// Writes device batches as a Perfetto trace into `W`.
