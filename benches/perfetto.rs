@@ -127,7 +127,11 @@ fn device(c: &mut Criterion) {
         it.iter(|| decode_and_write(&bytes, &registry, &b))
     });
     g.bench_function(BenchmarkId::new("decode", EVENTS), |it| {
-        it.iter(|| Capture::decode(&bytes, Some(&registry)).unwrap().event_count())
+        it.iter(|| {
+            Capture::decode(&bytes, Some(&registry))
+                .unwrap()
+                .event_count()
+        })
     });
     g.bench_function(BenchmarkId::new("write", EVENTS), |it| {
         it.iter(|| {
@@ -149,7 +153,10 @@ fn device(c: &mut Criterion) {
 /// This thread's CPU time, in seconds: on a shared machine, wall time also
 /// counts the time other processes had the core.
 fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid timespec; the clock id exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -169,10 +176,7 @@ fn cpu_seconds(bytes: &[u8], registry: &EventRegistry, b: &Batch) -> f64 {
 }
 
 fn host(c: &mut Criterion) {
-    let (layer, guard) = PerfettoLayer::builder()
-        .writer(io::sink())
-        .build()
-        .unwrap();
+    let (layer, guard) = PerfettoLayer::builder().writer(io::sink()).build().unwrap();
     let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(layer));
     let mut g = c.benchmark_group("host");
     g.throughput(Throughput::Elements(1));

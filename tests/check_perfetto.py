@@ -6,6 +6,7 @@
                             [--expect-gpus N] [--expect-flows N]
                             [--expect-dropped N] [--allow-open-flows]
                             [--clock-tolerance-ns NS] [--json]
+    check_perfetto.py --self-test
 
 The file is parsed with `perfetto_trace_pb2` from PyPI's `perfetto` package and
 replayed the way Perfetto's trace processor reads it: sequences, interning,
@@ -427,7 +428,163 @@ class Checker:
                      f"{[(n, r) for _, r, n in parsed][:8]}")
 
 
+# ---- self-test: the checker must reject broken traces -----------------------
+def _good_trace():
+    """A small valid trace: host thread with a launch span, one GPU, SM 2 and
+    SM 10, one warp each, a kernel slice, a flow."""
+    t = pb.Trace()
+
+    def pkt(seq=1, **kw):
+        p = t.packet.add()
+        p.trusted_packet_sequence_id = seq
+        return p
+
+    p = pkt()
+    p.sequence_flags = 1
+    p.trace_packet_defaults.timestamp_clock_id = BOOTTIME
+    c = p.clock_snapshot.clocks.add()
+    c.clock_id, c.timestamp = BOOTTIME, 1000
+    p.clock_snapshot.primary_trace_clock = BOOTTIME
+
+    def track(uuid, name, parent=None, rank=None, explicit=False, pid=None, tid=None):
+        d = pkt().track_descriptor
+        d.uuid, d.name = uuid, name
+        if parent is not None:
+            d.parent_uuid = parent
+        if rank is not None:
+            d.sibling_order_rank = rank
+        if explicit:
+            d.child_ordering = EXPLICIT
+        if pid is not None and tid is None:
+            d.process.pid, d.process.process_name = pid, name
+        if tid is not None:
+            d.thread.pid, d.thread.tid, d.thread.thread_name = pid, tid, name
+
+    track(1, "host", pid=100)
+    track(2, "main", pid=100, tid=100)
+    track(10, "GPU 0", pid=GPU_PID_BASE)
+    track(11, "SMs", parent=10, explicit=True)
+    track(12, "kernels", parent=10)
+    track(20, "SM 2", parent=11, rank=2, explicit=True)
+    track(21, "SM 10", parent=11, rank=10, explicit=True)
+    track(30, "block 0 warp 0", parent=20, rank=0)
+    track(31, "block 1 warp 0", parent=21, rank=64)
+
+    def ev(seq, ts, typ, uuid, name=None, flows=(), terms=(), payload=None):
+        p = pkt(seq)
+        p.timestamp = ts
+        e = p.track_event
+        e.type, e.track_uuid = typ, uuid
+        if name:
+            e.name = name
+        e.flow_ids.extend(flows)
+        e.terminating_flow_ids.extend(terms)
+        if payload is not None:
+            a = e.debug_annotations.add()
+            a.name, a.uint_value = "payload", payload
+        return p
+
+    ev(1, 2000, SLICE_BEGIN, 2, "launch", flows=[7])
+    ev(1, 2100, SLICE_END, 2)
+    ev(1, 3000, SLICE_BEGIN, 12, "gemm", terms=[7])
+    ev(1, 4000, SLICE_END, 12)
+    # Warp 0 on its own sequence, with an incremental clock and interning.
+    p = pkt(5)
+    p.sequence_flags = 1
+    p.trace_packet_defaults.timestamp_clock_id = 64
+    p.trace_packet_defaults.track_event_defaults.track_uuid = 30
+    p.interned_data.event_names.add(iid=1, name="load")
+    for cid, ts, inc in [(BOOTTIME, 3100, False), (64, 3100, True)]:
+        c = p.clock_snapshot.clocks.add()
+        c.clock_id, c.timestamp = cid, ts
+        if inc:
+            c.is_incremental = True
+    for delta, typ in [(0, SLICE_BEGIN), (100, SLICE_END)]:
+        q = pkt(5)
+        q.timestamp = delta
+        q.track_event.type = typ
+        if typ == SLICE_BEGIN:
+            q.track_event.name_iid = 1
+            a = q.track_event.debug_annotations.add()
+            a.name, a.uint_value = "payload", 0
+    ev(1, 3200, INSTANT, 31, "mma", payload=3)
+    return t
+
+
+def _run(trace, *args):
+    import os
+    import tempfile
+    fd, path = tempfile.mkstemp(suffix=".perfetto-trace")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(trace.SerializeToString())
+        c = Checker(0)
+        c.allow_open_flows = "--allow-open-flows" in args
+        c.read(open(path, "rb").read())
+        s = c.check()
+        for a in args:
+            if a.startswith("slices="):
+                want = int(a.split("=")[1])
+                if s["slices"] != want:
+                    c.err(f"slices: {s['slices']}, expected {want}")
+        return c.errors, s
+    finally:
+        os.unlink(path)
+
+
+def self_test():
+    errors, s = _run(_good_trace())
+    assert not errors, errors
+    assert (s["host_slices"], s["kernel_slices"], s["device_slices"], s["flows"]) == (1, 1, 2, 1), s
+    assert (s["gpus"], s["sms"], s["warp_tracks"]) == (1, 2, 2), s
+
+    def broken(mutate, expect, *args):
+        t = _good_trace()
+        mutate(t)
+        errors, _ = _run(t, *args)
+        assert any(expect in e for e in errors), f"expected {expect!r}, got {errors}"
+
+    def pk(t, pred):
+        return next(p for p in t.packet if pred(p))
+
+    def drop(t, pred):
+        keep = [p for p in t.packet if not pred(p)]
+        del t.packet[:]
+        t.packet.extend(keep)
+
+    is_end_on = lambda uuid: lambda p: p.HasField("track_event") and p.track_event.type == SLICE_END \
+        and p.track_event.track_uuid == uuid
+    broken(lambda t: drop(t, is_end_on(2)), "never ends")
+    broken(lambda t: drop(t, lambda p: p.HasField("track_event") and p.track_event.name == "launch"),
+           "nothing open")
+    broken(lambda t: setattr(pk(t, lambda p: p.track_descriptor.name == "SM 10").track_descriptor,
+                             "sibling_order_rank", 1), "numeric order")
+    broken(lambda t: setattr(pk(t, lambda p: p.track_event.name_iid == 1).track_event, "name_iid", 9),
+           "not interned")
+    broken(lambda t: pk(t, lambda p: p.track_event.name == "gemm").track_event.ClearField(
+        "terminating_flow_ids"), "never ends")
+    broken(lambda t: pk(t, lambda p: p.track_event.name == "launch").track_event.ClearField("flow_ids"),
+           "0 origins")
+    broken(lambda t: setattr(pk(t, lambda p: p.track_event.name == "launch"), "timestamp_clock_id", 1),
+           "not on BOOTTIME")
+    broken(lambda t: pk(t, lambda p: p.HasField("clock_snapshot")).clock_snapshot.ClearField(
+        "primary_trace_clock"), "trace clock")
+    broken(lambda t: setattr(pk(t, lambda p: p.track_event.name == "mma"), "timestamp", 9000),
+           "outside every kernel")
+    broken(lambda t: setattr(pk(t, lambda p: p.track_event.name == "gemm"), "timestamp", 1500),
+           "before its launch span")
+    broken(lambda t: setattr(pk(t, lambda p: p.track_descriptor.name == "block 1 warp 0").track_descriptor,
+                             "parent_uuid", 99), "not declared")
+    broken(lambda t: pk(t, lambda p: p.track_event.name == "mma").track_event.ClearField(
+        "debug_annotations"), "payload")
+    broken(lambda t: None, "slices: 4, expected 5", "slices=5")
+    print("check_perfetto: self-test passed (1 good trace, 13 broken ones rejected)")
+    return 0
+
+
 def main(argv=None):
+    if argv is None and sys.argv[1:] == ["--self-test"]:
+        return self_test()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace")
     ap.add_argument("--expect-slices", type=int, help="all slices (host + kernel + device + other)")

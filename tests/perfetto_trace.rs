@@ -37,7 +37,14 @@ fn registry() -> Arc<EventRegistry> {
 /// `d0`, mapped so that `d0` lands at host time `h0`. Warps on SM 2 and SM 10
 /// (so numeric order differs from text order); sequential, nested and
 /// partially overlapping events; one slot overflows if `overflow`.
-fn batch(ordinal: u32, launch_id: u64, d0: u64, h0: u64, overflow: bool, parent: Option<tracing::span::Id>) -> Arc<Batch> {
+fn batch(
+    ordinal: u32,
+    launch_id: u64,
+    d0: u64,
+    h0: u64,
+    overflow: bool,
+    parent: Option<tracing::span::Id>,
+) -> Arc<Batch> {
     let mut b = CaptureBuilder::new([4, 1, 1], [64, 1, 1], 8);
     b.launch_id(launch_id);
     b.warp(0, 0)
@@ -70,7 +77,11 @@ fn batch(ordinal: u32, launch_id: u64, d0: u64, h0: u64, overflow: bool, parent:
     Arc::new(Batch {
         device: Arc::new(DeviceInfo {
             ordinal,
-            name: if ordinal == 0 { "Test GPU".into() } else { "Simulated second GPU".into() },
+            name: if ordinal == 0 {
+                "Test GPU".into()
+            } else {
+                "Simulated second GPU".into()
+            },
             sm_count: 132,
             ..Default::default()
         }),
@@ -106,7 +117,11 @@ fn host_and_device_trace_through_the_real_subscriber_passes_the_schema_check() {
         .build()
         .unwrap();
     let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
-    let sink = || dispatch.downcast_ref::<PerfettoLayer>().expect("the layer is found by downcast");
+    let sink = || {
+        dispatch
+            .downcast_ref::<PerfettoLayer>()
+            .expect("the layer is found by downcast")
+    };
 
     let mut batches = Vec::new();
     let mut host_slices = 0u64;
@@ -115,7 +130,8 @@ fn host_and_device_trace_through_the_real_subscriber_passes_the_schema_check() {
         host_slices += 1;
         for (launch_id, ordinal) in [(1u64, 0u32), (2, 1), (3, 0), (4, 1)] {
             // The launch span, as gpu_profile! opens it: it carries the launch id.
-            let span = tracing::info_span!("launch", gpu.launch_id = launch_id, gpu.kernel = "gemm");
+            let span =
+                tracing::info_span!("launch", gpu.launch_id = launch_id, gpu.kernel = "gemm");
             let h0 = span.in_scope(|| {
                 tracing::info_span!("cuLaunchKernel").in_scope(|| HostClock::Boottime.now_ns())
             });
@@ -183,7 +199,9 @@ fn host_and_device_trace_through_the_real_subscriber_passes_the_schema_check() {
         "--expect-dropped",
         "4",
     ];
-    if let Ok(keep) = std::env::var("TGPU_KEEP_TRACE") { std::fs::copy(&path, keep).unwrap(); }
+    if let Ok(keep) = std::env::var("TGPU_KEEP_TRACE") {
+        std::fs::copy(&path, keep).unwrap();
+    }
     let Some(s) = perfetto_check::check(&path, &args) else {
         return;
     };
@@ -227,7 +245,10 @@ fn overlapping_launches_get_lanes_and_still_nest() {
         return;
     };
     assert_eq!(s["warp_tracks"], 4);
-    assert!(s["lanes"] > 4, "overlapping launches need more lanes: {s:?}");
+    assert!(
+        s["lanes"] > 4,
+        "overlapping launches need more lanes: {s:?}"
+    );
 }
 
 #[test]
@@ -243,4 +264,12 @@ fn a_trace_that_cannot_be_created_is_an_error_and_leaves_nothing() {
     assert!(tmp_path(&path).exists());
     drop(f);
     assert!(!tmp_path(&path).exists() && !path.exists());
+}
+
+#[test]
+fn the_checker_rejects_broken_traces() {
+    // The checker is what makes the other tests able to fail: it must pass a
+    // good trace and reject unmatched ends, open slices, misordered SMs,
+    // missing interning, dangling flows, foreign clocks, misplaced slices.
+    perfetto_check::self_test();
 }

@@ -15,8 +15,8 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
-use std::io::Write;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -31,9 +31,7 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use super::proto::{
-    field, Enc, EventType, ProcessDescriptor, ThreadDescriptor, TrackDescriptor,
-};
+use super::proto::{field, Enc, EventType, ProcessDescriptor, ThreadDescriptor, TrackDescriptor};
 use super::tracks::{descriptor, sequence_start, Ids};
 use super::writer::{launch_flow_id, Core, TraceFile, TraceWriter, WriteStats};
 use super::PerfettoError;
@@ -359,7 +357,8 @@ impl Shared {
         }
         let r = f(&mut b);
         if b.enc.len() >= self.chunk_bytes {
-            let chunk = std::mem::replace(&mut b.enc.buf, Vec::with_capacity(self.chunk_bytes + 256));
+            let chunk =
+                std::mem::replace(&mut b.enc.buf, Vec::with_capacity(self.chunk_bytes + 256));
             b.full.push_back(chunk);
             if let Err(TrySendError::Disconnected(_)) = self.tx.try_send(Msg::Wake) {
                 b.closed = true;
@@ -428,7 +427,9 @@ impl Hasher for PtrHasher {
         }
     }
     fn write_usize(&mut self, v: usize) {
-        self.0 = (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26);
+        self.0 = (v as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
     }
 }
 
@@ -479,7 +480,8 @@ impl ThreadBuf {
         self.last_ts = Some(ts);
         let p = self.enc.open(field::TRACE_PACKET);
         self.enc.uint(field::PACKET_TIMESTAMP, ts - prev);
-        self.enc.uint(field::PACKET_SEQUENCE_ID, u64::from(self.seq));
+        self.enc
+            .uint(field::PACKET_SEQUENCE_ID, u64::from(self.seq));
         p
     }
 
@@ -511,7 +513,8 @@ impl ThreadBuf {
             self.intern(iid, meta.name());
         }
         let t = self.enc.open(field::PACKET_TRACK_EVENT);
-        self.enc.uint(field::EVENT_TYPE, EventType::SliceBegin as u64);
+        self.enc
+            .uint(field::EVENT_TYPE, EventType::SliceBegin as u64);
         self.enc.uint(field::EVENT_NAME_IID, iid);
         self.enc.buf.extend_from_slice(args);
         if let Some(f) = flow {
@@ -595,7 +598,9 @@ impl Visit for Fields {
         let mut s = std::mem::take(&mut self.message);
         let at = s.len();
         let _ = write!(s, "{value:?}");
-        self.annotation(f.name(), |e| e.bytes(field::ANNOTATION_STRING, s[at..].as_bytes()));
+        self.annotation(f.name(), |e| {
+            e.bytes(field::ANNOTATION_STRING, &s.as_bytes()[at..])
+        });
         s.truncate(at);
         self.message = s;
     }
@@ -604,7 +609,9 @@ impl Visit for Fields {
             self.message.push_str(value);
             return;
         }
-        self.annotation(f.name(), |e| e.bytes(field::ANNOTATION_STRING, value.as_bytes()));
+        self.annotation(f.name(), |e| {
+            e.bytes(field::ANNOTATION_STRING, value.as_bytes())
+        });
     }
     fn record_u64(&mut self, f: &Field, value: u64) {
         if f.name() == LAUNCH_ID_FIELD {
@@ -619,7 +626,9 @@ impl Visit for Fields {
         self.annotation(f.name(), |e| e.int(field::ANNOTATION_INT, value));
     }
     fn record_bool(&mut self, f: &Field, value: bool) {
-        self.annotation(f.name(), |e| e.uint(field::ANNOTATION_BOOL, u64::from(value)));
+        self.annotation(f.name(), |e| {
+            e.uint(field::ANNOTATION_BOOL, u64::from(value))
+        });
     }
     fn record_f64(&mut self, f: &Field, value: f64) {
         self.annotation(f.name(), |e| e.double(field::ANNOTATION_DOUBLE, value));
@@ -834,8 +843,8 @@ fn run_writer(
 ) -> Result<WriteStats, PerfettoError> {
     let _close = CloseOnExit(shared);
     let mut failed: Option<PerfettoError> = None;
-    let handle = |msg: Msg, w: &mut TraceWriter<Output>, failed: &mut Option<PerfettoError>| {
-        match msg {
+    let handle =
+        |msg: Msg, w: &mut TraceWriter<Output>, failed: &mut Option<PerfettoError>| match msg {
             Msg::Batch(b) => {
                 collect(shared, w, false, false, failed);
                 if failed.is_none() {
@@ -860,8 +869,7 @@ fn run_writer(
                 true
             }
             Msg::Finish => false,
-        }
-    };
+        };
     while let Ok(msg) = rx.recv() {
         if !handle(msg, &mut w, &mut failed) {
             break;

@@ -532,7 +532,11 @@ mod tests {
         let trace = Trace::decode(&e.buf[..]).unwrap();
         assert_eq!(trace.packet.len(), 2);
         let p = &trace.packet[0];
-        assert_eq!(p.timestamp, Some(0), "a zero timestamp is present, not absent");
+        assert_eq!(
+            p.timestamp,
+            Some(0),
+            "a zero timestamp is present, not absent"
+        );
         assert_eq!(p.trusted_packet_sequence_id, Some(300));
         let names = &p.interned_data.as_ref().unwrap().event_names;
         assert_eq!(names[0].iid, Some(5));

@@ -25,10 +25,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::proto::{
-    Clock, ClockSnapshot, CounterDescriptor, DebugAnnotationName, InternedData,
-    ProcessDescriptor, TrackDescriptor, TrackEventDefaults, TracePacket, TracePacketDefaults,
-    CHILD_ORDERING_EXPLICIT, CLOCK_BOOTTIME, CLOCK_INCREMENTAL, SEQ_INCREMENTAL_STATE_CLEARED,
-    UNIT_COUNT,
+    Clock, ClockSnapshot, CounterDescriptor, DebugAnnotationName, InternedData, ProcessDescriptor,
+    TracePacket, TracePacketDefaults, TrackDescriptor, TrackEventDefaults, CHILD_ORDERING_EXPLICIT,
+    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, SEQ_INCREMENTAL_STATE_CLEARED, UNIT_COUNT,
 };
 use super::proto::{Data, Enc};
 

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::proto::{
-    field, Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TrackEvent, TracePacket,
-    TracePacketDefaults, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME,
+    field, Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket,
+    TracePacketDefaults, TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME,
     SEQ_INCREMENTAL_STATE_CLEARED,
 };
 use super::tracks::{
@@ -82,7 +82,11 @@ impl Names {
     }
 
     fn use_registry(&mut self, r: &Arc<EventRegistry>) {
-        if !self.registry.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, r)) {
+        if !self
+            .registry
+            .as_ref()
+            .is_some_and(|cur| Arc::ptr_eq(cur, r))
+        {
             self.table.fill(0);
             self.registry = Some(r.clone());
         }
@@ -103,9 +107,7 @@ impl Names {
             None => Arc::from(format!("event {id}")),
         };
         let next = self.names.len() as u32;
-        let iid = *self.by_name.entry(name.clone()).or_insert_with(|| {
-            next
-        });
+        let iid = *self.by_name.entry(name.clone()).or_insert_with(|| next);
         if iid == next {
             self.names.push(name);
         }
@@ -719,5 +721,93 @@ impl Drop for TraceFile {
             // Not committed: leave nothing half-written behind.
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridge::{DeviceInfo, LaunchInfo};
+    use crate::clock::Calibration;
+    use crate::decode::{CaptureBuilder, OwnedCapture};
+    use crate::perfetto::proto;
+    use prost::Message;
+
+    /// The hot path's hand-built packets, read back with the prost messages.
+    #[test]
+    fn hot_packets_decode_as_perfetto_messages() {
+        let mut cb = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 4);
+        cb.warp(0, 0)
+            .unwrap()
+            .sm(5, 5)
+            .range(1, 1_000, 1_300, 7)
+            .range(1, 1_332, 1_500, 300)
+            .instant(1, 1_600, 9);
+        let mut reg = EventRegistry::new();
+        reg.register(1, "mma").unwrap();
+        let batch = Batch {
+            device: Arc::new(DeviceInfo::default()),
+            launch: LaunchInfo {
+                launch_id: 3,
+                kernel: "k".into(),
+                ..Default::default()
+            },
+            capture: Arc::new(OwnedCapture::decode(cb.finish(), None).unwrap()),
+            calibration: Arc::new(Calibration::exact(0, 1_000_000, 0.0)),
+            registry: Arc::new(reg),
+        };
+        let mut w = TraceWriter::new(Vec::new()).unwrap();
+        w.write_batch(&batch).unwrap();
+        let (bytes, stats) = w.finish().unwrap();
+        assert_eq!(stats.device_events, 3);
+        assert_eq!(stats.kernels, 1);
+        let trace = proto::Trace::decode(&bytes[..]).unwrap();
+        let start = trace
+            .packet
+            .iter()
+            .position(|p| {
+                p.trace_packet_defaults.is_some()
+                    && p.trusted_packet_sequence_id != Some(MISC_SEQUENCE)
+            })
+            .expect("the warp's sequence starts");
+        let seq = trace.packet[start].trusted_packet_sequence_id;
+        let events: Vec<_> = trace.packet[start + 1..]
+            .iter()
+            .filter(|p| p.trusted_packet_sequence_id == seq)
+            .map(|p| {
+                let Some(proto::Data::TrackEvent(e)) = &p.data else {
+                    panic!("not an event: {p:?}")
+                };
+                (p.timestamp.unwrap(), e.clone(), p.interned_data.clone())
+            })
+            .collect();
+        let kinds: Vec<_> = events
+            .iter()
+            .map(|(t, e, _)| (*t, e.r#type.unwrap()))
+            .collect();
+        let (b, e, i) = (
+            EventType::SliceBegin as i32,
+            EventType::SliceEnd as i32,
+            EventType::Instant as i32,
+        );
+        // Deltas on the lane's incremental clock: 0, +300, +32, +168, +100.
+        assert_eq!(kinds, [(0, b), (300, e), (32, b), (168, e), (100, i)]);
+        let (_, first, interned) = &events[0];
+        let names = interned.as_ref().expect("the first use interns the name");
+        assert_eq!(names.event_names[0].name.as_deref(), Some("mma"));
+        assert_eq!(first.name_iid, names.event_names[0].iid);
+        let payloads: Vec<_> = [0, 2, 4]
+            .iter()
+            .map(|&k| {
+                let a = &events[k].1.debug_annotations[0];
+                assert_eq!(a.name_iid, Some(PAYLOAD_NAME_IID));
+                a.uint_value.unwrap()
+            })
+            .collect();
+        assert_eq!(payloads, [7, 300, 9]);
+        assert!(
+            events[1].1.track_uuid.is_none(),
+            "the track comes from the defaults"
+        );
     }
 }

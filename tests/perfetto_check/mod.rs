@@ -54,3 +54,26 @@ pub fn check(trace: &Path, args: &[&str]) -> Option<HashMap<String, u64>> {
             .collect(),
     )
 }
+
+/// Runs the checker's self-test (one good trace passes, broken ones fail);
+/// `false` if it was skipped.
+pub fn self_test() -> bool {
+    let required = std::env::var("TGPU_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
+    let Ok(python) = std::env::var("TGPU_PYTHON") else {
+        assert!(!required, "TGPU_REQUIRE_TOOLS=1 but TGPU_PYTHON is not set");
+        println!("skipped: TGPU_PYTHON not set, the checker's self-test did not run");
+        return false;
+    };
+    let out = Command::new(&python)
+        .arg(script())
+        .arg("--self-test")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    assert!(
+        out.status.success(),
+        "check_perfetto --self-test failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    true
+}
