@@ -102,11 +102,15 @@ impl Write for Count {
     }
 }
 
-/// Decode + write of the whole capture; returns the trace's size.
-fn decode_and_write(bytes: &[u8], registry: &EventRegistry, b: &Batch) -> u64 {
+/// Decode + write of the whole capture (zlib-compressed at `level` if
+/// given); returns the trace's size.
+fn decode_and_write(bytes: &[u8], registry: &EventRegistry, b: &Batch, level: Option<u32>) -> u64 {
     let cap = Capture::decode(bytes, Some(registry)).unwrap();
     assert_eq!(cap.event_count(), EVENTS);
     let mut w = TraceWriter::new(Count::default()).unwrap();
+    if let Some(l) = level {
+        w = w.compress(l);
+    }
     w.write_batch(b).unwrap();
     w.finish().unwrap().0 .0
 }
@@ -114,7 +118,7 @@ fn decode_and_write(bytes: &[u8], registry: &EventRegistry, b: &Batch) -> u64 {
 fn device(c: &mut Criterion) {
     let (bytes, registry) = capture();
     let b = batch(&bytes, &registry);
-    let size = decode_and_write(&bytes, &registry, &b);
+    let size = decode_and_write(&bytes, &registry, &b, None);
     println!(
         "perfetto: {EVENTS} events → {size} bytes, {:.2} bytes/event",
         size as f64 / EVENTS as f64
@@ -124,7 +128,7 @@ fn device(c: &mut Criterion) {
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(8));
     g.bench_function(BenchmarkId::new("decode+write", EVENTS), |it| {
-        it.iter(|| decode_and_write(&bytes, &registry, &b))
+        it.iter(|| decode_and_write(&bytes, &registry, &b, None))
     });
     g.bench_function(BenchmarkId::new("decode", EVENTS), |it| {
         it.iter(|| {
@@ -141,12 +145,21 @@ fn device(c: &mut Criterion) {
         })
     });
     g.finish();
-    let ours = cpu_seconds(&bytes, &registry, &b);
+    let ours = cpu_seconds(&bytes, &registry, &b, None);
     println!(
         "tracing-gpu: {EVENTS} events decoded and written in {ours:.4} s of one core's CPU time \
          (median of 5): {:.1} M events/s",
         EVENTS as f64 / ours / 1e6
     );
+    for level in [1, 6] {
+        let z = cpu_seconds(&bytes, &registry, &b, Some(level));
+        let size = decode_and_write(&bytes, &registry, &b, Some(level));
+        println!(
+            "tracing-gpu, zlib level {level}: {:.2} bytes/event, {z:.4} s CPU ({:.1} M events/s)",
+            size as f64 / EVENTS as f64,
+            EVENTS as f64 / z / 1e6
+        );
+    }
     compare_with_tg4perfetto(&bytes, ours);
 }
 
@@ -163,11 +176,11 @@ fn thread_cpu_s() -> f64 {
 }
 
 /// Median CPU time of 5 decode + write runs.
-fn cpu_seconds(bytes: &[u8], registry: &EventRegistry, b: &Batch) -> f64 {
+fn cpu_seconds(bytes: &[u8], registry: &EventRegistry, b: &Batch, level: Option<u32>) -> f64 {
     let mut runs: Vec<f64> = (0..5)
         .map(|_| {
             let t = thread_cpu_s();
-            decode_and_write(bytes, registry, b);
+            decode_and_write(bytes, registry, b, level);
             thread_cpu_s() - t
         })
         .collect();

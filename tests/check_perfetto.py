@@ -68,6 +68,7 @@ class Checker:
         self.seqs = {}
         self.primary_clock = None
         self.packets = 0
+        self.compressed = 0
 
     def err(self, msg):
         if len(self.errors) < 50:
@@ -81,6 +82,7 @@ class Checker:
         trace.ParseFromString(data)
         for p in trace.packet:
             if p.HasField("compressed_packets"):
+                self.compressed += 1
                 yield from self.packets_of(zlib.decompress(p.compressed_packets))
             else:
                 yield p
@@ -385,6 +387,7 @@ class Checker:
             flows=flows,
             dropped=sum(dropped.values()),
             sequences=len(self.seqs),
+            compressed=self.compressed,
         )
         return summary
 

@@ -109,13 +109,24 @@ fn tmp_path(path: &Path) -> std::path::PathBuf {
 
 #[test]
 fn host_and_device_trace_through_the_real_subscriber_passes_the_schema_check() {
+    host_and_device(None);
+}
+
+#[test]
+fn a_compressed_trace_passes_the_same_check() {
+    host_and_device(Some(6));
+}
+
+fn host_and_device(compress: Option<u32>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host-device.perfetto-trace");
-    let (layer, guard) = PerfettoLayer::builder()
+    let mut builder = PerfettoLayer::builder()
         .file(&path)
-        .process_name("perfetto-test")
-        .build()
-        .unwrap();
+        .process_name("perfetto-test");
+    if let Some(level) = compress {
+        builder = builder.compress(level);
+    }
+    let (layer, guard) = builder.build().unwrap();
     let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
     let sink = || {
         dispatch
@@ -209,13 +220,23 @@ fn host_and_device_trace_through_the_real_subscriber_passes_the_schema_check() {
     assert_eq!(s["sms"], 4);
     assert_eq!(s["warp_tracks"], 8);
     assert_eq!(s["lanes"], 10);
+    assert_eq!(s["compressed"] > 0, compress.is_some(), "{s:?}");
 }
 
 #[test]
 fn overlapping_launches_get_lanes_and_still_nest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("overlap.perfetto-trace");
+    overlapping(&path, None);
+    overlapping(&dir.path().join("overlap-z.perfetto-trace"), Some(1));
+}
+
+fn overlapping(path: &Path, compress: Option<u32>) {
+    let path = path.to_path_buf();
     let mut w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
+    if let Some(level) = compress {
+        w = w.compress(level);
+    }
     let h0 = HostClock::Boottime.now_ns();
     // Two launches of one GPU whose device times overlap (two streams), and
     // a third after both, which reuses the first lanes.

@@ -311,7 +311,7 @@ pub struct TrackEventDefaults {
 
 /// Field numbers used by [`Enc`]'s hand-written packets (the same as the
 /// `tag`s above).
-pub mod field {
+pub(crate) mod field {
     /// `Trace.packet`.
     pub const TRACE_PACKET: u32 = 1;
     /// `TracePacket.timestamp`.
@@ -322,6 +322,8 @@ pub mod field {
     pub const PACKET_TRACK_EVENT: u32 = 11;
     /// `TracePacket.interned_data`.
     pub const PACKET_INTERNED_DATA: u32 = 12;
+    /// `TracePacket.compressed_packets`.
+    pub const PACKET_COMPRESSED: u32 = 50;
     /// `TrackEvent.type`.
     pub const EVENT_TYPE: u32 = 9;
     /// `TrackEvent.name_iid`.
@@ -362,19 +364,19 @@ const WIRE_LEN: u32 = 2;
 /// messages: the writer's hot path. Nested lengths are back-patched: one byte is
 /// reserved, and the body moved on the rare occasion it is 128 bytes or more.
 #[derive(Debug, Default, Clone)]
-pub struct Enc {
+pub(crate) struct Enc {
     /// The encoded bytes.
-    pub buf: Vec<u8>,
+    pub(crate) buf: Vec<u8>,
 }
 
 /// A length-delimited field opened by [`Enc::open`], closed by [`Enc::close`].
 #[derive(Debug, Clone, Copy)]
 #[must_use = "a length-delimited field must be closed"]
-pub struct Open(usize);
+pub(crate) struct Open(usize);
 
 impl Enc {
     /// An empty buffer with room for `cap` bytes.
-    pub fn with_capacity(cap: usize) -> Enc {
+    pub(crate) fn with_capacity(cap: usize) -> Enc {
         Enc {
             buf: Vec::with_capacity(cap),
         }
@@ -382,7 +384,7 @@ impl Enc {
 
     /// Appends a base-128 varint.
     #[inline]
-    pub fn varint(&mut self, mut v: u64) {
+    pub(crate) fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.buf.push(v as u8 | 0x80);
             v >>= 7;
@@ -398,33 +400,33 @@ impl Enc {
 
     /// Appends a varint field.
     #[inline]
-    pub fn uint(&mut self, field: u32, v: u64) {
+    pub(crate) fn uint(&mut self, field: u32, v: u64) {
         self.key(field, WIRE_VARINT);
         self.varint(v);
     }
 
     /// Appends a signed varint field (`int64`: two's complement, not zigzag).
     #[inline]
-    pub fn int(&mut self, field: u32, v: i64) {
+    pub(crate) fn int(&mut self, field: u32, v: i64) {
         self.uint(field, v as u64);
     }
 
     /// Appends a `fixed64` field.
     #[inline]
-    pub fn fixed64(&mut self, field: u32, v: u64) {
+    pub(crate) fn fixed64(&mut self, field: u32, v: u64) {
         self.key(field, WIRE_FIXED64);
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
 
     /// Appends a `double` field.
     #[inline]
-    pub fn double(&mut self, field: u32, v: f64) {
+    pub(crate) fn double(&mut self, field: u32, v: f64) {
         self.fixed64(field, v.to_bits());
     }
 
     /// Appends a bytes or string field.
     #[inline]
-    pub fn bytes(&mut self, field: u32, v: &[u8]) {
+    pub(crate) fn bytes(&mut self, field: u32, v: &[u8]) {
         self.key(field, WIRE_LEN);
         self.varint(v.len() as u64);
         self.buf.extend_from_slice(v);
@@ -432,7 +434,7 @@ impl Enc {
 
     /// Opens a length-delimited field (a nested message).
     #[inline]
-    pub fn open(&mut self, field: u32) -> Open {
+    pub(crate) fn open(&mut self, field: u32) -> Open {
         self.key(field, WIRE_LEN);
         self.buf.push(0);
         Open(self.buf.len())
@@ -440,7 +442,7 @@ impl Enc {
 
     /// Closes the field `open` opened, writing its length.
     #[inline]
-    pub fn close(&mut self, open: Open) {
+    pub(crate) fn close(&mut self, open: Open) {
         let start = open.0;
         let len = self.buf.len() - start;
         if len < 0x80 {
@@ -464,7 +466,7 @@ impl Enc {
     }
 
     /// Appends an encoded `prost` message as one `Trace.packet`.
-    pub fn packet(&mut self, packet: &TracePacket) {
+    pub(crate) fn packet(&mut self, packet: &TracePacket) {
         use prost::Message;
         self.key(field::TRACE_PACKET, WIRE_LEN);
         self.varint(packet.encoded_len() as u64);
@@ -473,17 +475,17 @@ impl Enc {
     }
 
     /// Bytes written.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.buf.len()
     }
 
     /// Whether nothing is written.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 
     /// Forgets the contents, keeping the allocation.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.buf.clear();
     }
 }

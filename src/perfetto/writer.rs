@@ -583,6 +583,9 @@ fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
 pub struct TraceWriter<W: Write> {
     out: W,
     core: Core,
+    /// zlib level when output goes out as `compressed_packets`.
+    compress: Option<u32>,
+    zbuf: Vec<u8>,
 }
 
 impl<W: Write> TraceWriter<W> {
@@ -593,9 +596,22 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub(crate) fn with_core(out: W, core: Core) -> Result<TraceWriter<W>, PerfettoError> {
-        let mut w = TraceWriter { out, core };
+        let mut w = TraceWriter {
+            out,
+            core,
+            compress: None,
+            zbuf: Vec::new(),
+        };
         w.drain(0)?;
         Ok(w)
+    }
+
+    /// From now on, writes the packets zlib-compressed (level 0-9), about
+    /// 1 MiB of them at a time, each piece as one `compressed_packets`
+    /// packet: Perfetto inflates them on load. Smaller files, more CPU.
+    pub fn compress(mut self, level: u32) -> Self {
+        self.compress = Some(level.min(9));
+        self
     }
 
     pub(crate) fn core(&mut self) -> &mut Core {
@@ -612,18 +628,47 @@ impl<W: Write> TraceWriter<W> {
     /// Appends packets encoded elsewhere (a host thread's chunk).
     pub(crate) fn write_raw(&mut self, bytes: &[u8]) -> Result<(), PerfettoError> {
         self.drain(0)?;
-        self.out.write_all(bytes)?;
-        self.core.stats.bytes += bytes.len() as u64;
-        Ok(())
+        self.emit(bytes)
     }
 
     /// Hands buffered output to the writer once there is more than `above` bytes.
     pub(crate) fn drain(&mut self, above: usize) -> Result<(), PerfettoError> {
         if self.core.enc.len() > above {
-            self.out.write_all(&self.core.enc.buf)?;
-            self.core.stats.bytes += self.core.enc.len() as u64;
+            let buf = std::mem::take(&mut self.core.enc.buf);
+            let r = self.emit(&buf);
+            self.core.enc.buf = buf;
             self.core.enc.clear();
+            r?;
         }
+        Ok(())
+    }
+
+    /// Writes whole packets, as they are or as one `compressed_packets`.
+    fn emit(&mut self, packets: &[u8]) -> Result<(), PerfettoError> {
+        let Some(level) = self.compress else {
+            self.out.write_all(packets)?;
+            self.core.stats.bytes += packets.len() as u64;
+            return Ok(());
+        };
+        self.zbuf.clear();
+        let mut z = flate2::write::ZlibEncoder::new(
+            std::mem::take(&mut self.zbuf),
+            flate2::Compression::new(level),
+        );
+        z.write_all(packets)?;
+        let body = z.finish()?;
+        // Trace.packet { compressed_packets: body }, lengths up front.
+        let mut field50 = Enc::default();
+        field50.varint(u64::from(field::PACKET_COMPRESSED << 3 | 2));
+        field50.varint(body.len() as u64);
+        let mut head = Enc::default();
+        head.varint(u64::from(field::TRACE_PACKET << 3 | 2));
+        head.varint((field50.len() + body.len()) as u64);
+        head.buf.extend_from_slice(&field50.buf);
+        self.out.write_all(&head.buf)?;
+        self.out.write_all(&body)?;
+        self.core.stats.bytes += (head.len() + body.len()) as u64;
+        self.zbuf = body;
         Ok(())
     }
 
