@@ -36,7 +36,7 @@ mod writer;
 
 use std::path::PathBuf;
 
-pub use layer::{PerfettoBuilder, PerfettoGuard, PerfettoLayer};
+pub use layer::{PerfettoBuilder, PerfettoGuard, PerfettoLayer, LAUNCH_ID_FIELD};
 pub use writer::{TraceFile, TraceWriter, WriteStats};
 
 /// Why a trace could not be written.
