@@ -7,7 +7,7 @@
 //! These messages encode everything that is written once or rarely: track
 //! descriptors, clock snapshots, interned names, kernel slices. The per-event
 //! packets (slice begin and end on a warp or a thread track) are written by
-//! [`Enc`] directly, with the same field numbers (the constants in [`field`]);
+//! `Enc` (crate-private) directly, with the same field numbers (the constants in `field`);
 //! the unit tests decode `Enc`'s bytes with these messages, so the two cannot
 //! drift apart.
 //!
