@@ -84,7 +84,7 @@
 //! the exporter its own traffic. Nor are the bridge's per-event fallback spans
 //! (target `tracing_gpu::device`): this layer takes whole batches instead.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -117,17 +117,6 @@ use crate::bridge::{Batch, BatchSink, DeviceInfo};
 use crate::clock::HostClock;
 use crate::decode::EventKind;
 use crate::format::NO_CLUSTER;
-
-/// The field a host launch span carries with its [`crate::bridge::LaunchInfo::launch_id`].
-///
-/// With it, a batch that arrives after its launch span closed still finds its
-/// parent (the layer keeps the contexts of the last [`LAUNCH_MEMORY`] closed
-/// launch spans), and a span id that `tracing` reused for another span is not
-/// mistaken for the launch span.
-pub const LAUNCH_ID_FIELD: &str = "gpu.launch_id";
-
-/// How many closed launch spans the layer remembers (see [`LAUNCH_ID_FIELD`]).
-pub const LAUNCH_MEMORY: usize = 4096;
 
 /// How much of each launch becomes spans. See the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -453,7 +442,6 @@ impl OtlpLayerBuilder {
             host_spans: self.host_spans,
             mode: AtomicU8::new(MODE_UNKNOWN),
             materialize: ReentrantMutex::new(()),
-            launches: Mutex::new(LaunchMemory::default()),
             lookup: OnceLock::new(),
             jobs: tx,
             progress: Mutex::new(Progress::default()),
@@ -788,7 +776,7 @@ const MODE_JOINED: u8 = 2;
 
 /// Looks a span up in the subscriber the layer was added to (monomorphized in
 /// [`Layer::on_layer`], where that subscriber's type is known).
-type Lookup = fn(&Inner, &Dispatch, &Id, u64) -> Option<OtelContext>;
+type Lookup = fn(&Inner, &Dispatch, &Id) -> Option<OtelContext>;
 
 struct Inner {
     tracer: SdkTracer,
@@ -803,7 +791,6 @@ struct Inner {
     /// threads never create two for one span (reentrant: creating a span may
     /// emit tracing events).
     materialize: ReentrantMutex<()>,
-    launches: Mutex<LaunchMemory>,
     lookup: OnceLock<Lookup>,
     jobs: SyncSender<Job>,
     progress: Mutex<Progress>,
@@ -811,26 +798,6 @@ struct Inner {
     runtime: Mutex<IoRuntime>,
     /// Bounds flushes and the shutdown.
     shutdown_timeout: Duration,
-}
-
-/// The contexts of recently closed launch spans, by launch id, oldest first out.
-#[derive(Default)]
-struct LaunchMemory {
-    by_id: HashMap<u64, OtelContext>,
-    order: VecDeque<u64>,
-}
-
-impl LaunchMemory {
-    fn insert(&mut self, launch_id: u64, cx: OtelContext) {
-        if self.by_id.insert(launch_id, cx).is_none() {
-            self.order.push_back(launch_id);
-            if self.order.len() > LAUNCH_MEMORY {
-                if let Some(old) = self.order.pop_front() {
-                    self.by_id.remove(&old);
-                }
-            }
-        }
-    }
 }
 
 #[derive(Default)]
@@ -1026,25 +993,18 @@ impl Inner {
         Some(cx)
     }
 
-    /// The parent context for a batch's spans: the launch span's, found by span
-    /// id while it is open, else by launch id among recently closed launches.
+    /// The parent context for a batch's spans: the launch span's. The profiler
+    /// keeps that span open until [`BatchSink::on_batch`] returns (see
+    /// [`crate::bridge`]), so its id is looked up now, on the caller's thread.
     fn launch_context(&self, batch: &Batch) -> OtelContext {
-        let launch_id = batch.launch.launch_id;
-        if let (Some(id), Some(lookup), Some(dispatch)) = (
+        let (Some(id), Some(lookup), Some(dispatch)) = (
             &batch.launch.parent,
             self.lookup.get(),
             self.shared.dispatch.get().and_then(WeakDispatch::upgrade),
-        ) {
-            if let Some(cx) = lookup(self, &dispatch, id, launch_id) {
-                return cx;
-            }
-        }
-        self.launches
-            .lock()
-            .by_id
-            .get(&launch_id)
-            .cloned()
-            .unwrap_or_default()
+        ) else {
+            return OtelContext::new();
+        };
+        lookup(self, &dispatch, id).unwrap_or_default()
     }
 
     /// Waits until every batch handed over so far is converted, or `deadline`.
@@ -1060,22 +1020,11 @@ impl Inner {
     }
 }
 
-fn lookup_launch<S>(
-    inner: &Inner,
-    dispatch: &Dispatch,
-    id: &Id,
-    launch_id: u64,
-) -> Option<OtelContext>
+fn lookup_launch<S>(inner: &Inner, dispatch: &Dispatch, id: &Id) -> Option<OtelContext>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    let subscriber = dispatch.downcast_ref::<S>()?;
-    let span = subscriber.span(id)?;
-    let recorded = span.extensions().get::<HostSpan>()?.launch_id;
-    // A span that names another launch is a reused id, not our launch span.
-    if recorded.is_some_and(|l| l != launch_id) {
-        return None;
-    }
+    let span = dispatch.downcast_ref::<S>()?.span(id)?;
     inner.materialize(&span, true)
 }
 
@@ -1083,7 +1032,6 @@ where
 struct HostSpan {
     start: SystemTime,
     attributes: Vec<KeyValue>,
-    launch_id: Option<u64>,
     /// The parent's context, taken when the span opened (the parent may close first).
     parent: Option<OtelContext>,
     /// Set once materialized: our span's context, or `tracing-opentelemetry`'s.
@@ -1107,16 +1055,10 @@ impl Visit for HostSpan {
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if field.name() == LAUNCH_ID_FIELD {
-            self.launch_id = u64::try_from(value).ok();
-        }
         self.set(KeyValue::new(field.name(), value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == LAUNCH_ID_FIELD {
-            self.launch_id = Some(value);
-        }
         self.set(match i64::try_from(value) {
             Ok(v) => KeyValue::new(field.name(), v),
             Err(_) => KeyValue::new(field.name(), value.to_string()),
@@ -1183,7 +1125,6 @@ where
         let mut host = HostSpan {
             start: wall_now(),
             attributes: Vec::with_capacity(meta.fields().len() + 3),
-            launch_id: None,
             parent,
             cx: None,
             owned: false,
@@ -1212,47 +1153,34 @@ where
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else { return };
-        let pending = span
-            .extensions()
-            .get::<HostSpan>()
-            .is_some_and(|h| h.cx.is_none());
-        let undecided = self.inner.host_spans == HostSpans::Auto
-            && self.inner.mode.load(Ordering::Acquire) == MODE_UNKNOWN;
-        let is_launch = span
-            .extensions()
-            .get::<HostSpan>()
-            .is_some_and(|h| h.launch_id.is_some());
-        // Entered: every layer has seen the span, so this is where Auto decides;
-        // and a launch span gets its context now, while any layer can still give it.
-        if pending && (undecided || is_launch) {
+        // Entered: every layer has seen the span, so this is where Auto decides.
+        if self.inner.host_spans != HostSpans::Auto
+            || self.inner.mode.load(Ordering::Acquire) != MODE_UNKNOWN
+        {
+            return;
+        }
+        if let Some(span) = ctx.span(id) {
             self.inner.materialize(&span, true);
         }
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(&id) else { return };
-        let Some(launch) = span.extensions().get::<HostSpan>().map(|h| h.launch_id) else {
+        if span.extensions().get::<HostSpan>().is_none() {
             return;
-        };
-        let cx = if launch.is_some() || self.inner.exports_host_spans() {
-            // Not reliable: a tracing-opentelemetry layer below us has closed it already.
-            self.inner.materialize(&span, false)
-        } else {
-            None
-        };
+        }
+        if self.inner.exports_host_spans() {
+            // Not reliable: a tracing-opentelemetry layer below us may have
+            // closed the span already.
+            self.inner.materialize(&span, false);
+        }
         let Some(host) = span.extensions_mut().remove::<HostSpan>() else {
             return;
         };
-        if let (Some(launch_id), Some(cx)) = (launch, &cx) {
-            self.inner.launches.lock().insert(launch_id, cx.clone());
-        }
-        if host.owned {
-            if let Some(cx) = &host.cx {
-                let otel = cx.span();
-                otel.set_attributes(host.attributes);
-                otel.end_with_timestamp(wall_now());
-            }
+        if let (true, Some(cx)) = (host.owned, &host.cx) {
+            let otel = cx.span();
+            otel.set_attributes(host.attributes);
+            otel.end_with_timestamp(wall_now());
         }
     }
 }
