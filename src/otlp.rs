@@ -567,6 +567,8 @@ struct Shared {
     dispatch: OnceLock<WeakDispatch>,
     /// Set when the guard shuts down: conversion stops waiting for room.
     stopped: AtomicBool,
+    /// The warning of [`Shared::warn_once`], until a thread of ours logs it.
+    pending_warning: Mutex<Option<String>>,
 }
 
 thread_local! {
@@ -591,6 +593,7 @@ impl Shared {
             degraded: AtomicBool::new(false),
             dispatch: OnceLock::new(),
             stopped: AtomicBool::new(false),
+            pending_warning: Mutex::new(None),
         }
     }
 
@@ -638,6 +641,7 @@ impl Shared {
 
     fn exported(&self, n: u64) {
         self.exported.fetch_add(n, Ordering::Relaxed);
+        self.log_pending();
         if self.in_queue.load(Ordering::Acquire) == 0 && self.degraded.swap(false, Ordering::AcqRel)
         {
             let (failed, dropped) = (
@@ -658,21 +662,33 @@ impl Shared {
         self.failed.fetch_add(n, Ordering::Relaxed);
         self.export_errors.fetch_add(1, Ordering::Relaxed);
         self.warn_once(&format!("OTLP export failed: {error}"));
+        self.log_pending();
     }
 
-    /// The one warning of an outage.
+    /// The one warning of an outage. It is only noted here and logged by
+    /// [`Shared::log_pending`] on a thread of ours: when a span closes in the
+    /// application, we are inside a `tracing` callback, where `tracing` drops
+    /// nested events.
     fn warn_once(&self, what: &str) {
         if !self.degraded.swap(true, Ordering::AcqRel) {
-            let max_queue = self.max_queue;
-            self.emit(|| {
-                tracing::warn!(
-                    max_queue,
-                    "{what}; up to {max_queue} spans wait and later ones are dropped; \
-                     further failures are counted (OtlpGuard::stats), not logged, \
-                     until export recovers"
-                )
-            });
+            *self.pending_warning.lock() = Some(what.to_string());
         }
+    }
+
+    /// Logs the warning noted by [`Shared::warn_once`], if any.
+    fn log_pending(&self) {
+        let Some(what) = self.pending_warning.lock().take() else {
+            return;
+        };
+        let max_queue = self.max_queue;
+        self.emit(|| {
+            tracing::warn!(
+                max_queue,
+                "{what}; up to {max_queue} spans wait and later ones are dropped; \
+                 further failures are counted (OtlpGuard::stats), not logged, \
+                 until export recovers"
+            )
+        });
     }
 
     fn emit(&self, event: impl FnOnce()) {
@@ -747,6 +763,7 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len() as u64;
         self.shared.leave_queue(n);
+        self.shared.log_pending();
         match self.inner.export(batch).await {
             Ok(()) => self.shared.exported(n),
             Err(e) => self.shared.failed(n, &e),
@@ -868,7 +885,9 @@ impl OtlpGuard {
     /// waits at most `shutdown_timeout` for the conversion and 5 s for the export.
     pub fn flush(&self) -> Result<(), OtlpError> {
         let deadline = Instant::now() + self.inner.shutdown_timeout;
-        if !self.inner.drain(deadline) {
+        let drained = self.inner.drain(deadline);
+        self.inner.shared.log_pending();
+        if !drained {
             return Err(OtlpError::Shutdown(
                 "device batches still converting at the flush timeout".into(),
             ));
@@ -901,6 +920,7 @@ impl OtlpGuard {
         let _ = inner.jobs.try_send(Job::Stop);
         let left = deadline.saturating_duration_since(Instant::now());
         let result = inner.provider.shutdown_with_timeout(left);
+        inner.shared.log_pending();
         // The exporter is done with the runtime, or has given up on it.
         drop(std::mem::replace(
             &mut *inner.runtime.lock(),
@@ -1237,6 +1257,7 @@ fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
             break;
         }
         emit_batch(&inner, &batch, &parent);
+        inner.shared.log_pending();
         inner.progress.lock().done += 1;
         inner.progress_cv.notify_all();
     }
