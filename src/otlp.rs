@@ -563,6 +563,8 @@ struct Shared {
     queue_peak: AtomicU64,
     /// Set by the first failure (which warns); cleared when export recovers.
     degraded: AtomicBool,
+    /// `dropped` at the last successful export.
+    dropped_at_export: AtomicU64,
     /// The subscriber this layer sits in: warnings go there, from any thread.
     dispatch: OnceLock<WeakDispatch>,
     /// Set when the guard shuts down: conversion stops waiting for room.
@@ -591,6 +593,7 @@ impl Shared {
             export_errors: AtomicU64::new(0),
             queue_peak: AtomicU64::new(0),
             degraded: AtomicBool::new(false),
+            dropped_at_export: AtomicU64::new(0),
             dispatch: OnceLock::new(),
             stopped: AtomicBool::new(false),
             pending_warning: Mutex::new(None),
@@ -613,9 +616,8 @@ impl Shared {
                     drop(guard);
                     return self.refuse("the OTLP layer was shut down with spans still to convert");
                 }
-                // Re-checked on a timer too: an export may free room just
-                // between our check and our wait.
-                self.room_cv.wait_for(&mut guard, Duration::from_millis(50));
+                // Exports and the shutdown notify under `room`: no lost wake-up.
+                self.room_cv.wait(&mut guard);
             }
         }
         let before = self.in_queue.fetch_add(1, Ordering::AcqRel);
@@ -642,12 +644,12 @@ impl Shared {
     fn exported(&self, n: u64) {
         self.exported.fetch_add(n, Ordering::Relaxed);
         self.log_pending();
-        if self.in_queue.load(Ordering::Acquire) == 0 && self.degraded.swap(false, Ordering::AcqRel)
-        {
-            let (failed, dropped) = (
-                self.failed.load(Ordering::Relaxed),
-                self.dropped.load(Ordering::Relaxed),
-            );
+        // Recovered: an export went through and nothing was dropped since the
+        // previous one (under steady load the queue need never be empty).
+        let dropped = self.dropped.load(Ordering::Relaxed);
+        let before = self.dropped_at_export.swap(dropped, Ordering::AcqRel);
+        if dropped == before && self.degraded.swap(false, Ordering::AcqRel) {
+            let failed = self.failed.load(Ordering::Relaxed);
             self.emit(|| {
                 tracing::info!(
                     spans_failed = failed,
@@ -1628,9 +1630,14 @@ mod tests {
         shared.pending_warning.lock().take();
         shared.admit();
         assert!(shared.pending_warning.lock().is_none());
-        // An export that drains the queue ends the episode.
+        // Two exports in a row with no drop between them end the episode.
         shared.leave_queue(4);
         shared.exported(4);
+        assert!(
+            shared.degraded.load(Ordering::Acquire),
+            "drops since the last export"
+        );
+        shared.exported(0);
         assert!(!shared.degraded.load(Ordering::Acquire));
         assert!(shared.admit());
     }
