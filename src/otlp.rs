@@ -114,8 +114,9 @@ use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
 use crate::bridge::{Batch, BatchSink, DeviceInfo};
-use crate::clock::HostClock;
+use crate::clock::{HostClock, HostOffsets};
 use crate::decode::EventKind;
+use crate::dump::Dump;
 use crate::format::NO_CLUSTER;
 
 /// How much of each launch becomes spans. See the [module docs](self).
@@ -859,6 +860,97 @@ impl OtlpLayer {
     pub fn stats(&self) -> OtlpStats {
         self.inner.shared.stats()
     }
+
+    /// Ships a recorded run (a capture file, [`Dump`]) with its recorded times,
+    /// without a subscriber: the dump's host spans (BOOTTIME, moved to wall time
+    /// by the offset measured with the first calibration), and each of `batches`
+    /// under the host span that wraps its launch (matched by launch id).
+    ///
+    /// Unlike the live path this waits for room in the queues instead of
+    /// dropping (a replay is not an application's hot path); it returns once
+    /// everything is handed over. Follow with [`OtlpGuard::flush`] and check
+    /// [`OtlpGuard::stats`].
+    pub fn replay(&self, dump: &Dump, batches: &[Arc<Batch>]) {
+        let inner = &self.inner;
+        let _patient = Patient::new();
+        let realtime_offset = dump
+            .devices
+            .iter()
+            .find_map(|d| d.calibrations.first())
+            .map_or_else(
+                || HostOffsets::measure().of(HostClock::Realtime),
+                |c| c.realtime_offset_ns,
+            );
+        let wall = |boottime_ns: u64| {
+            let ns = (i128::from(boottime_ns) + i128::from(realtime_offset)).max(0);
+            UNIX_EPOCH + Duration::from_nanos(ns as u64)
+        };
+        // Parents come before their children in a dump: build in order, end at the end.
+        let mut contexts: Vec<OtelContext> = Vec::with_capacity(dump.host_spans.len());
+        let mut launches = HashMap::new();
+        for span in &dump.host_spans {
+            let parent = span
+                .parent
+                .and_then(|p| contexts.get(p as usize))
+                .cloned()
+                .unwrap_or_default();
+            let mut attributes = vec![
+                KeyValue::new("thread.name", span.thread_name.clone()),
+                KeyValue::new("thread.id", span.thread_id as i64),
+            ];
+            attributes.extend(
+                span.fields
+                    .iter()
+                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+            );
+            let otel = inner.tracer.build_with_context(
+                SpanBuilder::from_name(span.name.clone())
+                    .with_kind(SpanKind::Internal)
+                    .with_start_time(wall(span.start_ns))
+                    .with_attributes(attributes),
+                &parent,
+            );
+            let cx = parent.with_span(otel);
+            if let Some(launch_id) = span.launch_id {
+                launches.insert(launch_id, cx.clone());
+            }
+            contexts.push(cx);
+        }
+        for batch in batches {
+            let parent = launches
+                .get(&batch.launch.launch_id)
+                .cloned()
+                .unwrap_or_default();
+            if inner.shared.stopped.load(Ordering::Acquire) {
+                inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            inner.progress.lock().submitted += 1;
+            if inner.jobs.send(Job::Batch(batch.clone(), parent)).is_err() {
+                inner.progress.lock().submitted -= 1;
+                inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        for (cx, span) in contexts.iter().zip(&dump.host_spans) {
+            cx.span().end_with_timestamp(wall(span.end_ns));
+        }
+    }
+}
+
+/// Makes the current thread wait for room in the span queue (as the conversion
+/// thread does) for as long as it lives.
+struct Patient(bool);
+
+impl Patient {
+    fn new() -> Patient {
+        Patient(PATIENT.with(|p| p.replace(true)))
+    }
+}
+
+impl Drop for Patient {
+    fn drop(&mut self) {
+        PATIENT.with(|p| p.set(self.0));
+    }
 }
 
 /// Keeps the exporter alive; dropping it flushes and shuts it down, waiting at
@@ -1243,7 +1335,7 @@ impl BatchSink for OtlpLayer {
 // The conversion thread: batches in, spans out.
 
 fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
-    PATIENT.with(|p| p.set(true));
+    let _patient = Patient::new();
     while let Ok(Job::Batch(batch, parent)) = jobs.recv() {
         if inner.shared.stopped.load(Ordering::Acquire) {
             // Shut down with the queue full (so `Job::Stop` may not be in it):

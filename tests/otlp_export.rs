@@ -188,23 +188,8 @@ fn launch_and_deliver(inside: impl FnOnce()) -> Arc<Batch> {
     let launch = tracing::info_span!("launch", kernel = "gemm");
     let _entered = launch.enter();
     inside();
-    let now = HostClock::Boottime.now_ns();
-    let batch = Arc::new(Batch {
-        device: Arc::new(device()),
-        launch: LaunchInfo {
-            launch_id: 7,
-            kernel: "gemm".into(),
-            host_launch_ns: now,
-            host_complete_ns: now + 50_000,
-            grid: [2, 1, 1],
-            block: [64, 1, 1],
-            parent: launch.id(),
-            host_thread: "main".into(),
-        },
-        capture: Arc::new(capture()),
-        calibration: Arc::new(calibration()),
-        registry: Arc::new(registry()),
-    });
+    let mut batch = test_batch();
+    Arc::get_mut(&mut batch).unwrap().launch.parent = launch.id();
     tracing::dispatcher::get_default(|d| {
         d.downcast_ref::<OtlpLayer>()
             .expect("the OTLP layer in the subscriber")
@@ -509,4 +494,78 @@ fn skip_exports_only_device_spans() {
         spans[0].span.parent_span_id.is_empty(),
         "no exported parent: a root"
     );
+}
+
+// --------------------------------------------------------------------------
+// Replaying a capture file.
+
+#[test]
+fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
+    use tracing_gpu::dump::{CalibrationRound, Dump, DumpDevice, HostSpan};
+    let rx = Receiver::start(Transport::Grpc);
+    let (layer, guard) = layer(&rx, Detail::Phase);
+    let realtime_offset_ns = 1_700_000_000_000_000_000i64;
+    let t0 = 40_000_000_000u64; // BOOTTIME of the recording
+    let span = |name: &str, start: u64, end: u64, parent, launch_id| HostSpan {
+        name: name.into(),
+        target: "app".into(),
+        thread_name: "main".into(),
+        thread_id: 42,
+        start_ns: t0 + start,
+        end_ns: t0 + end,
+        parent,
+        launch_id,
+        fields: vec![("step".into(), "3".into())],
+    };
+    let dump = Dump {
+        devices: vec![DumpDevice {
+            info: device(),
+            calibrations: vec![CalibrationRound {
+                realtime_offset_ns,
+                ..CalibrationRound::default()
+            }],
+        }],
+        registry: registry(),
+        host_spans: vec![
+            span("train_step", 0, 9_000, None, None),
+            span("launch", 1_000, 8_000, Some(0), Some(7)),
+        ],
+        ..Dump::default()
+    };
+    let batch = test_batch();
+    layer.replay(&dump, std::slice::from_ref(&batch));
+    guard.flush().unwrap();
+    let spans = rx.wait_spans(2 + 1 + 6);
+    assert_eq!(spans.len(), 9);
+    let step = one(&spans, "train_step");
+    let launch = one(&spans, "launch");
+    assert!(is_child_of(launch, step));
+    let wall = |ns: u64| (ns as i64 + realtime_offset_ns) as u64;
+    assert_eq!(launch.span.start_time_unix_nano, wall(t0 + 1_000));
+    assert_eq!(launch.span.end_time_unix_nano, wall(t0 + 8_000));
+    assert_eq!(launch.str_attr("step"), Some("3"));
+    assert_eq!(launch.str_attr("thread.name"), Some("main"));
+    assert_eq!(launch.int_attr("thread.id"), Some(42));
+    check_kernel(&spans, &batch);
+}
+
+/// The test launch's batch, with no parent span yet.
+fn test_batch() -> Arc<Batch> {
+    let now = HostClock::Boottime.now_ns();
+    Arc::new(Batch {
+        device: Arc::new(device()),
+        launch: LaunchInfo {
+            launch_id: 7,
+            kernel: "gemm".into(),
+            host_launch_ns: now,
+            host_complete_ns: now + 50_000,
+            grid: [2, 1, 1],
+            block: [64, 1, 1],
+            parent: None,
+            host_thread: "main".into(),
+        },
+        capture: Arc::new(capture()),
+        calibration: Arc::new(calibration()),
+        registry: Arc::new(registry()),
+    })
 }
