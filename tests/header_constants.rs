@@ -9,7 +9,7 @@ use tracing_gpu::format::{self, buffer_offsets, record_offsets, slot_offsets};
 const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
 const FORMAT_RS: &str = include_str!("../src/format.rs");
 
-/// Every `constexpr unsigned int NAME = VALUE;` at namespace scope in the header (such lines
+/// Every `enum : unsigned int { NAME = VALUE };` at namespace scope in the header (such lines
 /// are not indented there), keyed `NAME` or `namespace::NAME` (the enclosing `tgpu` dropped).
 fn header_constants() -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -29,11 +29,11 @@ fn header_constants() -> BTreeMap<String, u64> {
             }
             continue;
         }
-        let Some(rest) = line.strip_prefix("constexpr unsigned int ") else {
+        let Some(rest) = line.strip_prefix("enum : unsigned int { ") else {
             continue;
         };
         let (name, value) = rest
-            .trim_end_matches(';')
+            .trim_end_matches(" };")
             .split_once(" = ")
             .unwrap_or_else(|| panic!("unexpected constant line in the header: {line}"));
         let value = value.trim_end_matches('u');
@@ -46,7 +46,10 @@ fn header_constants() -> BTreeMap<String, u64> {
             Some(ns) => format!("{ns}::{name}"),
             None => name.to_string(),
         };
-        assert!(out.insert(key.clone(), value).is_none(), "{key} is defined twice in the header");
+        assert!(
+            out.insert(key.clone(), value).is_none(),
+            "{key} is defined twice in the header"
+        );
     }
     out
 }
@@ -94,7 +97,10 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("KIND_RANGE", format::KIND_RANGE.into()),
         ("KIND_INSTANT", format::KIND_INSTANT.into()),
         ("SLOT_FLAG_MIGRATED", format::SLOT_FLAG_MIGRATED.into()),
-        ("SLOT_FLAG_OPEN_AT_FLUSH", format::SLOT_FLAG_OPEN_AT_FLUSH.into()),
+        (
+            "SLOT_FLAG_OPEN_AT_FLUSH",
+            format::SLOT_FLAG_OPEN_AT_FLUSH.into(),
+        ),
         ("NO_CLUSTER", format::NO_CLUSTER.into()),
     ];
     let buffer: [(&str, usize); 13] = [
@@ -134,7 +140,11 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("PAYLOAD", record_offsets::PAYLOAD),
     ];
     let mut out: BTreeMap<String, u64> = top.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    for (module, table) in [("buffer_offsets", &buffer[..]), ("slot_offsets", &slot[..]), ("record_offsets", &record[..])] {
+    for (module, table) in [
+        ("buffer_offsets", &buffer[..]),
+        ("slot_offsets", &slot[..]),
+        ("record_offsets", &record[..]),
+    ] {
         for (k, v) in table {
             out.insert(format!("{module}::{k}"), *v as u64);
         }
@@ -145,20 +155,32 @@ fn rust_constants() -> BTreeMap<String, u64> {
 #[test]
 fn header_and_format_rs_define_the_same_names() {
     let header: Vec<String> = header_constants().into_keys().collect();
-    assert_eq!(header, format_rs_names(), "the header and src/format.rs must define the same constants");
+    assert_eq!(
+        header,
+        format_rs_names(),
+        "the header and src/format.rs must define the same constants"
+    );
 }
 
 #[test]
 fn every_name_is_checked_by_value() {
     let checked: Vec<String> = rust_constants().into_keys().collect();
-    assert_eq!(checked, format_rs_names(), "a constant of src/format.rs is missing from this test's table");
+    assert_eq!(
+        checked,
+        format_rs_names(),
+        "a constant of src/format.rs is missing from this test's table"
+    );
 }
 
 #[test]
 fn header_values_match_format_rs() {
     let header = header_constants();
     for (name, value) in rust_constants() {
-        assert_eq!(header.get(&name), Some(&value), "{name}: header vs src/format.rs");
+        assert_eq!(
+            header.get(&name),
+            Some(&value),
+            "{name}: header vs src/format.rs"
+        );
     }
 }
 
@@ -175,6 +197,9 @@ fn kernel_arg_layout_matches_the_header_struct() {
         "__builtin_offsetof(Trace, slot_count) == 12",
         "sizeof(Trace) == 16",
     ] {
-        assert!(HEADER.contains(needle), "the header no longer asserts {needle}");
+        assert!(
+            HEADER.contains(needle),
+            "the header no longer asserts {needle}"
+        );
     }
 }

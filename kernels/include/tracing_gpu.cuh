@@ -33,73 +33,76 @@
 namespace tgpu {
 
 // ---------------------------------------------------------------------------------------
-// Wire format v1. tests/header_constants.rs reads every `constexpr` in this block and
-// checks it against src/format.rs, by namespace and name.
+// Wire format v1. tests/header_constants.rs reads every `enum : unsigned int { NAME = V };`
+// line of the header and checks it against src/format.rs, by namespace and name.
+// They are enumerators, not constexpr variables, because NVRTC emits a namespace-scope
+// constexpr variable into the PTX as a global even when nothing uses it, and the gated-off
+// kernel must not change.
 // ---------------------------------------------------------------------------------------
 
 /// "TGPU" as a little-endian u32: the first word of every buffer (written by the host).
-constexpr unsigned int BUFFER_MAGIC = 0x55504754u;
+enum : unsigned int { BUFFER_MAGIC = 0x55504754u };
 /// "SLOT" as a little-endian u32: written by lane 0 when its warp flushes the slot.
-constexpr unsigned int SLOT_MAGIC = 0x544F4C53u;
+enum : unsigned int { SLOT_MAGIC = 0x544F4C53u };
 /// Wire format version.
-constexpr unsigned int VERSION = 1u;
+enum : unsigned int { VERSION = 1u };
 /// Size of the host-written buffer header.
-constexpr unsigned int BUFFER_HEADER_SIZE = 64u;
+enum : unsigned int { BUFFER_HEADER_SIZE = 64u };
 /// Size of a slot header.
-constexpr unsigned int SLOT_HEADER_SIZE = 64u;
+enum : unsigned int { SLOT_HEADER_SIZE = 64u };
 /// Size of one record.
-constexpr unsigned int RECORD_SIZE = 16u;
+enum : unsigned int { RECORD_SIZE = 16u };
 /// Record kind: a closed range [end - duration, end].
-constexpr unsigned int KIND_RANGE = 0u;
+enum : unsigned int { KIND_RANGE = 0u };
 /// Record kind: an instant at end (duration 0).
-constexpr unsigned int KIND_INSTANT = 1u;
+enum : unsigned int { KIND_INSTANT = 1u };
 /// Slot flag: %smid at flush differs from %smid at the first event.
-constexpr unsigned int SLOT_FLAG_MIGRATED = 1u;
+enum : unsigned int { SLOT_FLAG_MIGRATED = 1u };
 /// Slot flag: a range was still open when the slot was flushed (it is not recorded).
-constexpr unsigned int SLOT_FLAG_OPEN_AT_FLUSH = 2u;
+enum : unsigned int { SLOT_FLAG_OPEN_AT_FLUSH = 2u };
 /// Cluster rank written before sm_90 (no thread-block clusters).
-constexpr unsigned int NO_CLUSTER = 0xFFFFFFFFu;
+enum : unsigned int { NO_CLUSTER = 0xFFFFFFFFu };
 
 /// Byte offsets in the buffer header (written by the host; the device never reads it).
 namespace buffer_offsets {
-constexpr unsigned int MAGIC = 0u;
-constexpr unsigned int VERSION = 4u;
-constexpr unsigned int HEADER_SIZE = 6u;
-constexpr unsigned int SLOT_HEADER_SIZE = 8u;
-constexpr unsigned int RECORD_SIZE = 10u;
-constexpr unsigned int SLOT_CAPACITY = 12u;
-constexpr unsigned int SLOT_COUNT = 16u;
-constexpr unsigned int WARPS_PER_BLOCK = 20u;
-constexpr unsigned int LAUNCH_ID = 24u;
-constexpr unsigned int GRID = 32u;
-constexpr unsigned int BLOCK = 44u;
-constexpr unsigned int FLAGS = 56u;
-constexpr unsigned int RESERVED = 60u;
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { VERSION = 4u };
+enum : unsigned int { HEADER_SIZE = 6u };
+enum : unsigned int { SLOT_HEADER_SIZE = 8u };
+enum : unsigned int { RECORD_SIZE = 10u };
+enum : unsigned int { SLOT_CAPACITY = 12u };
+enum : unsigned int { SLOT_COUNT = 16u };
+enum : unsigned int { WARPS_PER_BLOCK = 20u };
+enum : unsigned int { LAUNCH_ID = 24u };
+enum : unsigned int { GRID = 32u };
+enum : unsigned int { BLOCK = 44u };
+enum : unsigned int { FLAGS = 56u };
+enum : unsigned int { RESERVED = 60u };
 }  // namespace buffer_offsets
 
 /// Byte offsets in a slot header (written by lane 0 at flush).
 namespace slot_offsets {
-constexpr unsigned int MAGIC = 0u;
-constexpr unsigned int FLAGS = 4u;
-constexpr unsigned int FIRST_TS = 8u;
-constexpr unsigned int LAST_TS = 16u;
-constexpr unsigned int SM_FIRST = 24u;
-constexpr unsigned int SM_LAST = 28u;
-constexpr unsigned int BLOCK_LINEAR = 32u;
-constexpr unsigned int BLOCK_XYZ = 36u;
-constexpr unsigned int WARP = 48u;
-constexpr unsigned int CLUSTER_RANK = 52u;
-constexpr unsigned int RECORD_COUNT = 56u;
-constexpr unsigned int DROP_COUNT = 60u;
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { FLAGS = 4u };
+enum : unsigned int { FIRST_TS = 8u };
+enum : unsigned int { LAST_TS = 16u };
+enum : unsigned int { SM_FIRST = 24u };
+enum : unsigned int { SM_LAST = 28u };
+enum : unsigned int { BLOCK_LINEAR = 32u };
+enum : unsigned int { BLOCK_XYZ = 36u };
+enum : unsigned int { WARP = 48u };
+enum : unsigned int { CLUSTER_RANK = 52u };
+enum : unsigned int { RECORD_COUNT = 56u };
+enum : unsigned int { DROP_COUNT = 60u };
 }  // namespace slot_offsets
 
 /// Byte offsets in a record.
 namespace record_offsets {
-constexpr unsigned int END_LO = 0u;
-constexpr unsigned int DURATION = 4u;
-constexpr unsigned int EVENT_ID = 8u;
-constexpr unsigned int KIND = 10u;
-constexpr unsigned int PAYLOAD = 12u;
+enum : unsigned int { END_LO = 0u };
+enum : unsigned int { DURATION = 4u };
+enum : unsigned int { EVENT_ID = 8u };
+enum : unsigned int { KIND = 10u };
+enum : unsigned int { PAYLOAD = 12u };
 }  // namespace record_offsets
 
 // The flush writes the slot header as four 16-byte words and a record as one; these
@@ -134,13 +137,15 @@ static_assert(__builtin_offsetof(Trace, base) == 0 && __builtin_offsetof(Trace, 
 
 namespace detail {
 
+// Metafunctions answer with enumerators, never static constexpr members, which NVRTC
+// would emit as globals (see the wire-format block).
 template <class A, class B>
 struct same {
-  static constexpr bool value = false;
+  enum : bool { value = false };
 };
 template <class A>
 struct same<A, A> {
-  static constexpr bool value = true;
+  enum : bool { value = true };
 };
 
 /// Position of T in Ts... (compile time): the register that holds T's start time.
@@ -148,11 +153,11 @@ template <class T, class... Ts>
 struct index_of;
 template <class T, class... Ts>
 struct index_of<T, T, Ts...> {
-  static constexpr unsigned int value = 0;
+  enum : unsigned int { value = 0 };
 };
 template <class T, class U, class... Ts>
 struct index_of<T, U, Ts...> {
-  static constexpr unsigned int value = 1 + index_of<T, Ts...>::value;
+  enum : unsigned int { value = 1 + index_of<T, Ts...>::value };
 };
 
 template <class T, class... Ts>
@@ -162,11 +167,11 @@ __host__ __device__ constexpr bool contains() {
 
 template <class... Ts>
 struct distinct {
-  static constexpr bool value = true;
+  enum : bool { value = true };
 };
 template <class T, class... Ts>
 struct distinct<T, Ts...> {
-  static constexpr bool value = !contains<T, Ts...>() && distinct<Ts...>::value;
+  enum : bool { value = !contains<T, Ts...>() && distinct<Ts...>::value };
 };
 
 /// Compile-time checks shared by the recording and the gated-off recorder, so that a
@@ -214,13 +219,12 @@ __device__ __forceinline__ unsigned int smid() {
 
 }  // namespace tgpu
 
-/// Declares an event type: `TGPU_EVENT(Load, 1);` gives `struct Load { static constexpr
-/// unsigned short id = 1; }`. Ids are 16-bit and must be distinct within a kernel; the host
-/// registry maps them to names.
-#define TGPU_EVENT(Name, Id)                                                \
-  struct Name {                                                             \
-    static_assert((Id) >= 0 && (Id) <= 0xFFFF, "event ids are 16-bit");    \
-    static constexpr unsigned short id = static_cast<unsigned short>(Id); \
+/// Declares an event type: `TGPU_EVENT(Load, 1);` gives `struct Load` with `Load::id == 1`.
+/// Ids are 16-bit and must be distinct within a kernel; the host registry maps them to names.
+#define TGPU_EVENT(Name, Id)                                             \
+  struct Name {                                                          \
+    static_assert((Id) >= 0 && (Id) <= 0xFFFF, "event ids are 16-bit"); \
+    enum : unsigned int { id = (Id) };                                   \
   }
 
 #if defined(TGPU_ENABLED) && TGPU_ENABLED
@@ -274,7 +278,7 @@ __device__ __forceinline__ void store4(unsigned long long addr, unsigned int a, 
 template <class... Events>
 class Recorder {
   using Checks = detail::checks<Events...>;
-  static constexpr unsigned int N = sizeof...(Events);
+  enum : unsigned int { N = sizeof...(Events) };
 
   unsigned long long rec0_;   // address of record 0 of this warp's slot; 0 if this lane never writes
   unsigned int idx_;          // index of the pending record; 0xFFFFFFFF before the first event
@@ -300,18 +304,18 @@ class Recorder {
   // the timer: all in one asm block, so that everything but the stamp comes ahead of it in
   // the PTX (ptxas does not move instructions up across a timer read; here it is free to
   // schedule them into the user's range). idx_ == 0xFFFFFFFF (no pending record yet)
-  // fails the compare as a full slot does.
+  // fails the compare as a full slot does. The 16 is RECORD_SIZE (static_asserted above).
   __device__ __forceinline__ unsigned int store_pending_and_stamp() {
     unsigned int t;
     asm volatile(
         "{\n\t.reg .pred p;\n\t.reg .b64 a;\n\t"
-        "mad.wide.u32 a, %1, %8, %2;\n\t"
+        "mad.wide.u32 a, %1, 16, %2;\n\t"
         "setp.lt.u32 p, %1, %3;\n\t"
         "@p st.global.cs.v4.u32 [a], {%4, %5, %6, %7};\n\t"
         "add.u32 %1, %1, 1;\n\t"
         "mov.u32 %0, %%globaltimer_lo;\n\t}"
         : "=r"(t), "+r"(idx_)
-        : "l"(rec0_), "r"(lim_), "r"(pend_[0]), "r"(pend_[1]), "r"(pend_[2]), "r"(pend_[3]), "n"(RECORD_SIZE)
+        : "l"(rec0_), "r"(lim_), "r"(pend_[0]), "r"(pend_[1]), "r"(pend_[2]), "r"(pend_[3])
         : "memory");
     return t;
   }
