@@ -569,3 +569,56 @@ fn test_batch() -> Arc<Batch> {
         registry: Arc::new(registry()),
     })
 }
+
+// --------------------------------------------------------------------------
+// Lifecycle.
+
+#[test]
+fn builds_and_shuts_down_inside_an_async_runtime() {
+    // Dropping a tokio runtime inside another one's async context would panic;
+    // the layer's own runtime (gRPC) and blocking client (HTTP) must not.
+    let rx_grpc = Receiver::start(Transport::Grpc);
+    let rx_http = Receiver::start(Transport::Http);
+    let app = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    app.block_on(async {
+        for rx in [&rx_grpc, &rx_http] {
+            let (layer, guard) = layer(rx, Detail::Phase);
+            let subscriber = tracing_subscriber::registry().with(layer);
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::info_span!("in-async").in_scope(|| {});
+            });
+            drop(guard);
+        }
+    });
+    for rx in [&rx_grpc, &rx_http] {
+        let spans = rx.wait_spans(1);
+        assert_eq!(spans[0].span.name, "in-async");
+    }
+}
+
+#[test]
+fn after_shutdown_spans_and_batches_are_dropped_without_panic() {
+    let rx = Receiver::start(Transport::Http);
+    let (layer, guard) = layer(&rx, Detail::Warp);
+    let subscriber = tracing_subscriber::registry().with(layer);
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::info_span!("before").in_scope(|| {});
+        let stats = {
+            let d = tracing::dispatcher::get_default(|d| d.clone());
+            let layer = d.downcast_ref::<OtlpLayer>().unwrap();
+            guard.shutdown().expect("shutdown");
+            tracing::info_span!("after").in_scope(|| {});
+            launch_and_deliver(|| {});
+            layer.flush();
+            layer.stats()
+        };
+        assert_eq!(stats.batches_dropped, 1);
+        assert_eq!(stats.spans_exported, 1);
+    });
+    let spans = rx.wait_spans(1);
+    assert_eq!(spans.len(), 1);
+    assert_eq!(spans[0].span.name, "before");
+}
