@@ -8,7 +8,7 @@
 //!   span stamped with wall time (`CLOCK_REALTIME`) when it opens and closes;
 //! - a [`BatchSink`]: each device [`Batch`] becomes spans with explicit times
 //!   ([`SpanBuilder::with_start_time`], [`opentelemetry::trace::Span::end_with_timestamp`]),
-//!   mapped from `%globaltimer` by [`Calibration::to_host`] on
+//!   mapped from `%globaltimer` by [`crate::clock::Calibration::to_host`] on
 //!   [`HostClock::Realtime`], under the host span that launched the kernel.
 //!
 //! # Two modes
@@ -73,11 +73,14 @@
 //!   `shutdown_timeout` (default 5 s) in all;
 //! - the first failure (an export error, or a span dropped because the queue is
 //!   full) logs one `tracing` warning under target `tracing_gpu::otlp`; later
-//!   failures are only counted ([`OtlpStats`]) until an export succeeds with the
-//!   queue drained, which logs one `info` line. The SDK's own internal logs are
-//!   compiled out;
+//!   failures are only counted ([`OtlpStats`]) until an export succeeds with no
+//!   drop since the previous one, which logs one `info` line. The SDK's own
+//!   internal logs are compiled out;
 //! - the exporter reconnects by itself: spans sent after the endpoint comes back
 //!   arrive.
+//!
+//! A capture file ([`Dump`]) is shipped with [`OtlpLayer::replay`], host spans
+//! and device spans with their recorded times (`examples/otlp_ship.rs`).
 //!
 //! Spans of the exporter's own crates (`hyper`, `h2`, `tonic`, `tower`,
 //! `reqwest`, `opentelemetry*`) are never exported: exporting them would feed
