@@ -23,7 +23,9 @@ use flate2::write::ZlibEncoder;
 use flate2::Compression;
 
 use crate::bridge::{Batch, DeviceInfo, LaunchInfo};
-use crate::clock::{Calibration, Checkpoint, ClockError, ClockMap, HostOffsets, Sample};
+use crate::clock::{
+    Calibration, Checkpoint, ClockError, ClockMap, FitOptions, HostOffsets, Sample,
+};
 use crate::decode::{DecodeError, OwnedCapture};
 use crate::registry::{EventRegistry, RegistryError};
 
@@ -156,6 +158,10 @@ pub struct CalibrationRound {
     pub monotonic_raw_offset_ns: i64,
     /// How far each offset may be off (ns).
     pub offset_uncertainty_ns: u64,
+    /// The device timer's step (ns) the live fit assumed (the calibrator
+    /// measures it); the refit uses the same. 0: not measured, the
+    /// [`FitOptions`] default applies.
+    pub timer_step_ns: u64,
 }
 
 /// A GPU and its calibrations, oldest first.
@@ -441,6 +447,7 @@ impl Dump {
                 e.i64(c.monotonic_offset_ns);
                 e.i64(c.monotonic_raw_offset_ns);
                 e.u64(c.offset_uncertainty_ns);
+                e.u64(c.timer_step_ns);
                 e.len(c.samples.len());
                 for s in &c.samples {
                     e.u64(s.host_before);
@@ -517,7 +524,7 @@ impl Dump {
                     ordinal: info.ordinal,
                 });
             }
-            let rounds = d.count(36)?;
+            let rounds = d.count(44)?;
             let mut calibrations = Vec::with_capacity(rounds);
             for _ in 0..rounds {
                 let mut c = CalibrationRound {
@@ -526,6 +533,7 @@ impl Dump {
                     monotonic_offset_ns: d.i64()?,
                     monotonic_raw_offset_ns: d.i64()?,
                     offset_uncertainty_ns: d.u64()?,
+                    timer_step_ns: d.u64()?,
                 };
                 let ns = d.count(24)?;
                 c.samples.reserve_exact(ns);
@@ -794,7 +802,7 @@ impl Dump {
 }
 
 impl Dump {
-    /// Fits each device's calibration rounds (raw samples → [`ClockMap::fit`],
+    /// Fits each device's calibration rounds (raw samples → [`ClockMap::fit_with`],
     /// one [`Checkpoint`] per round, in order): ordinal → calibration. A device
     /// with no rounds has no entry.
     pub fn calibrations(&self) -> Result<Vec<(u32, Calibration)>, DumpError> {
@@ -808,8 +816,12 @@ impl Dump {
                     round,
                     source,
                 };
+                let mut options = FitOptions::default();
+                if c.timer_step_ns != 0 {
+                    options.timer_step_ns = c.timer_step_ns;
+                }
                 let checkpoint = Checkpoint {
-                    map: ClockMap::fit(&c.samples).map_err(clock_err)?,
+                    map: ClockMap::fit_with(&c.samples, &options).map_err(clock_err)?,
                     host_offsets: HostOffsets {
                         realtime_ns: c.realtime_offset_ns,
                         monotonic_ns: c.monotonic_offset_ns,
@@ -942,6 +954,7 @@ mod tests {
                     monotonic_offset_ns: -12,
                     monotonic_raw_offset_ns: -340,
                     offset_uncertainty_ns: 20,
+                    timer_step_ns: 32,
                 },
                 CalibrationRound::default(),
             ],
