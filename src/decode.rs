@@ -253,6 +253,8 @@ struct Index {
     flushed: Vec<u32>,
     events: u64,
     drops: u64,
+    /// Smallest `first_ts` and largest `last_ts` of the flushed slots.
+    time_range: Option<(u64, u64)>,
 }
 
 /// A validated trace buffer, borrowed: zero-copy over the bytes it was decoded from.
@@ -372,13 +374,14 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
             block: header.block,
         });
     }
-    let threads: u64 = header.block.iter().map(|&d| d as u64).product();
+    // Three u32 dimensions multiply to up to 2⁹⁶: u128 cannot overflow.
+    let threads: u128 = header.block.iter().map(|&d| d as u128).product();
     let wpb = threads.div_ceil(32);
-    if header.warps_per_block as u64 != wpb {
+    if header.warps_per_block as u128 != wpb {
         return Err(DecodeError::BadHeaderField {
             field: "warps_per_block",
             found: header.warps_per_block as u64,
-            expected: wpb,
+            expected: u64::try_from(wpb).unwrap_or(u64::MAX),
         });
     }
     let size = format::buffer_size(header.slot_count, header.slot_capacity).ok_or(
@@ -416,9 +419,12 @@ impl<'a> Capture<'a> {
         let stride = format::slot_stride(capacity);
         let wpb = header.warps_per_block;
         let [gx, gy, gz] = header.grid;
-        let warps = gx as u64 * gy as u64 * gz as u64 * wpb as u64;
+        // Up to 2¹²⁸ warps in principle; slot indices are u32, so saturate.
+        let warps =
+            u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
         let mut flushed = Vec::new();
         let (mut events, mut drops) = (0u64, 0u64);
+        let mut time_range: Option<(u64, u64)> = None;
         let body = &bytes[BUFFER_HEADER_SIZE..size];
         for (i, slot) in body.chunks_exact(stride).enumerate() {
             let i = i as u32;
@@ -474,6 +480,10 @@ impl<'a> Capture<'a> {
             }
             events += h.record_count as u64;
             drops += h.drop_count as u64;
+            time_range = Some(match time_range {
+                Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
+                None => (h.first_ts, h.last_ts),
+            });
             flushed.push(i);
         }
         Ok(Capture {
@@ -484,6 +494,7 @@ impl<'a> Capture<'a> {
                 flushed,
                 events,
                 drops,
+                time_range,
             }),
         })
     }
@@ -528,6 +539,13 @@ impl<'a> Capture<'a> {
     /// Records dropped in all slots because a slot was full.
     pub fn drop_count(&self) -> u64 {
         self.index.drops
+    }
+
+    /// The device time the flushed slots cover: the smallest `first_ts` and the
+    /// largest `last_ts` (every event lies inside); `None` if no slot was flushed.
+    /// The clock mapping needs calibration around this interval.
+    pub fn time_range(&self) -> Option<(u64, u64)> {
+        self.index.time_range
     }
 
     /// Copies the buffer into an [`OwnedCapture`] (no re-validation).
@@ -778,6 +796,11 @@ impl OwnedCapture {
     pub fn drop_count(&self) -> u64 {
         self.index.drops
     }
+
+    /// See [`Capture::time_range`].
+    pub fn time_range(&self) -> Option<(u64, u64)> {
+        self.index.time_range
+    }
 }
 
 /// Writes valid v1 buffers on the host, event by event: for tests, and for
@@ -818,10 +841,10 @@ impl CaptureBuilder {
     /// per warp (`slot_count` = blocks × warps per block, saturating) and
     /// `capacity` records per slot.
     pub fn new(grid: [u32; 3], block: [u32; 3], capacity: u32) -> Self {
-        let threads: u64 = block.iter().map(|&d| d as u64).product();
+        let threads: u128 = block.iter().map(|&d| d as u128).product();
         let wpb = u32::try_from(threads.div_ceil(32)).unwrap_or(u32::MAX);
-        let blocks: u64 = grid.iter().map(|&d| d as u64).product();
-        let slots = u32::try_from(blocks * wpb as u64).unwrap_or(u32::MAX);
+        let blocks: u128 = grid.iter().map(|&d| d as u128).product();
+        let slots = u32::try_from(blocks * wpb as u128).unwrap_or(u32::MAX);
         CaptureBuilder {
             header: BufferHeader {
                 version: VERSION,
@@ -1137,6 +1160,7 @@ mod tests {
         let idx: Vec<u32> = cap.slots().map(|s| s.index).collect();
         assert_eq!(idx, [1, 4]);
         assert_eq!(cap.event_count(), 4);
+        assert_eq!(cap.time_range(), Some((1000, 6000)));
         let s = cap.slot(4).unwrap();
         assert_eq!(s.header.block_linear, 1);
         assert_eq!(s.header.block, [1, 0, 0]);
@@ -1374,6 +1398,25 @@ mod tests {
     }
 
     #[test]
+    fn huge_launch_shapes_do_not_overflow() {
+        // Found by the fuzz target: block dimensions whose product overflows u64.
+        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 0).finish();
+        for (k, v) in [u32::MAX, u32::MAX, u32::MAX].iter().enumerate() {
+            put(&mut b, buffer_offsets::BLOCK + 4 * k, &v.to_le_bytes());
+        }
+        assert!(matches!(
+            Capture::decode(&b, None),
+            Err(DecodeError::BadHeaderField {
+                field: "warps_per_block",
+                expected: u64::MAX,
+                ..
+            })
+        ));
+        let b = CaptureBuilder::new([u32::MAX; 3], [u32::MAX; 3], 0);
+        assert_eq!(b.header().slot_count, u32::MAX);
+    }
+
+    #[test]
     fn drops_and_empty_slots() {
         let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 0);
         b.warp(0, 0).unwrap().instant(1, 10, 0).instant(1, 20, 0);
@@ -1387,6 +1430,7 @@ mod tests {
         assert_eq!(cap.header().warps_per_block, 3);
         assert_eq!(cap.header().slot_count, 18);
         assert_eq!(cap.slots().count(), 0);
+        assert_eq!(cap.time_range(), None);
     }
 
     #[test]
