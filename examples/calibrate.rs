@@ -9,12 +9,16 @@
 //! ```
 //!
 //! - `--costs`: time `sample(n)` and the fit for several `n`.
+//! - `--pollers 1,2,4,8`: R (`--clocks`, at least 3) BOOTTIME bursts for each
+//!   count of GPU pollers, interleaved: round trips and bounds of each.
 //! - `--clocks R`: R bursts per host clock (REALTIME, MONOTONIC, MONOTONIC_RAW,
 //!   BOOTTIME), interleaved: round trips, bounds and fit residuals of each.
 //! - `--seconds T --every K`: a first calibration, then a cheap one every K
 //!   seconds for T seconds: offset and drift over time, and a leave-one-out
 //!   check of the interpolation between checkpoints.
 //! - `--out`: every figure as JSON; `--raw`: the raw samples of some bursts as CSV.
+//! - `--refit samples.csv` (no GPU): fits the bursts of a `--raw` file again
+//!   with variants of the fit (one-sided samples or not, tolerated outliers).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -27,10 +31,12 @@ struct Args {
     rounds: usize,
     costs: bool,
     clocks: usize,
+    pollers: Vec<u32>,
     seconds: f64,
     every: f64,
     out: Option<String>,
     raw: Option<String>,
+    refit: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -38,10 +44,12 @@ fn parse() -> Result<Args, String> {
         rounds: Calibrator::INITIAL_ROUNDS,
         costs: false,
         clocks: 0,
+        pollers: Vec::new(),
         seconds: 0.0,
         every: 1.0,
         out: None,
         raw: None,
+        refit: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -50,10 +58,17 @@ fn parse() -> Result<Args, String> {
             "--rounds" => a.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
             "--costs" => a.costs = true,
             "--clocks" => a.clocks = value()?.parse().map_err(|e| format!("--clocks: {e}"))?,
+            "--pollers" => {
+                a.pollers = value()?
+                    .split(',')
+                    .map(|p| p.parse().map_err(|e| format!("--pollers: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--seconds" => a.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--every" => a.every = value()?.parse().map_err(|e| format!("--every: {e}"))?,
             "--out" => a.out = Some(value()?),
             "--raw" => a.raw = Some(value()?),
+            "--refit" => a.refit = Some(value()?),
             "-h" | "--help" => return Err("usage: calibrate [--rounds N] [--costs] [--clocks R] [--seconds T --every K] [--out F.json] [--raw F.csv]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -72,7 +87,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(&args) {
+    let result = match &args.refit {
+        Some(path) => refit(path),
+        None => run(&args),
+    };
+    if let Err(e) = result {
         eprintln!("calibrate: {e}");
         std::process::exit(1);
     }
@@ -113,6 +132,62 @@ fn burst_json(map: &ClockMap, two: &ClockMap) -> String {
     )
 }
 
+/// Fits the bursts of a `--raw` CSV again, with variants of the fit options.
+fn refit(path: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use std::collections::BTreeMap;
+    use tracing_gpu::clock::FitOptions;
+    let text = std::fs::read_to_string(path)?;
+    let mut bursts: BTreeMap<(String, String, String), Vec<Sample>> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 7 {
+            return Err(format!("bad line: {line}").into());
+        }
+        let s = Sample {
+            host_before: f[4].parse()?,
+            device: f[5].parse()?,
+            host_after: f[6].parse()?,
+        };
+        bursts
+            .entry((f[0].into(), f[1].into(), f[2].into()))
+            .or_default()
+            .push(s);
+    }
+    println!("device clock          burst  two-sided  one-sided  min rtt   anchor bound: all/r=2  all/r=0  two/r=2  two/r=0   window bound: all/r=2  two/r=2");
+    for ((dev, clock, burst), samples) in &bursts {
+        let two = two_sided(samples);
+        let fit = |s: &[Sample], r: usize| {
+            ClockMap::fit_with(
+                s,
+                &FitOptions {
+                    tolerated_outliers: r,
+                    ..FitOptions::default()
+                },
+            )
+        };
+        let (a2, a0, t2, t0) = (
+            fit(samples, 2)?,
+            fit(samples, 0)?,
+            fit(&two, 2)?,
+            fit(&two, 0)?,
+        );
+        let b = |m: &ClockMap| m.parts().bound_anchor_ns;
+        println!(
+            "{dev:6} {clock:14} {burst:>5} {:10} {:10} {:8} {:22} {:8} {:8} {:8} {:22} {:8}",
+            two.len(),
+            samples.len() - two.len(),
+            a2.stats().min_round_trip_ns,
+            b(&a2),
+            b(&a0),
+            b(&t2),
+            b(&t0),
+            a2.bound_ns(),
+            t2.bound_ns()
+        );
+    }
+    Ok(())
+}
+
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     tracing_gpu::cuda::ensure_libraries()?;
     let count = CudaContext::device_count()?;
@@ -125,11 +200,18 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let mut cal = Calibrator::new(&ctx)?;
         let create_ms = t0.elapsed().as_secs_f64() * 1e3;
         println!(
-            "GPU {ordinal}: {name}; calibrator ready in {create_ms:.1} ms; %globaltimer step {} ns",
-            cal.timer_step_ns()
+            "GPU {ordinal}: {name}; calibrator ready in {create_ms:.1} ms; %globaltimer step {} ns; {} pollers",
+            cal.timer_step_ns(),
+            cal.pollers()
         );
+        // A broken variant should fail fast, not after the default 2 s.
+        cal.set_timeout(Duration::from_millis(300));
         // Warm up the path once; then the calibration this example reports.
-        cal.calibrate(args.rounds)?;
+        if let Err(e) = cal.calibrate(args.rounds) {
+            println!("  {} pollers failed ({e}); using 1", cal.pollers());
+            cal.set_pollers(1)?;
+            cal.calibrate(args.rounds)?;
+        }
         let t = Instant::now();
         let first_samples = cal.sample(args.rounds)?;
         let first = cal.checkpoint(&first_samples)?;
@@ -149,9 +231,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         let _ = write!(
             json,
-            "{}{{\"ordinal\":{ordinal},\"name\":\"{name}\",\"timer_step_ns\":{},\"create_ms\":{create_ms:.2},\"first\":{},\"first_ms\":{first_ms:.3}",
+            "{}{{\"ordinal\":{ordinal},\"name\":\"{name}\",\"timer_step_ns\":{},\"pollers\":{},\"create_ms\":{create_ms:.2},\"first\":{},\"first_ms\":{first_ms:.3}",
             if ordinal > 0 { "," } else { "" },
             cal.timer_step_ns(),
+            cal.pollers(),
             burst_json(m, &first_two)
         );
 
@@ -180,6 +263,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             json.push(']');
+        }
+
+        if !args.pollers.is_empty() {
+            pollers_compare(args, &mut cal, &mut json, &mut raw, ordinal)?;
         }
 
         if args.clocks > 0 {
@@ -251,6 +338,68 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.raw {
         std::fs::write(path, &raw)?;
     }
+    Ok(())
+}
+
+/// BOOTTIME bursts for each count of pollers, interleaved.
+fn pollers_compare(
+    args: &Args,
+    cal: &mut Calibrator,
+    json: &mut String,
+    raw: &mut String,
+    ordinal: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let keep = cal.pollers();
+    let mut per: Vec<Vec<ClockMap>> = vec![Vec::new(); args.pollers.len()];
+    for r in 0..args.clocks.max(3) {
+        for (k, &p) in args.pollers.iter().enumerate() {
+            cal.set_pollers(p)?;
+            match cal.sample(args.rounds) {
+                Ok(s) => {
+                    if r < 2 {
+                        for x in &s {
+                            let _ = writeln!(
+                                raw,
+                                "{ordinal},pollers{p},{r},{},{},{},{}",
+                                x.is_two_sided() as u8,
+                                x.host_before,
+                                x.device,
+                                x.host_after
+                            );
+                        }
+                    }
+                    per[k].push(cal.fit(&s)?);
+                }
+                Err(e) => println!("  {p} pollers, burst {r}: {e}"),
+            }
+        }
+    }
+    cal.set_pollers(keep)?;
+    println!(
+        "  pollers ({} BOOTTIME bursts of {} rounds each, medians)",
+        args.clocks.max(3),
+        args.rounds
+    );
+    println!("    pollers  min rtt  med rtt  bound@anchor  bound(window)  resid rms");
+    json.push_str(",\"pollers\":{");
+    for (k, &p) in args.pollers.iter().enumerate() {
+        let b = &per[k];
+        let f = |g: &dyn Fn(&ClockMap) -> f64| median(&mut b.iter().map(g).collect::<Vec<_>>());
+        println!(
+            "    {p:7} {:8.0} {:8.0} {:13.0} {:14.0} {:10.1}",
+            f(&|m| m.stats().min_round_trip_ns as f64),
+            f(&|m| m.stats().median_round_trip_ns as f64),
+            f(&|m| m.parts().bound_anchor_ns as f64),
+            f(&|m| m.bound_ns() as f64),
+            f(&|m| m.stats().residual_rms_ns),
+        );
+        let _ = write!(json, "{}\"{p}\":[", if k > 0 { "," } else { "" });
+        for (i, m) in b.iter().enumerate() {
+            let _ = write!(json, "{}{}", if i > 0 { "," } else { "" }, burst_json(m, m));
+        }
+        json.push(']');
+    }
+    json.push('}');
     Ok(())
 }
 

@@ -1,13 +1,19 @@
 // Clock calibration kernels (src/cuda/calibrate.rs compiles this with NVRTC).
 //
-// tgpu_calibrate: a ping-pong through pinned, device-mapped host memory. One
-// thread spins on `cmd` (host memory, read over PCIe). Round i starts when the
-// host writes i + 1 there; the thread then reads %globaltimer and writes it to
-// ack[i], which the host is spinning on. Every poll that still saw the old
-// value is a bound too: it reached host memory before the host's write, so the
-// timer read just before issuing it is no later than the host stamp taken just
-// after the write. The last such time of each round goes to stale[i] (0: none).
-// The host reads stale[] after the kernel has finished.
+// tgpu_calibrate: a ping-pong through pinned, device-mapped host memory.
+// Round v starts when the host writes v to `cmd` (host memory, read over
+// PCIe); the first GPU poller to see it reads %globaltimer and writes the value
+// to ack[v - 1], which the host is spinning on. Lane 0 of each warp of the
+// block is a poller, each with one read in flight: with one poller, the read
+// that first sees the flag usually left just before the host wrote it (the
+// host writes right after it sees the previous answer, which the poller's next
+// read follows closely), so the round trip carries a whole read latency more.
+// Several pollers, staggered, keep a read arriving every latency/pollers.
+// Every poll that still saw an older value is a bound too: it reached host
+// memory before the host's write, so the timer read just before issuing it is
+// no later than the host stamp taken just after the write. The answering
+// poller's last such time goes to stale[v - 1] (0: none); the host reads
+// stale[] after the kernel has finished.
 //
 // tgpu_timer_step: reads %globaltimer back to back and reports the smallest
 // non-zero step seen, which is the timer's resolution (32 ns on Hopper).
@@ -25,28 +31,42 @@ __device__ __forceinline__ u64 tgpu_globaltimer() {
 
 extern "C" __global__ void tgpu_calibrate(const volatile u64* cmd, volatile u64* ack, volatile u64* stale,
                                           unsigned int rounds) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) {
+    __shared__ unsigned long long answered;  // the highest round answered
+    if (threadIdx.x == 0) {
+        answered = 0;
+    }
+    __syncthreads();
+    if (blockIdx.x != 0 || threadIdx.x % 32 != 0) {
         return;
     }
-    for (unsigned int i = 0; i < rounds; ++i) {
-        const u64 seq = (u64)i + 1;
-        u64 last_stale = 0;
-        u64 v;
-        for (;;) {
-            const u64 issued = tgpu_globaltimer();
-            v = *cmd;
-            if (v >= seq) {
-                break;
-            }
+    // Stagger the pollers' first reads over about one read round trip (1 µs).
+    const unsigned int pollers = blockDim.x / 32;
+    const u64 delay = (u64)(threadIdx.x / 32) * 1000 / pollers;
+    const u64 t0 = tgpu_globaltimer();
+    while (tgpu_globaltimer() - t0 < delay) {
+    }
+    u64 seq = 1;  // the round this poller waits for
+    u64 last_stale = 0;
+    while (seq <= rounds) {
+        const u64 issued = tgpu_globaltimer();
+        const u64 v = *cmd;
+        if (v < seq) {
             last_stale = issued;
+            continue;
         }
         if (v == TGPU_CAL_STOP) {
             return;
         }
         // Read after the poll's value arrived: the branch above depends on it.
         const u64 t = tgpu_globaltimer();
-        ack[i] = t;
-        stale[i] = last_stale;
+        // The host posts round v only once round v - 1 is answered, so v is
+        // the newest round: whoever claims it first answers it.
+        if (atomicMax(&answered, (unsigned long long)v) < v) {
+            ack[v - 1] = t;
+            stale[v - 1] = last_stale;
+        }
+        seq = v + 1;
+        last_stale = 0;
     }
 }
 

@@ -1,12 +1,13 @@
 //! Sampling a GPU's `%globaltimer` against the host clock (feature `cuda`).
 //!
-//! A [`Calibrator`] plays ping-pong with one GPU thread through pinned,
-//! device-mapped host memory (`kernels/calibrate.cu`):
+//! A [`Calibrator`] plays ping-pong with the GPU through pinned, device-mapped
+//! host memory (`kernels/calibrate.cu`):
 //!
 //! 1. the host reads its clock (`host_before`) and writes round number `i + 1`
 //!    to a flag, with a full barrier, then reads its clock again;
-//! 2. the GPU thread, spinning on the flag over PCIe, sees it, reads
-//!    `%globaltimer` and writes the value back to host memory;
+//! 2. GPU pollers (one thread per warp, staggered, each with one read of the
+//!    flag in flight over PCIe) spin on it; the first to see the new round
+//!    reads `%globaltimer` and writes the value back to host memory;
 //! 3. the host, spinning on that word, sees it and reads its clock (`host_after`).
 //!
 //! Each round gives a two-sided [`Sample`]. The GPU's polls that still saw the
@@ -161,6 +162,7 @@ pub struct Calibrator {
     timer_step_ns: u64,
     options: FitOptions,
     timeout: Duration,
+    pollers: u32,
 }
 
 impl std::fmt::Debug for Calibrator {
@@ -168,6 +170,7 @@ impl std::fmt::Debug for Calibrator {
         f.debug_struct("Calibrator")
             .field("ordinal", &self.ctx.ordinal())
             .field("timer_step_ns", &self.timer_step_ns)
+            .field("pollers", &self.pollers)
             .field("options", &self.options)
             .finish()
     }
@@ -178,6 +181,8 @@ impl Calibrator {
     pub const INITIAL_ROUNDS: usize = 2000;
     /// Rounds for a cheap periodic recalibration.
     pub const PERIODIC_ROUNDS: usize = 128;
+    /// GPU pollers by default (see [`Calibrator::set_pollers`]).
+    pub const DEFAULT_POLLERS: u32 = 8;
 
     /// A calibrator for the context's device: checks that the CUDA libraries
     /// load, compiles the kernels with NVRTC, pins the ping-pong memory, and
@@ -202,6 +207,7 @@ impl Calibrator {
             timer_step_ns: GLOBALTIMER_STEP_NS,
             options: FitOptions::default(),
             timeout: Duration::from_secs(2),
+            pollers: Self::DEFAULT_POLLERS,
         };
         me.timer_step_ns = me.measure_timer_step(&step_fn)?;
         me.options.timer_step_ns = me.timer_step_ns;
@@ -226,6 +232,23 @@ impl Calibrator {
     /// How long a round may go unanswered before [`CalibrateError::Timeout`] (2 s by default).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// How many GPU threads poll the flag (1 to 32, each in its own warp),
+    /// staggered so that a read reaches host memory every read latency /
+    /// `pollers`: with one, the read that sees the flag has usually just
+    /// missed it (docs/calibration.md).
+    pub fn set_pollers(&mut self, pollers: u32) -> Result<(), CalibrateError> {
+        if !(1..=32).contains(&pollers) {
+            return Err(CalibrateError::Invalid("pollers must be 1 to 32"));
+        }
+        self.pollers = pollers;
+        Ok(())
+    }
+
+    /// How many GPU threads poll the flag.
+    pub fn pollers(&self) -> u32 {
+        self.pollers
     }
 
     /// `n` ping-pong rounds stamped with the trace clock (BOOTTIME): `n`
