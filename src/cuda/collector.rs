@@ -435,7 +435,7 @@ impl Worker {
         let result = recal.round().and_then(|round| {
             self.calibration
                 .push(round.checkpoint.clone())
-                .map_err(|e| ProfilerError::Calibration(e.to_string()))?;
+                .map_err(|e| ProfilerError::Calibration(e.into()))?;
             if let Some(a) = self.archive.as_mut() {
                 a.calibration(&self.device, &round);
             }

@@ -50,8 +50,11 @@ use std::time::Duration;
 use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, DriverError, LaunchConfig};
 
 use super::archive::DumpRecorder;
+use super::calibrate::{CalibrateError, Calibrator};
 pub use super::collector::ProfilerStats;
-use super::collector::{Collector, CollectorConfig, Completion, Job, Recalibration, Round, Shared};
+use super::collector::{
+    Collector, CollectorConfig, Completion, Job, Recalibrate, Recalibration, Round, Shared,
+};
 use super::pool::{Pool, Stream, TraceBuffer};
 use super::CudaError;
 use crate::bridge::{DeviceInfo, LaunchInfo};
@@ -117,9 +120,9 @@ pub enum ProfilerError {
     /// Event names conflict.
     #[error(transparent)]
     Registry(#[from] RegistryError),
-    /// The clock could not be calibrated.
+    /// The clock could not be calibrated (or a checkpoint did not follow the last).
     #[error("clock calibration failed: {0}")]
-    Calibration(String),
+    Calibration(#[from] CalibrateError),
     /// The capture dump could not be written.
     #[error("capture dump {path}: {message}")]
     Dump {
@@ -584,15 +587,41 @@ impl Drop for Profiler {
     }
 }
 
-/// The first calibration, and the recalibration the collector runs.
+/// Periodic recalibration on the collector thread: a cheap round of
+/// [`Calibrator::PERIODIC_ROUNDS`] ping-pongs.
+struct DeviceClock {
+    calibrator: Calibrator,
+}
+
+impl DeviceClock {
+    fn round(&mut self, rounds: usize) -> Result<Round, CalibrateError> {
+        let samples = self.calibrator.sample(rounds)?;
+        let checkpoint = self.calibrator.checkpoint(&samples)?;
+        Ok(Round {
+            samples,
+            checkpoint,
+        })
+    }
+}
+
+impl Recalibrate for DeviceClock {
+    fn round(&mut self) -> Result<Round, ProfilerError> {
+        Ok(DeviceClock::round(self, Calibrator::PERIODIC_ROUNDS)?)
+    }
+}
+
+/// The first calibration (thorough: [`Calibrator::INITIAL_ROUNDS`]), and the
+/// recalibration the collector runs every `period`.
 fn start_clock(
     ctx: &Arc<CudaContext>,
     period: Option<Duration>,
 ) -> Result<(Round, Option<Recalibration>), ProfilerError> {
-    let _ = (ctx, period);
-    Err(ProfilerError::Calibration(
-        "PENDING: the clock helper's Calibrator".into(),
-    ))
+    let mut clock = DeviceClock {
+        calibrator: Calibrator::new(ctx)?,
+    };
+    let first = clock.round(Calibrator::INITIAL_ROUNDS)?;
+    let recalibrate = period.map(|p| (Box::new(clock) as Box<dyn Recalibrate>, p));
+    Ok((first, recalibrate))
 }
 
 fn thread_name() -> String {
