@@ -38,7 +38,10 @@ impl HostClock {
     /// The clock's current reading in nanoseconds.
     #[inline]
     pub fn now_ns(self) -> u64 {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: `ts` is a valid timespec; the clock ids above exist on Linux.
         unsafe { libc::clock_gettime(self.clock_id(), &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

@@ -1,5 +1,1605 @@
-//! Bytes → capture (being written).
+//! Bytes → [`Capture`]: the strict reader of wire format v1 (`docs/format.md`).
+//!
+//! [`Capture::decode`] validates everything the format promises in one pass over
+//! the buffer and allocates only the list of flushed slots; afterwards nothing is
+//! checked again, and [`Slot::events`] rebuilds full 64-bit times on the fly with
+//! no allocation. Every way the bytes can be wrong is a [`DecodeError`] variant
+//! that names the slot and record, so the message pinpoints the fault.
+//!
+//! Slots whose header is still zero were never flushed (their warp did not run the
+//! recorder, or a slot past the grid): such a slot must be zero throughout and is
+//! simply absent from [`Capture::slots`]. A zero header over non-zero record
+//! bytes means a warp wrote records but never flushed, and is an error
+//! ([`DecodeError::UnflushedSlotNotEmpty`]): its records cannot be placed in time.
+//!
+//! [`OwnedCapture`] owns its bytes and crosses threads; [`CaptureBuilder`] writes
+//! valid buffers on the host, for tests and for producers that are not the CUDA
+//! header.
 
-/// A decoded capture that owns its bytes (being written).
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::format::{
+    self, buffer_offsets as bo, slot_offsets as so, BufferHeader, Record, SlotHeader,
+    BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE, RECORD_SIZE, SLOT_HEADER_SIZE,
+    SLOT_MAGIC, VERSION,
+};
+use crate::registry::EventRegistry;
+
+/// Every way a buffer can fail [`Capture::decode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the header says the buffer holds (or than the header itself).
+    #[error("trace buffer truncated: {len} bytes, the header needs {needed}")]
+    Truncated {
+        /// Bytes given.
+        len: usize,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// The first four bytes are not `"TGPU"`.
+    #[error("not a trace buffer: magic {found:#010x}, expected {BUFFER_MAGIC:#010x} (\"TGPU\")")]
+    BadMagic {
+        /// The magic found.
+        found: u32,
+    },
+    /// A version this reader does not know.
+    #[error("unsupported trace format version {found} (this reader reads {VERSION})")]
+    UnsupportedVersion {
+        /// The version found.
+        found: u16,
+    },
+    /// A buffer-header field that must have one value has another.
+    #[error("buffer header field {field} is {found}, expected {expected}")]
+    BadHeaderField {
+        /// The field's name, as in `docs/format.md`.
+        field: &'static str,
+        /// The value found.
+        found: u64,
+        /// The value v1 requires.
+        expected: u64,
+    },
+    /// A grid or block dimension is zero: no launch has that shape.
+    #[error("launch shape has an empty dimension: grid {grid:?}, block {block:?}")]
+    EmptyLaunch {
+        /// Grid dimensions.
+        grid: [u32; 3],
+        /// Block dimensions.
+        block: [u32; 3],
+    },
+    /// `slot_count` slots of `slot_capacity` records do not fit in memory at all.
+    #[error("buffer size overflows: {slot_count} slots of {capacity} records")]
+    SizeOverflow {
+        /// Slots claimed.
+        slot_count: u32,
+        /// Records per slot claimed.
+        capacity: u32,
+    },
+    /// A slot header magic that is neither zero nor `"SLOT"`.
+    #[error(
+        "slot {slot}: bad slot magic {found:#010x}, expected 0 or {SLOT_MAGIC:#010x} (\"SLOT\")"
+    )]
+    BadSlotMagic {
+        /// Slot index.
+        slot: u32,
+        /// The magic found.
+        found: u32,
+    },
+    /// A never-flushed slot (zero magic) with non-zero bytes in it.
+    #[error("slot {slot}: never flushed (zero magic) but holds data at byte {offset} of the slot")]
+    UnflushedSlotNotEmpty {
+        /// Slot index.
+        slot: u32,
+        /// Offset of the first non-zero 16-byte group within the slot.
+        offset: usize,
+    },
+    /// `record_count` exceeds `slot_capacity`.
+    #[error("slot {slot}: record_count {count} exceeds the slot capacity {capacity}")]
+    CountOverCapacity {
+        /// Slot index.
+        slot: u32,
+        /// Records claimed.
+        count: u32,
+        /// Capacity.
+        capacity: u32,
+    },
+    /// A flushed slot whose index lies past the last warp of the grid.
+    #[error("slot {slot}: flushed, but the grid has only {warps} warps")]
+    SlotOutsideGrid {
+        /// Slot index.
+        slot: u32,
+        /// Warps in the launch (blocks × warps per block).
+        warps: u64,
+    },
+    /// The slot's block or warp is not the one its index says.
+    #[error(
+        "slot {slot}: header says block {found_block} {found_xyz:?} warp {found_warp}, \
+         its index means block {expected_block} {expected_xyz:?} warp {expected_warp}"
+    )]
+    Misplaced {
+        /// Slot index.
+        slot: u32,
+        /// `block_linear` the index implies.
+        expected_block: u32,
+        /// `blockIdx` the index implies.
+        expected_xyz: [u32; 3],
+        /// Warp the index implies.
+        expected_warp: u32,
+        /// `block_linear` in the header.
+        found_block: u32,
+        /// `blockIdx` in the header.
+        found_xyz: [u32; 3],
+        /// Warp in the header.
+        found_warp: u32,
+    },
+    /// `last_ts` before `first_ts` in a slot header.
+    #[error("slot {slot}: time runs backwards, last_ts {last_ts} < first_ts {first_ts}")]
+    SlotTimesBackwards {
+        /// Slot index.
+        slot: u32,
+        /// First timer read.
+        first_ts: u64,
+        /// Flush time.
+        last_ts: u64,
+    },
+    /// A record kind other than range (0) or instant (1).
+    #[error("slot {slot} record {record}: unknown kind {kind}")]
+    UnknownKind {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The kind found.
+        kind: u16,
+    },
+    /// An instant whose duration is not zero.
+    #[error("slot {slot} record {record}: instant with non-zero duration {duration} ns")]
+    InstantWithDuration {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The duration found.
+        duration: u32,
+    },
+    /// An event id the registry given to the decoder does not hold.
+    #[error("slot {slot} record {record}: event id {id} is not in the registry")]
+    UnknownEventId {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The id found.
+        id: u16,
+    },
+    /// A record ends before the previous record (or, for the first, before `first_ts`).
+    #[error("slot {slot} record {record}: time runs backwards, it ends {by_ns} ns before the previous end")]
+    TimeBackwards {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// How far back.
+        by_ns: u64,
+    },
+    /// A range that starts before the slot's `first_ts`: an end before its begin.
+    #[error("slot {slot} record {record}: ends at {end} after {duration} ns, so it began before first_ts {first_ts}")]
+    StartBeforeFirst {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The record's end (device ns).
+        end: u64,
+        /// The record's duration.
+        duration: u32,
+        /// The slot's first timer read.
+        first_ts: u64,
+    },
+    /// A record that ends after the slot's `last_ts`.
+    #[error("slot {slot} record {record}: ends at {end}, after last_ts {last_ts}")]
+    EndAfterLast {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The record's end (device ns, as reconstructed).
+        end: u128,
+        /// The slot's flush time.
+        last_ts: u64,
+    },
+}
+
+/// Range or instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A closed range `[start_ns, end_ns]`.
+    Range,
+    /// An instant at `end_ns` (`start_ns == end_ns`).
+    Instant,
+}
+
+/// One decoded event, in device nanoseconds (`%globaltimer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Event {
+    /// The user's event type id (see [`EventRegistry`]).
+    pub id: u16,
+    /// Range or instant.
+    pub kind: EventKind,
+    /// Start (equals `end_ns` for an instant).
+    pub start_ns: u64,
+    /// End, or the instant's time.
+    pub end_ns: u64,
+    /// User payload.
+    pub payload: u32,
+}
+
+impl Event {
+    /// `end_ns − start_ns`.
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+}
+
+/// What [`Capture::decode`] learned, kept so that [`OwnedCapture::view`] need not
+/// validate again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Index {
+    header: BufferHeader,
+    /// Bytes the buffer occupies (`64 + slot_count × stride`).
+    size: usize,
+    /// Indices of the flushed slots, increasing.
+    flushed: Vec<u32>,
+    events: u64,
+    drops: u64,
+}
+
+/// A validated trace buffer, borrowed: zero-copy over the bytes it was decoded from.
+#[derive(Clone)]
+pub struct Capture<'a> {
+    bytes: &'a [u8],
+    index: Cow<'a, Index>,
+}
+
+impl fmt::Debug for Capture<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Capture")
+            .field("header", &self.index.header)
+            .field("flushed_slots", &self.index.flushed.len())
+            .field("events", &self.index.events)
+            .field("drops", &self.index.drops)
+            .finish()
+    }
+}
+
+#[inline]
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+#[inline]
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+#[inline]
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u32_at(b, at) as u64 | (u32_at(b, at + 4) as u64) << 32
+}
+fn xyz_at(b: &[u8], at: usize) -> [u32; 3] {
+    [u32_at(b, at), u32_at(b, at + 4), u32_at(b, at + 8)]
+}
+
+/// Reads a slot header from at least [`SLOT_HEADER_SIZE`] bytes.
+fn read_slot_header(b: &[u8]) -> SlotHeader {
+    SlotHeader {
+        magic: u32_at(b, so::MAGIC),
+        flags: u32_at(b, so::FLAGS),
+        first_ts: u64_at(b, so::FIRST_TS),
+        last_ts: u64_at(b, so::LAST_TS),
+        sm_first: u32_at(b, so::SM_FIRST),
+        sm_last: u32_at(b, so::SM_LAST),
+        block_linear: u32_at(b, so::BLOCK_LINEAR),
+        block: xyz_at(b, so::BLOCK_XYZ),
+        warp: u32_at(b, so::WARP),
+        cluster_rank: u32_at(b, so::CLUSTER_RANK),
+        record_count: u32_at(b, so::RECORD_COUNT),
+        drop_count: u32_at(b, so::DROP_COUNT),
+    }
+}
+
+fn record_array(c: &[u8]) -> [u8; RECORD_SIZE] {
+    let mut a = [0u8; RECORD_SIZE];
+    a.copy_from_slice(c);
+    a
+}
+
+/// Reads and checks the buffer header; returns it and the buffer's size.
+fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError> {
+    if bytes.len() < BUFFER_HEADER_SIZE {
+        return Err(DecodeError::Truncated {
+            len: bytes.len(),
+            needed: BUFFER_HEADER_SIZE as u64,
+        });
+    }
+    let b = &bytes[..BUFFER_HEADER_SIZE];
+    let magic = u32_at(b, bo::MAGIC);
+    if magic != BUFFER_MAGIC {
+        return Err(DecodeError::BadMagic { found: magic });
+    }
+    let version = u16_at(b, bo::VERSION);
+    if version != VERSION {
+        return Err(DecodeError::UnsupportedVersion { found: version });
+    }
+    let exact = |field, at: usize, expected: usize, wide: bool| {
+        let found = if wide {
+            u32_at(b, at) as u64
+        } else {
+            u16_at(b, at) as u64
+        };
+        if found == expected as u64 {
+            Ok(())
+        } else {
+            Err(DecodeError::BadHeaderField {
+                field,
+                found,
+                expected: expected as u64,
+            })
+        }
+    };
+    exact("header_size", bo::HEADER_SIZE, BUFFER_HEADER_SIZE, false)?;
+    exact(
+        "slot_header_size",
+        bo::SLOT_HEADER_SIZE,
+        SLOT_HEADER_SIZE,
+        false,
+    )?;
+    exact("record_size", bo::RECORD_SIZE, RECORD_SIZE, false)?;
+    exact("flags", bo::FLAGS, 0, true)?;
+    exact("reserved", bo::RESERVED, 0, true)?;
+    let header = BufferHeader {
+        version,
+        slot_capacity: u32_at(b, bo::SLOT_CAPACITY),
+        slot_count: u32_at(b, bo::SLOT_COUNT),
+        warps_per_block: u32_at(b, bo::WARPS_PER_BLOCK),
+        launch_id: u64_at(b, bo::LAUNCH_ID),
+        grid: xyz_at(b, bo::GRID),
+        block: xyz_at(b, bo::BLOCK),
+        flags: 0,
+    };
+    if header.grid.contains(&0) || header.block.contains(&0) {
+        return Err(DecodeError::EmptyLaunch {
+            grid: header.grid,
+            block: header.block,
+        });
+    }
+    let threads: u64 = header.block.iter().map(|&d| d as u64).product();
+    let wpb = threads.div_ceil(32);
+    if header.warps_per_block as u64 != wpb {
+        return Err(DecodeError::BadHeaderField {
+            field: "warps_per_block",
+            found: header.warps_per_block as u64,
+            expected: wpb,
+        });
+    }
+    let size = format::buffer_size(header.slot_count, header.slot_capacity).ok_or(
+        DecodeError::SizeOverflow {
+            slot_count: header.slot_count,
+            capacity: header.slot_capacity,
+        },
+    )?;
+    if bytes.len() < size {
+        return Err(DecodeError::Truncated {
+            len: bytes.len(),
+            needed: size as u64,
+        });
+    }
+    Ok((header, size))
+}
+
+/// Offset of the first non-zero 16-byte group of `b` (a multiple of 16 long).
+fn first_nonzero(b: &[u8]) -> Option<usize> {
+    b.chunks_exact(16)
+        .position(|c| u128::from_ne_bytes(record_array(c)) != 0)
+        .map(|i| i * 16)
+}
+
+impl<'a> Capture<'a> {
+    /// Decodes and validates a whole buffer (see `docs/format.md`, "What a strict
+    /// reader rejects"). With a registry, every record's event id must be in it.
+    /// Bytes past the buffer's size (`64 + slot_count × stride`) are not read.
+    pub fn decode(
+        bytes: &'a [u8],
+        registry: Option<&EventRegistry>,
+    ) -> Result<Capture<'a>, DecodeError> {
+        let (header, size) = read_buffer_header(bytes)?;
+        let capacity = header.slot_capacity;
+        let stride = format::slot_stride(capacity);
+        let wpb = header.warps_per_block;
+        let [gx, gy, gz] = header.grid;
+        let warps = gx as u64 * gy as u64 * gz as u64 * wpb as u64;
+        let mut flushed = Vec::new();
+        let (mut events, mut drops) = (0u64, 0u64);
+        let body = &bytes[BUFFER_HEADER_SIZE..size];
+        for (i, slot) in body.chunks_exact(stride).enumerate() {
+            let i = i as u32;
+            let magic = u32_at(slot, so::MAGIC);
+            if magic == 0 {
+                if let Some(offset) = first_nonzero(slot) {
+                    return Err(DecodeError::UnflushedSlotNotEmpty { slot: i, offset });
+                }
+                continue;
+            }
+            if magic != SLOT_MAGIC {
+                return Err(DecodeError::BadSlotMagic {
+                    slot: i,
+                    found: magic,
+                });
+            }
+            let h = read_slot_header(slot);
+            if h.record_count > capacity {
+                return Err(DecodeError::CountOverCapacity {
+                    slot: i,
+                    count: h.record_count,
+                    capacity,
+                });
+            }
+            if i as u64 >= warps {
+                return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
+            }
+            // wpb ≥ 1 and gx, gy ≥ 1: read_buffer_header refused empty launches.
+            let bl = i / wpb;
+            let xyz = [bl % gx, bl / gx % gy, bl / gx / gy];
+            if h.block_linear != bl || h.block != xyz || h.warp != i % wpb {
+                return Err(DecodeError::Misplaced {
+                    slot: i,
+                    expected_block: bl,
+                    expected_xyz: xyz,
+                    expected_warp: i % wpb,
+                    found_block: h.block_linear,
+                    found_xyz: h.block,
+                    found_warp: h.warp,
+                });
+            }
+            if h.last_ts < h.first_ts {
+                return Err(DecodeError::SlotTimesBackwards {
+                    slot: i,
+                    first_ts: h.first_ts,
+                    last_ts: h.last_ts,
+                });
+            }
+            let records = &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + h.record_count as usize * 16];
+            match registry {
+                Some(reg) => check_records(i, &h, records, |id| reg.contains(id))?,
+                None => check_records(i, &h, records, |_| true)?,
+            }
+            events += h.record_count as u64;
+            drops += h.drop_count as u64;
+            flushed.push(i);
+        }
+        Ok(Capture {
+            bytes: &bytes[..size],
+            index: Cow::Owned(Index {
+                header,
+                size,
+                flushed,
+                events,
+                drops,
+            }),
+        })
+    }
+
+    /// The buffer header.
+    pub fn header(&self) -> &BufferHeader {
+        &self.index.header
+    }
+
+    /// The bytes of the buffer (exactly its size, without any trailing bytes).
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// The flushed slots, in increasing index order.
+    pub fn slots(&self) -> impl ExactSizeIterator<Item = Slot<'a>> + '_ {
+        let bytes = self.bytes;
+        let stride = format::slot_stride(self.index.header.slot_capacity);
+        self.index
+            .flushed
+            .iter()
+            .map(move |&i| slot_at(bytes, stride, i))
+    }
+
+    /// The slot at `index`, if it was flushed.
+    pub fn slot(&self, index: u32) -> Option<Slot<'a>> {
+        self.index.flushed.binary_search(&index).ok()?;
+        let stride = format::slot_stride(self.index.header.slot_capacity);
+        Some(slot_at(self.bytes, stride, index))
+    }
+
+    /// Number of flushed slots.
+    pub fn flushed_slot_count(&self) -> usize {
+        self.index.flushed.len()
+    }
+
+    /// Records in all slots (events that were written).
+    pub fn event_count(&self) -> u64 {
+        self.index.events
+    }
+
+    /// Records dropped in all slots because a slot was full.
+    pub fn drop_count(&self) -> u64 {
+        self.index.drops
+    }
+
+    /// Copies the buffer into an [`OwnedCapture`] (no re-validation).
+    pub fn to_owned_capture(&self) -> OwnedCapture {
+        OwnedCapture {
+            bytes: self.bytes.to_vec(),
+            index: self.index.clone().into_owned(),
+        }
+    }
+}
+
+fn slot_at(bytes: &[u8], stride: usize, index: u32) -> Slot<'_> {
+    let off = BUFFER_HEADER_SIZE + index as usize * stride;
+    let header = read_slot_header(&bytes[off..]);
+    let start = off + SLOT_HEADER_SIZE;
+    Slot {
+        header,
+        index,
+        records: &bytes[start..start + header.record_count as usize * RECORD_SIZE],
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn time_error(slot: u32, record: u32, h: &SlotHeader, prev: u64, delta: u64) -> DecodeError {
+    // The unwrap rule reads every end as at or after `prev`, so a record that
+    // really went back by a little looks like a jump forward by almost 2³² ns.
+    // When the low bits moved back by less than half the circle, that is the
+    // likelier reading, and the message says so.
+    let back = (1u64 << 32) - delta;
+    if delta > 1 << 31 {
+        DecodeError::TimeBackwards {
+            slot,
+            record,
+            by_ns: back,
+        }
+    } else {
+        DecodeError::EndAfterLast {
+            slot,
+            record,
+            end: prev as u128 + delta as u128,
+            last_ts: h.last_ts,
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn record_error(slot: u32, record: u32, r: &Record, known: bool) -> DecodeError {
+    if r.kind > KIND_INSTANT {
+        DecodeError::UnknownKind {
+            slot,
+            record,
+            kind: r.kind,
+        }
+    } else if !known {
+        DecodeError::UnknownEventId {
+            slot,
+            record,
+            id: r.event_id,
+        }
+    } else {
+        DecodeError::InstantWithDuration {
+            slot,
+            record,
+            duration: r.duration,
+        }
+    }
+}
+
+/// The hot loop: one pass over a slot's records, checking kind, id and time.
+#[inline(always)]
+fn check_records(
+    slot: u32,
+    h: &SlotHeader,
+    records: &[u8],
+    known: impl Fn(u16) -> bool,
+) -> Result<(), DecodeError> {
+    let mut prev = h.first_ts;
+    for (n, c) in records.chunks_exact(RECORD_SIZE).enumerate() {
+        let r = Record::read(&record_array(c));
+        let kind_ok = r.kind == KIND_RANGE || (r.kind == KIND_INSTANT && r.duration == 0);
+        let id_ok = known(r.event_id);
+        if !(kind_ok && id_ok) {
+            return Err(record_error(slot, n as u32, &r, id_ok));
+        }
+        let delta = r.end_lo.wrapping_sub(prev as u32) as u64;
+        let end = prev.wrapping_add(delta);
+        if end < prev || end > h.last_ts {
+            return Err(time_error(slot, n as u32, h, prev, delta));
+        }
+        if r.duration as u64 > end - h.first_ts {
+            return Err(DecodeError::StartBeforeFirst {
+                slot,
+                record: n as u32,
+                end,
+                duration: r.duration,
+                first_ts: h.first_ts,
+            });
+        }
+        prev = end;
+    }
+    Ok(())
+}
+
+/// One flushed slot: one (block, warp)'s header and records.
+#[derive(Debug, Clone, Copy)]
+pub struct Slot<'a> {
+    /// The slot header as the device wrote it at flush.
+    pub header: SlotHeader,
+    /// The slot's index (`block_linear × warps_per_block + warp`).
+    pub index: u32,
+    records: &'a [u8],
+}
+
+impl<'a> Slot<'a> {
+    /// The events, in the order they ended, with full 64-bit device times.
+    pub fn events(&self) -> Events<'a> {
+        Events {
+            records: self.records.chunks_exact(RECORD_SIZE),
+            prev: self.header.first_ts,
+        }
+    }
+
+    /// The raw records, as stored.
+    pub fn records(&self) -> impl ExactSizeIterator<Item = Record> + 'a {
+        self.records
+            .chunks_exact(RECORD_SIZE)
+            .map(|c| Record::read(&record_array(c)))
+    }
+
+    /// Records written.
+    pub fn event_count(&self) -> u32 {
+        self.header.record_count
+    }
+
+    /// Records dropped because the slot was full.
+    pub fn drop_count(&self) -> u32 {
+        self.header.drop_count
+    }
+
+    /// Whether the warp ran on more than one SM.
+    pub fn migrated(&self) -> bool {
+        self.header.flags & format::SLOT_FLAG_MIGRATED != 0
+    }
+
+    /// Whether a range was still open at flush (and so not recorded).
+    pub fn open_at_flush(&self) -> bool {
+        self.header.flags & format::SLOT_FLAG_OPEN_AT_FLUSH != 0
+    }
+}
+
+/// Iterator over a slot's events ([`Slot::events`]): applies the unwrap rule of
+/// `docs/format.md` to each record.
+#[derive(Debug, Clone)]
+pub struct Events<'a> {
+    records: std::slice::ChunksExact<'a, u8>,
+    prev: u64,
+}
+
+impl Iterator for Events<'_> {
+    type Item = Event;
+
+    #[inline]
+    fn next(&mut self) -> Option<Event> {
+        let r = Record::read(&record_array(self.records.next()?));
+        // Validated at decode: no overflow, start ≥ first_ts. Wrapping ops keep
+        // this branch-free.
+        let end = self
+            .prev
+            .wrapping_add(r.end_lo.wrapping_sub(self.prev as u32) as u64);
+        self.prev = end;
+        Some(Event {
+            id: r.event_id,
+            kind: if r.kind == KIND_RANGE {
+                EventKind::Range
+            } else {
+                EventKind::Instant
+            },
+            start_ns: end.wrapping_sub(r.duration as u64),
+            end_ns: end,
+            payload: r.payload,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.records.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Events<'_> {}
+
+/// A validated capture that owns its bytes: `Send + Sync`, what crosses threads
+/// (inside [`crate::bridge::Batch`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct OwnedCapture {
+    bytes: Vec<u8>,
+    index: Index,
+}
+
+impl fmt::Debug for OwnedCapture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.view().fmt(f)
+    }
+}
+
+impl OwnedCapture {
+    /// Decodes and validates `bytes` as [`Capture::decode`] does, keeping them.
+    /// Trailing bytes past the buffer's size are cut off.
+    pub fn decode(
+        mut bytes: Vec<u8>,
+        registry: Option<&EventRegistry>,
+    ) -> Result<OwnedCapture, DecodeError> {
+        let index = Capture::decode(&bytes, registry)?.index.into_owned();
+        bytes.truncate(index.size);
+        Ok(OwnedCapture { bytes, index })
+    }
+
+    /// A borrowed view; nothing is validated again.
+    pub fn view(&self) -> Capture<'_> {
+        Capture {
+            bytes: &self.bytes,
+            index: Cow::Borrowed(&self.index),
+        }
+    }
+
+    /// The buffer header.
+    pub fn header(&self) -> &BufferHeader {
+        &self.index.header
+    }
+
+    /// The buffer's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Gives the bytes back.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// Records in all slots.
+    pub fn event_count(&self) -> u64 {
+        self.index.events
+    }
+
+    /// Records dropped in all slots.
+    pub fn drop_count(&self) -> u64 {
+        self.index.drops
+    }
+}
+
+/// Writes valid v1 buffers on the host, event by event: for tests, and for
+/// producers other than the CUDA header (a simulator, a converter).
+///
+/// ```
+/// use tracing_gpu::decode::{Capture, CaptureBuilder};
+/// let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 8);
+/// b.warp(1, 0).unwrap().range(7, 1_000, 1_500, 0).instant(8, 1_600, 42);
+/// let bytes = b.finish();
+/// let cap = Capture::decode(&bytes, None).unwrap();
+/// let slot = cap.slots().next().unwrap();
+/// assert_eq!(slot.index, 2); // block 1 × 2 warps per block + warp 0
+/// assert_eq!(slot.events().map(|e| e.end_ns).collect::<Vec<_>>(), [1_500, 1_600]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct CaptureBuilder {
+    header: BufferHeader,
+    slots: BTreeMap<u32, SlotBuilder>,
+}
+
+/// One warp's slot in a [`CaptureBuilder`]. Events are written in the order they
+/// are pushed (push them in the order they end, as the device does); those past
+/// the capacity are counted as dropped. Unless set, `first_ts` is the earliest
+/// start and `last_ts` the latest end of all pushed events, dropped ones included.
 #[derive(Debug, Clone, Default)]
-pub struct OwnedCapture {}
+pub struct SlotBuilder {
+    events: Vec<Event>,
+    first_ts: Option<u64>,
+    last_ts: Option<u64>,
+    sm: (u32, u32),
+    cluster_rank: u32,
+    open_at_flush: bool,
+}
+
+impl CaptureBuilder {
+    /// A buffer for a launch of `grid` blocks of `block` threads, with one slot
+    /// per warp (`slot_count` = blocks × warps per block, saturating) and
+    /// `capacity` records per slot.
+    pub fn new(grid: [u32; 3], block: [u32; 3], capacity: u32) -> Self {
+        let threads: u64 = block.iter().map(|&d| d as u64).product();
+        let wpb = u32::try_from(threads.div_ceil(32)).unwrap_or(u32::MAX);
+        let blocks: u64 = grid.iter().map(|&d| d as u64).product();
+        let slots = u32::try_from(blocks * wpb as u64).unwrap_or(u32::MAX);
+        CaptureBuilder {
+            header: BufferHeader {
+                version: VERSION,
+                slot_capacity: capacity,
+                slot_count: slots,
+                warps_per_block: wpb,
+                launch_id: 0,
+                grid,
+                block,
+                flags: 0,
+            },
+            slots: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the launch id written in the header.
+    pub fn launch_id(&mut self, id: u64) -> &mut Self {
+        self.header.launch_id = id;
+        self
+    }
+
+    /// Overrides the number of slots (fewer than the warps: the rest record nothing).
+    pub fn slot_count(&mut self, n: u32) -> &mut Self {
+        self.header.slot_count = n;
+        self.slots.retain(|&i, _| i < n);
+        self
+    }
+
+    /// The header as it will be written.
+    pub fn header(&self) -> &BufferHeader {
+        &self.header
+    }
+
+    /// The slot of warp `warp` of block `block_linear` (created, and so flushed,
+    /// on first use); `None` if that warp has no slot.
+    pub fn warp(&mut self, block_linear: u32, warp: u32) -> Option<&mut SlotBuilder> {
+        let h = &self.header;
+        if warp >= h.warps_per_block {
+            return None;
+        }
+        let index = (block_linear as u64 * h.warps_per_block as u64 + warp as u64)
+            .try_into()
+            .ok()
+            .filter(|&i: &u32| i < h.slot_count)?;
+        Some(self.slots.entry(index).or_insert_with(|| SlotBuilder {
+            cluster_rank: format::NO_CLUSTER,
+            ..SlotBuilder::default()
+        }))
+    }
+
+    /// Writes the buffer. It decodes if the events of each slot were pushed in
+    /// the order they end, are less than 2³² ns apart, and ranges are shorter.
+    ///
+    /// # Panics
+    /// If the buffer's size overflows `usize` (no allocation could hold it anyway).
+    pub fn finish(&self) -> Vec<u8> {
+        let h = &self.header;
+        let size = format::buffer_size(h.slot_count, h.slot_capacity)
+            .expect("buffer size overflows usize");
+        let stride = format::slot_stride(h.slot_capacity);
+        let mut out = vec![0u8; size];
+        h.write_to(&mut out);
+        let [gx, gy, _] = h.grid.map(|d| d.max(1));
+        for (&i, s) in &self.slots {
+            let bl = i / h.warps_per_block;
+            let kept = s.events.len().min(h.slot_capacity as usize);
+            let first = s
+                .first_ts
+                .unwrap_or_else(|| s.events.iter().map(|e| e.start_ns).min().unwrap_or(0));
+            let last = s
+                .last_ts
+                .unwrap_or_else(|| s.events.iter().map(|e| e.end_ns).max().unwrap_or(first));
+            let mut flags = 0;
+            if s.sm.0 != s.sm.1 {
+                flags |= format::SLOT_FLAG_MIGRATED;
+            }
+            if s.open_at_flush {
+                flags |= format::SLOT_FLAG_OPEN_AT_FLUSH;
+            }
+            let off = BUFFER_HEADER_SIZE + i as usize * stride;
+            SlotHeader {
+                magic: SLOT_MAGIC,
+                flags,
+                first_ts: first,
+                last_ts: last,
+                sm_first: s.sm.0,
+                sm_last: s.sm.1,
+                block_linear: bl,
+                block: [bl % gx, bl / gx % gy, bl / gx / gy],
+                warp: i % h.warps_per_block,
+                cluster_rank: s.cluster_rank,
+                record_count: kept as u32,
+                drop_count: u32::try_from(s.events.len() - kept).unwrap_or(u32::MAX),
+            }
+            .write_to(&mut out[off..]);
+            for (n, e) in s.events[..kept].iter().enumerate() {
+                Record {
+                    end_lo: e.end_ns as u32,
+                    duration: e.end_ns.wrapping_sub(e.start_ns) as u32,
+                    event_id: e.id,
+                    kind: match e.kind {
+                        EventKind::Range => KIND_RANGE,
+                        EventKind::Instant => KIND_INSTANT,
+                    },
+                    payload: e.payload,
+                }
+                .write_to(&mut out[off + SLOT_HEADER_SIZE + n * RECORD_SIZE..]);
+            }
+        }
+        out
+    }
+}
+
+impl SlotBuilder {
+    /// Pushes a range `[start_ns, end_ns]`.
+    pub fn range(&mut self, id: u16, start_ns: u64, end_ns: u64, payload: u32) -> &mut Self {
+        self.push(Event {
+            id,
+            kind: EventKind::Range,
+            start_ns,
+            end_ns,
+            payload,
+        })
+    }
+
+    /// Pushes an instant at `at_ns`.
+    pub fn instant(&mut self, id: u16, at_ns: u64, payload: u32) -> &mut Self {
+        self.push(Event {
+            id,
+            kind: EventKind::Instant,
+            start_ns: at_ns,
+            end_ns: at_ns,
+            payload,
+        })
+    }
+
+    /// Pushes an event.
+    pub fn push(&mut self, e: Event) -> &mut Self {
+        self.events.push(e);
+        self
+    }
+
+    /// Sets `%smid` at the first event and at flush (they differ: migrated).
+    pub fn sm(&mut self, first: u32, last: u32) -> &mut Self {
+        self.sm = (first, last);
+        self
+    }
+
+    /// Sets the cluster rank (default [`format::NO_CLUSTER`]).
+    pub fn cluster_rank(&mut self, rank: u32) -> &mut Self {
+        self.cluster_rank = rank;
+        self
+    }
+
+    /// Sets `first_ts` explicitly.
+    pub fn first_ts(&mut self, t: u64) -> &mut Self {
+        self.first_ts = Some(t);
+        self
+    }
+
+    /// Sets `last_ts` explicitly.
+    pub fn last_ts(&mut self, t: u64) -> &mut Self {
+        self.last_ts = Some(t);
+        self
+    }
+
+    /// Marks that a range was open at flush.
+    pub fn open_at_flush(&mut self, open: bool) -> &mut Self {
+        self.open_at_flush = open;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{buffer_offsets, record_offsets, slot_offsets};
+
+    fn put(b: &mut [u8], at: usize, v: &[u8]) {
+        b[at..at + v.len()].copy_from_slice(v);
+    }
+
+    /// Written byte by byte from the tables of docs/format.md, with literal
+    /// offsets and not through format.rs, so that the document itself is tested.
+    #[test]
+    fn decodes_a_buffer_written_by_hand_from_the_doc() {
+        // grid 1×1×1, block 64 threads → 2 warps per block, 2 slots of 2 records.
+        // size = 64 + 2 · (64 + 2·16) = 256; slot 0 at 64, slot 1 at 160.
+        let mut b = vec![0u8; 256];
+        put(&mut b, 0, b"TGPU");
+        put(&mut b, 4, &1u16.to_le_bytes());
+        put(&mut b, 6, &64u16.to_le_bytes());
+        put(&mut b, 8, &64u16.to_le_bytes());
+        put(&mut b, 10, &16u16.to_le_bytes());
+        put(&mut b, 12, &2u32.to_le_bytes()); // slot_capacity
+        put(&mut b, 16, &2u32.to_le_bytes()); // slot_count
+        put(&mut b, 20, &2u32.to_le_bytes()); // warps_per_block
+        put(&mut b, 24, &77u64.to_le_bytes()); // launch_id
+        for (k, v) in [1u32, 1, 1, 64, 1, 1].iter().enumerate() {
+            put(&mut b, 32 + 4 * k, &v.to_le_bytes()); // grid then block
+        }
+        // Slot 1 (block 0, warp 1); slot 0 stays zero: never flushed.
+        let s = 160;
+        put(&mut b, s, b"SLOT");
+        put(&mut b, s + 8, &0x1_FFFF_FF00u64.to_le_bytes()); // first_ts, just before a 2³² wrap
+        put(&mut b, s + 16, &0x2_0000_0200u64.to_le_bytes()); // last_ts
+        put(&mut b, s + 24, &5u32.to_le_bytes()); // sm_first
+        put(&mut b, s + 28, &5u32.to_le_bytes()); // sm_last
+        put(&mut b, s + 48, &1u32.to_le_bytes()); // warp
+        put(&mut b, s + 52, &u32::MAX.to_le_bytes()); // cluster_rank
+        put(&mut b, s + 56, &2u32.to_le_bytes()); // record_count
+        put(&mut b, s + 60, &3u32.to_le_bytes()); // drop_count
+        let r = s + 64;
+        put(&mut b, r, &0xFFFF_FF80u32.to_le_bytes()); // end_lo
+        put(&mut b, r + 4, &0x40u32.to_le_bytes()); // duration
+        put(&mut b, r + 8, &3u16.to_le_bytes()); // event_id
+        put(&mut b, r + 10, &0u16.to_le_bytes()); // kind: range
+        put(&mut b, r + 12, &9u32.to_le_bytes()); // payload
+        let r = s + 80;
+        put(&mut b, r, &0x100u32.to_le_bytes()); // end_lo, after the wrap
+        put(&mut b, r + 8, &4u16.to_le_bytes());
+        put(&mut b, r + 10, &1u16.to_le_bytes()); // kind: instant
+        put(&mut b, r + 12, &0xABCDu32.to_le_bytes());
+
+        let reg = EventRegistry::from_pairs([(3, "load"), (4, "mark")]).unwrap();
+        let cap = Capture::decode(&b, Some(&reg)).unwrap();
+        assert_eq!(cap.header().launch_id, 77);
+        assert_eq!(cap.header().grid, [1, 1, 1]);
+        assert_eq!((cap.event_count(), cap.drop_count()), (2, 3));
+        assert_eq!(cap.flushed_slot_count(), 1);
+        assert!(cap.slot(0).is_none());
+        let slot = cap.slot(1).unwrap();
+        assert_eq!(
+            (slot.index, slot.header.warp, slot.header.sm_first),
+            (1, 1, 5)
+        );
+        assert_eq!(slot.header.cluster_rank, format::NO_CLUSTER);
+        let events: Vec<Event> = slot.events().collect();
+        assert_eq!(
+            events,
+            [
+                Event {
+                    id: 3,
+                    kind: EventKind::Range,
+                    start_ns: 0x1_FFFF_FF40,
+                    end_ns: 0x1_FFFF_FF80,
+                    payload: 9
+                },
+                Event {
+                    id: 4,
+                    kind: EventKind::Instant,
+                    start_ns: 0x2_0000_0100,
+                    end_ns: 0x2_0000_0100,
+                    payload: 0xABCD
+                },
+            ]
+        );
+        // The same bytes through the builder.
+        let mut builder = CaptureBuilder::new([1, 1, 1], [64, 1, 1], 2);
+        builder.launch_id(77);
+        let w = builder.warp(0, 1).unwrap();
+        w.sm(5, 5).first_ts(0x1_FFFF_FF00).last_ts(0x2_0000_0200);
+        for e in &events {
+            w.push(*e);
+        }
+        for _ in 0..3 {
+            w.instant(4, 0x2_0000_0200, 0); // dropped: the slot is full
+        }
+        assert_eq!(builder.finish(), b);
+        // Unknown id with a registry; fine without.
+        let small = EventRegistry::from_pairs([(3, "load")]).unwrap();
+        assert_eq!(
+            Capture::decode(&b, Some(&small)).unwrap_err(),
+            DecodeError::UnknownEventId {
+                slot: 1,
+                record: 1,
+                id: 4
+            }
+        );
+    }
+
+    /// A valid buffer: grid 2×1×1, 96 threads (3 warps), capacity 4, slots 1 and 4 flushed.
+    fn sample() -> Vec<u8> {
+        let mut b = CaptureBuilder::new([2, 1, 1], [96, 1, 1], 4);
+        b.warp(0, 1)
+            .unwrap()
+            .first_ts(1000)
+            .range(1, 1000, 1100, 0)
+            .range(2, 1050, 1200, 1)
+            .instant(3, 1200, 2)
+            .last_ts(1300);
+        b.warp(1, 1).unwrap().range(1, 5000, 6000, 7);
+        b.finish()
+    }
+
+    const S1: usize = 64 + 128; // slot 1 (stride 64 + 4·16)
+    const S4: usize = 64 + 4 * 128; // slot 4
+
+    fn with(f: impl FnOnce(&mut Vec<u8>)) -> DecodeError {
+        let mut b = sample();
+        f(&mut b);
+        Capture::decode(&b, None).unwrap_err()
+    }
+
+    fn set32(b: &mut [u8], at: usize, v: u32) {
+        put(b, at, &v.to_le_bytes());
+    }
+
+    #[test]
+    fn sample_is_valid() {
+        let b = sample();
+        let cap = Capture::decode(&b, None).unwrap();
+        let idx: Vec<u32> = cap.slots().map(|s| s.index).collect();
+        assert_eq!(idx, [1, 4]);
+        assert_eq!(cap.event_count(), 4);
+        let s = cap.slot(4).unwrap();
+        assert_eq!(s.header.block_linear, 1);
+        assert_eq!(s.header.block, [1, 0, 0]);
+        // Trailing bytes are not read, and OwnedCapture drops them.
+        let mut longer = b.clone();
+        longer.extend_from_slice(&[0xFF; 7]);
+        assert_eq!(Capture::decode(&longer, None).unwrap().bytes(), &b[..]);
+        let owned = OwnedCapture::decode(longer, None).unwrap();
+        assert_eq!(owned.bytes(), &b[..]);
+        assert_eq!(owned, cap.to_owned_capture());
+        let a: Vec<Event> = owned.view().slots().flat_map(|s| s.events()).collect();
+        let c: Vec<Event> = cap.slots().flat_map(|s| s.events()).collect();
+        assert_eq!(a, c);
+    }
+
+    #[test]
+    fn every_error_is_typed() {
+        use buffer_offsets as bo;
+        use record_offsets as ro;
+        use slot_offsets as so;
+        use DecodeError as E;
+        let e = with(|b| b.truncate(63));
+        assert_eq!(
+            e,
+            E::Truncated {
+                len: 63,
+                needed: 64
+            }
+        );
+        let e = with(|b| b.truncate(b.len() - 1));
+        assert!(matches!(e, E::Truncated { needed: 832, .. }), "{e}");
+        assert!(matches!(with(|b| b[0] = b'X'), E::BadMagic { .. }));
+        assert_eq!(
+            with(|b| b[bo::VERSION] = 2),
+            E::UnsupportedVersion { found: 2 }
+        );
+        for (at, name) in [
+            (bo::HEADER_SIZE, "header_size"),
+            (bo::SLOT_HEADER_SIZE, "slot_header_size"),
+            (bo::RECORD_SIZE, "record_size"),
+        ] {
+            assert!(
+                matches!(with(|b| b[at] = 32), E::BadHeaderField { field, found: 32, .. } if field == name)
+            );
+        }
+        assert!(matches!(
+            with(|b| b[bo::FLAGS] = 1),
+            E::BadHeaderField { field: "flags", .. }
+        ));
+        assert!(matches!(
+            with(|b| b[bo::RESERVED] = 1),
+            E::BadHeaderField {
+                field: "reserved",
+                ..
+            }
+        ));
+        assert!(matches!(
+            with(|b| set32(b, bo::WARPS_PER_BLOCK, 4)),
+            E::BadHeaderField {
+                field: "warps_per_block",
+                found: 4,
+                expected: 3
+            }
+        ));
+        assert!(matches!(
+            with(|b| set32(b, bo::GRID + 4, 0)),
+            E::EmptyLaunch { .. }
+        ));
+        assert!(matches!(
+            with(|b| set32(b, bo::BLOCK + 8, 0)),
+            E::EmptyLaunch { .. }
+        ));
+        assert!(matches!(
+            with(|b| {
+                set32(b, bo::SLOT_COUNT, u32::MAX);
+                set32(b, bo::SLOT_CAPACITY, u32::MAX)
+            }),
+            E::SizeOverflow { .. } | E::Truncated { .. }
+        ));
+        assert_eq!(
+            with(|b| b[S1] = b'X'),
+            E::BadSlotMagic {
+                slot: 1,
+                found: u32::from_le_bytes(*b"XLOT")
+            }
+        );
+        assert_eq!(
+            with(|b| b[64 + 2 * 128 + 100] = 1),
+            E::UnflushedSlotNotEmpty {
+                slot: 2,
+                offset: 96
+            }
+        );
+        assert_eq!(
+            with(|b| set32(b, S1 + so::RECORD_COUNT, 5)),
+            E::CountOverCapacity {
+                slot: 1,
+                count: 5,
+                capacity: 4
+            }
+        );
+        assert!(matches!(
+            with(|b| set32(b, S1 + so::WARP, 2)),
+            E::Misplaced {
+                slot: 1,
+                expected_warp: 1,
+                found_warp: 2,
+                ..
+            }
+        ));
+        assert!(matches!(
+            with(|b| set32(b, S4 + so::BLOCK_LINEAR, 0)),
+            E::Misplaced {
+                slot: 4,
+                expected_block: 1,
+                found_block: 0,
+                ..
+            }
+        ));
+        assert!(matches!(
+            with(|b| set32(b, S4 + so::BLOCK_XYZ + 4, 1)),
+            E::Misplaced {
+                slot: 4,
+                expected_xyz: [1, 0, 0],
+                found_xyz: [1, 1, 0],
+                ..
+            }
+        ));
+        // A flushed slot past the grid: 6 warps, so slot 6 of 7.
+        let e = with(|b| {
+            set32(b, bo::SLOT_COUNT, 7);
+            let s6 = b[S4..S4 + 128].to_vec();
+            b.extend_from_slice(&s6);
+        });
+        assert_eq!(e, E::SlotOutsideGrid { slot: 6, warps: 6 });
+        assert_eq!(
+            with(|b| put(b, S1 + so::LAST_TS, &999u64.to_le_bytes())),
+            E::SlotTimesBackwards {
+                slot: 1,
+                first_ts: 1000,
+                last_ts: 999
+            }
+        );
+        let r = S1 + 64 + 16; // slot 1, record 1
+        assert_eq!(
+            with(|b| b[r + ro::KIND] = 2),
+            E::UnknownKind {
+                slot: 1,
+                record: 1,
+                kind: 2
+            }
+        );
+        assert_eq!(
+            with(|b| set32(b, r + 16 + ro::DURATION, 5)),
+            E::InstantWithDuration {
+                slot: 1,
+                record: 2,
+                duration: 5
+            }
+        );
+        // Record 1 ends at 1200 after 150 ns; 201 ns means it began at 999 < first_ts.
+        assert_eq!(
+            with(|b| set32(b, r + ro::DURATION, 201)),
+            E::StartBeforeFirst {
+                slot: 1,
+                record: 1,
+                end: 1200,
+                duration: 201,
+                first_ts: 1000
+            }
+        );
+        // Record 1 ends at 1099, before record 0's 1100.
+        assert_eq!(
+            with(|b| set32(b, r + ro::END_LO, 1099)),
+            E::TimeBackwards {
+                slot: 1,
+                record: 1,
+                by_ns: 1
+            }
+        );
+        // Record 0 ends at 999, before first_ts.
+        assert_eq!(
+            with(|b| set32(b, S1 + 64 + ro::END_LO, 999)),
+            E::TimeBackwards {
+                slot: 1,
+                record: 0,
+                by_ns: 1
+            }
+        );
+        assert_eq!(
+            with(|b| set32(b, r + ro::END_LO, 1301)),
+            E::EndAfterLast {
+                slot: 1,
+                record: 1,
+                end: 1301,
+                last_ts: 1300
+            }
+        );
+        // Exactly half the circle back reads as a jump forward past last_ts.
+        let e = with(|b| set32(b, r + ro::END_LO, 1100u32.wrapping_sub(1 << 31)));
+        assert!(
+            matches!(
+                e,
+                E::EndAfterLast {
+                    slot: 1,
+                    record: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // Messages name the slot and record.
+        assert_eq!(
+            with(|b| b[r + ro::KIND] = 2).to_string(),
+            "slot 1 record 1: unknown kind 2"
+        );
+    }
+
+    #[test]
+    fn end_overflowing_u64_is_an_error_not_a_panic() {
+        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 1);
+        b.warp(0, 0)
+            .unwrap()
+            .first_ts(u64::MAX - 10)
+            .last_ts(u64::MAX)
+            .instant(0, u64::MAX - 5, 0);
+        let mut bytes = b.finish();
+        assert!(Capture::decode(&bytes, None).is_ok());
+        // end_lo 3 past first_ts's low bits would wrap u64.
+        put(&mut bytes, 64 + 64, &3u32.to_le_bytes());
+        assert!(matches!(
+            Capture::decode(&bytes, None),
+            Err(DecodeError::EndAfterLast { .. })
+        ));
+    }
+
+    #[test]
+    fn drops_and_empty_slots() {
+        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 0);
+        b.warp(0, 0).unwrap().instant(1, 10, 0).instant(1, 20, 0);
+        let bytes = b.finish();
+        let cap = Capture::decode(&bytes, None).unwrap();
+        assert_eq!((cap.event_count(), cap.drop_count()), (0, 2));
+        assert_eq!(cap.slots().next().unwrap().header.last_ts, 20);
+        // A launch where nothing flushed.
+        let bytes = CaptureBuilder::new([3, 2, 1], [33, 2, 1], 3).finish();
+        let cap = Capture::decode(&bytes, None).unwrap();
+        assert_eq!(cap.header().warps_per_block, 3);
+        assert_eq!(cap.header().slot_count, 18);
+        assert_eq!(cap.slots().count(), 0);
+    }
+
+    #[test]
+    fn builder_refuses_warps_without_slots() {
+        let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 1);
+        assert!(b.warp(0, 2).is_none());
+        assert!(b.warp(2, 0).is_none());
+        b.slot_count(3);
+        assert!(b.warp(1, 1).is_none());
+        assert!(b.warp(1, 0).is_some());
+    }
+
+    #[test]
+    fn owned_capture_is_send_sync() {
+        fn check<T: Send + Sync + Clone>() {}
+        check::<OwnedCapture>();
+        check::<Capture<'static>>();
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        struct SlotSpec {
+            block: u32,
+            warp: u32,
+            first: u64,
+            // (gap to the previous end, duration seed, id, instant?, payload)
+            events: Vec<(u64, u64, u16, bool, u32)>,
+            tail: u64,
+        }
+
+        fn gap() -> impl Strategy<Value = u64> {
+            prop_oneof![0u64..100, 0u64..1 << 20, 0u64..(1 << 32) - 1]
+        }
+
+        fn launch() -> impl Strategy<Value = ([u32; 3], [u32; 3], u32, Vec<SlotSpec>)> {
+            (
+                (1u32..4, 1u32..3, 1u32..3),
+                1u32..140,
+                0u32..6,
+                prop::collection::vec(
+                    (
+                        0u32..20,
+                        0u32..5,
+                        prop_oneof![0u64..1 << 40, (u64::MAX >> 1)..u64::MAX - (1 << 36)],
+                        prop::collection::vec(
+                            (gap(), any::<u64>(), 0u16..8, any::<bool>(), any::<u32>()),
+                            0..9,
+                        ),
+                        gap(),
+                    ),
+                    0..6,
+                ),
+            )
+                .prop_map(|((gx, gy, gz), threads, cap, slots)| {
+                    let slots = slots
+                        .into_iter()
+                        .map(|(block, warp, first, events, tail)| SlotSpec {
+                            block,
+                            warp,
+                            first,
+                            events,
+                            tail,
+                        })
+                        .collect();
+                    ([gx, gy, gz], [threads, 1, 1], cap, slots)
+                })
+        }
+
+        /// Builds the buffer and returns, per written slot index, the events pushed.
+        fn build(
+            grid: [u32; 3],
+            block: [u32; 3],
+            cap: u32,
+            specs: &[SlotSpec],
+        ) -> (Vec<u8>, BTreeMap<u32, Vec<Event>>) {
+            let mut b = CaptureBuilder::new(grid, block, cap);
+            let wpb = b.header().warps_per_block;
+            let mut want = BTreeMap::new();
+            for s in specs {
+                let Some(w) = b.warp(s.block, s.warp) else {
+                    continue;
+                };
+                let index = s.block * wpb + s.warp;
+                if want.contains_key(&index) {
+                    continue;
+                }
+                let mut evs = Vec::new();
+                let mut prev = s.first;
+                for &(gap, dur, id, instant, payload) in &s.events {
+                    let end = prev + gap;
+                    let dur = if instant {
+                        0
+                    } else {
+                        dur % ((end - s.first).min(u32::MAX as u64) + 1)
+                    };
+                    evs.push(Event {
+                        id,
+                        kind: if instant {
+                            EventKind::Instant
+                        } else {
+                            EventKind::Range
+                        },
+                        start_ns: end - dur,
+                        end_ns: end,
+                        payload,
+                    });
+                    prev = end;
+                }
+                w.first_ts(s.first).last_ts(prev + s.tail);
+                for e in &evs {
+                    w.push(*e);
+                }
+                want.insert(index, evs);
+            }
+            (b.finish(), want)
+        }
+
+        /// Everything a decoded capture promises, checked by iterating it all.
+        fn check_invariants(cap: &Capture<'_>) {
+            let mut events = 0;
+            let mut drops = 0;
+            for s in cap.slots() {
+                let h = s.header;
+                assert!(h.first_ts <= h.last_ts);
+                let mut prev = h.first_ts;
+                for e in s.events() {
+                    assert!(h.first_ts <= e.start_ns && e.start_ns <= e.end_ns);
+                    assert!(prev <= e.end_ns && e.end_ns <= h.last_ts);
+                    if e.kind == EventKind::Instant {
+                        assert_eq!(e.start_ns, e.end_ns);
+                    }
+                    prev = e.end_ns;
+                    events += 1;
+                }
+                drops += s.drop_count() as u64;
+            }
+            assert_eq!((events, drops), (cap.event_count(), cap.drop_count()));
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn valid_buffers_round_trip((grid, block, cap, specs) in launch()) {
+                let (bytes, want) = build(grid, block, cap, &specs);
+                let reg = EventRegistry::from_pairs((0..8).map(|i| (i, "e"))).unwrap();
+                let c = Capture::decode(&bytes, Some(&reg)).unwrap();
+                check_invariants(&c);
+                let got: BTreeMap<u32, Vec<Event>> =
+                    c.slots().map(|s| (s.index, s.events().collect())).collect();
+                let kept: BTreeMap<u32, Vec<Event>> = want
+                    .iter()
+                    .map(|(&i, e)| (i, e[..e.len().min(cap as usize)].to_vec()))
+                    .collect();
+                prop_assert_eq!(got, kept);
+                let drops: u64 = want.values().map(|e| e.len().saturating_sub(cap as usize) as u64).sum();
+                prop_assert_eq!(c.drop_count(), drops);
+            }
+
+            #[test]
+            fn mutated_buffers_never_panic(
+                (grid, block, cap, specs) in launch(),
+                flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+                words in prop::collection::vec(
+                    (any::<prop::sample::Index>(), prop_oneof![
+                        Just(0u32), Just(1), Just(u32::MAX), Just(u32::MAX - 1), Just(1 << 31), any::<u32>()
+                    ]),
+                    0..4,
+                ),
+                cut in prop::option::weighted(0.2, any::<prop::sample::Index>()),
+            ) {
+                let (mut bytes, _) = build(grid, block, cap, &specs);
+                for (at, x) in flips {
+                    let i = at.index(bytes.len());
+                    bytes[i] ^= x;
+                }
+                for (at, v) in words {
+                    let i = at.index(bytes.len() / 4) * 4;
+                    put(&mut bytes, i, &v.to_le_bytes());
+                }
+                if let Some(c) = cut {
+                    bytes.truncate(c.index(bytes.len() + 1));
+                }
+                let reg = EventRegistry::from_pairs((0..5).map(|i| (i, "e"))).unwrap();
+                for r in [None, Some(&reg)] {
+                    if let Ok(c) = Capture::decode(&bytes, r) {
+                        check_invariants(&c);
+                        let _ = c.to_owned_capture();
+                    }
+                }
+            }
+
+            #[test]
+            fn random_bytes_never_panic(
+                bytes in prop::collection::vec(any::<u8>(), 0..600),
+                header in any::<bool>(),
+                cap in 0u32..4,
+                slots in 0u32..5,
+            ) {
+                let mut bytes = bytes;
+                if header && bytes.len() >= 64 {
+                    // Give random bodies a valid header so the slot checks are reached.
+                    let mut b = CaptureBuilder::new([1, 1, 1], [32 * slots.max(1), 1, 1], cap);
+                    b.slot_count(slots);
+                    b.header().write_to(&mut bytes);
+                }
+                if let Ok(c) = Capture::decode(&bytes, None) {
+                    check_invariants(&c);
+                }
+            }
+        }
+    }
+}

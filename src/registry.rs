@@ -1,5 +1,265 @@
-//! Event type registry (being written).
+//! The host's registry of event types: event id (the `u16` a kernel writes in
+//! each record) → a name and, optionally, a category and a description, so that
+//! traces say "load" and "mma", not "3".
+//!
+//! Names are interned: every id registered with the same name shares one
+//! `Arc<str>`, so outputs that intern strings (Perfetto) can key on it cheaply.
+//! The registry also keeps a 65 536-bit membership set, so the decoder's
+//! "is this id known?" check ([`EventRegistry::contains`]) is one load and a mask
+//! per record.
+//!
+//! ```
+//! use tracing_gpu::registry::EventRegistry;
+//! let mut reg = EventRegistry::new();
+//! reg.register(1, "load").unwrap();
+//! reg.register(2, "mma").unwrap();
+//! assert_eq!(reg.name(2), Some("mma"));
+//! assert_eq!(reg.display_name(9), "event 9");
+//! assert!(reg.register(2, "epilogue").is_err()); // same id, other name
+//! ```
 
-/// Event id → name (being written).
-#[derive(Debug, Clone, Default)]
-pub struct EventRegistry {}
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// What the registry knows of one event type.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventInfo {
+    /// The name traces show ("load", "mma").
+    pub name: Arc<str>,
+    /// An optional category (Perfetto category, OTLP attribute), such as "gemm".
+    pub category: Option<Arc<str>>,
+    /// An optional human description.
+    pub description: Option<Arc<str>>,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// The id is already registered with a different name, category or description.
+    #[error("event id {id} is already registered as {existing:?}, cannot register it as {new:?}")]
+    Conflict {
+        /// The id.
+        id: u16,
+        /// The name it already has.
+        existing: Arc<str>,
+        /// The name that was asked for.
+        new: Arc<str>,
+    },
+}
+
+const WORDS: usize = (u16::MAX as usize + 1) / 64;
+
+/// Event id → [`EventInfo`]. Cheap to clone for small registries (one 8 KiB set
+/// plus the entries); `Send + Sync`; share it behind an `Arc` across threads.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EventRegistry {
+    entries: BTreeMap<u16, EventInfo>,
+    // One bit per possible id: the decoder checks every record against it.
+    known: Box<[u64; WORDS]>,
+}
+
+impl Default for EventRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for EventRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.entries.iter().map(|(id, e)| (id, &e.name)))
+            .finish()
+    }
+}
+
+impl EventRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        EventRegistry {
+            entries: BTreeMap::new(),
+            known: Box::new([0; WORDS]),
+        }
+    }
+
+    /// Builds a registry from `(id, name)` pairs; fails on the first conflict.
+    pub fn from_pairs<'s>(
+        pairs: impl IntoIterator<Item = (u16, &'s str)>,
+    ) -> Result<Self, RegistryError> {
+        let mut reg = Self::new();
+        for (id, name) in pairs {
+            reg.register(id, name)?;
+        }
+        Ok(reg)
+    }
+
+    /// Registers `id` as `name`. Registering the same id with the same name again
+    /// is a no-op; with another name it is a [`RegistryError::Conflict`].
+    pub fn register(&mut self, id: u16, name: &str) -> Result<(), RegistryError> {
+        self.register_with(id, name, None, None)
+    }
+
+    /// Registers `id` with a name, a category and a description. An id already
+    /// present must have exactly the same three, or this is a conflict (so two
+    /// parts of a program cannot silently disagree on what an id means).
+    pub fn register_with(
+        &mut self,
+        id: u16,
+        name: &str,
+        category: Option<&str>,
+        description: Option<&str>,
+    ) -> Result<(), RegistryError> {
+        if let Some(existing) = self.entries.get(&id) {
+            let same = &*existing.name == name
+                && existing.category.as_deref() == category
+                && existing.description.as_deref() == description;
+            return if same {
+                Ok(())
+            } else {
+                Err(RegistryError::Conflict {
+                    id,
+                    existing: existing.name.clone(),
+                    new: Arc::from(name),
+                })
+            };
+        }
+        let info = EventInfo {
+            name: self.intern(name),
+            category: category.map(|c| self.intern(c)),
+            description: description.map(Arc::from),
+        };
+        self.entries.insert(id, info);
+        self.known[id as usize / 64] |= 1 << (id % 64);
+        Ok(())
+    }
+
+    /// Adds every entry of `other`; fails (leaving `self` unchanged) on the first conflict.
+    pub fn merge(&mut self, other: &EventRegistry) -> Result<(), RegistryError> {
+        let mut merged = self.clone();
+        for (id, e) in other.iter() {
+            merged.register_with(id, &e.name, e.category.as_deref(), e.description.as_deref())?;
+        }
+        *self = merged;
+        Ok(())
+    }
+
+    // Registries are small (tens of ids), so a linear search beats a second map.
+    fn intern(&self, s: &str) -> Arc<str> {
+        self.entries
+            .values()
+            .flat_map(|e| std::iter::once(&e.name).chain(e.category.as_ref()))
+            .find(|a| &***a == s)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(s))
+    }
+
+    /// Whether `id` is registered. Constant time: the decoder calls it per record.
+    #[inline]
+    pub fn contains(&self, id: u16) -> bool {
+        self.known[id as usize / 64] & (1 << (id % 64)) != 0
+    }
+
+    /// The name of `id`, if registered.
+    pub fn name(&self, id: u16) -> Option<&str> {
+        self.entries.get(&id).map(|e| &*e.name)
+    }
+
+    /// The interned name of `id`, if registered (clone it to keep it).
+    pub fn name_arc(&self, id: u16) -> Option<&Arc<str>> {
+        self.entries.get(&id).map(|e| &e.name)
+    }
+
+    /// Everything known of `id`.
+    pub fn info(&self, id: u16) -> Option<&EventInfo> {
+        self.entries.get(&id)
+    }
+
+    /// The name outputs show: the registered name, or `"event <id>"` for an id
+    /// the registry does not know (traces decoded without a registry still read well).
+    pub fn display_name(&self, id: u16) -> Cow<'_, str> {
+        match self.name(id) {
+            Some(n) => Cow::Borrowed(n),
+            None => Cow::Owned(unknown_event_name(id)),
+        }
+    }
+
+    /// The entries in increasing id order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (u16, &EventInfo)> + '_ {
+        self.entries.iter().map(|(id, e)| (*id, e))
+    }
+
+    /// Number of registered ids.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no id is registered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// The name used for an event id that no registry names: `"event 3"`.
+pub fn unknown_event_name(id: u16) -> String {
+    format!("event {id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_and_look_up() {
+        let mut r = EventRegistry::new();
+        assert!(r.is_empty());
+        r.register(3, "load").unwrap();
+        r.register_with(65535, "mma", Some("gemm"), Some("tensor core"))
+            .unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r.name(3), Some("load"));
+        assert_eq!(r.info(65535).unwrap().category.as_deref(), Some("gemm"));
+        assert!(r.contains(3) && r.contains(65535));
+        assert!(!r.contains(0) && !r.contains(4) && !r.contains(65534));
+        assert_eq!(r.display_name(3), "load");
+        assert_eq!(r.display_name(4), "event 4");
+        let ids: Vec<u16> = r.iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, [3, 65535]);
+    }
+
+    #[test]
+    fn duplicates() {
+        let mut r = EventRegistry::from_pairs([(1, "a"), (2, "b")]).unwrap();
+        r.register(1, "a").unwrap();
+        let err = r.register(1, "c").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "event id 1 is already registered as \"a\", cannot register it as \"c\""
+        );
+        assert!(r.register_with(1, "a", Some("x"), None).is_err());
+        assert_eq!(r.name(1), Some("a"));
+    }
+
+    #[test]
+    fn names_are_interned() {
+        let r = EventRegistry::from_pairs([(1, "same"), (2, "same")]).unwrap();
+        assert!(Arc::ptr_eq(r.name_arc(1).unwrap(), r.name_arc(2).unwrap()));
+    }
+
+    #[test]
+    fn merge_is_all_or_nothing() {
+        let mut a = EventRegistry::from_pairs([(1, "a")]).unwrap();
+        let b = EventRegistry::from_pairs([(2, "b"), (1, "z")]).unwrap();
+        assert!(a.merge(&b).is_err());
+        assert_eq!(a.len(), 1);
+        let c = EventRegistry::from_pairs([(2, "b"), (1, "a")]).unwrap();
+        a.merge(&c).unwrap();
+        assert_eq!(a.len(), 2);
+    }
+
+    #[test]
+    fn send_sync() {
+        fn check<T: Send + Sync + Clone + Default>() {}
+        check::<EventRegistry>();
+    }
+}

@@ -15,7 +15,10 @@ pub const HEADER_SOURCE: &str = include_str!("../../kernels/include/tracing_gpu.
 /// The header's file name, as kernels `#include` it.
 pub const HEADER_NAME: &str = "tracing_gpu.cuh";
 /// Path of the header in this crate's source tree, for users' own nvcc builds.
-pub const HEADER_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/include/tracing_gpu.cuh");
+pub const HEADER_PATH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/kernels/include/tracing_gpu.cuh"
+);
 
 /// Errors from the CUDA side.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +84,13 @@ pub struct KernelBuild {
 impl KernelBuild {
     /// A build of `name` for `arch`, with line info.
     pub fn new(name: impl Into<String>, arch: &'static str) -> Self {
-        KernelBuild { name: name.into(), arch, lineinfo: true, defines: Vec::new(), extra: Vec::new() }
+        KernelBuild {
+            name: name.into(),
+            arch,
+            lineinfo: true,
+            defines: Vec::new(),
+            extra: Vec::new(),
+        }
     }
 
     /// Adds a preprocessor definition.
@@ -116,7 +125,9 @@ pub fn compile(source: &str, build: &KernelBuild) -> Result<Ptx, CudaError> {
     cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| CudaError::Compile {
         name: build.name.clone(),
         message: match e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                log.to_string_lossy().into_owned()
+            }
             other => other.to_string(),
         },
     })
