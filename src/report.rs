@@ -16,21 +16,9 @@
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
+use crate::decode::{Capture, Event, EventKind};
 use crate::format::SlotHeader;
-
-/// One device event as the report sees it: a range `[start_ns, end_ns]` or an
-/// instant (`start_ns == end_ns`), in device ns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReportEvent {
-    /// Event type id.
-    pub id: u16,
-    /// Whether this is an instant rather than a range.
-    pub instant: bool,
-    /// Start, device ns.
-    pub start_ns: u64,
-    /// End, device ns (equal to the start for an instant).
-    pub end_ns: u64,
-}
+use crate::registry::{unknown_event_name, EventRegistry};
 
 /// The slot (one warp) events came from: where and when it ran.
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +48,7 @@ struct CaptureRec {
 #[derive(Debug, Clone, Default)]
 pub struct Timeline {
     slots: Vec<SlotRec>,
-    events: Vec<ReportEvent>,
+    events: Vec<Event>,
     captures: Vec<CaptureRec>,
     names: BTreeMap<u16, String>,
     sm_count: u32,
@@ -170,6 +158,21 @@ impl Timeline {
         self.names.insert(id, name.into());
     }
 
+    /// Names every event type the registry knows.
+    pub fn set_names(&mut self, registry: &EventRegistry) {
+        for (id, info) in registry.iter() {
+            self.names.insert(id, info.name.to_string());
+        }
+    }
+
+    /// Adds a decoded capture (one launch): all its flushed slots and events.
+    pub fn add_capture(&mut self, capture: &Capture<'_>) {
+        self.begin_capture();
+        for slot in capture.slots() {
+            self.push_slot(&slot.header, slot.events());
+        }
+    }
+
     /// Sets the GPU's SM count, so that SMs that recorded nothing still show
     /// (with zero busy time) in the report and the picture.
     pub fn set_sm_count(&mut self, sm_count: u32) {
@@ -181,7 +184,8 @@ impl Timeline {
         self.title = title.into();
     }
 
-    /// Starts a new capture (launch): the slots pushed next belong to it.
+    /// Starts a new capture (launch): the slots pushed next belong to it
+    /// ([`Timeline::add_capture`] does this itself).
     /// Busy fractions are taken over each launch's own window, so that the
     /// time between launches does not count as idle.
     pub fn begin_capture(&mut self) {
@@ -193,11 +197,7 @@ impl Timeline {
 
     /// Adds one flushed slot (one warp) and its events, in the order the
     /// device wrote them. Starts a capture first if none was begun.
-    pub fn push_slot(
-        &mut self,
-        header: &SlotHeader,
-        events: impl IntoIterator<Item = ReportEvent>,
-    ) {
+    pub fn push_slot(&mut self, header: &SlotHeader, events: impl IntoIterator<Item = Event>) {
         if self.captures.is_empty() {
             self.begin_capture();
         }
@@ -230,7 +230,7 @@ impl Timeline {
         self.names
             .get(&id)
             .cloned()
-            .unwrap_or_else(|| format!("event {id}"))
+            .unwrap_or_else(|| unknown_event_name(id))
     }
 
     /// SM rows: `0..max(sm_count, highest SM seen + 1)`.
@@ -252,7 +252,7 @@ impl Timeline {
         let mut per_type: BTreeMap<u16, (u64, Vec<u64>)> = BTreeMap::new();
         for e in &self.events {
             let entry = per_type.entry(e.id).or_default();
-            if e.instant {
+            if e.kind == EventKind::Instant {
                 entry.0 += 1;
             } else {
                 entry.1.push(e.end_ns.saturating_sub(e.start_ns));
@@ -316,7 +316,7 @@ impl Timeline {
                 intervals.extend(
                     self.events[s.ev_start..s.ev_end]
                         .iter()
-                        .filter(|e| !e.instant && e.end_ns > e.start_ns)
+                        .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns)
                         .map(|e| (e.start_ns, e.end_ns)),
                 );
             }
@@ -539,12 +539,12 @@ fn layout(slots: &[SlotRec], cap: u32) -> Layout {
 
 /// Splits one warp's ranges into segments that each show the innermost open
 /// range: a nested phase hides its parent while it runs.
-fn flatten(events: &[ReportEvent], sorted: &mut Vec<ReportEvent>, out: &mut Vec<(u64, u64, u16)>) {
+fn flatten(events: &[Event], sorted: &mut Vec<Event>, out: &mut Vec<(u64, u64, u16)>) {
     sorted.clear();
     sorted.extend(
         events
             .iter()
-            .filter(|e| !e.instant && e.end_ns > e.start_ns),
+            .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns),
     );
     // Outer ranges first when two start together.
     sorted.sort_unstable_by(|a, b| a.start_ns.cmp(&b.start_ns).then(b.end_ns.cmp(&a.end_ns)));
@@ -722,7 +722,7 @@ impl Timeline {
             }
             instants.extend(
                 evs.iter()
-                    .filter(|e| e.instant)
+                    .filter(|e| e.kind == EventKind::Instant)
                     .map(|e| (lane, e.start_ns, type_index(e.id))),
             );
         }
@@ -986,19 +986,21 @@ mod tests {
         }
     }
 
-    fn range(id: u16, start_ns: u64, end_ns: u64) -> ReportEvent {
-        ReportEvent {
+    fn range(id: u16, start_ns: u64, end_ns: u64) -> Event {
+        Event {
             id,
-            instant: false,
+            kind: EventKind::Range,
             start_ns,
             end_ns,
+            payload: 0,
         }
     }
 
-    fn instant(id: u16, at: u64) -> ReportEvent {
-        ReportEvent {
+    fn instant(id: u16, at: u64) -> Event {
+        Event {
             id,
-            instant: true,
+            kind: EventKind::Instant,
+            payload: 0,
             start_ns: at,
             end_ns: at,
         }
@@ -1070,6 +1072,57 @@ mod tests {
         assert!(text.contains("load"), "{text}");
         assert!(text.contains("SM   0  30.0%"), "{text}");
         assert!(text.contains("2 of 4 SMs recorded nothing"), "{text}");
+    }
+
+    #[test]
+    fn decoded_captures_feed_the_report() {
+        use crate::decode::CaptureBuilder;
+        let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
+        // Two blocks of 64 threads (2 warps each) on SMs 3 and 4.
+        let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 4);
+        b.warp(0, 0)
+            .unwrap()
+            .sm(3, 3)
+            .range(1, 1_000, 1_400, 0)
+            .range(2, 1_400, 2_000, 0);
+        b.warp(0, 1)
+            .unwrap()
+            .sm(3, 3)
+            .range(2, 1_200, 1_500, 0)
+            .instant(1, 1_600, 9);
+        b.warp(1, 0)
+            .unwrap()
+            .sm(4, 5)
+            .first_ts(1_000)
+            .last_ts(3_000)
+            .range(2, 2_000, 2_500, 0);
+        // Capacity 4: the fifth record is dropped.
+        let w = b.warp(1, 1).unwrap().sm(4, 4);
+        for k in 0..5 {
+            w.range(1, 2_000 + 100 * k, 2_050 + 100 * k, k as u32);
+        }
+        let bytes = b.finish();
+        let capture = Capture::decode(&bytes, Some(&registry)).unwrap();
+        let mut tl = Timeline::new();
+        tl.set_names(&registry);
+        tl.set_sm_count(6);
+        tl.add_capture(&capture);
+        let r = tl.report();
+        assert_eq!(
+            (r.launches, r.events, r.dropped, r.migrated_warps),
+            (1, 9, 1, 1)
+        );
+        assert_eq!(r.window_ns, 2_000);
+        let names: Vec<_> = r.types.iter().map(|t| (t.name.as_str(), t.count)).collect();
+        assert_eq!(names, [("load", 6), ("mma", 3)]);
+        // SM 3: [1000, 2000) busy; SM 4: [2000, 2500) plus nothing else outside it.
+        assert_eq!(r.sms[3].busy_ns, 1_000);
+        assert_eq!(r.sms[4].busy_ns, 500);
+        assert!((r.sms[3].busy_fraction - 0.5).abs() < 1e-12);
+        assert_eq!((r.sms[4].warps, r.sms[5].warps), (2, 0));
+        let svg = tl.to_svg(&SvgOptions::default());
+        let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+        assert!(!svg_events(&doc).is_empty());
     }
 
     #[test]
