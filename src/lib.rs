@@ -17,3 +17,8 @@ pub mod report;
 pub mod cuda;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+
+/// The README's Rust code blocks, compiled (and, unless `no_run`, run) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
