@@ -643,9 +643,14 @@ fn bin_runs(
             let last = (fb.ceil() as usize).clamp(first + 1, bins);
             lo = lo.min(first);
             hi = hi.max(last);
+            // Only the two edge bins can be partly covered.
             for bin in first..last {
-                let overlap = fb.min((bin + 1) as f64) - fa.max(bin as f64);
-                cover[bin * ntypes + usize::from(k)] += overlap.max(0.0) as f32;
+                let overlap = if bin > first && bin + 1 < last {
+                    1.0
+                } else {
+                    (fb.min((bin + 1) as f64) - fa.max(bin as f64)).max(0.0) as f32
+                };
+                cover[bin * ntypes + usize::from(k)] += overlap;
             }
         }
         let mut open: Option<Run> = None;
@@ -728,36 +733,35 @@ impl Timeline {
         }
 
         // The finest bins (4 a pixel) whose runs fit the budget: try the
-        // finest, then search between what fits and what overflows (a few
-        // passes at most); at 64 bins a lane, whatever overflows is cut.
+        // finest; while it overflows, shrink in proportion (by 20% to 4× a
+        // step), then bisect between what fits and what overflows; six passes
+        // at most. At 64 bins a lane, whatever still overflows is cut.
         let (bins, runs) = {
             let mut fit: Option<(usize, Vec<Run>)> = None;
-            let mut overflow = usize::MAX;
+            let mut overflow: Option<usize> = None;
             let mut bins = options.width as usize * 4;
-            for _ in 0..4 {
+            for _ in 0..6 {
                 let runs = bin_runs(&per_lane, t0, dur, bins, ntypes);
                 let n = runs.len();
                 if n <= budget {
                     fit = Some((bins, runs));
-                    if overflow == usize::MAX || 2 * n > budget {
-                        break;
-                    }
                 } else {
-                    overflow = bins;
+                    overflow = Some(bins);
                     if bins <= 64 {
                         fit.get_or_insert((bins, runs));
-                        break;
                     }
                 }
-                let fits = fit.as_ref().map_or(0, |f| f.0);
-                bins = if fits > 0 {
-                    ((fits as f64 * overflow as f64).sqrt()) as usize
-                } else {
-                    ((bins as f64 * budget as f64 / n as f64 * 0.9) as usize).clamp(64, bins - 1)
+                let (Some(over), fits) = (overflow, fit.as_ref().map(|f| f.0)) else {
+                    break; // the finest fits
                 };
-                if bins <= fits || bins >= overflow {
+                let next = match fits {
+                    Some(fits) => (fits as f64 * over as f64).sqrt() as usize,
+                    None => (bins as f64 * (budget as f64 / n as f64).clamp(0.25, 0.8)) as usize,
+                };
+                if fits.is_some_and(|f| next <= f || over as f64 <= f as f64 * 1.1) || bins <= 64 {
                     break;
                 }
+                bins = next.max(64);
             }
             fit.unwrap_or_else(|| (64, bin_runs(&per_lane, t0, dur, 64, ntypes)))
         };
@@ -892,27 +896,29 @@ impl Timeline {
             axis_top + plot_h + 36.0
         );
 
-        // The events.
+        // The events. Rectangles are the bulk of the file: their numbers are
+        // written as fixed-point integers, cheaper than float formatting.
         let tooltips = runs.len().min(budget) + instants.len().min(room) <= options.tooltips_up_to;
         svg.push_str("\n<g class=\"events\">");
         for r in runs.iter().take(budget) {
-            let sm = r.lane / lay.lanes_per_sm;
             let tip = tooltips.then(|| {
                 format!(
-                    "{}: {} to {} (SM {sm})",
+                    "{}: {} to {} (SM {})",
                     report.types[usize::from(r.k)].name,
                     format_ns(f64::from(r.start) * bin_ns),
-                    format_ns(f64::from(r.end) * bin_ns)
+                    format_ns(f64::from(r.end) * bin_ns),
+                    r.lane / lay.lanes_per_sm
                 )
             });
             let x = MARGIN_LEFT + f64::from(r.start) * bin_px;
             let w = f64::from(r.end - r.start) * bin_px;
-            let class = if r.level >= LEVELS {
-                format!("t{}", r.k)
-            } else {
-                format!("t{} o{}", r.k, r.level)
-            };
-            rect(&mut svg, &class, (x, lane_y(r.lane), w, lane_h), tip);
+            let level = (r.level < LEVELS).then_some(r.level);
+            rect(
+                &mut svg,
+                (r.k, level, false),
+                (x, lane_y(r.lane), w, lane_h),
+                tip,
+            );
         }
         for &(lane, t, k) in instants.iter().take(room) {
             let x = MARGIN_LEFT + t.saturating_sub(t0) as f64 / dur * width - 0.5;
@@ -926,7 +932,7 @@ impl Timeline {
             });
             rect(
                 &mut svg,
-                &format!("t{k} i"),
+                (k, None, true),
                 (x, lane_y(lane), 1.0, lane_h),
                 tip,
             );
@@ -945,18 +951,42 @@ impl Timeline {
     }
 }
 
-/// Writes one `<rect>`, with a tooltip if given.
-fn rect(out: &mut String, class: &str, (x, y, w, h): (f64, f64, f64, f64), tip: Option<String>) {
-    let _ = write!(
-        out,
-        "<rect class=\"{class}\" x=\"{x:.2}\" y=\"{y:.2}\" width=\"{w:.2}\" height=\"{h:.2}\""
-    );
+/// Writes one `<rect>`: type slot, opacity level (none: opaque), whether it
+/// marks an instant; position and size; a tooltip if given.
+fn rect(
+    out: &mut String,
+    (k, level, instant): (u16, Option<u8>, bool),
+    (x, y, w, h): (f64, f64, f64, f64),
+    tip: Option<String>,
+) {
+    let _ = write!(out, "<rect class=\"t{k}");
+    if let Some(l) = level {
+        let _ = write!(out, " o{l}");
+    }
+    if instant {
+        out.push_str(" i");
+    }
+    out.push_str("\" x=\"");
+    push_fixed2(out, x);
+    out.push_str("\" y=\"");
+    push_fixed2(out, y);
+    out.push_str("\" width=\"");
+    push_fixed2(out, w);
+    out.push_str("\" height=\"");
+    push_fixed2(out, h);
+    out.push('"');
     match tip {
         Some(tip) => {
             let _ = write!(out, "><title>{}</title></rect>", xml_escape(&tip));
         }
         None => out.push_str("/>"),
     }
+}
+
+/// Writes a non-negative number with two decimals (negative ones as 0).
+fn push_fixed2(out: &mut String, v: f64) {
+    let c = (v.max(0.0) * 100.0).round() as u64;
+    let _ = write!(out, "{}.{:02}", c / 100, c % 100);
 }
 
 /// `2.5000` → `"2.5"`, `3.0` → `"3"`.
