@@ -372,13 +372,14 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
             block: header.block,
         });
     }
-    let threads: u64 = header.block.iter().map(|&d| d as u64).product();
+    // Three u32 dimensions multiply to up to 2⁹⁶: u128 cannot overflow.
+    let threads: u128 = header.block.iter().map(|&d| d as u128).product();
     let wpb = threads.div_ceil(32);
-    if header.warps_per_block as u64 != wpb {
+    if header.warps_per_block as u128 != wpb {
         return Err(DecodeError::BadHeaderField {
             field: "warps_per_block",
             found: header.warps_per_block as u64,
-            expected: wpb,
+            expected: u64::try_from(wpb).unwrap_or(u64::MAX),
         });
     }
     let size = format::buffer_size(header.slot_count, header.slot_capacity).ok_or(
@@ -416,7 +417,9 @@ impl<'a> Capture<'a> {
         let stride = format::slot_stride(capacity);
         let wpb = header.warps_per_block;
         let [gx, gy, gz] = header.grid;
-        let warps = gx as u64 * gy as u64 * gz as u64 * wpb as u64;
+        // Up to 2¹²⁸ warps in principle; slot indices are u32, so saturate.
+        let warps =
+            u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
         let mut flushed = Vec::new();
         let (mut events, mut drops) = (0u64, 0u64);
         let body = &bytes[BUFFER_HEADER_SIZE..size];
@@ -818,10 +821,10 @@ impl CaptureBuilder {
     /// per warp (`slot_count` = blocks × warps per block, saturating) and
     /// `capacity` records per slot.
     pub fn new(grid: [u32; 3], block: [u32; 3], capacity: u32) -> Self {
-        let threads: u64 = block.iter().map(|&d| d as u64).product();
+        let threads: u128 = block.iter().map(|&d| d as u128).product();
         let wpb = u32::try_from(threads.div_ceil(32)).unwrap_or(u32::MAX);
-        let blocks: u64 = grid.iter().map(|&d| d as u64).product();
-        let slots = u32::try_from(blocks * wpb as u64).unwrap_or(u32::MAX);
+        let blocks: u128 = grid.iter().map(|&d| d as u128).product();
+        let slots = u32::try_from(blocks * wpb as u128).unwrap_or(u32::MAX);
         CaptureBuilder {
             header: BufferHeader {
                 version: VERSION,
@@ -1371,6 +1374,25 @@ mod tests {
             Capture::decode(&bytes, None),
             Err(DecodeError::EndAfterLast { .. })
         ));
+    }
+
+    #[test]
+    fn huge_launch_shapes_do_not_overflow() {
+        // Found by the fuzz target: block dimensions whose product overflows u64.
+        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 0).finish();
+        for (k, v) in [u32::MAX, u32::MAX, u32::MAX].iter().enumerate() {
+            put(&mut b, buffer_offsets::BLOCK + 4 * k, &v.to_le_bytes());
+        }
+        assert!(matches!(
+            Capture::decode(&b, None),
+            Err(DecodeError::BadHeaderField {
+                field: "warps_per_block",
+                expected: u64::MAX,
+                ..
+            })
+        ));
+        let b = CaptureBuilder::new([u32::MAX; 3], [u32::MAX; 3], 0);
+        assert_eq!(b.header().slot_count, u32::MAX);
     }
 
     #[test]

@@ -1,2 +1,461 @@
-// tracing_gpu.cuh: the device recorder (being written; see docs/format.md).
+// tracing_gpu.cuh: the tracing-gpu device recorder (wire format v1, docs/format.md).
+//
+// Header-only, C++17, NVRTC-safe: it includes nothing, not even device headers.
+//
+// Each warp owns one slot of a trace buffer, found from its (block, warp). Lane 0 writes
+// it; no atomics. A warp keeps its state in registers: the record index, its limit, and
+// one start time per event type (picked at compile time, so `begin` and `end` never touch
+// memory except for the one 16-byte store of a closed range).
+//
+//   #include "tracing_gpu.cuh"
+//   TGPU_EVENT(Load, 1);                       // user event types: a name and a 16-bit id
+//   TGPU_EVENT(Mma, 2);
+//   extern "C" __global__ void gemm(const float* a, float* c
+//                                   TGPU_TRACE_PARAM) {   // ", tgpu::Trace tgpu_trace" or nothing
+//     TGPU_RECORDER(rec, Load, Mma);           // one recorder per thread, state in registers
+//     for (int k = 0; k < kt; ++k) {
+//       rec.begin<Load>(); ... rec.switch_to<Load, Mma>(k); ... rec.end<Mma>(k);
+//     }
+//   }                                          // the destructor flushes the slot header
+//
+// The gate: compile with TGPU_ENABLED=1 to record. With TGPU_ENABLED undefined or 0, the
+// kernel keeps its production parameter list and every call compiles to nothing: the PTX
+// is identical to the same kernel with the instrumentation lines deleted
+// (tests/recorder_compile.rs proves it). Arguments are still evaluated when the gate is off,
+// as for any inline call, so keep payload expressions free of side effects.
+//
+// Where each call stamps: the timer reads carry a "memory" clobber, so the memory
+// operations (loads, stores, barriers, async copies) issued between two calls stay inside
+// the range. The compiler may still move pure register arithmetic across a stamp, as with
+// any clock read.
 #pragma once
+
+namespace tgpu {
+
+// ---------------------------------------------------------------------------------------
+// Wire format v1. tests/header_constants.rs reads every `enum : unsigned int { NAME = V };`
+// line of the header and checks it against src/format.rs, by namespace and name.
+// They are enumerators, not constexpr variables, because NVRTC emits a namespace-scope
+// constexpr variable into the PTX as a global even when nothing uses it, and the gated-off
+// kernel must not change.
+// ---------------------------------------------------------------------------------------
+
+/// "TGPU" as a little-endian u32: the first word of every buffer (written by the host).
+enum : unsigned int { BUFFER_MAGIC = 0x55504754u };
+/// "SLOT" as a little-endian u32: written by lane 0 when its warp flushes the slot.
+enum : unsigned int { SLOT_MAGIC = 0x544F4C53u };
+/// Wire format version.
+enum : unsigned int { VERSION = 1u };
+/// Size of the host-written buffer header.
+enum : unsigned int { BUFFER_HEADER_SIZE = 64u };
+/// Size of a slot header.
+enum : unsigned int { SLOT_HEADER_SIZE = 64u };
+/// Size of one record.
+enum : unsigned int { RECORD_SIZE = 16u };
+/// Record kind: a closed range [end - duration, end].
+enum : unsigned int { KIND_RANGE = 0u };
+/// Record kind: an instant at end (duration 0).
+enum : unsigned int { KIND_INSTANT = 1u };
+/// Slot flag: %smid at flush differs from %smid at the first event.
+enum : unsigned int { SLOT_FLAG_MIGRATED = 1u };
+/// Slot flag: a range was still open when the slot was flushed (it is not recorded).
+enum : unsigned int { SLOT_FLAG_OPEN_AT_FLUSH = 2u };
+/// Cluster rank written before sm_90 (no thread-block clusters).
+enum : unsigned int { NO_CLUSTER = 0xFFFFFFFFu };
+
+/// Byte offsets in the buffer header (written by the host; the device never reads it).
+namespace buffer_offsets {
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { VERSION = 4u };
+enum : unsigned int { HEADER_SIZE = 6u };
+enum : unsigned int { SLOT_HEADER_SIZE = 8u };
+enum : unsigned int { RECORD_SIZE = 10u };
+enum : unsigned int { SLOT_CAPACITY = 12u };
+enum : unsigned int { SLOT_COUNT = 16u };
+enum : unsigned int { WARPS_PER_BLOCK = 20u };
+enum : unsigned int { LAUNCH_ID = 24u };
+enum : unsigned int { GRID = 32u };
+enum : unsigned int { BLOCK = 44u };
+enum : unsigned int { FLAGS = 56u };
+enum : unsigned int { RESERVED = 60u };
+}  // namespace buffer_offsets
+
+/// Byte offsets in a slot header (written by lane 0 at flush).
+namespace slot_offsets {
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { FLAGS = 4u };
+enum : unsigned int { FIRST_TS = 8u };
+enum : unsigned int { LAST_TS = 16u };
+enum : unsigned int { SM_FIRST = 24u };
+enum : unsigned int { SM_LAST = 28u };
+enum : unsigned int { BLOCK_LINEAR = 32u };
+enum : unsigned int { BLOCK_XYZ = 36u };
+enum : unsigned int { WARP = 48u };
+enum : unsigned int { CLUSTER_RANK = 52u };
+enum : unsigned int { RECORD_COUNT = 56u };
+enum : unsigned int { DROP_COUNT = 60u };
+}  // namespace slot_offsets
+
+/// Byte offsets in a record.
+namespace record_offsets {
+enum : unsigned int { END_LO = 0u };
+enum : unsigned int { DURATION = 4u };
+enum : unsigned int { EVENT_ID = 8u };
+enum : unsigned int { KIND = 10u };
+enum : unsigned int { PAYLOAD = 12u };
+}  // namespace record_offsets
+
+// The flush writes the slot header as four 16-byte words and a record as one; these
+// pin the word layout those stores assume to the offsets above.
+static_assert(slot_offsets::MAGIC == 0 && slot_offsets::FLAGS == 4 && slot_offsets::FIRST_TS == 8,
+              "slot header word 0: magic, flags, first_ts");
+static_assert(slot_offsets::LAST_TS == 16 && slot_offsets::SM_FIRST == 24 && slot_offsets::SM_LAST == 28,
+              "slot header word 1: last_ts, sm_first, sm_last");
+static_assert(slot_offsets::BLOCK_LINEAR == 32 && slot_offsets::BLOCK_XYZ == 36,
+              "slot header word 2: block_linear, block x y z");
+static_assert(slot_offsets::WARP == 48 && slot_offsets::CLUSTER_RANK == 52 &&
+                  slot_offsets::RECORD_COUNT == 56 && slot_offsets::DROP_COUNT == 60,
+              "slot header word 3: warp, cluster_rank, record_count, drop_count");
+static_assert(record_offsets::END_LO == 0 && record_offsets::DURATION == 4 && record_offsets::EVENT_ID == 8 &&
+                  record_offsets::KIND == 10 && record_offsets::PAYLOAD == 12 && RECORD_SIZE == 16,
+              "record: end_lo, duration, event_id | kind << 16, payload");
+
+/// The kernel argument: passed by value, so the device reads it from the parameter bank.
+/// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
+struct Trace {
+  /// Device address of the buffer (its header); 0 turns recording off for the launch.
+  unsigned long long base;
+  /// Records per slot.
+  unsigned int capacity;
+  /// Number of slots; a warp whose slot index is not below it records nothing.
+  unsigned int slot_count;
+};
+static_assert(sizeof(Trace) == 16 && alignof(Trace) == 8, "Trace is format::KernelArg: 16 bytes, 8-aligned");
+static_assert(__builtin_offsetof(Trace, base) == 0 && __builtin_offsetof(Trace, capacity) == 8 &&
+                  __builtin_offsetof(Trace, slot_count) == 12,
+              "Trace fields at the offsets of format::KernelArg");
+
+namespace detail {
+
+// Metafunctions answer with enumerators, never static constexpr members, which NVRTC
+// would emit as globals (see the wire-format block).
+template <class A, class B>
+struct same {
+  enum : bool { value = false };
+};
+template <class A>
+struct same<A, A> {
+  enum : bool { value = true };
+};
+
+/// Position of T in Ts... (compile time): the register that holds T's start time.
+template <class T, class... Ts>
+struct index_of;
+template <class T, class... Ts>
+struct index_of<T, T, Ts...> {
+  enum : unsigned int { value = 0 };
+};
+template <class T, class U, class... Ts>
+struct index_of<T, U, Ts...> {
+  enum : unsigned int { value = 1 + index_of<T, Ts...>::value };
+};
+
+template <class T, class... Ts>
+__host__ __device__ constexpr bool contains() {
+  return (false || ... || same<T, Ts>::value);
+}
+
+template <class... Ts>
+struct distinct {
+  enum : bool { value = true };
+};
+template <class T, class... Ts>
+struct distinct<T, Ts...> {
+  enum : bool { value = !contains<T, Ts...>() && distinct<Ts...>::value };
+};
+
+/// Compile-time checks shared by the recording and the gated-off recorder, so that a
+/// kernel that is wrong with the gate on does not compile with it off either.
+template <class... Events>
+struct checks {
+  static_assert(sizeof...(Events) >= 1, "a Recorder needs at least one event type");
+  static_assert(sizeof...(Events) <= 32, "a Recorder holds at most 32 event types");
+  static_assert(distinct<Events...>::value, "each event type may appear once in a Recorder");
+  template <class T>
+  __host__ __device__ static constexpr bool has() {
+    return contains<T, Events...>();
+  }
+};
+
+}  // namespace detail
+}  // namespace tgpu
+
+namespace tgpu {
+
+// Clock and place reads, available with the gate on or off (unused, they emit nothing).
+// volatile: two reads are never merged, hoisted or dropped; "memory": loads and stores
+// issued between two stamps stay between them.
+
+/// `%globaltimer`: device nanoseconds (64-bit), the clock every record is in.
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : : "memory");
+  return t;
+}
+
+/// The low 32 bits of `%globaltimer`: one instruction cheaper to use than the full read.
+__device__ __forceinline__ unsigned int globaltimer_lo() {
+  unsigned int t;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t) : : "memory");
+  return t;
+}
+
+/// `%smid`: the SM this warp runs on now.
+__device__ __forceinline__ unsigned int smid() {
+  unsigned int s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+
+}  // namespace tgpu
+
+/// Declares an event type: `TGPU_EVENT(Load, 1);` gives `struct Load` with `Load::id == 1`.
+/// Ids are 16-bit and must be distinct within a kernel; the host registry maps them to names.
+#define TGPU_EVENT(Name, Id)                                             \
+  struct Name {                                                          \
+    static_assert((Id) >= 0 && (Id) <= 0xFFFF, "event ids are 16-bit"); \
+    enum : unsigned int { id = (Id) };                                   \
+  }
+
+#if defined(TGPU_ENABLED) && TGPU_ENABLED
+
+/// Appended to a kernel's parameter list: `, tgpu::Trace tgpu_trace` (nothing when off).
+#define TGPU_TRACE_PARAM , ::tgpu::Trace tgpu_trace
+/// Forwards the trace to a device function declared with TGPU_TRACE_PARAM (nothing when off).
+#define TGPU_TRACE_ARG , tgpu_trace
+/// Declares `name`, a recorder of the listed event types, on the kernel's trace.
+#define TGPU_RECORDER(name, ...) ::tgpu::Recorder<__VA_ARGS__> name(tgpu_trace)
+
+namespace tgpu {
+namespace detail {
+
+__device__ __forceinline__ unsigned int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned int r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+#else
+  return NO_CLUSTER;
+#endif
+}
+
+__device__ __forceinline__ unsigned int thread_linear() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+__device__ __forceinline__ unsigned int block_linear() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+
+__device__ __forceinline__ void store4(unsigned long long addr, unsigned int a, unsigned int b, unsigned int c,
+                                       unsigned int d) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+
+}  // namespace detail
+
+/// A warp's recorder over the event types `Events...` (with the gate on).
+///
+/// Every lane runs the same straight-line code; only the store is predicated, on one
+/// compare that folds "lane 0", "slot in range" and "slot not full" (lanes that never
+/// write get a limit of 0).
+///
+/// The store is deferred by one event: an event stamps the time into a pending record held
+/// in registers, and the next event (or the flush) stores it. So the store, its compare and
+/// its address come before the next stamp in program order and the compiler schedules them
+/// inside the user's range, in the shadow of its work; what is left between the work and
+/// the stamp is the timer read itself.
+template <class... Events>
+class Recorder {
+  using Checks = detail::checks<Events...>;
+  enum : unsigned int { N = sizeof...(Events) };
+
+  unsigned long long rec0_;   // address of record 0 of this warp's slot; 0 if this lane never writes
+  unsigned int idx_;          // index of the pending record; 0xFFFFFFFF before the first event
+  unsigned int lim_;          // capacity if this lane writes, else 0
+  unsigned int pend_[4];      // the pending record: end_lo, duration, id | kind << 16, payload
+  unsigned int start_[N];     // start time (low 32 bits) of each type's open range
+  unsigned int open_;         // bit i: a range of Events[i] is open
+  unsigned int sm_first_;     // %smid at construction
+  unsigned long long first_;  // %globaltimer at construction
+
+  template <class T>
+  __host__ __device__ static constexpr unsigned int slot_of() {
+    static_assert(Checks::template has<T>(), "event type not in this Recorder's list");
+    return detail::index_of<T, Events...>::value;
+  }
+
+  template <class T, unsigned int Kind>
+  __host__ __device__ static constexpr unsigned int word() {
+    return static_cast<unsigned int>(T::id) | (Kind << 16);
+  }
+
+  // Stores the pending record (if there is one and it fits), steps the index, then reads
+  // the timer: all in one asm block, so that everything but the stamp comes ahead of it in
+  // the PTX (ptxas does not move instructions up across a timer read; here it is free to
+  // schedule them into the user's range). idx_ == 0xFFFFFFFF (no pending record yet)
+  // fails the compare as a full slot does. The 16 is RECORD_SIZE (static_asserted above).
+  __device__ __forceinline__ unsigned int store_pending_and_stamp() {
+    unsigned int t;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t.reg .b64 a;\n\t"
+        "mad.wide.u32 a, %1, 16, %2;\n\t"
+        "setp.lt.u32 p, %1, %3;\n\t"
+        "@p st.global.cs.v4.u32 [a], {%4, %5, %6, %7};\n\t"
+        "add.u32 %1, %1, 1;\n\t"
+        "mov.u32 %0, %%globaltimer_lo;\n\t}"
+        : "=r"(t), "+r"(idx_)
+        : "l"(rec0_), "r"(lim_), "r"(pend_[0]), "r"(pend_[1]), "r"(pend_[2]), "r"(pend_[3])
+        : "memory");
+    return t;
+  }
+
+  __device__ __forceinline__ void set_pending(unsigned int end, unsigned int duration, unsigned int word,
+                                              unsigned int payload) {
+    pend_[0] = end;
+    pend_[1] = duration;
+    pend_[2] = word;
+    pend_[3] = payload;
+  }
+
+ public:
+  /// Finds this warp's slot and stamps the start. Call it in every thread of the warp
+  /// (only lane 0 writes); one recorder per warp per launch.
+  __device__ __forceinline__ explicit Recorder(Trace trace) : idx_(0xFFFFFFFFu), open_(0) {
+    const unsigned int tid = detail::thread_linear();
+    const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
+    const unsigned long long slot =
+        static_cast<unsigned long long>(detail::block_linear()) * ((threads + 31u) >> 5) + (tid >> 5);
+    const bool writes = trace.base != 0 && slot < trace.slot_count && (tid & 31u) == 0;
+    const unsigned long long stride =
+        SLOT_HEADER_SIZE + static_cast<unsigned long long>(trace.capacity) * RECORD_SIZE;
+    rec0_ = writes ? trace.base + BUFFER_HEADER_SIZE + slot * stride + SLOT_HEADER_SIZE : 0ull;
+    lim_ = writes ? trace.capacity : 0u;
+    first_ = globaltimer();
+    sm_first_ = smid();
+    set_pending(0u, 0u, 0u, 0u);
+    // An end<T>() without its begin<T>() then spans from the recorder's start: still a
+    // valid range.
+    for (unsigned int i = 0; i < N; ++i) start_[i] = static_cast<unsigned int>(first_);
+  }
+
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  /// Flushes the slot, unless flush() already did.
+  __device__ __forceinline__ ~Recorder() { flush(); }
+
+  /// Opens a range of type T. A second begin<T>() before end<T>() restarts it.
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    constexpr unsigned int i = slot_of<T>();
+    start_[i] = globaltimer_lo();
+    open_ |= 1u << i;
+  }
+
+  /// Closes T's range: one record [begin, now] with a 32-bit payload.
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int payload = 0) {
+    constexpr unsigned int i = slot_of<T>();
+    const unsigned int t = store_pending_and_stamp();
+    set_pending(t, t - start_[i], word<T, KIND_RANGE>(), payload);
+    open_ &= ~(1u << i);
+  }
+
+  /// Closes A's range (with `payload`) and opens B's at the same instant: one timer read.
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
+    constexpr unsigned int a = slot_of<A>();
+    constexpr unsigned int b = slot_of<B>();
+    const unsigned int t = store_pending_and_stamp();
+    set_pending(t, t - start_[a], word<A, KIND_RANGE>(), payload);
+    start_[b] = t;
+    open_ = (open_ & ~(1u << a)) | (1u << b);
+  }
+
+  /// Records an instant of type T with a 32-bit payload.
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int payload = 0) {
+    (void)slot_of<T>();
+    const unsigned int t = store_pending_and_stamp();
+    set_pending(t, 0u, word<T, KIND_INSTANT>(), payload);
+  }
+
+  /// Stores the pending record, writes the slot header (lane 0 of a recording warp) and
+  /// stops recording. Later calls, the destructor's included, do nothing.
+  __device__ __forceinline__ void flush() {
+    if (rec0_ != 0) {
+      const unsigned long long last = globaltimer();
+      if (idx_ < lim_) {
+        detail::store4(rec0_ + static_cast<unsigned long long>(idx_) * RECORD_SIZE, pend_[0], pend_[1], pend_[2],
+                       pend_[3]);
+      }
+      const unsigned int events = idx_ + 1;  // wraps to 0 when there was none
+      const unsigned int kept = events < lim_ ? events : lim_;
+      const unsigned int sm_last = smid();
+      const unsigned int flags =
+          (sm_last != sm_first_ ? SLOT_FLAG_MIGRATED : 0u) | (open_ != 0 ? SLOT_FLAG_OPEN_AT_FLUSH : 0u);
+      const unsigned long long h = rec0_ - SLOT_HEADER_SIZE;
+      detail::store4(h, SLOT_MAGIC, flags, static_cast<unsigned int>(first_),
+                     static_cast<unsigned int>(first_ >> 32));
+      detail::store4(h + 16, static_cast<unsigned int>(last), static_cast<unsigned int>(last >> 32), sm_first_,
+                     sm_last);
+      detail::store4(h + 32, detail::block_linear(), blockIdx.x, blockIdx.y, blockIdx.z);
+      detail::store4(h + 48, detail::thread_linear() >> 5, detail::cluster_rank(), kept, events - kept);
+    }
+    rec0_ = 0;
+    lim_ = 0;
+  }
+};
+
+}  // namespace tgpu
+
+#else  // gate off: same names, no state, no code
+
+#define TGPU_TRACE_PARAM
+#define TGPU_TRACE_ARG
+#define TGPU_RECORDER(name, ...) ::tgpu::Recorder<__VA_ARGS__> name
+
+namespace tgpu {
+
+/// The gated-off recorder: the same interface and compile-time checks, and nothing else.
+template <class... Events>
+class Recorder {
+  using Checks = detail::checks<Events...>;
+
+ public:
+  __device__ __forceinline__ Recorder() {}
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    static_assert(Checks::template has<T>(), "event type not in this Recorder's list");
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int = 0) {
+    static_assert(Checks::template has<T>(), "event type not in this Recorder's list");
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int = 0) {
+    static_assert(Checks::template has<A>() && Checks::template has<B>(), "event type not in this Recorder's list");
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int = 0) {
+    static_assert(Checks::template has<T>(), "event type not in this Recorder's list");
+  }
+  __device__ __forceinline__ void flush() {}
+};
+
+}  // namespace tgpu
+
+#endif

@@ -1,0 +1,205 @@
+//! The header's wire-format constants against `src/format.rs`: the same names, in the same
+//! namespaces, with the same values. Pure text and constants: runs with no features and no
+//! tools.
+
+use std::collections::BTreeMap;
+
+use tracing_gpu::format::{self, buffer_offsets, record_offsets, slot_offsets};
+
+const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
+const FORMAT_RS: &str = include_str!("../src/format.rs");
+
+/// Every `enum : unsigned int { NAME = VALUE };` at namespace scope in the header (such lines
+/// are not indented there), keyed `NAME` or `namespace::NAME` (the enclosing `tgpu` dropped).
+fn header_constants() -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let mut inner: Option<String> = None;
+    for line in HEADER.lines() {
+        if let Some(rest) = line.strip_prefix("namespace ") {
+            let name = rest.trim_end_matches('{').trim();
+            if name != "tgpu" && name != "detail" {
+                inner = Some(name.to_string());
+            }
+            continue;
+        }
+        if line.starts_with("}  // namespace ") {
+            let name = line.trim_start_matches("}  // namespace ").trim();
+            if inner.as_deref() == Some(name) {
+                inner = None;
+            }
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("enum : unsigned int { ") else {
+            continue;
+        };
+        let (name, value) = rest
+            .trim_end_matches(" };")
+            .split_once(" = ")
+            .unwrap_or_else(|| panic!("unexpected constant line in the header: {line}"));
+        let value = value.trim_end_matches('u');
+        let value = match value.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => value.parse(),
+        }
+        .unwrap_or_else(|e| panic!("bad value in {line}: {e}"));
+        let key = match &inner {
+            Some(ns) => format!("{ns}::{name}"),
+            None => name.to_string(),
+        };
+        assert!(
+            out.insert(key.clone(), value).is_none(),
+            "{key} is defined twice in the header"
+        );
+    }
+    out
+}
+
+/// Every `pub const NAME` of src/format.rs, keyed as in the header.
+fn format_rs_names() -> Vec<String> {
+    let mut names = Vec::new();
+    let mut module: Option<String> = None;
+    for line in FORMAT_RS.lines() {
+        if let Some(rest) = line.strip_prefix("pub mod ") {
+            module = Some(rest.trim_end_matches('{').trim().to_string());
+            continue;
+        }
+        if line == "}" {
+            module = None;
+            continue;
+        }
+        let trimmed = line.trim_start();
+        let Some(rest) = trimmed.strip_prefix("pub const ") else {
+            continue;
+        };
+        // `pub const fn` is code, not a constant.
+        if rest.starts_with("fn ") {
+            continue;
+        }
+        let name = rest.split(':').next().unwrap().trim();
+        names.push(match &module {
+            Some(m) => format!("{m}::{name}"),
+            None => name.to_string(),
+        });
+    }
+    names.sort();
+    names
+}
+
+/// The Rust values, by the header's names.
+fn rust_constants() -> BTreeMap<String, u64> {
+    let top: [(&str, u64); 11] = [
+        ("BUFFER_MAGIC", format::BUFFER_MAGIC.into()),
+        ("SLOT_MAGIC", format::SLOT_MAGIC.into()),
+        ("VERSION", format::VERSION.into()),
+        ("BUFFER_HEADER_SIZE", format::BUFFER_HEADER_SIZE as u64),
+        ("SLOT_HEADER_SIZE", format::SLOT_HEADER_SIZE as u64),
+        ("RECORD_SIZE", format::RECORD_SIZE as u64),
+        ("KIND_RANGE", format::KIND_RANGE.into()),
+        ("KIND_INSTANT", format::KIND_INSTANT.into()),
+        ("SLOT_FLAG_MIGRATED", format::SLOT_FLAG_MIGRATED.into()),
+        (
+            "SLOT_FLAG_OPEN_AT_FLUSH",
+            format::SLOT_FLAG_OPEN_AT_FLUSH.into(),
+        ),
+        ("NO_CLUSTER", format::NO_CLUSTER.into()),
+    ];
+    let buffer: [(&str, usize); 13] = [
+        ("MAGIC", buffer_offsets::MAGIC),
+        ("VERSION", buffer_offsets::VERSION),
+        ("HEADER_SIZE", buffer_offsets::HEADER_SIZE),
+        ("SLOT_HEADER_SIZE", buffer_offsets::SLOT_HEADER_SIZE),
+        ("RECORD_SIZE", buffer_offsets::RECORD_SIZE),
+        ("SLOT_CAPACITY", buffer_offsets::SLOT_CAPACITY),
+        ("SLOT_COUNT", buffer_offsets::SLOT_COUNT),
+        ("WARPS_PER_BLOCK", buffer_offsets::WARPS_PER_BLOCK),
+        ("LAUNCH_ID", buffer_offsets::LAUNCH_ID),
+        ("GRID", buffer_offsets::GRID),
+        ("BLOCK", buffer_offsets::BLOCK),
+        ("FLAGS", buffer_offsets::FLAGS),
+        ("RESERVED", buffer_offsets::RESERVED),
+    ];
+    let slot: [(&str, usize); 12] = [
+        ("MAGIC", slot_offsets::MAGIC),
+        ("FLAGS", slot_offsets::FLAGS),
+        ("FIRST_TS", slot_offsets::FIRST_TS),
+        ("LAST_TS", slot_offsets::LAST_TS),
+        ("SM_FIRST", slot_offsets::SM_FIRST),
+        ("SM_LAST", slot_offsets::SM_LAST),
+        ("BLOCK_LINEAR", slot_offsets::BLOCK_LINEAR),
+        ("BLOCK_XYZ", slot_offsets::BLOCK_XYZ),
+        ("WARP", slot_offsets::WARP),
+        ("CLUSTER_RANK", slot_offsets::CLUSTER_RANK),
+        ("RECORD_COUNT", slot_offsets::RECORD_COUNT),
+        ("DROP_COUNT", slot_offsets::DROP_COUNT),
+    ];
+    let record: [(&str, usize); 5] = [
+        ("END_LO", record_offsets::END_LO),
+        ("DURATION", record_offsets::DURATION),
+        ("EVENT_ID", record_offsets::EVENT_ID),
+        ("KIND", record_offsets::KIND),
+        ("PAYLOAD", record_offsets::PAYLOAD),
+    ];
+    let mut out: BTreeMap<String, u64> = top.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    for (module, table) in [
+        ("buffer_offsets", &buffer[..]),
+        ("slot_offsets", &slot[..]),
+        ("record_offsets", &record[..]),
+    ] {
+        for (k, v) in table {
+            out.insert(format!("{module}::{k}"), *v as u64);
+        }
+    }
+    out
+}
+
+#[test]
+fn header_and_format_rs_define_the_same_names() {
+    let header: Vec<String> = header_constants().into_keys().collect();
+    assert_eq!(
+        header,
+        format_rs_names(),
+        "the header and src/format.rs must define the same constants"
+    );
+}
+
+#[test]
+fn every_name_is_checked_by_value() {
+    let checked: Vec<String> = rust_constants().into_keys().collect();
+    assert_eq!(
+        checked,
+        format_rs_names(),
+        "a constant of src/format.rs is missing from this test's table"
+    );
+}
+
+#[test]
+fn header_values_match_format_rs() {
+    let header = header_constants();
+    for (name, value) in rust_constants() {
+        assert_eq!(
+            header.get(&name),
+            Some(&value),
+            "{name}: header vs src/format.rs"
+        );
+    }
+}
+
+#[test]
+fn kernel_arg_layout_matches_the_header_struct() {
+    // The header static_asserts the same three offsets and the size.
+    assert_eq!(std::mem::offset_of!(format::KernelArg, base), 0);
+    assert_eq!(std::mem::offset_of!(format::KernelArg, capacity), 8);
+    assert_eq!(std::mem::offset_of!(format::KernelArg, slot_count), 12);
+    assert_eq!(std::mem::size_of::<format::KernelArg>(), 16);
+    for needle in [
+        "__builtin_offsetof(Trace, base) == 0",
+        "__builtin_offsetof(Trace, capacity) == 8",
+        "__builtin_offsetof(Trace, slot_count) == 12",
+        "sizeof(Trace) == 16",
+    ] {
+        assert!(
+            HEADER.contains(needle),
+            "the header no longer asserts {needle}"
+        );
+    }
+}

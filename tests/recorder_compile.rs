@@ -1,0 +1,279 @@
+//! The recorder header under real compilers, with no GPU: NVRTC (through
+//! `tracing_gpu::cuda::compile`, feature `cuda`) and the PyPI wheel's nvcc, for sm_80 and
+//! sm_90, on the example kernels in `kernels/examples/` (one of them warp-specialized, one
+//! persistent); and the gate: with `TGPU_ENABLED` off, an instrumented kernel's PTX is
+//! identical to the same kernel with its instrumentation lines deleted.
+
+mod cuda_tools;
+
+use cuda_tools::{nvcc, skip, tool};
+
+/// The example kernels: (name, which is also the entry point; source).
+const KERNELS: [(&str, &str); 3] = [
+    ("phases", include_str!("../kernels/examples/phases.cu")),
+    (
+        "warp_specialized",
+        include_str!("../kernels/examples/warp_specialized.cu"),
+    ),
+    (
+        "persistent",
+        include_str!("../kernels/examples/persistent.cu"),
+    ),
+];
+
+const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
+
+/// A line the production kernel would not have: it names the gate's macros, the recorder
+/// (`rec.`) or the header.
+fn is_instrumentation(line: &str) -> bool {
+    line.contains("TGPU_") || line.contains("rec.") || line.contains("tracing_gpu.cuh")
+}
+
+/// The kernel with its instrumentation deleted: the trace parameter macro goes from the
+/// signature, and every other instrumentation line is blanked (not removed, so that line
+/// numbers, and so line info, stay the same).
+fn strip(src: &str) -> String {
+    src.lines()
+        .map(|l| {
+            let l = l.replace(" TGPU_TRACE_PARAM", "");
+            if is_instrumentation(&l) {
+                String::new()
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn stripping_leaves_a_plain_cuda_kernel() {
+    for (name, src) in KERNELS {
+        let stripped = strip(src);
+        let removed = src.lines().filter(|l| is_instrumentation(l)).count();
+        // The include, the events, the parameter, the recorder and at least two calls.
+        assert!(removed >= 6, "{name}: only {removed} instrumentation lines");
+        assert!(
+            src.contains(" TGPU_TRACE_PARAM)"),
+            "{name}: no trace parameter"
+        );
+        for needle in ["TGPU", "rec.", "tgpu", "tracing_gpu"] {
+            assert!(
+                !stripped.contains(needle),
+                "{name}: {needle} left after stripping"
+            );
+        }
+        assert_eq!(stripped.lines().count(), src.lines().count());
+    }
+}
+
+/// PTX that must show the recorder at work (gate on) or not at all (gate off).
+fn check_ptx(name: &str, arch: &str, on: bool, ptx: &str) {
+    let gate = if on { "on" } else { "off" };
+    let name_arch = format!("{name} {arch} gate {gate}");
+    assert!(
+        ptx.contains(&format!(".entry {name}(")),
+        "{name_arch}: no entry point in the PTX"
+    );
+    if on {
+        for needle in [
+            "%globaltimer_lo",
+            "%globaltimer;",
+            "st.global.cs.v4.u32",
+            "%smid",
+        ] {
+            assert!(ptx.contains(needle), "{name_arch}: no {needle} in the PTX");
+        }
+        assert_eq!(
+            ptx.contains("%cluster_ctarank"),
+            arch == "sm_90",
+            "{name_arch}: %cluster_ctarank is read on sm_90 only"
+        );
+    } else {
+        assert!(
+            !ptx.contains("globaltimer"),
+            "{name_arch}: the PTX reads the timer"
+        );
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod nvrtc {
+    use super::*;
+    use tracing_gpu::cuda::{compile, ensure_nvrtc, CudaError, KernelBuild};
+
+    fn available() -> bool {
+        match ensure_nvrtc() {
+            Ok(()) => true,
+            Err(e) => {
+                skip(&format!("NVRTC is not available: {e}"));
+                false
+            }
+        }
+    }
+
+    fn ptx(name: &str, arch: &'static str, src: &str, defines: &[&str]) -> String {
+        let mut build = KernelBuild::new(name, arch);
+        for d in defines {
+            build = build.define(*d);
+        }
+        compile(src, &build)
+            .unwrap_or_else(|e| panic!("{name} {arch} {defines:?}: {e}"))
+            .to_src()
+    }
+
+    #[test]
+    fn examples_compile_for_sm80_and_sm90() {
+        if !available() {
+            return;
+        }
+        for (name, src) in KERNELS {
+            for arch in ARCHS {
+                check_ptx(name, arch, true, &ptx(name, arch, src, &["TGPU_ENABLED=1"]));
+                check_ptx(name, arch, false, &ptx(name, arch, src, &[]));
+            }
+        }
+    }
+
+    #[test]
+    fn gate_off_ptx_is_identical_to_the_stripped_kernel() {
+        if !available() {
+            return;
+        }
+        for (name, src) in KERNELS {
+            for arch in ARCHS {
+                let stripped = ptx(name, arch, &strip(src), &[]);
+                // Undefined, and defined to 0: both are "off".
+                assert_eq!(
+                    ptx(name, arch, src, &[]),
+                    stripped,
+                    "{name} {arch}: gate undefined"
+                );
+                assert_eq!(
+                    ptx(name, arch, src, &["TGPU_ENABLED=0"]),
+                    stripped,
+                    "{name} {arch}: gate 0"
+                );
+                // The comparison can fail: with the gate on the PTX is not the same.
+                assert_ne!(
+                    ptx(name, arch, src, &["TGPU_ENABLED=1"]),
+                    stripped,
+                    "{name} {arch}: gate on"
+                );
+            }
+        }
+    }
+
+    /// Compiles a kernel that must be rejected, gate on and off, and returns NVRTC's logs.
+    fn rejected(body: &str) -> Vec<String> {
+        let src = format!(
+            "#include \"tracing_gpu.cuh\"\nTGPU_EVENT(A, 1);\nTGPU_EVENT(B, 2);\n\
+             extern \"C\" __global__ void k(int n TGPU_TRACE_PARAM) {{\n{body}\n}}\n"
+        );
+        [&["TGPU_ENABLED=1"][..], &[][..]]
+            .iter()
+            .map(|defines| {
+                let mut build = KernelBuild::new("misuse", "sm_90");
+                for d in *defines {
+                    build = build.define(*d);
+                }
+                match compile(&src, &build) {
+                    Err(CudaError::Compile { message, .. }) => message,
+                    Err(e) => panic!("{body}: unexpected error {e}"),
+                    Ok(_) => panic!("{body} {defines:?}: compiled, but must not"),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn misuse_is_a_compile_error_with_the_gate_on_and_off() {
+        if !available() {
+            return;
+        }
+        let cases = [
+            (
+                "TGPU_RECORDER(rec, A);\nrec.begin<B>();",
+                "event type not in this Recorder's list",
+            ),
+            (
+                "TGPU_RECORDER(rec, A);\nrec.switch_to<A, B>(n);",
+                "event type not in this Recorder's list",
+            ),
+            (
+                "TGPU_RECORDER(rec, A, A);\nrec.end<A>(n);",
+                "each event type may appear once",
+            ),
+            (
+                "TGPU_EVENT(C, 70000);\nTGPU_RECORDER(rec, C);\nrec.instant<C>(n);",
+                "event ids are 16-bit",
+            ),
+        ];
+        for (body, message) in cases {
+            for log in rejected(body) {
+                assert!(
+                    log.contains(message),
+                    "{body}: expected \"{message}\" in:\n{log}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn examples_compile_under_the_wheels_nvcc() {
+    let Some(nvcc_path) = tool("nvcc") else {
+        skip("nvcc from the CUDA wheels not found ($TGPU_CUDA_HOME/bin/nvcc)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (name, src) in KERNELS {
+        for arch in ARCHS {
+            for define in ["-DTGPU_ENABLED=1", "-DTGPU_ENABLED=0"] {
+                // Through ptxas to a cubin: the whole chain, warnings as errors.
+                let arch_flag = format!("-arch={arch}");
+                let cubin = nvcc(
+                    &nvcc_path,
+                    dir.path(),
+                    name,
+                    src,
+                    &[&arch_flag, define, "-cubin"],
+                    "k.cubin",
+                );
+                assert!(std::fs::metadata(&cubin).unwrap().len() > 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn gate_off_ptx_is_identical_under_nvcc() {
+    let Some(nvcc_path) = tool("nvcc") else {
+        skip("nvcc from the CUDA wheels not found ($TGPU_CUDA_HOME/bin/nvcc)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (name, src) in KERNELS {
+        for arch in ARCHS {
+            let arch_flag = format!("-arch={arch}");
+            let ptx_of = |source: &str, define: &str| {
+                let p = nvcc(
+                    &nvcc_path,
+                    dir.path(),
+                    name,
+                    source,
+                    &[&arch_flag, define, "-ptx"],
+                    "k.ptx",
+                );
+                std::fs::read_to_string(p).unwrap()
+            };
+            let stripped = ptx_of(&strip(src), "-DTGPU_UNUSED=1");
+            let off = ptx_of(src, "-DTGPU_ENABLED=0");
+            let on = ptx_of(src, "-DTGPU_ENABLED=1");
+            check_ptx(name, arch, false, &off);
+            check_ptx(name, arch, true, &on);
+            assert_eq!(off, stripped, "{name} {arch}");
+            assert_ne!(on, stripped, "{name} {arch}: gate on");
+        }
+    }
+}
