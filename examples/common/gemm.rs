@@ -1,0 +1,746 @@
+//! Host side of `kernels/gemm.cu`: compile a variant, encode its TMA tensor maps,
+//! launch it, and check and time it against cuBLAS.
+//!
+//! The kernel computes `C = A·B` with A (M×K) row-major, B given as N×K row-major
+//! (K×N column-major) and C (M×N) row-major, bf16 in, fp32 accumulation, bf16 or
+//! fp32 out. M must be a multiple of [`BM`], N of [`BN`], K of [`BK`].
+
+use std::sync::Arc;
+
+use tracing_gpu::cuda::cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use tracing_gpu::cuda::cudarc::driver::{
+    result::DriverError, sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream,
+    DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
+use tracing_gpu::decode::Capture;
+use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use tracing_gpu::registry::EventRegistry;
+
+/// The kernel's source, embedded so one binary is all the GPU machine needs.
+pub const SOURCE: &str = include_str!("../../kernels/gemm.cu");
+/// The kernel's (unmangled) name.
+pub const KERNEL: &str = "tgpu_gemm_bf16";
+/// Tile rows.
+pub const BM: usize = 128;
+/// Tile columns.
+pub const BN: usize = 256;
+/// k-tile depth.
+pub const BK: usize = 64;
+/// Shared-memory stages.
+pub const STAGES: u32 = 4;
+/// Threads per block: one producer and two consumer warpgroups.
+pub const THREADS: u32 = 384;
+/// Warps per block, as the trace buffer's header gives them.
+pub const WARPS_PER_BLOCK: u32 = THREADS / 32;
+/// Dynamic shared memory per block: the ring, its barriers and 1 KiB of alignment slack
+/// (mirrors `gemm::SMEM_BYTES`; the kernel traps if it is given less).
+pub const SMEM_BYTES: u32 = STAGES * ((BM + BN) * BK * 2) as u32 + 2 * STAGES * 8 + 1024;
+
+/// The kernel's event types (`TGPU_EVENT` in gemm.cu): id and name, for the registry.
+pub const EVENTS: [(u16, &str); 7] = [
+    (1, "prod_wait"),
+    (2, "load"),
+    (3, "wait"),
+    (4, "mma"),
+    (5, "epilogue"),
+    (6, "tile"),
+    (7, "release"),
+];
+
+/// The registry of [`EVENTS`], for decoding and naming.
+pub fn registry() -> EventRegistry {
+    EventRegistry::from_pairs(EVENTS).expect("EVENTS has distinct ids and names")
+}
+
+/// Which instrumentation a build carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// No recorder: the production kernel.
+    Off,
+    /// Our recorder, per-k-tile phases (load per k-tile for the producer, wait and mma
+    /// per k-tile and the epilogue for the consumers).
+    Phases,
+    /// Our recorder, every event: phases plus the producer's wait apart from its load,
+    /// a tile range and a release instant per k-tile.
+    Full,
+    /// The seed's design at the phases' call sites: per-warp counters in global memory,
+    /// padded to 128 B, and 5 × i64 records.
+    Seed,
+    /// FlashInfer's design at the phases' call sites: an 8-byte (tag, time) entry per
+    /// begin and per end, interleaved across warps, fenced.
+    FlashInfer,
+}
+
+impl Variant {
+    /// Every variant, in the order the overhead table lists them.
+    pub const ALL: [Variant; 5] = [
+        Variant::Off,
+        Variant::Phases,
+        Variant::Full,
+        Variant::Seed,
+        Variant::FlashInfer,
+    ];
+
+    /// A short name for tables and file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Off => "off",
+            Variant::Phases => "phases",
+            Variant::Full => "full",
+            Variant::Seed => "seed-style",
+            Variant::FlashInfer => "flashinfer-style",
+        }
+    }
+
+    /// Whether the kernel takes a trace buffer argument.
+    pub fn traced(self) -> bool {
+        self != Variant::Off
+    }
+
+    fn defines(self) -> &'static [&'static str] {
+        match self {
+            Variant::Off => &[],
+            Variant::Phases => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1"],
+            Variant::Full => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=2"],
+            Variant::Seed => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "GEMM_RECORDER=1"],
+            Variant::FlashInfer => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "GEMM_RECORDER=2"],
+        }
+    }
+
+    /// The NVRTC build of this variant (sm_90a: wgmma and setmaxnreg need it).
+    pub fn build(self, out: Out) -> KernelBuild {
+        let mut b = KernelBuild::new("gemm.cu", "sm_90a");
+        for d in self.defines() {
+            b = b.define(*d);
+        }
+        if out == Out::F32 {
+            b = b.define("GEMM_OUT_F32");
+        }
+        b
+    }
+}
+
+/// Element type of C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Out {
+    /// bf16, rounded to nearest even.
+    Bf16,
+    /// fp32, the accumulator as it is.
+    F32,
+}
+
+impl Out {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Out::Bf16 => 2,
+            Out::F32 => 4,
+        }
+    }
+}
+
+/// A CUtensorMap as the driver encodes it: 128 opaque bytes, 64-aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TensorMap([u64; 16]);
+
+// SAFETY: plain bytes, passed by value as a `__grid_constant__` kernel parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// Encodes the tensor map of a row-major `rows × cols` bf16 matrix at `ptr`, read in
+/// boxes of `box_rows × BK` with the 128-byte swizzle that wgmma's descriptors expect.
+fn tensor_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<TensorMap, CudaError> {
+    let mut map = TensorMap([0; 16]);
+    let dims: [u64; 2] = [cols as u64, rows as u64];
+    let strides: [u64; 1] = [cols as u64 * 2];
+    let boxes: [u32; 2] = [BK as u32, box_rows];
+    let elem_strides: [u32; 2] = [1, 1];
+    // SAFETY: every array has the rank's length; `map` is 128 bytes, 64-aligned.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            (&mut map as *mut TensorMap).cast(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().map_err(CudaError::Driver)?;
+    Ok(map)
+}
+
+/// Deterministic uniform bf16 values in [-1, 1) (xorshift64*), as raw bits.
+pub fn random_bf16(len: usize, seed: u64) -> Vec<u16> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            let f = (r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            f32_to_bf16(f)
+        })
+        .collect()
+}
+
+/// Rounds to nearest even (finite inputs).
+pub fn f32_to_bf16(f: f32) -> u16 {
+    let b = f.to_bits();
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Widens bf16 bits to f32.
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// One problem on the device: inputs, output and the inputs' tensor maps.
+pub struct Problem {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of C (rows of the stored B).
+    pub n: usize,
+    /// The reduction depth.
+    pub k: usize,
+    /// A, M×K row-major bf16.
+    pub a: CudaSlice<u16>,
+    /// B, N×K row-major bf16.
+    pub b: CudaSlice<u16>,
+    /// C, M×N row-major, `out` elements.
+    pub c: CudaSlice<u8>,
+    /// C's element type.
+    pub out: Out,
+    maps: [TensorMap; 2],
+}
+
+impl Problem {
+    /// Uploads fresh random A and B (from `seed`) and allocates C.
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        (m, n, k): (usize, usize, usize),
+        out: Out,
+        seed: u64,
+    ) -> Result<Self, CudaError> {
+        if m == 0 || n == 0 || k == 0 || m % BM != 0 || n % BN != 0 || k % BK != 0 {
+            return Err(CudaError::Invalid(format!(
+                "GEMM shape {m}×{n}×{k}: M must be a positive multiple of {BM}, N of {BN}, K of {BK}"
+            )));
+        }
+        if m.max(n).max(k) > i32::MAX as usize / 2 {
+            return Err(CudaError::Invalid(format!(
+                "GEMM shape {m}×{n}×{k} is too large"
+            )));
+        }
+        let a = stream.clone_htod(&random_bf16(m * k, seed))?;
+        let b = stream.clone_htod(&random_bf16(n * k, seed ^ 0x9E37_79B9_7F4A_7C15))?;
+        // SAFETY: poisoned before every use (`poison`), never read uninitialised.
+        let c = unsafe { stream.alloc::<u8>(m * n * out.size()) }?;
+        let maps = [
+            tensor_map(a.device_ptr(stream).0, m, k, BM as u32)?,
+            tensor_map(b.device_ptr(stream).0, n, k, BN as u32)?,
+        ];
+        Ok(Problem {
+            m,
+            n,
+            k,
+            a,
+            b,
+            c,
+            out,
+            maps,
+        })
+    }
+
+    /// Floating-point operations of one product.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+
+    /// Fills C with all-ones bits: NaN in both bf16 and fp32, so an element the kernel
+    /// fails to write cannot pass the check.
+    pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        let (ptr, _guard) = self.c.device_ptr(stream);
+        // SAFETY: `ptr` spans `self.c.len()` bytes, on this stream.
+        unsafe {
+            tracing_gpu::cuda::cudarc::driver::result::memset_d8_async(
+                ptr,
+                0xFF,
+                self.c.len(),
+                stream.cu_stream(),
+            )
+        }?;
+        Ok(())
+    }
+
+    /// C as f32 values, after the stream is done.
+    pub fn c_values(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>, CudaError> {
+        let bytes = stream.clone_dtoh(&self.c)?;
+        Ok(match self.out {
+            Out::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+            Out::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        })
+    }
+}
+
+/// One compiled variant of the GEMM.
+pub struct Gemm {
+    func: CudaFunction,
+    /// The instrumentation it carries.
+    pub variant: Variant,
+    /// C's element type it writes.
+    pub out: Out,
+    sm_count: u32,
+}
+
+impl Gemm {
+    /// Compiles `variant` with NVRTC and loads it into `ctx`.
+    pub fn compile(ctx: &Arc<CudaContext>, variant: Variant, out: Out) -> Result<Self, CudaError> {
+        let ptx = compile(SOURCE, &variant.build(out))?;
+        let module = ctx.load_module(ptx)?;
+        let func = module.load_function(KERNEL)?;
+        func.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            SMEM_BYTES as i32,
+        )?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
+        Ok(Gemm {
+            func,
+            variant,
+            out,
+            sm_count,
+        })
+    }
+
+    /// The launch geometry for `p`: one persistent block per SM (or per tile, if fewer).
+    pub fn config(&self, p: &Problem) -> LaunchConfig {
+        let tiles = (p.m / BM * (p.n / BN)) as u32;
+        LaunchConfig {
+            grid_dim: (tiles.min(self.sm_count), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: SMEM_BYTES,
+        }
+    }
+
+    /// Tiles each block walks, at most.
+    pub fn tiles_per_block(&self, p: &Problem) -> usize {
+        let tiles = p.m / BM * (p.n / BN);
+        tiles.div_ceil(self.config(p).grid_dim.0 as usize)
+    }
+
+    /// Records a launch of this variant writes on `p`, all warps together: the count
+    /// the trace must hold (in begin/end pairs for the FlashInfer design).
+    pub fn expected_records(&self, p: &Problem) -> u64 {
+        let tiles = (p.m / BM * (p.n / BN)) as u64;
+        let kt = (p.k / BK) as u64;
+        // Per tile: the producer warp records a load per k-tile (and at level 2 its wait
+        // apart); each of the 8 consumer warps records wait and mma per k-tile and an
+        // epilogue, and at level 2 also a tile range and a release instant for every
+        // k-tile but the last.
+        let (producer, consumer) = match self.variant {
+            Variant::Off => return 0,
+            Variant::Full => (2 * kt, 3 * kt + 1),
+            Variant::Phases | Variant::Seed | Variant::FlashInfer => (kt, 2 * kt + 1),
+        };
+        tiles * (producer + 8 * consumer)
+    }
+
+    /// Launches the product on `stream`. `trace` must be given exactly when the variant
+    /// is traced: the untraced kernel has no such parameter.
+    pub fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        p: &mut Problem,
+        trace: Option<&KernelArg>,
+    ) -> Result<(), CudaError> {
+        if p.out != self.out {
+            return Err(CudaError::Invalid(format!(
+                "the problem's C is {:?}, the kernel writes {:?}",
+                p.out, self.out
+            )));
+        }
+        if trace.is_some() != self.variant.traced() {
+            return Err(CudaError::Invalid(format!(
+                "variant {} {} a trace argument",
+                self.variant.name(),
+                if self.variant.traced() {
+                    "needs"
+                } else {
+                    "takes no"
+                }
+            )));
+        }
+        let cfg = self.config(p);
+        let (m, n, k) = (p.m as i32, p.n as i32, p.k as i32);
+        let trace_arg = trace.map(|t| TraceArg(*t));
+        let mut launch = stream.launch_builder(&self.func);
+        launch
+            .arg(&p.maps[0])
+            .arg(&p.maps[1])
+            .arg(&mut p.c)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k);
+        if let Some(t) = trace_arg.as_ref() {
+            launch.arg(t);
+        }
+        // SAFETY: the arguments match the kernel's parameter list for this variant
+        // (checked above), the tensor maps describe `p.a` and `p.b`, and C holds M×N
+        // elements of the kernel's output type.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// `tgpu::Trace` passed by value.
+#[repr(C)]
+struct TraceArg(KernelArg);
+// SAFETY: `KernelArg` is `repr(C)`, 16 bytes, the layout of `tgpu::Trace`.
+unsafe impl DeviceRepr for TraceArg {}
+
+/// cuBLAS on the same problem, for the reference and the speed comparison.
+pub struct Reference {
+    blas: CudaBlas,
+    stream: Arc<CudaStream>,
+}
+
+impl Reference {
+    /// A cuBLAS handle on `stream`.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, CudaError> {
+        let blas = CudaBlas::new(stream.clone()).map_err(CudaError::Cublas)?;
+        Ok(Reference {
+            blas,
+            stream: stream.clone(),
+        })
+    }
+
+    /// `c = A·B` of `p` by cuBLAS, with C of type `out` (M×N row-major, like ours).
+    pub fn gemm(&self, p: &Problem, c: &mut CudaSlice<u8>, out: Out) -> Result<(), CudaError> {
+        if c.len() != p.m * p.n * out.size() {
+            return Err(CudaError::Invalid(
+                "reference output has the wrong size".into(),
+            ));
+        }
+        let stream = &self.stream;
+        let (a, _ga) = p.a.device_ptr(stream);
+        let (b, _gb) = p.b.device_ptr(stream);
+        let (cp, _gc) = c.device_ptr(stream);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let c_type = match out {
+            Out::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+            Out::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+        };
+        let (m, n, k) = (p.m as i32, p.n as i32, p.k as i32);
+        // Column-major view: Cᵀ (N×M, ld N) = op(B)·op(A) with B stored K×N (ld K,
+        // transposed) and A stored K×M (ld K): cuBLAS's "TN" product.
+        // SAFETY: the pointers span the sizes given; all on the handle's stream.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                n,
+                m,
+                k,
+                (&alpha as *const f32).cast(),
+                b as *const _,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                k,
+                a as *const _,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                k,
+                (&beta as *const f32).cast(),
+                cp as *mut _,
+                c_type,
+                n,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(CudaError::Cublas)
+    }
+}
+
+/// ‖x − r‖ / ‖r‖ in f64, and the number of non-finite elements of `x`.
+pub fn relative_error(x: &[f32], r: &[f32]) -> (f64, usize) {
+    let (mut num, mut den, mut bad) = (0.0f64, 0.0f64, 0usize);
+    for (&xi, &ri) in x.iter().zip(r) {
+        if !xi.is_finite() {
+            bad += 1;
+            continue;
+        }
+        let d = xi as f64 - ri as f64;
+        num += d * d;
+        den += ri as f64 * ri as f64;
+    }
+    ((num / den).sqrt(), bad)
+}
+
+/// Checks `gemm` against the cuBLAS fp32 result on `p`: poisons C, runs, compares.
+/// Returns the relative error; errs if any element was left unwritten or is not finite.
+pub fn check(
+    gemm: &Gemm,
+    reference: &[f32],
+    stream: &Arc<CudaStream>,
+    p: &mut Problem,
+    trace: Option<&KernelArg>,
+) -> Result<f64, CudaError> {
+    p.poison(stream)?;
+    gemm.launch(stream, p, trace)?;
+    stream.synchronize()?;
+    let (err, bad) = relative_error(&p.c_values(stream)?, reference);
+    if bad != 0 {
+        return Err(CudaError::Invalid(format!(
+            "{}: {bad} elements of C unwritten or not finite",
+            gemm.variant.name()
+        )));
+    }
+    Ok(err)
+}
+
+/// A pair of timing events around one piece of stream work.
+pub struct Timer {
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+impl Timer {
+    /// Two timing events in `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        Ok(Timer {
+            start: ctx.new_event(flags)?,
+            end: ctx.new_event(flags)?,
+        })
+    }
+
+    /// Records the start, runs `f` (which enqueues work on `stream`), records the end.
+    pub fn around(
+        &self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce() -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        self.start.record(stream)?;
+        f()?;
+        self.end.record(stream)?;
+        Ok(())
+    }
+
+    /// Milliseconds between the two events (waits for the end).
+    pub fn ms(&self) -> Result<f32, DriverError> {
+        self.end.synchronize()?;
+        self.start.elapsed_ms(&self.end)
+    }
+}
+
+/// Times every kernel of `gemms` (with its trace buffer, if traced) and `extra`
+/// (cuBLAS, say) on `p`, in `warmup + reps` rounds that each run all of them once.
+/// Returns the milliseconds of the last `reps` rounds: `times[i][round]`, one list per
+/// kernel and a last one for `extra`, so that callers can pair kernels round by round.
+///
+/// Two habits keep the comparison fair. The order rotates by one place every round, so
+/// each kernel runs in every position and after every other one equally often (the first
+/// kernel after an idle gap or after cuBLAS runs at a different speed). And all rounds are
+/// queued before the host waits for any: the GPU never idles between them.
+///
+/// Before each timed launch (outside the timed region) the same number of bytes is
+/// zeroed for every kernel: the seed design's counters, which it reads back, or an
+/// equal scratch area for the others, so all launches find the caches alike.
+pub fn time_interleaved(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    gemms: &[Gemm],
+    traces: &mut [Option<TraceBuffer>],
+    p: &mut Problem,
+    mut extra: impl FnMut(&Problem) -> Result<(), CudaError>,
+    (warmup, reps): (usize, usize),
+) -> Result<Vec<Vec<f64>>, CudaError> {
+    let reset = traces
+        .iter()
+        .flatten()
+        .map(TraceBuffer::reset_bytes)
+        .max()
+        .unwrap_or(0);
+    let mut scratch = stream.alloc_zeros::<u8>(reset.max(1))?;
+    let kinds = gemms.len() + 1;
+    let rounds = warmup + reps;
+    let timers: Vec<Timer> = (0..kinds * rounds)
+        .map(|_| Timer::new(ctx))
+        .collect::<Result<_, _>>()?;
+    for round in 0..rounds {
+        for step in 0..kinds {
+            let i = (round + step) % kinds;
+            let timer = &timers[round * kinds + i];
+            if i == gemms.len() {
+                timer.around(stream, || extra(p))?;
+                continue;
+            }
+            match traces[i].as_mut() {
+                Some(t) if t.reset_bytes() > 0 => t.zero_prefix(stream, t.reset_bytes())?,
+                _ if reset > 0 => stream.memset_zeros(&mut scratch.slice_mut(..reset))?,
+                _ => {}
+            }
+            let arg = traces[i].as_ref().map(|t| t.arg);
+            timer.around(stream, || gemms[i].launch(stream, p, arg.as_ref()))?;
+        }
+    }
+    let mut times = vec![Vec::with_capacity(reps); kinds];
+    for round in warmup..rounds {
+        for (i, list) in times.iter_mut().enumerate() {
+            list.push(timers[round * kinds + i].ms()? as f64);
+        }
+    }
+    Ok(times)
+}
+
+/// The median of `v` (sorts it).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A device buffer for one traced variant, in that variant's own layout, and the
+/// `tgpu::Trace` argument that points the kernel at it.
+pub struct TraceBuffer {
+    /// The buffer.
+    pub buf: CudaSlice<u8>,
+    /// The kernel argument.
+    pub arg: KernelArg,
+    variant: Variant,
+}
+
+impl TraceBuffer {
+    /// A zeroed buffer sized for `gemm` on `p` (with the wire-format header for our
+    /// recorder). Errs for the untraced variant.
+    pub fn new(stream: &Arc<CudaStream>, gemm: &Gemm, p: &Problem) -> Result<Self, CudaError> {
+        let cfg = gemm.config(p);
+        let slot_count = cfg.grid_dim.0 * WARPS_PER_BLOCK;
+        // Records per warp: at most 3 per k-tile (wait, mma, release) and 2 per tile
+        // (epilogue, tile), for each tile the block walks.
+        let capacity = (gemm.tiles_per_block(p) * (3 * (p.k / BK) + 2)) as u32;
+        let (slots, cap) = (slot_count as usize, capacity as usize);
+        let size = match gemm.variant {
+            Variant::Off => {
+                return Err(CudaError::Invalid(
+                    "the untraced GEMM takes no buffer".into(),
+                ))
+            }
+            Variant::Phases | Variant::Full => format::buffer_size(slot_count, capacity)
+                .ok_or_else(|| CudaError::Invalid("trace buffer too large".into()))?,
+            // 128-byte counters, then 5 × i64 records.
+            Variant::Seed => slots * 128 + slots * cap * 40,
+            // The {blocks, groups} entry, then two 8-byte entries per range.
+            Variant::FlashInfer => 8 * (1 + 2 * slots * cap),
+        };
+        let mut buf = stream.alloc_zeros::<u8>(size)?;
+        if matches!(gemm.variant, Variant::Phases | Variant::Full) {
+            let mut header = [0u8; format::BUFFER_HEADER_SIZE];
+            BufferHeader {
+                version: format::VERSION,
+                slot_capacity: capacity,
+                slot_count,
+                warps_per_block: WARPS_PER_BLOCK,
+                launch_id: 1,
+                grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
+                block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
+                flags: 0,
+            }
+            .write_to(&mut header);
+            stream.memcpy_htod(&header, &mut buf.slice_mut(..header.len()))?;
+        }
+        let base = buf.device_ptr(stream).0;
+        Ok(TraceBuffer {
+            buf,
+            arg: KernelArg {
+                base,
+                capacity,
+                slot_count,
+            },
+            variant: gemm.variant,
+        })
+    }
+
+    /// Bytes that must be zero again before each launch: the seed design's counters
+    /// (it reads them back); the other designs only write.
+    pub fn reset_bytes(&self) -> usize {
+        match self.variant {
+            Variant::Seed => self.arg.slot_count as usize * 128,
+            _ => 0,
+        }
+    }
+
+    /// Zeroes the first `bytes` bytes of the buffer.
+    pub fn zero_prefix(&mut self, stream: &Arc<CudaStream>, bytes: usize) -> Result<(), CudaError> {
+        stream.memset_zeros(&mut self.buf.slice_mut(..bytes))?;
+        Ok(())
+    }
+
+    /// The buffer's bytes, after the stream is done.
+    pub fn bytes(&self, stream: &Arc<CudaStream>) -> Result<Vec<u8>, CudaError> {
+        Ok(stream.clone_dtoh(&self.buf)?)
+    }
+
+    /// Counts what the last launch recorded, read in the variant's own layout: records
+    /// (our recorder, the seed) or begin/end pairs (FlashInfer). Errs on drops.
+    pub fn recorded(&self, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
+        let b = self.bytes(stream)?;
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let slots = self.arg.slot_count as usize;
+        match self.variant {
+            Variant::Off => Ok(0),
+            Variant::Phases | Variant::Full => {
+                // The strict decoder validates every slot and record on the way.
+                let capture = Capture::decode(&b, Some(&registry()))
+                    .map_err(|e| CudaError::Invalid(format!("the trace does not decode: {e}")))?;
+                if capture.drop_count() != 0 {
+                    return Err(CudaError::Invalid(format!(
+                        "{} records dropped",
+                        capture.drop_count()
+                    )));
+                }
+                Ok(capture.event_count())
+            }
+            Variant::Seed => {
+                let counts: Vec<u64> = (0..slots).map(|s| u64_at(s * 128)).collect();
+                if let Some(c) = counts.iter().find(|&&c| c > self.arg.capacity as u64) {
+                    return Err(CudaError::Invalid(format!(
+                        "a seed counter reached {c}, over capacity"
+                    )));
+                }
+                Ok(counts.iter().sum())
+            }
+            Variant::FlashInfer => {
+                // Tags are never zero (event ids start at 1); a written entry has one.
+                let entries = (8..b.len())
+                    .step_by(8)
+                    .filter(|&at| u32_at(at) != 0)
+                    .count() as u64;
+                Ok(entries / 2)
+            }
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Code shared by the GEMM examples (`gemm`, `overhead`).
+pub mod gemm;
