@@ -10,9 +10,19 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tracing_gpu::bridge::Batch;
+use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostOffsets};
 use tracing_gpu::dump::{Dump, DumpError};
+use tracing_gpu::perfetto::{TraceFile, TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline};
+
+/// The capture shipped in the repository: a GEMM run recorded on an H200. The
+/// no-GPU `demo` replays it.
+const SHIPPED_CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-gemm.tgpu");
 
 /// What `--help` and the README list: one code per kind of failure, so that
 /// scripts can tell a bad file from a missing GPU.
@@ -41,6 +51,33 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Writes a real trace: live on a GPU; with none, from a capture recorded on an H200.
+    #[command(after_help = EXIT_CODES)]
+    Demo {
+        /// The trace to write.
+        #[arg(
+            short,
+            long,
+            value_name = "FILE",
+            default_value = "tracing-gpu-demo.perfetto-trace"
+        )]
+        out: PathBuf,
+        /// Replay a capture even if a GPU is present.
+        #[arg(long)]
+        replay: bool,
+        /// The capture to replay (default: the one shipped in captures/).
+        #[arg(long, value_name = "FILE")]
+        capture: Option<PathBuf>,
+    },
+    /// Converts a capture file into a Perfetto trace.
+    #[command(after_help = EXIT_CODES)]
+    Convert {
+        /// The capture file (.tgpu).
+        capture: PathBuf,
+        /// The Perfetto trace to write (open it at https://ui.perfetto.dev).
+        #[arg(short, long, value_name = "FILE")]
+        out: PathBuf,
+    },
     /// Statistics per event type and per SM, and an SVG timeline of SMs against time.
     #[command(after_help = EXIT_CODES)]
     Report {
@@ -62,6 +99,7 @@ enum Command {
 /// Exit codes, as [`EXIT_CODES`] lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exit {
+    Run = 1,
     Usage = 2,
     Input = 3,
     BadCapture = 4,
@@ -119,6 +157,173 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
             format!("cannot write {}: {e}", path.display()),
         )
     })
+}
+
+/// One batch per launch: the launch, its device, the device's calibration
+/// (refitted from the stored samples) and the registry.
+fn batches(dump: &Dump, path: &Path) -> Result<Vec<Arc<Batch>>, Failure> {
+    let bad = |what: String| Failure::new(Exit::BadCapture, format!("{}: {what}", path.display()));
+    let registry = Arc::new(dump.registry.clone());
+    let mut devices = Vec::new();
+    for d in &dump.devices {
+        let mut calibration: Option<Calibration> = None;
+        for (i, round) in d.calibrations.iter().enumerate() {
+            let map = ClockMap::fit(&round.samples)
+                .map_err(|e| bad(format!("GPU {} calibration {i}: {e}", d.info.ordinal)))?;
+            let checkpoint = Checkpoint {
+                map,
+                host_offsets: HostOffsets {
+                    realtime_ns: round.realtime_offset_ns,
+                    monotonic_ns: round.monotonic_offset_ns,
+                    monotonic_raw_ns: round.monotonic_raw_offset_ns,
+                    uncertainty_ns: round.offset_uncertainty_ns,
+                },
+            };
+            match calibration.as_mut() {
+                None => calibration = Some(Calibration::new(checkpoint)),
+                Some(c) => c
+                    .push(checkpoint)
+                    .map_err(|e| bad(format!("GPU {} calibration {i}: {e}", d.info.ordinal)))?,
+            }
+        }
+        devices.push((
+            d.info.ordinal,
+            Arc::new(d.info.clone()),
+            calibration.map(Arc::new),
+        ));
+    }
+    dump.launches
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let (_, device, calibration) = devices
+                .iter()
+                .find(|(o, ..)| *o == l.device)
+                .ok_or_else(|| bad(format!("launch {i}: no GPU {}", l.device)))?;
+            let calibration = calibration.clone().ok_or_else(|| {
+                bad(format!("GPU {} has no clock calibration: its events cannot be placed on the host's timeline", l.device))
+            })?;
+            Ok(Arc::new(Batch {
+                device: device.clone(),
+                launch: l.info(),
+                capture: l.capture.clone(),
+                calibration,
+                registry: registry.clone(),
+            }))
+        })
+        .collect()
+}
+
+/// A progress bar on stderr; indicatif hides it when stderr is not a terminal.
+fn progress(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} launches, {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Writes the batches into a Perfetto trace at `out`: complete or absent.
+fn write_perfetto(batches: &[Arc<Batch>], out: &Path) -> Result<WriteStats, Failure> {
+    let cannot = |e: tracing_gpu::perfetto::PerfettoError| {
+        Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
+    };
+    let file = TraceFile::create(out).map_err(cannot)?;
+    let mut writer = TraceWriter::new(file).map_err(cannot)?;
+    let bar = progress(batches.len(), "converting");
+    for b in batches {
+        writer.write_batch(b).map_err(cannot)?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let (file, stats) = writer.finish().map_err(cannot)?;
+    file.commit().map_err(cannot)?;
+    Ok(stats)
+}
+
+fn convert(capture: &Path, out: &Path) -> Result<(), Failure> {
+    let dump = read_capture(capture)?;
+    let batches = batches(&dump, capture)?;
+    let stats = write_perfetto(&batches, out)?;
+    eprintln!(
+        "trace: {} ({} launches, {} device events, {} bytes); open it at https://ui.perfetto.dev",
+        out.display(),
+        stats.kernels,
+        stats.device_events,
+        stats.bytes
+    );
+    Ok(())
+}
+
+/// Why no live run: `None` if a GPU can be used.
+fn no_gpu_reason() -> Option<String> {
+    Some("this build has no CUDA support (the `cuda` feature)".into())
+}
+
+fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure> {
+    let capture = capture.unwrap_or(Path::new(SHIPPED_CAPTURE));
+    let reason = if replay {
+        Some("--replay".to_string())
+    } else {
+        no_gpu_reason()
+    };
+    if let Some(reason) = reason {
+        let dump = read_capture(capture)?;
+        let gpus: Vec<&str> = dump.devices.iter().map(|d| d.info.name.as_str()).collect();
+        eprintln!(
+            "no live run ({reason}): replaying {}, a capture recorded on {}",
+            capture.display(),
+            if gpus.is_empty() {
+                "no GPU".to_string()
+            } else {
+                gpus.join(", ")
+            }
+        );
+        let batches = batches(&dump, capture)?;
+        let stats = write_perfetto(&batches, out)?;
+        let svg = out.with_extension("svg");
+        let mut summary = String::new();
+        for device in &dump.devices {
+            let mut timeline = Timeline::new();
+            timeline.set_names(&dump.registry);
+            timeline.set_sm_count(device.info.sm_count);
+            timeline.set_title(format!(
+                "replayed capture, GPU {} ({})",
+                device.info.ordinal, device.info.name
+            ));
+            for l in dump
+                .launches
+                .iter()
+                .filter(|l| l.device == device.info.ordinal)
+            {
+                timeline.add_capture(&l.capture.view());
+            }
+            if timeline.event_count() == 0 {
+                continue;
+            }
+            let report = timeline.report();
+            summary.push_str(&format!("{report}\n"));
+            if device.info.ordinal == dump.devices[0].info.ordinal {
+                write_output(&svg, timeline.to_svg(&SvgOptions::default()).as_bytes())?;
+            }
+        }
+        print_out(&summary)?;
+        eprintln!(
+            "trace: {} ({} launches, {} device events)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",
+            out.display(),
+            stats.kernels,
+            stats.device_events,
+            svg.display()
+        );
+        return Ok(());
+    }
+    Err(Failure::new(
+        Exit::Run,
+        "live demo: not available in this build",
+    ))
 }
 
 /// Prints to stdout; a closed pipe (`| head`) ends the output quietly.
@@ -224,6 +429,12 @@ fn report(
 
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
+        Command::Demo {
+            out,
+            replay,
+            capture,
+        } => demo(&out, replay, capture.as_deref()),
+        Command::Convert { capture, out } => convert(&capture, &out),
         Command::Report {
             capture,
             svg,

@@ -12,6 +12,9 @@ use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
 use tracing_gpu::dump::{CalibrationRound, Dump, DumpDevice, DumpLaunch, HostSpan};
 use tracing_gpu::registry::EventRegistry;
 
+#[path = "perfetto_check/mod.rs"]
+mod perfetto_check;
+
 const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
 
 fn run(args: &[&str]) -> Output {
@@ -294,4 +297,113 @@ fn bad_usage_exits_2() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn convert_writes_a_trace_that_passes_the_schema_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let out = dir.path().join("sample.perfetto-trace");
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("https://ui.perfetto.dev"),
+        "{}",
+        stderr(&o)
+    );
+    // 2 launches × 8 blocks × (8 loads + 2 × (16 + 1)): 672 device slices.
+    if let Some(s) = perfetto_check::check(
+        &out,
+        &["--expect-kernels", "2", "--expect-device-slices", "672"],
+    ) {
+        assert_eq!(s.get("kernel_slices"), Some(&2), "{s:?}");
+    }
+    // No partial file is left when the output cannot be written.
+    let bad = dir.path().join("missing-dir").join("t.perfetto-trace");
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "-o",
+        bad.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 5, "cannot write");
+    let o = run(&[
+        "convert",
+        dir.path().join("nope").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 3, "cannot read");
+}
+
+#[test]
+fn demo_without_a_gpu_replays_a_capture_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let out = dir.path().join("demo.perfetto-trace");
+    // --replay: the same path as a machine without a GPU takes.
+    let o = run(&[
+        "demo",
+        "--replay",
+        "--capture",
+        capture.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("replaying") && err.contains("NVIDIA H200"),
+        "{err}"
+    );
+    assert!(err.contains("https://ui.perfetto.dev"), "{err}");
+    assert!(
+        stdout(&o).contains("load"),
+        "the report is printed: {}",
+        stdout(&o)
+    );
+    let svg = std::fs::read_to_string(out.with_extension("svg")).unwrap();
+    roxmltree::Document::parse(&svg).expect("the SVG is XML");
+    perfetto_check::check(&out, &["--expect-kernels", "2"]);
+}
+
+#[test]
+fn demo_replays_the_shipped_capture() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-gemm.tgpu");
+    if !shipped.exists() {
+        println!("skipped: {} is not in this checkout yet", shipped.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo.perfetto-trace");
+    let o = run(&["demo", "--replay", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("replaying"), "{}", stderr(&o));
+    perfetto_check::check(&out, &[]);
+}
+
+#[test]
+fn a_capture_without_calibration_cannot_be_placed_on_the_host_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut dump = sample_dump();
+    dump.devices[0].calibrations.clear();
+    let path = dir.path().join("uncalibrated.tgpu");
+    dump.write(&path).unwrap();
+    let out = dir.path().join("t.perfetto-trace");
+    let o = run(&[
+        "convert",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 4, "has no clock calibration");
+    assert!(!out.exists());
+    // The report needs no host times: it still works.
+    let o = run(&["report", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
