@@ -20,6 +20,13 @@ use tracing_gpu::dump::{Dump, DumpError};
 use tracing_gpu::perfetto::{TraceFile, TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline};
 
+/// The live demo: the quickstart example's profiled kernel (its `run` writes a
+/// Perfetto trace and a capture), shared with `examples/quickstart.rs`.
+#[cfg(feature = "cuda")]
+#[path = "../examples/quickstart.rs"]
+#[allow(dead_code)] // the example's own `main`
+mod quickstart;
+
 /// The capture shipped in the repository: a GEMM run recorded on an H200. The
 /// no-GPU `demo` replays it.
 const SHIPPED_CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-gemm.tgpu");
@@ -69,6 +76,9 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         capture: Option<PathBuf>,
     },
+    /// Measures each GPU's clock against the host's: offset, drift and error bound.
+    #[command(after_help = EXIT_CODES)]
+    Calibrate,
     /// Converts a capture file into a Perfetto trace.
     #[command(after_help = EXIT_CODES)]
     Convert {
@@ -99,7 +109,10 @@ enum Command {
 /// Exit codes, as [`EXIT_CODES`] lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Exit {
+    // Only live runs (feature `cuda`) fail this way.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Run = 1,
+    NoGpu = 6,
     Usage = 2,
     Input = 3,
     BadCapture = 4,
@@ -259,70 +272,167 @@ fn convert(capture: &Path, out: &Path) -> Result<(), Failure> {
 }
 
 /// Why no live run: `None` if a GPU can be used.
+#[cfg(feature = "cuda")]
 fn no_gpu_reason() -> Option<String> {
-    Some("this build has no CUDA support (the `cuda` feature)".into())
+    if let Err(e) = tracing_gpu::cuda::ensure_libraries() {
+        return Some(e.to_string());
+    }
+    match tracing_gpu::cuda::cudarc::driver::CudaContext::device_count() {
+        Ok(n) if n > 0 => None,
+        Ok(_) => Some("no CUDA device".into()),
+        Err(e) => Some(format!("no usable CUDA device: {e}")),
+    }
+}
+
+/// Why no live run: this build has no CUDA support.
+#[cfg(not(feature = "cuda"))]
+fn no_gpu_reason() -> Option<String> {
+    Some("this build has no CUDA support: build with --features cuda (or full)".into())
+}
+
+/// Prints the report of a capture and draws its first GPU's timeline into `svg`.
+fn summarize(dump: &Dump, title: &str, svg: &Path) -> Result<(), Failure> {
+    let mut summary = String::new();
+    for (i, device) in dump.devices.iter().enumerate() {
+        let mut timeline = Timeline::new();
+        timeline.set_names(&dump.registry);
+        timeline.set_sm_count(device.info.sm_count);
+        timeline.set_title(format!(
+            "{title}, GPU {} ({})",
+            device.info.ordinal, device.info.name
+        ));
+        for l in dump
+            .launches
+            .iter()
+            .filter(|l| l.device == device.info.ordinal)
+        {
+            timeline.add_capture(&l.capture.view());
+        }
+        if timeline.event_count() == 0 {
+            continue;
+        }
+        summary.push_str(&format!("{}\n", timeline.report()));
+        if i == 0 {
+            write_output(svg, timeline.to_svg(&SvgOptions::default()).as_bytes())?;
+        }
+    }
+    print_out(&summary)
+}
+
+/// Runs the profiled quickstart kernel on GPU 0: trace at `out`, capture beside it.
+#[cfg(feature = "cuda")]
+fn live_demo(out: &Path) -> Result<(), Failure> {
+    let capture = out.with_extension("tgpu");
+    eprintln!("live run on GPU 0: the quickstart kernel, 8 profiled launches");
+    let summary = quickstart::run(out, Some(&capture), 8)
+        .map_err(|e| Failure::new(Exit::Run, format!("live demo failed: {e}")))?;
+    let dump = read_capture(&capture)?;
+    let svg = out.with_extension("svg");
+    summarize(&dump, "live quickstart", &svg)?;
+    eprintln!(
+        "trace: {} ({} launches, {} device events, {} dropped)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ncapture: {} (replay it: tracing-gpu convert / report)\ntimeline: {} (open it in a browser)",
+        out.display(),
+        summary.stats.delivered,
+        summary.stats.events,
+        summary.stats.dropped_events,
+        capture.display(),
+        svg.display()
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn live_demo(_out: &Path) -> Result<(), Failure> {
+    Err(Failure::new(Exit::NoGpu, "this build has no CUDA support"))
 }
 
 fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure> {
-    let capture = capture.unwrap_or(Path::new(SHIPPED_CAPTURE));
     let reason = if replay {
         Some("--replay".to_string())
     } else {
         no_gpu_reason()
     };
-    if let Some(reason) = reason {
-        let dump = read_capture(capture)?;
-        let gpus: Vec<&str> = dump.devices.iter().map(|d| d.info.name.as_str()).collect();
-        eprintln!(
-            "no live run ({reason}): replaying {}, a capture recorded on {}",
-            capture.display(),
-            if gpus.is_empty() {
-                "no GPU".to_string()
-            } else {
-                gpus.join(", ")
-            }
-        );
-        let batches = batches(&dump, capture)?;
-        let stats = write_perfetto(&batches, out)?;
-        let svg = out.with_extension("svg");
-        let mut summary = String::new();
-        for device in &dump.devices {
-            let mut timeline = Timeline::new();
-            timeline.set_names(&dump.registry);
-            timeline.set_sm_count(device.info.sm_count);
-            timeline.set_title(format!(
-                "replayed capture, GPU {} ({})",
-                device.info.ordinal, device.info.name
-            ));
-            for l in dump
-                .launches
-                .iter()
-                .filter(|l| l.device == device.info.ordinal)
-            {
-                timeline.add_capture(&l.capture.view());
-            }
-            if timeline.event_count() == 0 {
-                continue;
-            }
-            let report = timeline.report();
-            summary.push_str(&format!("{report}\n"));
-            if device.info.ordinal == dump.devices[0].info.ordinal {
-                write_output(&svg, timeline.to_svg(&SvgOptions::default()).as_bytes())?;
-            }
+    let Some(reason) = reason else {
+        return live_demo(out);
+    };
+    let capture = capture.unwrap_or(Path::new(SHIPPED_CAPTURE));
+    eprintln!(
+        "no live run ({reason}): replaying the capture {}",
+        capture.display()
+    );
+    let dump = read_capture(capture)?;
+    let gpus: Vec<&str> = dump.devices.iter().map(|d| d.info.name.as_str()).collect();
+    eprintln!(
+        "  recorded on {}: {} launches of {}",
+        if gpus.is_empty() {
+            "no GPU".to_string()
+        } else {
+            gpus.join(", ")
+        },
+        dump.launches.len(),
+        {
+            let mut k: Vec<&str> = dump.launches.iter().map(|l| l.kernel.as_str()).collect();
+            k.dedup();
+            k.join(", ")
         }
-        print_out(&summary)?;
-        eprintln!(
-            "trace: {} ({} launches, {} device events)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",
-            out.display(),
-            stats.kernels,
-            stats.device_events,
-            svg.display()
-        );
-        return Ok(());
+    );
+    let batches = batches(&dump, capture)?;
+    let stats = write_perfetto(&batches, out)?;
+    let svg = out.with_extension("svg");
+    summarize(&dump, "replayed capture", &svg)?;
+    eprintln!(
+        "trace: {} ({} launches, {} device events)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",
+        out.display(),
+        stats.kernels,
+        stats.device_events,
+        svg.display()
+    );
+    Ok(())
+}
+
+/// Calibrates every GPU (a profiler per device does it when it starts) and
+/// prints its device → host clock map.
+#[cfg(feature = "cuda")]
+fn calibrate() -> Result<(), Failure> {
+    use tracing_gpu::cuda::{cudarc::driver::CudaContext, Profiler};
+    if let Some(reason) = no_gpu_reason() {
+        return Err(Failure::new(
+            Exit::NoGpu,
+            format!("cannot calibrate: {reason}"),
+        ));
     }
+    let n = CudaContext::device_count()
+        .map_err(|e| Failure::new(Exit::NoGpu, format!("cannot count the GPUs: {e}")))?;
+    let mut table = String::from(
+        "GPU  name                      offset (device→BOOTTIME)   drift       bound    samples used  min round trip\n",
+    );
+    for ordinal in 0..n.max(0) as usize {
+        let profiler = Profiler::builder().device(ordinal).build().map_err(|e| {
+            Failure::new(Exit::Run, format!("GPU {ordinal}: calibration failed: {e}"))
+        })?;
+        let calibration = profiler.calibration();
+        let map = &calibration.latest().map;
+        let stats = map.stats();
+        table.push_str(&format!(
+            "{:<4} {:<25} {:>20} ns {:>+9.3} ppm {:>7} ns {:>7}/{:<6} {:>7} ns\n",
+            ordinal,
+            profiler.device().name,
+            map.offset_ns(),
+            map.drift_ppm(),
+            map.bound_ns(),
+            stats.used,
+            stats.samples,
+            stats.min_round_trip_ns
+        ));
+    }
+    print_out(&table)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn calibrate() -> Result<(), Failure> {
     Err(Failure::new(
-        Exit::Run,
-        "live demo: not available in this build",
+        Exit::NoGpu,
+        "cannot calibrate: this build has no CUDA support (build with --features cuda, or full)",
     ))
 }
 
@@ -435,6 +545,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             capture,
         } => demo(&out, replay, capture.as_deref()),
         Command::Convert { capture, out } => convert(&capture, &out),
+        Command::Calibrate => calibrate(),
         Command::Report {
             capture,
             svg,

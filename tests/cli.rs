@@ -407,3 +407,14 @@ fn a_capture_without_calibration_cannot_be_placed_on_the_host_timeline() {
     let o = run(&["report", path.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+#[test]
+fn calibrate_without_a_gpu_exits_6() {
+    let o = run(&["calibrate"]);
+    if o.status.success() {
+        // A GPU machine: one row per GPU with its offset, drift and bound.
+        assert!(stdout(&o).contains("ppm"), "{}", stdout(&o));
+        return;
+    }
+    assert_exit(&o, 6, "cannot calibrate");
+}
