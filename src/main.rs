@@ -79,14 +79,27 @@ enum Command {
     /// Measures each GPU's clock against the host's: offset, drift and error bound.
     #[command(after_help = EXIT_CODES)]
     Calibrate,
-    /// Converts a capture file into a Perfetto trace.
+    /// Converts a capture file into a Perfetto trace, or sends it over OTLP.
     #[command(after_help = EXIT_CODES)]
+    #[command(group(clap::ArgGroup::new("to").required(true).multiple(true).args(["out", "otlp"])))]
     Convert {
         /// The capture file (.tgpu).
         capture: PathBuf,
         /// The Perfetto trace to write (open it at https://ui.perfetto.dev).
         #[arg(short, long, value_name = "FILE")]
-        out: PathBuf,
+        out: Option<PathBuf>,
+        /// Send the host spans and device phases to this OTLP endpoint instead
+        /// (or as well), such as http://localhost:4318 (needs the `otlp` feature).
+        #[arg(long, value_name = "ENDPOINT")]
+        otlp: Option<String>,
+        /// OTLP transport: grpc or http/protobuf.
+        #[arg(
+            long,
+            value_name = "PROTOCOL",
+            default_value = "http/protobuf",
+            requires = "otlp"
+        )]
+        otlp_protocol: String,
     },
     /// Statistics per event type and per SM, and an SVG timeline of SMs against time.
     #[command(after_help = EXIT_CODES)]
@@ -113,6 +126,7 @@ enum Exit {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Run = 1,
     NoGpu = 6,
+    Export = 7,
     Usage = 2,
     Input = 3,
     BadCapture = 4,
@@ -257,18 +271,71 @@ fn write_perfetto(batches: &[Arc<Batch>], out: &Path) -> Result<WriteStats, Fail
     Ok(stats)
 }
 
-fn convert(capture: &Path, out: &Path) -> Result<(), Failure> {
+fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Result<(), Failure> {
     let dump = read_capture(capture)?;
     let batches = batches(&dump, capture)?;
-    let stats = write_perfetto(&batches, out)?;
+    if let Some(out) = out {
+        let stats = write_perfetto(&batches, out)?;
+        eprintln!(
+            "trace: {} ({} launches, {} device events, {} bytes); open it at https://ui.perfetto.dev",
+            out.display(),
+            stats.kernels,
+            stats.device_events,
+            stats.bytes
+        );
+    }
+    if let Some((endpoint, protocol)) = otlp {
+        export_otlp(&dump, &batches, endpoint, protocol)?;
+    }
+    Ok(())
+}
+
+/// Sends a capture's host spans and device phases to an OTLP endpoint.
+#[cfg(feature = "otlp")]
+fn export_otlp(
+    dump: &Dump,
+    batches: &[Arc<Batch>],
+    endpoint: &str,
+    protocol: &str,
+) -> Result<(), Failure> {
+    use tracing_gpu::otlp::{OtlpLayer, Protocol};
+    let failed = |e: String| Failure::new(Exit::Export, format!("OTLP export to {endpoint}: {e}"));
+    let protocol: Protocol = protocol
+        .parse()
+        .map_err(|e: String| Failure::new(Exit::Usage, e))?;
+    let (layer, guard) = OtlpLayer::builder()
+        .service_name("tracing-gpu")
+        .endpoint(endpoint)
+        .protocol(protocol)
+        .timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    let bar = progress(batches.len(), "exporting");
+    layer.replay(dump, batches);
+    bar.finish_and_clear();
+    let flushed = guard.flush();
+    let stats = guard.stats();
+    let shut = guard.shutdown();
+    flushed.and(shut).map_err(|e| failed(e.to_string()))?;
+    if stats.spans_failed > 0 || stats.spans_dropped > 0 || stats.export_errors > 0 {
+        return Err(failed(format!(
+            "{} spans exported, {} failed, {} dropped ({} export errors): is a collector listening there?",
+            stats.spans_exported, stats.spans_failed, stats.spans_dropped, stats.export_errors
+        )));
+    }
     eprintln!(
-        "trace: {} ({} launches, {} device events, {} bytes); open it at https://ui.perfetto.dev",
-        out.display(),
-        stats.kernels,
-        stats.device_events,
-        stats.bytes
+        "otlp: {} spans exported to {endpoint}",
+        stats.spans_exported
     );
     Ok(())
+}
+
+#[cfg(not(feature = "otlp"))]
+fn export_otlp(_: &Dump, _: &[Arc<Batch>], endpoint: &str, _: &str) -> Result<(), Failure> {
+    Err(Failure::new(
+        Exit::Export,
+        format!("cannot export to {endpoint}: this build has no OTLP support (build with --features otlp, or full)"),
+    ))
 }
 
 /// Why no live run: `None` if a GPU can be used.
@@ -544,7 +611,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
             replay,
             capture,
         } => demo(&out, replay, capture.as_deref()),
-        Command::Convert { capture, out } => convert(&capture, &out),
+        Command::Convert {
+            capture,
+            out,
+            otlp,
+            otlp_protocol,
+        } => convert(
+            &capture,
+            out.as_deref(),
+            otlp.as_deref().map(|e| (e, otlp_protocol.as_str())),
+        ),
         Command::Calibrate => calibrate(),
         Command::Report {
             capture,

@@ -418,3 +418,57 @@ fn calibrate_without_a_gpu_exits_6() {
     }
     assert_exit(&o, 6, "cannot calibrate");
 }
+
+#[cfg(feature = "otlp")]
+#[path = "otlp_receiver/mod.rs"]
+mod otlp_receiver;
+
+#[cfg(feature = "otlp")]
+#[test]
+fn convert_sends_host_and_device_spans_to_an_otlp_receiver() {
+    use otlp_receiver::{Receiver, Transport};
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    for (transport, protocol) in [
+        (Transport::Http, "http/protobuf"),
+        (Transport::Grpc, "grpc"),
+    ] {
+        let receiver = Receiver::start(transport);
+        let endpoint = receiver.endpoint();
+        let o = run(&[
+            "convert",
+            capture.to_str().unwrap(),
+            "--otlp",
+            &endpoint,
+            "--otlp-protocol",
+            protocol,
+        ]);
+        assert!(o.status.success(), "{protocol}: {}", stderr(&o));
+        assert!(stderr(&o).contains("spans exported"), "{}", stderr(&o));
+        // The two launch spans from the capture's host spans, and device spans under them.
+        let spans = receiver.wait_for("the host spans and device phases", |s| {
+            s.iter().filter(|r| r.span.name == "gemm").count() >= 2
+                && s.iter().any(|r| r.span.name.contains("mma"))
+        });
+        let host: Vec<_> = spans.iter().filter(|r| r.span.name == "gemm").collect();
+        let device = spans.iter().find(|r| r.span.name.contains("mma")).unwrap();
+        assert!(
+            host.iter().any(|h| h.span.trace_id == device.span.trace_id),
+            "{protocol}: the device span is not in a launch span's trace"
+        );
+    }
+}
+
+#[test]
+fn otlp_export_failures_exit_7() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    // Nothing listens on port 1.
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "--otlp",
+        "http://127.0.0.1:1",
+    ]);
+    assert_exit(&o, 7, "http://127.0.0.1:1");
+}
