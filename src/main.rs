@@ -427,6 +427,15 @@ fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure>
         "no live run ({reason}): replaying the capture {}",
         capture.display()
     );
+    if capture == Path::new(SHIPPED_CAPTURE) && !capture.exists() {
+        return Err(Failure::new(
+            Exit::Input,
+            format!(
+                "the shipped capture {SHIPPED_CAPTURE} is not in this checkout; replay another with --capture FILE \
+                 (`tracing-gpu demo` on a GPU writes one beside its trace)"
+            ),
+        ));
+    }
     let dump = read_capture(capture)?;
     let gpus: Vec<&str> = dump.devices.iter().map(|d| d.info.name.as_str()).collect();
     eprintln!(

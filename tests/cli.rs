@@ -472,3 +472,23 @@ fn otlp_export_failures_exit_7() {
     ]);
     assert_exit(&o, 7, "http://127.0.0.1:1");
 }
+
+#[test]
+fn live_demo_on_a_gpu_writes_a_checked_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("live.perfetto-trace");
+    let o = run(&["demo", "-o", out.to_str().unwrap()]);
+    if stderr(&o).contains("no live run") {
+        println!(
+            "skipped: no GPU ({})",
+            stderr(&o).lines().next().unwrap_or("")
+        );
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("live run on GPU 0"), "{}", stderr(&o));
+    // 8 profiled launches, each a kernel slice with a flow from its launch span.
+    perfetto_check::check(&out, &["--expect-kernels", "8", "--expect-flows", "8"]);
+    let o = run(&["report", out.with_extension("tgpu").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
