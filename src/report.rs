@@ -732,38 +732,32 @@ impl Timeline {
             );
         }
 
-        // The finest bins (4 a pixel) whose runs fit the budget: try the
-        // finest; while it overflows, shrink in proportion (by 20% to 4× a
-        // step), then bisect between what fits and what overflows; six passes
-        // at most. At 64 bins a lane, whatever still overflows is cut.
+        // The finest bins (4 a pixel) whose runs fit the budget: the finest if
+        // it fits; otherwise bisect (in log scale) between 64 bins a lane and
+        // the finest, six passes in all. What still overflows at 64 is cut.
         let (bins, runs) = {
-            let mut fit: Option<(usize, Vec<Run>)> = None;
-            let mut overflow: Option<usize> = None;
-            let mut bins = options.width as usize * 4;
-            for _ in 0..6 {
-                let runs = bin_runs(&per_lane, t0, dur, bins, ntypes);
-                let n = runs.len();
-                if n <= budget {
-                    fit = Some((bins, runs));
-                } else {
-                    overflow = Some(bins);
-                    if bins <= 64 {
-                        fit.get_or_insert((bins, runs));
+            let finest = (options.width as usize * 4).max(64);
+            let runs = bin_runs(&per_lane, t0, dur, finest, ntypes);
+            if runs.len() <= budget {
+                (finest, runs)
+            } else {
+                let (mut lo, mut hi) = (64usize, finest);
+                let mut fit: Option<(usize, Vec<Run>)> = None;
+                for _ in 0..5 {
+                    let mid = ((lo as f64 * hi as f64).sqrt() as usize).clamp(lo, hi);
+                    if mid == lo || mid == hi {
+                        break;
+                    }
+                    let runs = bin_runs(&per_lane, t0, dur, mid, ntypes);
+                    if runs.len() <= budget {
+                        lo = mid;
+                        fit = Some((mid, runs));
+                    } else {
+                        hi = mid;
                     }
                 }
-                let (Some(over), fits) = (overflow, fit.as_ref().map(|f| f.0)) else {
-                    break; // the finest fits
-                };
-                let next = match fits {
-                    Some(fits) => (fits as f64 * over as f64).sqrt() as usize,
-                    None => (bins as f64 * (budget as f64 / n as f64).clamp(0.25, 0.8)) as usize,
-                };
-                if fits.is_some_and(|f| next <= f || over as f64 <= f as f64 * 1.1) || bins <= 64 {
-                    break;
-                }
-                bins = next.max(64);
+                fit.unwrap_or_else(|| (64, bin_runs(&per_lane, t0, dur, 64, ntypes)))
             }
-            fit.unwrap_or_else(|| (64, bin_runs(&per_lane, t0, dur, 64, ntypes)))
         };
         let bin_ns = dur / bins as f64;
         let bin_px = width / bins as f64;
