@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+pub mod calibrate;
+
 pub use cudarc;
 use cudarc::nvrtc::{CompileOptions, Ptx};
 

@@ -1,0 +1,390 @@
+//! Calibrates every GPU's `%globaltimer` against the host clock and prints the
+//! offset, drift and error bound of each; optionally measures what calibration
+//! costs, compares the host clocks, and follows the drift for a while.
+//!
+//! ```text
+//! cargo run --release --features cuda --example calibrate -- \
+//!     [--rounds 2000] [--costs] [--clocks R] [--seconds T --every K] \
+//!     [--out results.json] [--raw samples.csv]
+//! ```
+//!
+//! - `--costs`: time `sample(n)` and the fit for several `n`.
+//! - `--clocks R`: R bursts per host clock (REALTIME, MONOTONIC, MONOTONIC_RAW,
+//!   BOOTTIME), interleaved: round trips, bounds and fit residuals of each.
+//! - `--seconds T --every K`: a first calibration, then a cheap one every K
+//!   seconds for T seconds: offset and drift over time, and a leave-one-out
+//!   check of the interpolation between checkpoints.
+//! - `--out`: every figure as JSON; `--raw`: the raw samples of some bursts as CSV.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostClock, Sample};
+use tracing_gpu::cuda::calibrate::Calibrator;
+use tracing_gpu::cuda::cudarc::driver::CudaContext;
+
+struct Args {
+    rounds: usize,
+    costs: bool,
+    clocks: usize,
+    seconds: f64,
+    every: f64,
+    out: Option<String>,
+    raw: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        rounds: Calibrator::INITIAL_ROUNDS,
+        costs: false,
+        clocks: 0,
+        seconds: 0.0,
+        every: 1.0,
+        out: None,
+        raw: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--rounds" => a.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
+            "--costs" => a.costs = true,
+            "--clocks" => a.clocks = value()?.parse().map_err(|e| format!("--clocks: {e}"))?,
+            "--seconds" => a.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--every" => a.every = value()?.parse().map_err(|e| format!("--every: {e}"))?,
+            "--out" => a.out = Some(value()?),
+            "--raw" => a.raw = Some(value()?),
+            "-h" | "--help" => return Err("usage: calibrate [--rounds N] [--costs] [--clocks R] [--seconds T --every K] [--out F.json] [--raw F.csv]".into()),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if a.every <= 0.0 {
+        return Err("--every must be positive".into());
+    }
+    Ok(a)
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&args) {
+        eprintln!("calibrate: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn two_sided(samples: &[Sample]) -> Vec<Sample> {
+    samples
+        .iter()
+        .copied()
+        .filter(Sample::is_two_sided)
+        .collect()
+}
+
+/// One burst's figures, as JSON.
+fn burst_json(map: &ClockMap, two: &ClockMap) -> String {
+    let s = map.stats();
+    format!(
+        "{{\"min_rtt_ns\":{},\"median_rtt_ns\":{},\"bound_ns\":{},\"bound_anchor_ns\":{},\"bound_two_sided_ns\":{},\"bound_anchor_two_sided_ns\":{},\"residual_rms_ns\":{:.1},\"drift_ppm\":{:.3},\"offset_ns\":{},\"used\":{},\"rejected\":{}}}",
+        s.min_round_trip_ns,
+        s.median_round_trip_ns,
+        map.bound_ns(),
+        map.parts().bound_anchor_ns,
+        two.bound_ns(),
+        two.parts().bound_anchor_ns,
+        s.residual_rms_ns,
+        map.drift_ppm(),
+        map.offset_ns(),
+        s.used,
+        s.rejected
+    )
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    tracing_gpu::cuda::ensure_libraries()?;
+    let count = CudaContext::device_count()?;
+    let mut json = String::from("{\"devices\":[");
+    let mut raw = String::from("device,clock,burst,two_sided,host_before,device_ns,host_after\n");
+    for ordinal in 0..count as usize {
+        let ctx = CudaContext::new(ordinal)?;
+        let name = ctx.name()?;
+        let t0 = Instant::now();
+        let mut cal = Calibrator::new(&ctx)?;
+        let create_ms = t0.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "GPU {ordinal}: {name}; calibrator ready in {create_ms:.1} ms; %globaltimer step {} ns",
+            cal.timer_step_ns()
+        );
+        // Warm up the path once; then the calibration this example reports.
+        cal.calibrate(args.rounds)?;
+        let t = Instant::now();
+        let first_samples = cal.sample(args.rounds)?;
+        let first = cal.checkpoint(&first_samples)?;
+        let first_ms = t.elapsed().as_secs_f64() * 1e3;
+        let first_two = cal.fit(&two_sided(&first_samples))?;
+        let m = &first.map;
+        println!(
+            "  offset {} ns (host − device), drift {:+.3} ppm (consistent range {:+.1} .. {:+.1}), bound {} ns at the anchor, {} ns over the {:.2} ms window; {} rounds in {first_ms:.2} ms",
+            m.offset_ns(),
+            m.drift_ppm(),
+            m.drift_range_ppm().0,
+            m.drift_range_ppm().1,
+            m.parts().bound_anchor_ns,
+            m.bound_ns(),
+            (m.window().1 - m.window().0) as f64 / 1e6,
+            args.rounds
+        );
+        let _ = write!(
+            json,
+            "{}{{\"ordinal\":{ordinal},\"name\":\"{name}\",\"timer_step_ns\":{},\"create_ms\":{create_ms:.2},\"first\":{},\"first_ms\":{first_ms:.3}",
+            if ordinal > 0 { "," } else { "" },
+            cal.timer_step_ns(),
+            burst_json(m, &first_two)
+        );
+
+        if args.costs {
+            json.push_str(",\"costs\":[");
+            println!("  cost     rounds  sample (median µs)  fit (median µs)  per round (ns)");
+            for (k, &n) in [16usize, 64, 128, 256, 1000, 2000, 4000].iter().enumerate() {
+                let (mut ts, mut tf) = (Vec::new(), Vec::new());
+                for _ in 0..7 {
+                    let t = Instant::now();
+                    let s = cal.sample(n)?;
+                    ts.push(t.elapsed().as_secs_f64() * 1e6);
+                    let t = Instant::now();
+                    cal.checkpoint(&s)?;
+                    tf.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                let (s, f) = (median(&mut ts), median(&mut tf));
+                println!(
+                    "           {n:6}  {s:18.1}  {f:15.1}  {:14.0}",
+                    s * 1e3 / n as f64
+                );
+                let _ = write!(
+                    json,
+                    "{}{{\"rounds\":{n},\"sample_us\":{s:.1},\"fit_us\":{f:.1}}}",
+                    if k > 0 { "," } else { "" }
+                );
+            }
+            json.push(']');
+        }
+
+        if args.clocks > 0 {
+            json.push_str(",\"clocks\":{");
+            let mut per: Vec<Vec<(ClockMap, ClockMap)>> = vec![Vec::new(); 4];
+            for r in 0..args.clocks {
+                for (c, &clock) in HostClock::ALL.iter().enumerate() {
+                    let s = cal.sample_with(clock, args.rounds)?;
+                    if r < 2 {
+                        for x in &s {
+                            let _ = writeln!(
+                                raw,
+                                "{ordinal},{},{r},{},{},{},{}",
+                                clock.name(),
+                                x.is_two_sided() as u8,
+                                x.host_before,
+                                x.device,
+                                x.host_after
+                            );
+                        }
+                    }
+                    per[c].push((cal.fit(&s)?, cal.fit(&two_sided(&s))?));
+                }
+            }
+            println!(
+                "  clocks ({} bursts of {} rounds each, medians)",
+                args.clocks, args.rounds
+            );
+            println!("    clock          min rtt  med rtt  bound@anchor  bound(window)  two-sided@anchor  resid rms  drift ppm");
+            for (c, &clock) in HostClock::ALL.iter().enumerate() {
+                let b = &per[c];
+                let f = |g: &dyn Fn(&(ClockMap, ClockMap)) -> f64| {
+                    median(&mut b.iter().map(g).collect::<Vec<_>>())
+                };
+                println!(
+                    "    {:13} {:8.0} {:8.0} {:13.0} {:14.0} {:17.0} {:10.1} {:10.2}",
+                    clock.name(),
+                    f(&|x| x.0.stats().min_round_trip_ns as f64),
+                    f(&|x| x.0.stats().median_round_trip_ns as f64),
+                    f(&|x| x.0.parts().bound_anchor_ns as f64),
+                    f(&|x| x.0.bound_ns() as f64),
+                    f(&|x| x.1.parts().bound_anchor_ns as f64),
+                    f(&|x| x.0.stats().residual_rms_ns),
+                    f(&|x| x.0.drift_ppm()),
+                );
+                let _ = write!(
+                    json,
+                    "{}\"{}\":[",
+                    if c > 0 { "," } else { "" },
+                    clock.name()
+                );
+                for (i, (a, t)) in b.iter().enumerate() {
+                    let _ = write!(json, "{}{}", if i > 0 { "," } else { "" }, burst_json(a, t));
+                }
+                json.push(']');
+            }
+            json.push('}');
+        }
+
+        if args.seconds > 0.0 {
+            drift_run(args, &mut cal, first, &mut json, &mut raw, ordinal)?;
+        }
+        json.push('}');
+    }
+    json.push_str("]}\n");
+    if let Some(path) = &args.out {
+        std::fs::write(path, &json)?;
+    }
+    if let Some(path) = &args.raw {
+        std::fs::write(path, &raw)?;
+    }
+    Ok(())
+}
+
+/// Recalibrates every `args.every` seconds for `args.seconds` seconds.
+fn drift_run(
+    args: &Args,
+    cal: &mut Calibrator,
+    first: Checkpoint,
+    json: &mut String,
+    raw: &mut String,
+    ordinal: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    let mut calibration = Calibration::new(first);
+    let mut costs = Vec::new();
+    let mut k = 1u32;
+    while start.elapsed().as_secs_f64() < args.seconds {
+        let next = Duration::from_secs_f64(args.every * k as f64);
+        if let Some(wait) = next.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let t = Instant::now();
+        let samples = cal.sample(Calibrator::PERIODIC_ROUNDS)?;
+        let cp = cal.checkpoint(&samples)?;
+        costs.push(t.elapsed().as_secs_f64() * 1e6);
+        if k <= 3 {
+            for x in &samples {
+                let _ = writeln!(
+                    raw,
+                    "{ordinal},periodic,{k},{},{},{},{}",
+                    x.is_two_sided() as u8,
+                    x.host_before,
+                    x.device,
+                    x.host_after
+                );
+            }
+        }
+        calibration.push(cp)?;
+        k += 1;
+    }
+    let cps = calibration.checkpoints();
+    let hist = calibration.drift_history();
+    let (a0, h0) = cps[0].map.anchor();
+    let t_of = |d: u64| (d - a0) as f64 / 1e9;
+    println!(
+        "  drift run: {} checkpoints over {:.0} s ({} rounds each, median cost {:.0} µs)",
+        cps.len(),
+        args.seconds,
+        Calibrator::PERIODIC_ROUNDS,
+        median(&mut costs.clone())
+    );
+    println!("    t (s)   offset − first (ns)  segment drift (ppm)  ± (ppm)  bound@anchor (ns)  realtime−boottime Δ (ns)  raw−boottime Δ (ns)");
+    let step = (cps.len() / 12).max(1);
+    for (i, cp) in cps.iter().enumerate() {
+        if i % step != 0 && i + 1 != cps.len() {
+            continue;
+        }
+        let (d, h) = cp.map.anchor();
+        let rel = (h as i128 - h0 as i128) - (d as i128 - a0 as i128);
+        let seg = hist.get(i.min(hist.len().saturating_sub(1)));
+        println!(
+            "    {:6.1} {:20} {:20.3} {:8.3} {:18} {:25} {:20}",
+            t_of(d),
+            rel,
+            seg.map_or(f64::NAN, |s| s.drift_ppm),
+            seg.map_or(f64::NAN, |s| s.uncertainty_ppm),
+            cp.map.parts().bound_anchor_ns,
+            cp.host_offsets.realtime_ns - cps[0].host_offsets.realtime_ns,
+            cp.host_offsets.monotonic_raw_ns - cps[0].host_offsets.monotonic_raw_ns,
+        );
+    }
+    // The whole run's drift, first to last anchor.
+    let (an, hn) = cps[cps.len() - 1].map.anchor();
+    let dx = (an - a0) as f64;
+    let total_ppm = ((hn as f64 - h0 as f64) - dx) / dx * 1e6;
+    let total_unc = (cps[0].map.parts().bound_anchor_ns
+        + cps[cps.len() - 1].map.parts().bound_anchor_ns) as f64
+        / dx
+        * 1e6;
+    // Leave one out: predict each inner checkpoint's anchor from its neighbours.
+    let (mut worst, mut violations, mut errs) = (0i128, 0usize, Vec::new());
+    for i in 1..cps.len().saturating_sub(1) {
+        let mut loo = Calibration::new(cps[0].clone());
+        for (j, c) in cps.iter().enumerate().skip(1) {
+            if j != i {
+                loo.push(c.clone())?;
+            }
+        }
+        let (d, h) = cps[i].map.anchor();
+        let err = loo.to_host(HostClock::Boottime, d) as i128 - h as i128;
+        let allowed = (loo.bound_ns(d) + cps[i].map.parts().bound_anchor_ns) as i128;
+        worst = worst.max(err.abs());
+        errs.push(err.abs() as f64);
+        if err.abs() > allowed {
+            violations += 1;
+        }
+    }
+    let mut bounds: Vec<f64> = cps
+        .iter()
+        .map(|c| c.map.parts().bound_anchor_ns as f64)
+        .collect();
+    println!(
+        "    whole run: drift {total_ppm:+.4} ± {total_unc:.4} ppm; periodic bound@anchor median {:.0} ns; leave-one-out error median {:.0} ns, max {worst} ns, {violations} of {} beyond the two bounds",
+        median(&mut bounds),
+        median(&mut errs),
+        cps.len().saturating_sub(2)
+    );
+    let _ = write!(
+        json,
+        ",\"drift_run\":{{\"seconds\":{},\"every_s\":{},\"rounds\":{},\"cost_us_median\":{:.1},\"total_drift_ppm\":{total_ppm:.5},\"total_drift_unc_ppm\":{total_unc:.5},\"loo_median_ns\":{:.1},\"loo_max_ns\":{worst},\"loo_violations\":{violations},\"loo_count\":{},\"checkpoints\":[",
+        args.seconds,
+        args.every,
+        Calibrator::PERIODIC_ROUNDS,
+        median(&mut costs),
+        median(&mut errs.clone()),
+        cps.len().saturating_sub(2)
+    );
+    for (i, cp) in cps.iter().enumerate() {
+        let (d, h) = cp.map.anchor();
+        let s = cp.map.stats();
+        let _ = write!(
+            json,
+            "{}{{\"t_s\":{:.3},\"device_ns\":{d},\"host_ns\":{h},\"bound_anchor_ns\":{},\"bound_ns\":{},\"drift_ppm\":{:.3},\"min_rtt_ns\":{},\"realtime_minus_boottime_ns\":{},\"monotonic_minus_boottime_ns\":{},\"raw_minus_boottime_ns\":{}}}",
+            if i > 0 { "," } else { "" },
+            t_of(d),
+            cp.map.parts().bound_anchor_ns,
+            cp.map.bound_ns(),
+            cp.map.drift_ppm(),
+            s.min_round_trip_ns,
+            cp.host_offsets.realtime_ns,
+            cp.host_offsets.monotonic_ns,
+            cp.host_offsets.monotonic_raw_ns
+        );
+    }
+    json.push_str("]}");
+    Ok(())
+}

@@ -1,0 +1,399 @@
+//! Sampling a GPU's `%globaltimer` against the host clock (feature `cuda`).
+//!
+//! A [`Calibrator`] plays ping-pong with one GPU thread through pinned,
+//! device-mapped host memory (`kernels/calibrate.cu`):
+//!
+//! 1. the host reads its clock (`host_before`) and writes round number `i + 1`
+//!    to a flag, with a full barrier, then reads its clock again;
+//! 2. the GPU thread, spinning on the flag over PCIe, sees it, reads
+//!    `%globaltimer` and writes the value back to host memory;
+//! 3. the host, spinning on that word, sees it and reads its clock (`host_after`).
+//!
+//! Each round gives a two-sided [`Sample`]. The GPU's polls that still saw the
+//! old flag give one-sided ones ([`Sample::at_most`]): such a read reached host
+//! memory before the flag was written, so the timer read just before it was
+//! issued maps to no later than the host stamp taken right after the write.
+//! [`ClockMap::fit`] turns them into a map with a bound (see [`crate::clock`]).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tracing_gpu::clock::{Calibration, HostClock};
+//! use tracing_gpu::cuda::calibrate::Calibrator;
+//! let ctx = tracing_gpu::cuda::cudarc::driver::CudaContext::new(0)?;
+//! let mut calibrator = Calibrator::new(&ctx)?;
+//! let mut calibration = Calibration::new(calibrator.calibrate(Calibrator::INITIAL_ROUNDS)?);
+//! // ... work on the GPU; then, periodically and after the work to be mapped:
+//! calibration.push(calibrator.calibrate(Calibrator::PERIODIC_ROUNDS)?)?;
+//! # let device_ns = 0;
+//! let host_ns = calibration.to_host(HostClock::Boottime, device_ns);
+//! # Ok(()) }
+//! ```
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
+
+use super::{compile, ensure_libraries, CudaError, KernelBuild};
+use crate::clock::{
+    Checkpoint, ClockError, ClockMap, FitOptions, HostClock, HostOffsets, Sample,
+    GLOBALTIMER_STEP_NS,
+};
+
+/// The calibration kernels' source, embedded.
+pub const CALIBRATE_SOURCE: &str = include_str!("../../kernels/calibrate.cu");
+
+/// Errors of device clock calibration.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    /// The CUDA side failed (libraries, driver, compilation).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// The samples could not be fitted.
+    #[error("clock fit: {0}")]
+    Fit(#[from] ClockError),
+    /// The GPU did not answer a round in time (a GPU too busy to start a
+    /// one-thread kernel, or a kernel that failed to launch).
+    #[error("the calibration kernel did not answer round {round} within {} ms", timeout.as_millis())]
+    Timeout {
+        /// The round that went unanswered.
+        round: usize,
+        /// How long the host waited.
+        timeout: Duration,
+    },
+    /// A request that cannot be served.
+    #[error("{0}")]
+    Invalid(&'static str),
+}
+
+impl From<DriverError> for CalibrateError {
+    fn from(e: DriverError) -> Self {
+        CalibrateError::Cuda(CudaError::Driver(e))
+    }
+}
+
+/// Pinned host memory mapped into the device's address space.
+struct MappedHost {
+    ctx: Arc<CudaContext>,
+    host: *mut u64,
+    device: sys::CUdeviceptr,
+    words: usize,
+}
+
+// SAFETY: the allocation is owned by this value and freed once, in `drop`; the
+// words are only accessed through atomics.
+unsafe impl Send for MappedHost {}
+
+impl MappedHost {
+    fn new(ctx: &Arc<CudaContext>, words: usize) -> Result<MappedHost, CalibrateError> {
+        ctx.bind_to_thread()?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: a plain allocation; its contents are zeroed below before any use.
+        let host = unsafe { result::malloc_host(words * 8, flags) }? as *mut u64;
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was returned by cuMemHostAlloc with DEVICEMAP just above.
+        let mapped =
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }
+                .result();
+        let mem = MappedHost {
+            ctx: ctx.clone(),
+            host,
+            device,
+            words,
+        };
+        mapped?;
+        for i in 0..words {
+            mem.word(i).store(0, Ordering::Relaxed);
+        }
+        Ok(mem)
+    }
+
+    /// Word `i` (< `words`), shared with the device.
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i < self.words, "mapped word {i} out of {}", self.words);
+        // SAFETY: in bounds; cuMemHostAlloc returns page-aligned memory, so every
+        // word is 8-byte aligned; it lives as long as `self`.
+        unsafe { AtomicU64::from_ptr(self.host.add(i)) }
+    }
+
+    fn device_ptr(&self, word: usize) -> sys::CUdeviceptr {
+        self.device + 8 * word as u64
+    }
+}
+
+impl Drop for MappedHost {
+    fn drop(&mut self) {
+        // Nothing to report to from a drop: a failure leaks the page.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by `malloc_host` in `new`, freed only here.
+        let _ = unsafe { result::free_host(self.host as *mut c_void) };
+    }
+}
+
+/// Layout of the mapped words: the flag on its own 128-byte line, then the
+/// answers, then the stale-poll times.
+const CMD: usize = 0;
+const ACK: usize = 16;
+/// Rounds per kernel launch; longer requests run several launches.
+const ROUNDS_PER_LAUNCH: usize = 4096;
+/// Rounds run and thrown away at the start of each launch: the first waits for
+/// the kernel to start, and the next ones warm the path.
+const WARMUP_ROUNDS: usize = 8;
+const LAUNCH_ROUNDS: usize = ROUNDS_PER_LAUNCH + WARMUP_ROUNDS;
+const STALE: usize = ACK + LAUNCH_ROUNDS.next_multiple_of(16);
+const WORDS: usize = STALE + LAUNCH_ROUNDS;
+/// What the kernel takes as "stop now".
+const STOP: u64 = u64::MAX;
+
+/// Samples one GPU's clock against the host's. Create one per device and keep
+/// it: creation compiles the kernel and pins host memory (tens of ms);
+/// [`Calibrator::calibrate`] then costs about the rounds' round trips plus a
+/// kernel launch (see docs/calibration.md for measured costs).
+pub struct Calibrator {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    calibrate: CudaFunction,
+    mem: MappedHost,
+    timer_step_ns: u64,
+    options: FitOptions,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Calibrator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Calibrator")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("timer_step_ns", &self.timer_step_ns)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Calibrator {
+    /// Rounds for a first, thorough calibration.
+    pub const INITIAL_ROUNDS: usize = 2000;
+    /// Rounds for a cheap periodic recalibration.
+    pub const PERIODIC_ROUNDS: usize = 128;
+
+    /// A calibrator for the context's device: checks that the CUDA libraries
+    /// load, compiles the kernels with NVRTC, pins the ping-pong memory, and
+    /// measures the timer's step (which sets [`FitOptions::timer_step_ns`]).
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Calibrator, CalibrateError> {
+        ensure_libraries()?;
+        // A virtual architecture: the driver JIT-compiles this PTX for any newer GPU.
+        let ptx = compile(
+            CALIBRATE_SOURCE,
+            &KernelBuild::new("calibrate.cu", "compute_75"),
+        )?;
+        let module = ctx.load_module(ptx)?;
+        let calibrate = module.load_function("tgpu_calibrate")?;
+        let step_fn = module.load_function("tgpu_timer_step")?;
+        let stream = ctx.new_stream()?;
+        let mem = MappedHost::new(ctx, WORDS)?;
+        let mut me = Calibrator {
+            ctx: ctx.clone(),
+            stream,
+            calibrate,
+            mem,
+            timer_step_ns: GLOBALTIMER_STEP_NS,
+            options: FitOptions::default(),
+            timeout: Duration::from_secs(2),
+        };
+        me.timer_step_ns = me.measure_timer_step(&step_fn)?;
+        me.options.timer_step_ns = me.timer_step_ns;
+        Ok(me)
+    }
+
+    /// The smallest step `%globaltimer` was seen to take (ns): 32 on Hopper.
+    pub fn timer_step_ns(&self) -> u64 {
+        self.timer_step_ns
+    }
+
+    /// The options [`Calibrator::fit`] uses (the timer step is the measured one).
+    pub fn fit_options(&self) -> &FitOptions {
+        &self.options
+    }
+
+    /// Replaces the fit options.
+    pub fn set_fit_options(&mut self, options: FitOptions) {
+        self.options = options;
+    }
+
+    /// How long a round may go unanswered before [`CalibrateError::Timeout`] (2 s by default).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// `n` ping-pong rounds stamped with the trace clock (BOOTTIME): `n`
+    /// two-sided samples, followed by the one-sided ones from stale polls.
+    pub fn sample(&mut self, n: usize) -> Result<Vec<Sample>, CalibrateError> {
+        self.sample_with(HostClock::Boottime, n)
+    }
+
+    /// As [`Calibrator::sample`], stamped with any host clock (to compare them;
+    /// a [`crate::clock::Calibration`] wants BOOTTIME).
+    pub fn sample_with(
+        &mut self,
+        clock: HostClock,
+        n: usize,
+    ) -> Result<Vec<Sample>, CalibrateError> {
+        if n == 0 {
+            return Err(CalibrateError::Invalid(
+                "a calibration needs at least one round",
+            ));
+        }
+        let mut two = Vec::with_capacity(n);
+        let mut one = Vec::with_capacity(n);
+        let mut left = n;
+        while left > 0 {
+            let rounds = left.min(ROUNDS_PER_LAUNCH);
+            self.launch_rounds(clock, rounds, &mut two, &mut one)?;
+            left -= rounds;
+        }
+        two.append(&mut one);
+        Ok(two)
+    }
+
+    /// Fits samples with this calibrator's options.
+    pub fn fit(&self, samples: &[Sample]) -> Result<ClockMap, ClockError> {
+        ClockMap::fit_with(samples, &self.options)
+    }
+
+    /// A checkpoint from samples taken just now with [`Calibrator::sample`]:
+    /// their map, and the host clocks' offsets read now.
+    pub fn checkpoint(&self, samples: &[Sample]) -> Result<Checkpoint, ClockError> {
+        Ok(Checkpoint {
+            map: self.fit(samples)?,
+            host_offsets: HostOffsets::measure(),
+        })
+    }
+
+    /// Samples `n` rounds and fits them: one checkpoint, to start a
+    /// [`crate::clock::Calibration`] with or to push onto one. Use
+    /// [`Calibrator::INITIAL_ROUNDS`] first and [`Calibrator::PERIODIC_ROUNDS`] after.
+    pub fn calibrate(&mut self, n: usize) -> Result<Checkpoint, CalibrateError> {
+        let samples = self.sample(n)?;
+        Ok(self.checkpoint(&samples)?)
+    }
+
+    /// One launch of `rounds` (+ warm-up) ping-pongs.
+    fn launch_rounds(
+        &mut self,
+        clock: HostClock,
+        rounds: usize,
+        two: &mut Vec<Sample>,
+        one: &mut Vec<Sample>,
+    ) -> Result<(), CalibrateError> {
+        let total = rounds + WARMUP_ROUNDS;
+        let mem = &self.mem;
+        mem.word(CMD).store(0, Ordering::SeqCst);
+        for i in 0..total {
+            mem.word(ACK + i).store(0, Ordering::Relaxed);
+            mem.word(STALE + i).store(0, Ordering::Relaxed);
+        }
+        let (cmd_ptr, ack_ptr, stale_ptr) = (
+            mem.device_ptr(CMD),
+            mem.device_ptr(ACK),
+            mem.device_ptr(STALE),
+        );
+        let total_u32 = total as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.calibrate);
+        launch
+            .arg(&cmd_ptr)
+            .arg(&ack_ptr)
+            .arg(&stale_ptr)
+            .arg(&total_u32);
+        // SAFETY: the kernel takes (const u64*, u64*, u64*, unsigned) as passed; the
+        // pointers map `mem`, which outlives the kernel: it is synchronized below
+        // on every path, and `mem` is only freed when the calibrator is dropped.
+        unsafe { launch.launch(cfg) }?;
+
+        let mut stamps: Vec<(u64, u64, u64, u64)> = Vec::with_capacity(total);
+        for i in 0..total {
+            let ack = mem.word(ACK + i);
+            let before = clock.now_ns();
+            // A locked store: it is visible to the device before `posted` is read.
+            mem.word(CMD).swap(i as u64 + 1, Ordering::SeqCst);
+            let posted = clock.now_ns();
+            let mut spins = 0u32;
+            let mut deadline: Option<Instant> = None;
+            let device = loop {
+                let v = ack.load(Ordering::Acquire);
+                if v != 0 {
+                    break v;
+                }
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 {
+                    let now = Instant::now();
+                    match deadline {
+                        None => deadline = Some(now + self.timeout),
+                        Some(d) if now > d => {
+                            mem.word(CMD).store(STOP, Ordering::SeqCst);
+                            // The kernel stops on STOP; if it never started, this
+                            // waits for it to start and stop (or reports the error).
+                            self.stream.synchronize()?;
+                            return Err(CalibrateError::Timeout {
+                                round: i,
+                                timeout: self.timeout,
+                            });
+                        }
+                        Some(_) => {}
+                    }
+                }
+            };
+            let after = clock.now_ns();
+            stamps.push((before, posted, device, after));
+        }
+        self.stream.synchronize()?;
+        for (i, &(before, posted, device, after)) in stamps.iter().enumerate().skip(WARMUP_ROUNDS) {
+            two.push(Sample {
+                host_before: before,
+                device,
+                host_after: after,
+            });
+            let stale = mem.word(STALE + i).load(Ordering::Acquire);
+            if stale != 0 {
+                one.push(Sample::at_most(stale, posted));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `tgpu_timer_step` and returns the smallest non-zero step of `%globaltimer`.
+    fn measure_timer_step(&mut self, step_fn: &CudaFunction) -> Result<u64, CalibrateError> {
+        let out = STALE;
+        for i in 0..3 {
+            self.mem.word(out + i).store(0, Ordering::Relaxed);
+        }
+        let out_ptr = self.mem.device_ptr(out);
+        let reads: u32 = 1 << 16;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(step_fn);
+        launch.arg(&out_ptr).arg(&reads);
+        // SAFETY: the kernel takes (u64*, unsigned); it writes three words of `mem`
+        // and is synchronized before they are read.
+        unsafe { launch.launch(cfg) }?;
+        self.stream.synchronize()?;
+        let step = self.mem.word(out).load(Ordering::Acquire);
+        let changes = self.mem.word(out + 1).load(Ordering::Acquire);
+        if changes == 0 || step == 0 || step == u64::MAX || step > 1_000_000 {
+            return Err(CalibrateError::Invalid(
+                "%globaltimer did not advance in steps of at most 1 ms",
+            ));
+        }
+        Ok(step)
+    }
+}
