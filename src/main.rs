@@ -78,7 +78,11 @@ enum Command {
     },
     /// Measures each GPU's clock against the host's: offset, drift and error bound.
     #[command(after_help = EXIT_CODES)]
-    Calibrate,
+    Calibrate {
+        /// Ping-pong rounds per GPU.
+        #[arg(long, value_name = "N", default_value_t = 2000)]
+        samples: usize,
+    },
     /// Converts a capture file into a Perfetto trace, or sends it over OTLP.
     #[command(after_help = EXIT_CODES)]
     #[command(group(clap::ArgGroup::new("to").required(true).multiple(true).args(["out", "otlp"])))]
@@ -466,11 +470,11 @@ fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure>
     Ok(())
 }
 
-/// Calibrates every GPU (a profiler per device does it when it starts) and
-/// prints its device → host clock map.
+/// Calibrates every GPU with `samples` ping-pong rounds and prints its device →
+/// host clock map.
 #[cfg(feature = "cuda")]
-fn calibrate() -> Result<(), Failure> {
-    use tracing_gpu::cuda::{cudarc::driver::CudaContext, Profiler};
+fn calibrate(samples: usize) -> Result<(), Failure> {
+    use tracing_gpu::cuda::{calibrate::Calibrator, cudarc::driver::CudaContext};
     if let Some(reason) = no_gpu_reason() {
         return Err(Failure::new(
             Exit::NoGpu,
@@ -479,33 +483,43 @@ fn calibrate() -> Result<(), Failure> {
     }
     let n = CudaContext::device_count()
         .map_err(|e| Failure::new(Exit::NoGpu, format!("cannot count the GPUs: {e}")))?;
-    let mut table = String::from(
-        "GPU  name                      offset (device→BOOTTIME)   drift       bound    samples used  min round trip\n",
+    let failed = |ordinal: usize, e: &dyn fmt::Display| {
+        Failure::new(Exit::Run, format!("GPU {ordinal}: calibration failed: {e}"))
+    };
+    let mut table = format!(
+        "{:<4} {:<22} {:>22} {:>14} {:>10} {:>11} {:>9} {:>6}\n",
+        "GPU", "name", "offset (host−device)", "drift", "bound", "used", "min RTT", "step"
     );
     for ordinal in 0..n.max(0) as usize {
-        let profiler = Profiler::builder().device(ordinal).build().map_err(|e| {
-            Failure::new(Exit::Run, format!("GPU {ordinal}: calibration failed: {e}"))
-        })?;
-        let calibration = profiler.calibration();
-        let map = &calibration.latest().map;
+        let ctx = CudaContext::new(ordinal).map_err(|e| failed(ordinal, &e))?;
+        let name = ctx.name().unwrap_or_else(|_| "?".into());
+        let mut calibrator = Calibrator::new(&ctx).map_err(|e| failed(ordinal, &e))?;
+        let checkpoint = calibrator
+            .calibrate(samples)
+            .map_err(|e| failed(ordinal, &e))?;
+        let map = &checkpoint.map;
         let stats = map.stats();
         table.push_str(&format!(
-            "{:<4} {:<25} {:>20} ns {:>+9.3} ppm {:>7} ns {:>7}/{:<6} {:>7} ns\n",
+            "{:<4} {:<22} {:>19} ns {:>+10.3} ppm {:>7} ns {:>5}/{:<5} {:>6} ns {:>3} ns\n",
             ordinal,
-            profiler.device().name,
+            name,
             map.offset_ns(),
             map.drift_ppm(),
             map.bound_ns(),
             stats.used,
             stats.samples,
-            stats.min_round_trip_ns
+            stats.min_round_trip_ns,
+            calibrator.timer_step_ns()
         ));
     }
+    table.push_str(
+        "offset and drift map %globaltimer to CLOCK_BOOTTIME (the trace clock); bound: the largest error of that map within the samples' window\n",
+    );
     print_out(&table)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn calibrate() -> Result<(), Failure> {
+fn calibrate(_samples: usize) -> Result<(), Failure> {
     Err(Failure::new(
         Exit::NoGpu,
         "cannot calibrate: this build has no CUDA support (build with --features cuda, or full)",
@@ -630,7 +644,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out.as_deref(),
             otlp.as_deref().map(|e| (e, otlp_protocol.as_str())),
         ),
-        Command::Calibrate => calibrate(),
+        Command::Calibrate { samples } => calibrate(samples),
         Command::Report {
             capture,
             svg,
