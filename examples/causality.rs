@@ -177,7 +177,11 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
     tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
 
     // At most 3 × 4 tiles + 1 events per warp.
-    let profiler = Profiler::builder().device(0).events(EVENTS).capacity(16).build()?;
+    let profiler = Profiler::builder()
+        .device(0)
+        .events(EVENTS)
+        .capacity(16)
+        .build()?;
     let ctx = profiler.context().clone();
     let ptx = cuda::compile(
         SOURCE,

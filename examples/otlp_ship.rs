@@ -11,14 +11,10 @@
 //! Exit status: 0 when the endpoint accepted every span; 1 otherwise (with the
 //! counts), 2 on a usage error.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tracing_gpu::bridge::Batch;
-use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostOffsets};
 use tracing_gpu::dump::Dump;
 use tracing_gpu::otlp::{Detail, OtlpLayer, Protocol};
 
@@ -88,62 +84,15 @@ fn shipped_capture() -> Result<PathBuf, String> {
     ))
 }
 
-/// One batch per launch, each device's calibration refitted from its rounds.
-fn batches(dump: &Dump) -> Result<Vec<Arc<Batch>>, String> {
-    let registry = Arc::new(dump.registry.clone());
-    let mut devices = HashMap::new();
-    for d in &dump.devices {
-        let mut calibration: Option<Calibration> = None;
-        for round in &d.calibrations {
-            let checkpoint = Checkpoint {
-                map: ClockMap::fit(&round.samples)
-                    .map_err(|e| format!("GPU {}: calibration: {e}", d.info.ordinal))?,
-                host_offsets: HostOffsets {
-                    realtime_ns: round.realtime_offset_ns,
-                    monotonic_ns: round.monotonic_offset_ns,
-                    monotonic_raw_ns: round.monotonic_raw_offset_ns,
-                    uncertainty_ns: round.offset_uncertainty_ns,
-                },
-            };
-            match &mut calibration {
-                None => calibration = Some(Calibration::new(checkpoint)),
-                Some(c) => c
-                    .push(checkpoint)
-                    .map_err(|e| format!("GPU {}: recalibration: {e}", d.info.ordinal))?,
-            }
-        }
-        let calibration =
-            calibration.ok_or(format!("GPU {} has no calibration", d.info.ordinal))?;
-        devices.insert(
-            d.info.ordinal,
-            (Arc::new(d.info.clone()), Arc::new(calibration)),
-        );
-    }
-    dump.launches
-        .iter()
-        .map(|l| {
-            let (device, calibration) = devices.get(&l.device).ok_or(format!(
-                "launch {} on unknown GPU {}",
-                l.launch_id, l.device
-            ))?;
-            Ok(Arc::new(Batch {
-                device: device.clone(),
-                launch: l.info(),
-                capture: l.capture.clone(),
-                calibration: calibration.clone(),
-                registry: registry.clone(),
-            }))
-        })
-        .collect()
-}
-
 fn run(args: Args) -> Result<bool, String> {
     let path = match args.capture {
         Some(p) => p,
         None => shipped_capture()?,
     };
     let dump = Dump::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let batches = batches(&dump)?;
+    let batches = dump
+        .batches()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let (layer, guard) = OtlpLayer::builder()
         .service_name(args.service)
         .protocol(args.protocol)

@@ -116,7 +116,7 @@ use tracing::{Dispatch, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
-use crate::bridge::{Batch, BatchSink, DeviceInfo};
+use crate::bridge::{thread_name, Batch, BatchSink, DeviceInfo, DEVICE_TARGET};
 use crate::clock::{HostClock, HostOffsets};
 use crate::decode::EventKind;
 use crate::dump::Dump;
@@ -1211,7 +1211,7 @@ fn ignored_target(target: &str) -> bool {
             | "opentelemetry_sdk"
             | "opentelemetry_otlp"
             | "opentelemetry_http"
-    ) || target == "tracing_gpu::device"
+    ) || target == DEVICE_TARGET
 }
 
 fn wall_now() -> SystemTime {
@@ -1569,10 +1569,7 @@ fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
         Detail::Warp => {
             for slot in capture.slots() {
                 let h = &slot.header;
-                let thread: Arc<str> = Arc::from(format!(
-                    "{gpu} / SM {} / block {} warp {}",
-                    h.sm_first, h.block_linear, h.warp
-                ));
+                let thread: Arc<str> = Arc::from(thread_name(dev.ordinal, &slot));
                 let mut attributes = vec![
                     KeyValue::new("hw.id", hw_id.clone()),
                     KeyValue::new("thread.name", string(&thread)),

@@ -190,11 +190,8 @@ fn launch_and_deliver(inside: impl FnOnce()) -> Arc<Batch> {
     inside();
     let mut batch = test_batch();
     Arc::get_mut(&mut batch).unwrap().launch.parent = launch.id();
-    tracing::dispatcher::get_default(|d| {
-        d.downcast_ref::<OtlpLayer>()
-            .expect("the OTLP layer in the subscriber")
-            .on_batch(&batch)
-    });
+    let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+    tracing_gpu::bridge::deliver(&dispatch, batch.clone());
     batch
 }
 
@@ -455,9 +452,12 @@ fn joins_the_application_trace_with_the_opentelemetry_layer_below() {
     let rx = Receiver::start(Transport::Http);
     let app = app_provider(&rx);
     let (layer, guard) = layer(&rx, Detail::Phase);
+    // At INFO, as applications run: the bridge's per-event fallback spans
+    // (TRACE) stay off, or tracing-opentelemetry would export them too.
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
-        .with(layer);
+        .with(layer)
+        .with(tracing_subscriber::filter::LevelFilter::INFO);
     tracing::subscriber::with_default(subscriber, || launch_and_deliver(prepare));
     check_joined(&rx, guard, app);
 }
@@ -469,7 +469,8 @@ fn joins_the_application_trace_with_the_opentelemetry_layer_above() {
     let (layer, guard) = layer(&rx, Detail::Phase);
     let subscriber = tracing_subscriber::registry()
         .with(layer)
-        .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")));
+        .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
+        .with(tracing_subscriber::filter::LevelFilter::INFO);
     tracing::subscriber::with_default(subscriber, || launch_and_deliver(prepare));
     check_joined(&rx, guard, app);
 }
@@ -621,4 +622,121 @@ fn after_shutdown_spans_and_batches_are_dropped_without_panic() {
     let spans = rx.wait_spans(1);
     assert_eq!(spans.len(), 1);
     assert_eq!(spans[0].span.name, "before");
+}
+
+// --------------------------------------------------------------------------
+// The same launch in the Perfetto trace.
+
+/// (SM, block, warp, event name, start ns, end ns).
+type Slice = (u32, u32, u32, String, u64, u64);
+
+/// The device slices of a Perfetto trace, read with Perfetto's own schema by
+/// tests/otlp_perfetto_slices.py: (SM, block, warp, name, start, end), BOOTTIME ns.
+/// `None` (after saying why) without a Python that has `perfetto`, unless
+/// `TGPU_REQUIRE_TOOLS=1`.
+fn perfetto_device_slices(trace: &std::path::Path) -> Option<Vec<Slice>> {
+    let required = std::env::var("TGPU_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
+    let Ok(python) = std::env::var("TGPU_PYTHON") else {
+        assert!(!required, "TGPU_REQUIRE_TOOLS=1 but TGPU_PYTHON is not set");
+        println!("skipped: TGPU_PYTHON not set, the Perfetto comparison did not run");
+        return None;
+    };
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/otlp_perfetto_slices.py");
+    let out = std::process::Command::new(&python)
+        .arg(script)
+        .arg(trace)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(2) && !required {
+        println!("skipped: the Perfetto reader cannot run here: {stderr}");
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "otlp_perfetto_slices.py failed: {stderr}"
+    );
+    let slices = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert_eq!(f.len(), 6, "{l}");
+            let n = |i: usize| f[i].parse::<u64>().unwrap();
+            (
+                n(0) as u32,
+                n(1) as u32,
+                n(2) as u32,
+                f[3].to_string(),
+                n(4),
+                n(5),
+            )
+        })
+        .collect();
+    Some(slices)
+}
+
+#[test]
+fn device_times_equal_the_perfetto_traces() {
+    let batch = test_batch();
+    let mut writer = tracing_gpu::perfetto::TraceWriter::new(Vec::new()).unwrap();
+    writer.write_batch(&batch).unwrap();
+    let (bytes, _) = writer.finish().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("launch.perfetto-trace");
+    std::fs::write(&trace, bytes).unwrap();
+    let Some(mut perfetto) = perfetto_device_slices(&trace) else {
+        return;
+    };
+
+    let rx = Receiver::start(Transport::Http);
+    let (layer, guard) = layer(&rx, Detail::Warp);
+    layer.replay(
+        &tracing_gpu::dump::Dump::default(),
+        std::slice::from_ref(&batch),
+    );
+    guard.flush().unwrap();
+    let events = batch.capture.event_count() as usize;
+    let spans = rx.wait_spans(1 + 4 + events);
+    // Perfetto stamps BOOTTIME, OTLP the wall clock: one calibration, one offset.
+    let offset = batch.calibration.latest().host_offsets.realtime_ns;
+    let mut otlp: Vec<Slice> = spans
+        .iter()
+        .filter(|s| s.int_attr("gpu.event.id").is_some())
+        .map(|s| {
+            let (sm, block, warp) = warp_of_thread(s.str_attr("thread.name").unwrap());
+            let boot = |t: u64| (t as i64 - offset) as u64;
+            (
+                sm,
+                block,
+                warp,
+                s.span.name.clone(),
+                boot(s.span.start_time_unix_nano),
+                boot(s.span.end_time_unix_nano),
+            )
+        })
+        .collect();
+    assert_eq!(otlp.len(), events);
+    perfetto.sort();
+    otlp.sort();
+    assert_eq!(
+        perfetto.len(),
+        events,
+        "every event is a slice in the Perfetto trace"
+    );
+    assert_eq!(otlp, perfetto, "OTLP and Perfetto times of the same events");
+}
+
+/// "GPU 0 / SM 4 / block 1 warp 1" → (4, 1, 1).
+fn warp_of_thread(name: &str) -> (u32, u32, u32) {
+    let words: Vec<&str> = name.split([' ', '/']).filter(|w| !w.is_empty()).collect();
+    match words[..] {
+        ["GPU", _, "SM", sm, "block", block, "warp", warp] => (
+            sm.parse().unwrap(),
+            block.parse().unwrap(),
+            warp.parse().unwrap(),
+        ),
+        _ => panic!("unexpected thread name {name:?}"),
+    }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use otlp_receiver::{BlackHole, Receiver, Transport, PATIENCE};
 use tracing::{Event, Level, Subscriber};
-use tracing_gpu::bridge::{Batch, BatchSink, DeviceInfo, LaunchInfo};
+use tracing_gpu::bridge::{Batch, DeviceInfo, LaunchInfo};
 use tracing_gpu::clock::{Calibration, HostClock};
 use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
 use tracing_gpu::otlp::{Detail, OtlpGuard, OtlpLayer, OtlpStats, Protocol};
@@ -109,14 +109,13 @@ fn load(spans: usize, batches: u64) -> Duration {
             tracing::info_span!("during-outage", i).in_scope(|| {})
         });
     }
+    let dispatch = tracing::dispatcher::get_default(|d| d.clone());
     for id in 0..batches {
         let launch = tracing::info_span!("launch");
         let _e = launch.enter();
         let b = batch(id, launch.id());
         timed("a batch hand-over", &mut || {
-            tracing::dispatcher::get_default(|d| {
-                d.downcast_ref::<OtlpLayer>().unwrap().on_batch(&b)
-            })
+            tracing_gpu::bridge::deliver(&dispatch, b.clone())
         });
     }
     worst

@@ -120,6 +120,8 @@ impl DumpRecorder {
             monotonic_offset_ns: o.monotonic_ns,
             monotonic_raw_offset_ns: o.monotonic_raw_ns,
             offset_uncertainty_ns: o.uncertainty_ns,
+            // Not carried by `Round`: 0 makes the replay fit with the default step.
+            timer_step_ns: 0,
         };
         self.add_device(device);
         let mut d = self.dump.lock();
