@@ -15,7 +15,6 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing_gpu::bridge::Batch;
-use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostOffsets};
 use tracing_gpu::dump::{Dump, DumpError};
 use tracing_gpu::perfetto::{TraceFile, TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline};
@@ -190,59 +189,15 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     })
 }
 
-/// One batch per launch: the launch, its device, the device's calibration
-/// (refitted from the stored samples) and the registry.
+/// One batch per launch ([`Dump::batches`]: each device's calibration refitted
+/// from the stored samples); a capture that cannot be replayed is a bad capture.
 fn batches(dump: &Dump, path: &Path) -> Result<Vec<Arc<Batch>>, Failure> {
-    let bad = |what: String| Failure::new(Exit::BadCapture, format!("{}: {what}", path.display()));
-    let registry = Arc::new(dump.registry.clone());
-    let mut devices = Vec::new();
-    for d in &dump.devices {
-        let mut calibration: Option<Calibration> = None;
-        for (i, round) in d.calibrations.iter().enumerate() {
-            let map = ClockMap::fit(&round.samples)
-                .map_err(|e| bad(format!("GPU {} calibration {i}: {e}", d.info.ordinal)))?;
-            let checkpoint = Checkpoint {
-                map,
-                host_offsets: HostOffsets {
-                    realtime_ns: round.realtime_offset_ns,
-                    monotonic_ns: round.monotonic_offset_ns,
-                    monotonic_raw_ns: round.monotonic_raw_offset_ns,
-                    uncertainty_ns: round.offset_uncertainty_ns,
-                },
-            };
-            match calibration.as_mut() {
-                None => calibration = Some(Calibration::new(checkpoint)),
-                Some(c) => c
-                    .push(checkpoint)
-                    .map_err(|e| bad(format!("GPU {} calibration {i}: {e}", d.info.ordinal)))?,
-            }
-        }
-        devices.push((
-            d.info.ordinal,
-            Arc::new(d.info.clone()),
-            calibration.map(Arc::new),
-        ));
-    }
-    dump.launches
-        .iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let (_, device, calibration) = devices
-                .iter()
-                .find(|(o, ..)| *o == l.device)
-                .ok_or_else(|| bad(format!("launch {i}: no GPU {}", l.device)))?;
-            let calibration = calibration.clone().ok_or_else(|| {
-                bad(format!("GPU {} has no clock calibration: its events cannot be placed on the host's timeline", l.device))
-            })?;
-            Ok(Arc::new(Batch {
-                device: device.clone(),
-                launch: l.info(),
-                capture: l.capture.clone(),
-                calibration,
-                registry: registry.clone(),
-            }))
-        })
-        .collect()
+    dump.batches().map_err(|e| {
+        Failure::new(
+            Exit::BadCapture,
+            format!("{} cannot be replayed: {e}", path.display()),
+        )
+    })
 }
 
 /// A progress bar on stderr; indicatif hides it when stderr is not a terminal.
