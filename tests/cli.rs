@@ -401,7 +401,11 @@ fn a_capture_without_calibration_cannot_be_placed_on_the_host_timeline() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert_exit(&o, 4, "cannot be replayed: launch 0: device 0 has no calibration");
+    assert_exit(
+        &o,
+        4,
+        "cannot be replayed: launch 0: device 0 has no calibration",
+    );
     assert!(!out.exists());
     // The report needs no host times: it still works.
     let o = run(&["report", path.to_str().unwrap()]);
