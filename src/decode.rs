@@ -253,6 +253,8 @@ struct Index {
     flushed: Vec<u32>,
     events: u64,
     drops: u64,
+    /// Smallest `first_ts` and largest `last_ts` of the flushed slots.
+    time_range: Option<(u64, u64)>,
 }
 
 /// A validated trace buffer, borrowed: zero-copy over the bytes it was decoded from.
@@ -422,6 +424,7 @@ impl<'a> Capture<'a> {
             u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
         let mut flushed = Vec::new();
         let (mut events, mut drops) = (0u64, 0u64);
+        let mut time_range: Option<(u64, u64)> = None;
         let body = &bytes[BUFFER_HEADER_SIZE..size];
         for (i, slot) in body.chunks_exact(stride).enumerate() {
             let i = i as u32;
@@ -477,6 +480,10 @@ impl<'a> Capture<'a> {
             }
             events += h.record_count as u64;
             drops += h.drop_count as u64;
+            time_range = Some(match time_range {
+                Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
+                None => (h.first_ts, h.last_ts),
+            });
             flushed.push(i);
         }
         Ok(Capture {
@@ -487,6 +494,7 @@ impl<'a> Capture<'a> {
                 flushed,
                 events,
                 drops,
+                time_range,
             }),
         })
     }
@@ -531,6 +539,13 @@ impl<'a> Capture<'a> {
     /// Records dropped in all slots because a slot was full.
     pub fn drop_count(&self) -> u64 {
         self.index.drops
+    }
+
+    /// The device time the flushed slots cover: the smallest `first_ts` and the
+    /// largest `last_ts` (every event lies inside); `None` if no slot was flushed.
+    /// The clock mapping needs calibration around this interval.
+    pub fn time_range(&self) -> Option<(u64, u64)> {
+        self.index.time_range
     }
 
     /// Copies the buffer into an [`OwnedCapture`] (no re-validation).
@@ -780,6 +795,11 @@ impl OwnedCapture {
     /// Records dropped in all slots.
     pub fn drop_count(&self) -> u64 {
         self.index.drops
+    }
+
+    /// See [`Capture::time_range`].
+    pub fn time_range(&self) -> Option<(u64, u64)> {
+        self.index.time_range
     }
 }
 
@@ -1140,6 +1160,7 @@ mod tests {
         let idx: Vec<u32> = cap.slots().map(|s| s.index).collect();
         assert_eq!(idx, [1, 4]);
         assert_eq!(cap.event_count(), 4);
+        assert_eq!(cap.time_range(), Some((1000, 6000)));
         let s = cap.slot(4).unwrap();
         assert_eq!(s.header.block_linear, 1);
         assert_eq!(s.header.block, [1, 0, 0]);
@@ -1409,6 +1430,7 @@ mod tests {
         assert_eq!(cap.header().warps_per_block, 3);
         assert_eq!(cap.header().slot_count, 18);
         assert_eq!(cap.slots().count(), 0);
+        assert_eq!(cap.time_range(), None);
     }
 
     #[test]

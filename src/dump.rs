@@ -22,8 +22,10 @@ use flate2::bufread::ZlibDecoder;
 use flate2::write::ZlibEncoder;
 use flate2::Compression;
 
-use crate::bridge::{DeviceInfo, LaunchInfo};
-use crate::clock::Sample;
+use crate::bridge::{Batch, DeviceInfo, LaunchInfo};
+use crate::clock::{
+    Calibration, Checkpoint, ClockError, ClockMap, FitOptions, HostOffsets, Sample,
+};
 use crate::decode::{DecodeError, OwnedCapture};
 use crate::registry::{EventRegistry, RegistryError};
 
@@ -110,6 +112,24 @@ pub enum DumpError {
         /// The field: `launch_id`, `grid` or `block`.
         field: &'static str,
     },
+    /// A device's calibration samples do not fit a clock map.
+    #[error("device {device}, calibration round {round}: {source}")]
+    Clock {
+        /// Device ordinal.
+        device: u32,
+        /// Index of the calibration round.
+        round: usize,
+        /// The fit's error.
+        source: ClockError,
+    },
+    /// A launch on a device that has no calibration round.
+    #[error("launch {launch}: device {device} has no calibration")]
+    NoCalibration {
+        /// Index of the launch.
+        launch: usize,
+        /// Device ordinal.
+        device: u32,
+    },
     /// A count or string too long for the format's 32-bit lengths.
     #[error("capture too large: a count or string exceeds 2^32 - 1")]
     TooLarge,
@@ -138,6 +158,10 @@ pub struct CalibrationRound {
     pub monotonic_raw_offset_ns: i64,
     /// How far each offset may be off (ns).
     pub offset_uncertainty_ns: u64,
+    /// The device timer's step (ns) the live fit assumed (the calibrator
+    /// measures it); the refit uses the same. 0: not measured, the
+    /// [`FitOptions`] default applies.
+    pub timer_step_ns: u64,
 }
 
 /// A GPU and its calibrations, oldest first.
@@ -423,6 +447,7 @@ impl Dump {
                 e.i64(c.monotonic_offset_ns);
                 e.i64(c.monotonic_raw_offset_ns);
                 e.u64(c.offset_uncertainty_ns);
+                e.u64(c.timer_step_ns);
                 e.len(c.samples.len());
                 for s in &c.samples {
                     e.u64(s.host_before);
@@ -499,7 +524,7 @@ impl Dump {
                     ordinal: info.ordinal,
                 });
             }
-            let rounds = d.count(36)?;
+            let rounds = d.count(44)?;
             let mut calibrations = Vec::with_capacity(rounds);
             for _ in 0..rounds {
                 let mut c = CalibrationRound {
@@ -508,6 +533,7 @@ impl Dump {
                     monotonic_offset_ns: d.i64()?,
                     monotonic_raw_offset_ns: d.i64()?,
                     offset_uncertainty_ns: d.u64()?,
+                    timer_step_ns: d.u64()?,
                 };
                 let ns = d.count(24)?;
                 c.samples.reserve_exact(ns);
@@ -775,6 +801,89 @@ impl Dump {
     }
 }
 
+impl Dump {
+    /// Fits each device's calibration rounds (raw samples → [`ClockMap::fit_with`],
+    /// one [`Checkpoint`] per round, in order): ordinal → calibration. A device
+    /// with no rounds has no entry.
+    pub fn calibrations(&self) -> Result<Vec<(u32, Calibration)>, DumpError> {
+        let mut out = Vec::with_capacity(self.devices.len());
+        for d in &self.devices {
+            let device = d.info.ordinal;
+            let mut cal: Option<Calibration> = None;
+            for (round, c) in d.calibrations.iter().enumerate() {
+                let clock_err = |source| DumpError::Clock {
+                    device,
+                    round,
+                    source,
+                };
+                let mut options = FitOptions::default();
+                if c.timer_step_ns != 0 {
+                    options.timer_step_ns = c.timer_step_ns;
+                }
+                let checkpoint = Checkpoint {
+                    map: ClockMap::fit_with(&c.samples, &options).map_err(clock_err)?,
+                    host_offsets: HostOffsets {
+                        realtime_ns: c.realtime_offset_ns,
+                        monotonic_ns: c.monotonic_offset_ns,
+                        monotonic_raw_ns: c.monotonic_raw_offset_ns,
+                        uncertainty_ns: c.offset_uncertainty_ns,
+                    },
+                };
+                match &mut cal {
+                    None => cal = Some(Calibration::new(checkpoint)),
+                    Some(cal) => cal.push(checkpoint).map_err(clock_err)?,
+                }
+            }
+            if let Some(cal) = cal {
+                out.push((device, cal));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The replay: one [`Batch`] per launch, in launch order, ready for
+    /// [`crate::bridge`] sinks. Each device's calibration is fitted once and
+    /// shared by its batches; the registry is shared by all.
+    pub fn batches(&self) -> Result<Vec<Arc<Batch>>, DumpError> {
+        let registry = Arc::new(self.registry.clone());
+        let fitted = self.calibrations()?;
+        let devices: Vec<(Arc<DeviceInfo>, Option<Arc<Calibration>>)> = self
+            .devices
+            .iter()
+            .map(|d| {
+                let cal = fitted
+                    .iter()
+                    .find(|(o, _)| *o == d.info.ordinal)
+                    .map(|(_, c)| Arc::new(c.clone()));
+                (Arc::new(d.info.clone()), cal)
+            })
+            .collect();
+        self.launches
+            .iter()
+            .enumerate()
+            .map(|(launch, l)| {
+                let (device, cal) = devices.iter().find(|(d, _)| d.ordinal == l.device).ok_or(
+                    DumpError::UnknownDevice {
+                        launch,
+                        ordinal: l.device,
+                    },
+                )?;
+                let calibration = cal.clone().ok_or(DumpError::NoCalibration {
+                    launch,
+                    device: l.device,
+                })?;
+                Ok(Arc::new(Batch {
+                    device: device.clone(),
+                    launch: l.info(),
+                    capture: l.capture.clone(),
+                    calibration,
+                    registry: registry.clone(),
+                }))
+            })
+            .collect()
+    }
+}
+
 fn check_span(index: usize, s: &HostSpan) -> Result<(), DumpError> {
     let bad = |what| Err(DumpError::BadSpan { span: index, what });
     if s.end_ns < s.start_ns {
@@ -845,6 +954,7 @@ mod tests {
                     monotonic_offset_ns: -12,
                     monotonic_raw_offset_ns: -340,
                     offset_uncertainty_ns: 20,
+                    timer_step_ns: 32,
                 },
                 CalibrationRound::default(),
             ],
@@ -1136,6 +1246,50 @@ mod tests {
                 }
             )
         });
+    }
+
+    #[test]
+    fn batches_replay_every_launch() {
+        let d = sample();
+        // Round 1 of each device has no samples: it cannot fit.
+        let e = d.batches().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DumpError::Clock {
+                    device: 0,
+                    round: 1,
+                    source: ClockError::NotEnoughSamples { .. }
+                }
+            ),
+            "{e}"
+        );
+        let mut d = sample();
+        for dev in &mut d.devices {
+            dev.calibrations.truncate(1);
+        }
+        let batches = d.batches().unwrap();
+        assert_eq!(batches.len(), 2);
+        for (b, l) in batches.iter().zip(&d.launches) {
+            assert_eq!(b.device.ordinal, l.device);
+            assert_eq!(b.launch.launch_id, l.launch_id);
+            assert!(Arc::ptr_eq(&b.capture, &l.capture));
+            assert!(Arc::ptr_eq(&b.registry, &batches[0].registry));
+            assert_eq!(b.registry.name(1), Some("mma"));
+            // Samples map device 1_000_000 + i·1000 to host 5_000 + i·1000 (+350 mid round trip).
+            let host = b
+                .calibration
+                .to_host(crate::clock::HostClock::Boottime, 1_003_000);
+            assert!(host.abs_diff(8_350) <= 400, "{host}");
+        }
+        d.devices[1].calibrations.clear();
+        assert!(matches!(
+            d.batches().unwrap_err(),
+            DumpError::NoCalibration {
+                launch: 1,
+                device: 1
+            }
+        ));
     }
 
     mod props {

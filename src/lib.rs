@@ -17,3 +17,9 @@ pub mod report;
 pub mod cuda;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+
+/// The README's Rust code blocks, compiled (and, unless `no_run`, run) as doctests;
+/// its main example needs the `cuda` feature (`scripts/test.sh` tests with all).
+#[cfg(all(doctest, feature = "cuda"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,1 +1,621 @@
-fn main() {}
+//! `tracing-gpu`: the command-line tool (feature `cli`).
+//!
+//! It uses only the library's public API: a capture file ([`Dump`]) in, a
+//! Perfetto trace, OTLP spans, a report or an SVG timeline out; and, with the
+//! `cuda` feature and a GPU, live runs. Every failure is a message on stderr
+//! and one of the exit codes below, never a panic.
+
+use std::fmt;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tracing_gpu::bridge::Batch;
+use tracing_gpu::dump::{Dump, DumpError};
+use tracing_gpu::perfetto::{TraceFile, TraceWriter, WriteStats};
+use tracing_gpu::report::{SvgOptions, Timeline};
+
+/// The live demo: the quickstart example's profiled kernel (its `run` writes a
+/// Perfetto trace and a capture), shared with `examples/quickstart.rs`.
+#[cfg(feature = "cuda")]
+#[path = "../examples/quickstart.rs"]
+#[allow(dead_code)] // the example's own `main`
+mod quickstart;
+
+/// The capture shipped in the repository: a GEMM run recorded on an H200. The
+/// no-GPU `demo` replays it.
+const SHIPPED_CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-gemm.tgpu");
+
+/// What `--help` and the README list: one code per kind of failure, so that
+/// scripts can tell a bad file from a missing GPU.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  a run failed (a CUDA or driver error during a live run)
+  2  bad usage (unknown option, missing argument, launch index out of range)
+  3  an input file cannot be read (missing, permission)
+  4  an input file is not a valid capture (wrong magic, truncated, corrupt)
+  5  an output file cannot be written
+  6  no GPU: no NVIDIA driver, no device, or built without the `cuda` feature
+  7  OTLP export failed (collector unreachable, or built without `otlp`)";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tracing-gpu",
+    version,
+    about = "In-kernel CUDA phase traces, aligned to the host clock: Perfetto, OTLP, reports.",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Writes a real trace: live on a GPU; with none, from a capture recorded on an H200.
+    #[command(after_help = EXIT_CODES)]
+    Demo {
+        /// The trace to write.
+        #[arg(
+            short,
+            long,
+            value_name = "FILE",
+            default_value = "tracing-gpu-demo.perfetto-trace"
+        )]
+        out: PathBuf,
+        /// Replay a capture even if a GPU is present.
+        #[arg(long)]
+        replay: bool,
+        /// The capture to replay (default: the one shipped in captures/).
+        #[arg(long, value_name = "FILE")]
+        capture: Option<PathBuf>,
+    },
+    /// Measures each GPU's clock against the host's: offset, drift and error bound.
+    #[command(after_help = EXIT_CODES)]
+    Calibrate {
+        /// Ping-pong rounds per GPU.
+        #[arg(long, value_name = "N", default_value_t = 2000)]
+        samples: usize,
+    },
+    /// Converts a capture file into a Perfetto trace, or sends it over OTLP.
+    #[command(after_help = EXIT_CODES)]
+    #[command(group(clap::ArgGroup::new("to").required(true).multiple(true).args(["out", "otlp"])))]
+    Convert {
+        /// The capture file (.tgpu).
+        capture: PathBuf,
+        /// The Perfetto trace to write (open it at https://ui.perfetto.dev).
+        #[arg(short, long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Send the host spans and device phases to this OTLP endpoint instead
+        /// (or as well), such as http://localhost:4318 (needs the `otlp` feature).
+        #[arg(long, value_name = "ENDPOINT")]
+        otlp: Option<String>,
+        /// OTLP transport: grpc or http/protobuf.
+        #[arg(
+            long,
+            value_name = "PROTOCOL",
+            default_value = "http/protobuf",
+            requires = "otlp"
+        )]
+        otlp_protocol: String,
+    },
+    /// Statistics per event type and per SM, and an SVG timeline of SMs against time.
+    #[command(after_help = EXIT_CODES)]
+    Report {
+        /// The capture file (.tgpu).
+        capture: PathBuf,
+        /// Also draw the timeline into this SVG file (opens in any browser). With
+        /// several GPUs, GPU n's goes to FILE with `.gpu<n>` before the extension.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+        /// Only this launch (its index in the capture, from 0).
+        #[arg(long, value_name = "N")]
+        launch: Option<usize>,
+        /// Width of the SVG's plot area in pixels.
+        #[arg(long, value_name = "PX", default_value_t = 1600)]
+        width: u32,
+    },
+}
+
+/// Exit codes, as [`EXIT_CODES`] lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    // Only live runs (feature `cuda`) fail this way.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Run = 1,
+    NoGpu = 6,
+    Export = 7,
+    Usage = 2,
+    Input = 3,
+    BadCapture = 4,
+    Output = 5,
+}
+
+/// A failure: what to print and how to exit.
+#[derive(Debug)]
+struct Failure {
+    exit: Exit,
+    message: String,
+}
+
+impl Failure {
+    fn new(exit: Exit, message: impl Into<String>) -> Self {
+        Failure {
+            exit,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Reads a capture, sorting what can go wrong into "cannot read" and "not a capture".
+fn read_capture(path: &Path) -> Result<Dump, Failure> {
+    Dump::read(path).map_err(|e| match e {
+        DumpError::File { source, .. } => Failure::new(
+            Exit::Input,
+            format!("cannot read {}: {source}", path.display()),
+        ),
+        DumpError::Io(source) => Failure::new(
+            Exit::Input,
+            format!("cannot read {}: {source}", path.display()),
+        ),
+        other => Failure::new(
+            Exit::BadCapture,
+            format!(
+                "{} is not a valid tracing-gpu capture: {other}",
+                path.display()
+            ),
+        ),
+    })
+}
+
+/// Writes a whole output file, or says which and why not.
+fn write_output(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    std::fs::write(path, bytes).map_err(|e| {
+        Failure::new(
+            Exit::Output,
+            format!("cannot write {}: {e}", path.display()),
+        )
+    })
+}
+
+/// One batch per launch ([`Dump::batches`]: each device's calibration refitted
+/// from the stored samples); a capture that cannot be replayed is a bad capture.
+fn batches(dump: &Dump, path: &Path) -> Result<Vec<Arc<Batch>>, Failure> {
+    dump.batches().map_err(|e| {
+        Failure::new(
+            Exit::BadCapture,
+            format!("{} cannot be replayed: {e}", path.display()),
+        )
+    })
+}
+
+/// A progress bar on stderr; indicatif hides it when stderr is not a terminal.
+fn progress(len: usize, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} launches, {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Writes the batches into a Perfetto trace at `out`: complete or absent.
+fn write_perfetto(batches: &[Arc<Batch>], out: &Path) -> Result<WriteStats, Failure> {
+    let cannot = |e: tracing_gpu::perfetto::PerfettoError| {
+        Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
+    };
+    let file = TraceFile::create(out).map_err(cannot)?;
+    let mut writer = TraceWriter::new(file).map_err(cannot)?;
+    let bar = progress(batches.len(), "converting");
+    for b in batches {
+        writer.write_batch(b).map_err(cannot)?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let (file, stats) = writer.finish().map_err(cannot)?;
+    file.commit().map_err(cannot)?;
+    Ok(stats)
+}
+
+fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Result<(), Failure> {
+    let dump = read_capture(capture)?;
+    let batches = batches(&dump, capture)?;
+    if let Some(out) = out {
+        let stats = write_perfetto(&batches, out)?;
+        eprintln!(
+            "trace: {} ({} launches, {} device events, {} bytes); open it at https://ui.perfetto.dev",
+            out.display(),
+            stats.kernels,
+            stats.device_events,
+            stats.bytes
+        );
+    }
+    if let Some((endpoint, protocol)) = otlp {
+        export_otlp(&dump, &batches, endpoint, protocol)?;
+    }
+    Ok(())
+}
+
+/// Sends a capture's host spans and device phases to an OTLP endpoint.
+#[cfg(feature = "otlp")]
+fn export_otlp(
+    dump: &Dump,
+    batches: &[Arc<Batch>],
+    endpoint: &str,
+    protocol: &str,
+) -> Result<(), Failure> {
+    use tracing_gpu::otlp::{OtlpLayer, Protocol};
+    let failed = |e: String| Failure::new(Exit::Export, format!("OTLP export to {endpoint}: {e}"));
+    let protocol: Protocol = protocol
+        .parse()
+        .map_err(|e: String| Failure::new(Exit::Usage, e))?;
+    let (layer, guard) = OtlpLayer::builder()
+        .service_name("tracing-gpu")
+        .endpoint(endpoint)
+        .protocol(protocol)
+        .timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    let bar = progress(batches.len(), "exporting");
+    layer.replay(dump, batches);
+    bar.finish_and_clear();
+    let flushed = guard.flush();
+    let stats = guard.stats();
+    let shut = guard.shutdown();
+    flushed.and(shut).map_err(|e| failed(e.to_string()))?;
+    if stats.spans_failed > 0 || stats.spans_dropped > 0 || stats.export_errors > 0 {
+        return Err(failed(format!(
+            "{} spans exported, {} failed, {} dropped ({} export errors): is a collector listening there?",
+            stats.spans_exported, stats.spans_failed, stats.spans_dropped, stats.export_errors
+        )));
+    }
+    eprintln!(
+        "otlp: {} spans exported to {endpoint}",
+        stats.spans_exported
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "otlp"))]
+fn export_otlp(_: &Dump, _: &[Arc<Batch>], endpoint: &str, _: &str) -> Result<(), Failure> {
+    Err(Failure::new(
+        Exit::Export,
+        format!("cannot export to {endpoint}: this build has no OTLP support (build with --features otlp, or full)"),
+    ))
+}
+
+/// Why no live run: `None` if a GPU can be used.
+#[cfg(feature = "cuda")]
+fn no_gpu_reason() -> Option<String> {
+    if let Err(e) = tracing_gpu::cuda::ensure_libraries() {
+        return Some(e.to_string());
+    }
+    match tracing_gpu::cuda::cudarc::driver::CudaContext::device_count() {
+        Ok(n) if n > 0 => None,
+        Ok(_) => Some("no CUDA device".into()),
+        Err(e) => Some(format!("no usable CUDA device: {e}")),
+    }
+}
+
+/// Why no live run: this build has no CUDA support.
+#[cfg(not(feature = "cuda"))]
+fn no_gpu_reason() -> Option<String> {
+    Some("this build has no CUDA support: build with --features cuda (or full)".into())
+}
+
+/// Prints the report of a capture and draws its first GPU's timeline into `svg`.
+fn summarize(dump: &Dump, title: &str, svg: &Path) -> Result<(), Failure> {
+    let mut summary = String::new();
+    for (i, device) in dump.devices.iter().enumerate() {
+        let mut timeline = Timeline::new();
+        timeline.set_names(&dump.registry);
+        timeline.set_sm_count(device.info.sm_count);
+        timeline.set_title(format!(
+            "{title}, GPU {} ({})",
+            device.info.ordinal, device.info.name
+        ));
+        for l in dump
+            .launches
+            .iter()
+            .filter(|l| l.device == device.info.ordinal)
+        {
+            timeline.add_capture(&l.capture.view());
+        }
+        if timeline.event_count() == 0 {
+            continue;
+        }
+        summary.push_str(&format!("{}\n", timeline.report()));
+        if i == 0 {
+            write_output(svg, timeline.to_svg(&SvgOptions::default()).as_bytes())?;
+        }
+    }
+    print_out(&summary)
+}
+
+/// Runs the profiled quickstart kernel on GPU 0: trace at `out`, capture beside it.
+#[cfg(feature = "cuda")]
+fn live_demo(out: &Path) -> Result<(), Failure> {
+    let capture = out.with_extension("tgpu");
+    eprintln!("live run on GPU 0: the quickstart kernel, 8 profiled launches");
+    let summary = quickstart::run(out, Some(&capture), 8)
+        .map_err(|e| Failure::new(Exit::Run, format!("live demo failed: {e}")))?;
+    let dump = read_capture(&capture)?;
+    let svg = out.with_extension("svg");
+    summarize(&dump, "live quickstart", &svg)?;
+    eprintln!(
+        "trace: {} ({} launches, {} device events, {} dropped)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ncapture: {} (replay it: tracing-gpu convert / report)\ntimeline: {} (open it in a browser)",
+        out.display(),
+        summary.stats.delivered,
+        summary.stats.events,
+        summary.stats.dropped_events,
+        capture.display(),
+        svg.display()
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn live_demo(_out: &Path) -> Result<(), Failure> {
+    Err(Failure::new(Exit::NoGpu, "this build has no CUDA support"))
+}
+
+fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure> {
+    let reason = if replay {
+        Some("--replay".to_string())
+    } else {
+        no_gpu_reason()
+    };
+    let Some(reason) = reason else {
+        return live_demo(out);
+    };
+    let capture = capture.unwrap_or(Path::new(SHIPPED_CAPTURE));
+    eprintln!(
+        "no live run ({reason}): replaying the capture {}",
+        capture.display()
+    );
+    if capture == Path::new(SHIPPED_CAPTURE) && !capture.exists() {
+        return Err(Failure::new(
+            Exit::Input,
+            format!(
+                "the shipped capture {SHIPPED_CAPTURE} is not in this checkout; replay another with --capture FILE \
+                 (`tracing-gpu demo` on a GPU writes one beside its trace)"
+            ),
+        ));
+    }
+    let dump = read_capture(capture)?;
+    let gpus: Vec<&str> = dump.devices.iter().map(|d| d.info.name.as_str()).collect();
+    eprintln!(
+        "  recorded on {}: {} launches of {}",
+        if gpus.is_empty() {
+            "no GPU".to_string()
+        } else {
+            gpus.join(", ")
+        },
+        dump.launches.len(),
+        {
+            let mut k: Vec<&str> = dump.launches.iter().map(|l| l.kernel.as_str()).collect();
+            k.dedup();
+            k.join(", ")
+        }
+    );
+    let batches = batches(&dump, capture)?;
+    let stats = write_perfetto(&batches, out)?;
+    let svg = out.with_extension("svg");
+    summarize(&dump, "replayed capture", &svg)?;
+    eprintln!(
+        "trace: {} ({} launches, {} device events)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",
+        out.display(),
+        stats.kernels,
+        stats.device_events,
+        svg.display()
+    );
+    Ok(())
+}
+
+/// Calibrates every GPU with `samples` ping-pong rounds and prints its device →
+/// host clock map.
+#[cfg(feature = "cuda")]
+fn calibrate(samples: usize) -> Result<(), Failure> {
+    use tracing_gpu::cuda::{calibrate::Calibrator, cudarc::driver::CudaContext};
+    if let Some(reason) = no_gpu_reason() {
+        return Err(Failure::new(
+            Exit::NoGpu,
+            format!("cannot calibrate: {reason}"),
+        ));
+    }
+    let n = CudaContext::device_count()
+        .map_err(|e| Failure::new(Exit::NoGpu, format!("cannot count the GPUs: {e}")))?;
+    let failed = |ordinal: usize, e: &dyn fmt::Display| {
+        Failure::new(Exit::Run, format!("GPU {ordinal}: calibration failed: {e}"))
+    };
+    let mut table = format!(
+        "{:<4} {:<22} {:>22} {:>14} {:>10} {:>11} {:>9} {:>6}\n",
+        "GPU", "name", "offset (host−device)", "drift", "bound", "used", "min RTT", "step"
+    );
+    for ordinal in 0..n.max(0) as usize {
+        let ctx = CudaContext::new(ordinal).map_err(|e| failed(ordinal, &e))?;
+        let name = ctx.name().unwrap_or_else(|_| "?".into());
+        let mut calibrator = Calibrator::new(&ctx).map_err(|e| failed(ordinal, &e))?;
+        let checkpoint = calibrator
+            .calibrate(samples)
+            .map_err(|e| failed(ordinal, &e))?;
+        let map = &checkpoint.map;
+        let stats = map.stats();
+        table.push_str(&format!(
+            "{:<4} {:<22} {:>19} ns {:>+10.3} ppm {:>7} ns {:>5}/{:<5} {:>6} ns {:>3} ns\n",
+            ordinal,
+            name,
+            map.offset_ns(),
+            map.drift_ppm(),
+            map.bound_ns(),
+            stats.used,
+            stats.samples,
+            stats.min_round_trip_ns,
+            calibrator.timer_step_ns()
+        ));
+    }
+    table.push_str(
+        "offset and drift map %globaltimer to CLOCK_BOOTTIME (the trace clock); bound: the largest error of that map within the samples' window\n",
+    );
+    print_out(&table)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn calibrate(_samples: usize) -> Result<(), Failure> {
+    Err(Failure::new(
+        Exit::NoGpu,
+        "cannot calibrate: this build has no CUDA support (build with --features cuda, or full)",
+    ))
+}
+
+/// Prints to stdout; a closed pipe (`| head`) ends the output quietly.
+fn print_out(text: &str) -> Result<(), Failure> {
+    match io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(Failure::new(
+            Exit::Output,
+            format!("cannot write to stdout: {e}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `out.svg` → `out.gpu1.svg`.
+fn per_device_path(path: &Path, ordinal: u32) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.gpu{ordinal}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.gpu{ordinal}"),
+    };
+    path.with_file_name(name)
+}
+
+fn report(
+    capture: &Path,
+    svg: Option<&Path>,
+    launch: Option<usize>,
+    width: u32,
+) -> Result<(), Failure> {
+    let dump = read_capture(capture)?;
+    if let Some(n) = launch {
+        if n >= dump.launches.len() {
+            return Err(Failure::new(
+                Exit::Usage,
+                format!(
+                    "--launch {n}: {} holds {} launches (0 to {})",
+                    capture.display(),
+                    dump.launches.len(),
+                    dump.launches.len().saturating_sub(1)
+                ),
+            ));
+        }
+    }
+    if dump.launches.is_empty() {
+        print_out(&format!("{}: no launches\n", capture.display()))?;
+        return Ok(());
+    }
+    let several = dump
+        .devices
+        .iter()
+        .filter(|d| dump.launches.iter().any(|l| l.device == d.info.ordinal))
+        .count()
+        > 1;
+    for device in &dump.devices {
+        let launches: Vec<_> = dump
+            .launches
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| l.device == device.info.ordinal && launch.is_none_or(|n| n == *i))
+            .map(|(_, l)| l)
+            .collect();
+        if launches.is_empty() {
+            continue;
+        }
+        let mut timeline = Timeline::new();
+        timeline.set_names(&dump.registry);
+        timeline.set_sm_count(device.info.sm_count);
+        let mut kernels: Vec<&str> = launches.iter().map(|l| l.kernel.as_str()).collect();
+        kernels.dedup();
+        timeline.set_title(format!(
+            "{} on GPU {} ({})",
+            if kernels.len() == 1 {
+                kernels[0].to_string()
+            } else {
+                kernels.join(", ")
+            },
+            device.info.ordinal,
+            device.info.name
+        ));
+        for l in &launches {
+            timeline.add_capture(&l.capture.view());
+        }
+        print_out(&format!("{}\n", timeline.report()))?;
+        if let Some(svg) = svg {
+            let path = if several {
+                per_device_path(svg, device.info.ordinal)
+            } else {
+                svg.to_path_buf()
+            };
+            let options = SvgOptions {
+                width,
+                ..SvgOptions::default()
+            };
+            write_output(&path, timeline.to_svg(&options).as_bytes())?;
+            eprintln!("timeline: {} (open it in a browser)", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Demo {
+            out,
+            replay,
+            capture,
+        } => demo(&out, replay, capture.as_deref()),
+        Command::Convert {
+            capture,
+            out,
+            otlp,
+            otlp_protocol,
+        } => convert(
+            &capture,
+            out.as_deref(),
+            otlp.as_deref().map(|e| (e, otlp_protocol.as_str())),
+        ),
+        Command::Calibrate { samples } => calibrate(samples),
+        Command::Report {
+            capture,
+            svg,
+            launch,
+            width,
+        } => report(&capture, svg.as_deref(), launch, width),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {f}");
+            ExitCode::from(f.exit as u8)
+        }
+    }
+}

@@ -186,20 +186,30 @@ fn header_values_match_format_rs() {
 
 #[test]
 fn kernel_arg_layout_matches_the_header_struct() {
-    // The header static_asserts the same three offsets and the size.
+    // The header declares base, capacity, slot_count in this order and asserts size 16 and
+    // alignment 8, which puts them at 0, 8 and 12.
     assert_eq!(std::mem::offset_of!(format::KernelArg, base), 0);
     assert_eq!(std::mem::offset_of!(format::KernelArg, capacity), 8);
     assert_eq!(std::mem::offset_of!(format::KernelArg, slot_count), 12);
     assert_eq!(std::mem::size_of::<format::KernelArg>(), 16);
-    for needle in [
-        "__builtin_offsetof(Trace, base) == 0",
-        "__builtin_offsetof(Trace, capacity) == 8",
-        "__builtin_offsetof(Trace, slot_count) == 12",
-        "sizeof(Trace) == 16",
-    ] {
-        assert!(
-            HEADER.contains(needle),
-            "the header no longer asserts {needle}"
-        );
-    }
+    assert_eq!(std::mem::align_of::<format::KernelArg>(), 8);
+    let body = HEADER
+        .split_once("struct Trace {")
+        .and_then(|(_, rest)| rest.split_once("};"))
+        .expect("no struct Trace in the header")
+        .0;
+    let fields: Vec<&str> = body
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "unsigned long long base;",
+            "unsigned int capacity;",
+            "unsigned int slot_count;"
+        ]
+    );
+    assert!(HEADER.contains("sizeof(Trace) == 16 && alignof(Trace) == 8"));
 }

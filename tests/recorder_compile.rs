@@ -164,6 +164,52 @@ mod nvrtc {
         }
     }
 
+    #[test]
+    fn bench_kernel_compiles_in_every_build() {
+        if !available() {
+            return;
+        }
+        let src = include_str!("../kernels/bench/recorder_bench.cu");
+        let builds: [&[&str]; 5] = [
+            &[],
+            &["TGPU_BENCH_FLOOR=1"],
+            &["TGPU_ENABLED=1"],
+            &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
+            &["TGPU_BENCH_SEED=1"],
+        ];
+        for defines in builds {
+            for unroll in ["TGPU_BENCH_UNROLL=1", "TGPU_BENCH_UNROLL=4"] {
+                let mut d = defines.to_vec();
+                d.push(unroll);
+                let p = ptx("recorder_bench", "sm_90", src, &d);
+                assert_eq!(
+                    p.contains("st.global.cs.v4.u32"),
+                    defines.contains(&"TGPU_ENABLED=1"),
+                    "{d:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_trace_forwards_to_a_device_function() {
+        if !available() {
+            return;
+        }
+        // The kernel's body lives in a device function that owns the recorder.
+        let src = "#include \"tracing_gpu.cuh\"\nTGPU_EVENT(A, 1);\n\
+                   __device__ void body(float* out TGPU_TRACE_PARAM) {\n\
+                   TGPU_RECORDER(rec, A);\nrec.begin<A>();\nout[threadIdx.x] = 1.0f;\nrec.end<A>(7);\n}\n\
+                   extern \"C\" __global__ void k(float* out TGPU_TRACE_PARAM) { body(out TGPU_TRACE_ARG); }\n";
+        check_ptx(
+            "k",
+            "sm_90",
+            true,
+            &ptx("k", "sm_90", src, &["TGPU_ENABLED=1"]),
+        );
+        check_ptx("k", "sm_90", false, &ptx("k", "sm_90", src, &[]));
+    }
+
     /// Compiles a kernel that must be rejected, gate on and off, and returns NVRTC's logs.
     fn rejected(body: &str) -> Vec<String> {
         let src = format!(

@@ -3,24 +3,46 @@
 // Header-only, C++17, NVRTC-safe: it includes nothing, not even device headers.
 //
 // Each warp owns one slot of a trace buffer, found from its (block, warp). Lane 0 writes
-// it; no atomics. A warp keeps its state in registers: the record index, its limit, and
-// one start time per event type (picked at compile time, so `begin` and `end` never touch
-// memory except for the one 16-byte store of a closed range).
+// it; no atomics. A warp's state lives in registers (about 12, plus one per event type):
+// the slot's record pointer and index, the limit, the record still to be stored, the first
+// stamp and SM, and one start time per event type, picked at compile time: `begin` and
+// `end` never touch memory except for one 16-byte evict-first store per record.
 //
 //   #include "tracing_gpu.cuh"
 //   TGPU_EVENT(Load, 1);                       // user event types: a name and a 16-bit id
 //   TGPU_EVENT(Mma, 2);
-//   extern "C" __global__ void gemm(const float* a, float* c
+//   extern "C" __global__ void gemm(const float* a, float* c, int kt
 //                                   TGPU_TRACE_PARAM) {   // ", tgpu::Trace tgpu_trace" or nothing
-//     TGPU_RECORDER(rec, Load, Mma);           // one recorder per thread, state in registers
+//     TGPU_RECORDER(rec, Load, Mma);           // every thread of the warp; lane 0 writes
+//     rec.begin<Load>();
 //     for (int k = 0; k < kt; ++k) {
-//       rec.begin<Load>(); ... rec.switch_to<Load, Mma>(k); ... rec.end<Mma>(k);
+//       ...                                    // load tile k
+//       rec.switch_to<Load, Mma>(k);           // end Load (payload k), begin Mma: one stamp
+//       ...                                    // mma on tile k
+//       rec.switch_to<Mma, Load>(k);
 //     }
+//     rec.end<Load>(kt);
 //   }                                          // the destructor flushes the slot header
+//
+// API (all in namespace tgpu unless a macro):
+//   TGPU_EVENT(Name, id)          declares an event type (a struct with Name::id)
+//   TGPU_TRACE_PARAM              appended to a kernel's parameter list
+//   TGPU_TRACE_ARG                forwards the trace to a device function taking TGPU_TRACE_PARAM
+//   TGPU_RECORDER(rec, Ev...)     declares the warp's recorder over those event types
+//   rec.begin<T>()                opens T's range (restarts it if open)
+//   rec.end<T>(payload = 0)       closes T's range: one record with a 32-bit payload
+//   rec.switch_to<A, B>(payload)  closes A (with payload) and opens B at one timer read
+//   rec.instant<T>(payload = 0)   records an instant
+//   rec.flush()                   writes the slot header now (the destructor does it anyway)
+//   Trace                         the kernel argument (base, capacity, slot_count)
+//   globaltimer(), globaltimer_lo(), smid()   the raw reads, with the gate on or off
+// Ranges of different types nest; a type's ranges do not nest with themselves. Events
+// after flush() are not recorded. A record is stored at the warp's next event (or the
+// flush), so the store sits inside the next range and out of the way of the stamps.
 //
 // The gate: compile with TGPU_ENABLED=1 to record. With TGPU_ENABLED undefined or 0, the
 // kernel keeps its production parameter list and every call compiles to nothing: the PTX
-// is identical to the same kernel with the instrumentation lines deleted
+// is identical to the same kernel with the instrumentation deleted
 // (tests/recorder_compile.rs proves it). Arguments are still evaluated when the gate is off,
 // as for any inline call, so keep payload expressions free of side effects.
 //
@@ -130,10 +152,9 @@ struct Trace {
   /// Number of slots; a warp whose slot index is not below it records nothing.
   unsigned int slot_count;
 };
+// (NVRTC 13.0 has no __builtin_offsetof: the field order above, with the size and
+// alignment below, fixes the offsets at 0, 8 and 12.)
 static_assert(sizeof(Trace) == 16 && alignof(Trace) == 8, "Trace is format::KernelArg: 16 bytes, 8-aligned");
-static_assert(__builtin_offsetof(Trace, base) == 0 && __builtin_offsetof(Trace, capacity) == 8 &&
-                  __builtin_offsetof(Trace, slot_count) == 12,
-              "Trace fields at the offsets of format::KernelArg");
 
 namespace detail {
 

@@ -149,3 +149,23 @@ fn header_dir() -> std::io::Result<Arc<std::path::PathBuf>> {
     *dir = Some(d.clone());
     Ok(d)
 }
+
+mod archive;
+mod collector;
+mod pool;
+mod profiler;
+
+pub use archive::{DumpLayer, DumpRecorder};
+pub use profiler::{
+    next_launch_id, Profiler, ProfilerBuilder, ProfilerError, ProfilerStats, DEFAULT_CAPACITY,
+    DEFAULT_MEMORY_LIMIT, DEFAULT_RECALIBRATION,
+};
+
+/// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
+pub use crate::gpu_profile;
+
+#[doc(hidden)]
+pub mod __private {
+    //! What `gpu_profile!` expands to needs; not public API.
+    pub use tracing;
+}

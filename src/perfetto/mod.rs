@@ -1,1 +1,68 @@
-//! (being written)
+//! Perfetto output: host spans and device phases in one `.perfetto-trace`
+//! file (TrackEvent protobuf), opened by <https://ui.perfetto.dev>.
+//!
+//! - [`PerfettoLayer`] is a `tracing-subscriber` layer. Host spans become
+//!   slices on their threads' tracks; device batches (through
+//!   [`crate::bridge::BatchSink`]) become slices on GPU → SM → warp tracks,
+//!   with a kernel slice per launch and a flow arrow from the launch span to
+//!   it. A writer thread streams the file to disk in bounded memory;
+//!   [`PerfettoGuard`] finishes it.
+//! - [`TraceWriter`] is the synchronous core, for writing batches without a
+//!   subscriber (the CLI's `convert`), into [`TraceFile`] or any `io::Write`.
+//! - [`proto`] holds the protobuf messages, with Perfetto's field numbers.
+//!
+//! # What the trace holds
+//!
+//! - One clock: every timestamp is on `CLOCK_BOOTTIME` (the trace clock,
+//!   declared by a `ClockSnapshot` with `primary_trace_clock = BOOTTIME`).
+//!   Device times are mapped with [`crate::clock::Calibration::to_host`].
+//!   Each writer sequence (a host thread, a warp lane) counts time on its own
+//!   incremental clock, anchored to BOOTTIME by that sequence's snapshot, so a
+//!   packet carries only the delta from the sequence's previous packet.
+//! - Names are interned per sequence; a device event's payload is its
+//!   `payload` argument.
+//! - Flow arrows: a span with a `gpu.launch_id` field (the launch span
+//!   `gpu_profile!` opens) starts a flow; the kernel slice of the batch with
+//!   that launch id ends it.
+//! - Dropped records: a cumulative "dropped events" counter under the GPU, and
+//!   a `dropped` argument on the kernel slice.
+//! - Spans and events of target [`crate::bridge::DEVICE_TARGET`] are ignored:
+//!   they repeat, for other layers, what this layer gets in bulk.
+
+mod layer;
+pub mod proto;
+mod tracks;
+mod writer;
+
+use std::path::PathBuf;
+
+pub use layer::{PerfettoBuilder, PerfettoGuard, PerfettoLayer, LAUNCH_ID_FIELD};
+pub use writer::{TraceFile, TraceWriter, WriteStats};
+
+/// Why a trace could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfettoError {
+    /// The output path has no file name.
+    #[error("not a file path: {0}")]
+    BadPath(PathBuf),
+    /// The temporary file could not be created.
+    #[error("cannot create {path}: {source}")]
+    Create {
+        /// The temporary file's path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Writing, syncing or renaming failed.
+    #[error("writing the trace failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The writer thread could not be started.
+    #[error("cannot start the trace writer thread: {0}")]
+    Thread(std::io::Error),
+    /// The writer thread panicked (a bug): the trace is lost.
+    #[error("the trace writer thread panicked")]
+    WriterPanicked,
+    /// The builder was given no output file.
+    #[error("no output file: call PerfettoBuilder::file")]
+    NoFile,
+}

@@ -1,0 +1,256 @@
+//! Perfetto writer benchmarks (`cargo bench --bench perfetto`).
+//!
+//! - `device/decode+write`: decode (strict validation) of one capture of
+//!   1,081,344 events (the seed's slice count: 132 blocks × 8 warps × 1024
+//!   events) plus its Perfetto encoding, one core; events/s, and bytes per
+//!   event printed.
+//! - `device/decode`, `device/write`: the two halves.
+//! - `host/span`: one plain span (enter + exit) through the generic `tracing`
+//!   path into a `PerfettoLayer`; spans/s.
+//! - The same 1,081,344 events written by tg4perfetto (the writer FlashInfer's
+//!   profiler uses), in the same run, as a ratio: runs
+//!   `scripts/bench_tg4perfetto.py` with `$TGPU_PYTHON` when that is set and
+//!   has `tg4perfetto` (see `scripts/bench-tg4perfetto.sh`); says so and skips
+//!   otherwise.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use tracing_gpu::bridge::{Batch, DeviceInfo, LaunchInfo};
+use tracing_gpu::clock::Calibration;
+use tracing_gpu::decode::{Capture, CaptureBuilder, OwnedCapture};
+use tracing_gpu::perfetto::{PerfettoLayer, TraceWriter};
+use tracing_gpu::registry::EventRegistry;
+use tracing_subscriber::prelude::*;
+
+const BLOCKS: u32 = 132;
+const WARPS: u32 = 8;
+const PER_WARP: u32 = 1024;
+/// 132 × 8 × 1024: the seed's Perfetto slice count.
+const EVENTS: u64 = BLOCKS as u64 * WARPS as u64 * PER_WARP as u64;
+
+/// A GEMM-like capture: each warp alternates `load` and `mma` k-tile phases
+/// (payload: the k-tile index) with small gaps, on a 32 ns timer grid (the
+/// H200's `%globaltimer` step); blocks start at staggered times on 132 SMs.
+fn capture() -> (Vec<u8>, Arc<EventRegistry>) {
+    let mut b = CaptureBuilder::new([BLOCKS, 1, 1], [32 * WARPS, 1, 1], PER_WARP);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for block in 0..BLOCKS {
+        for warp in 0..WARPS {
+            let s = b.warp(block, warp).unwrap().sm(block, block);
+            let mut t = 1_000_000_000u64 + u64::from(block) * 3_200 + u64::from(warp) * 96;
+            for i in 0..PER_WARP {
+                let id = 1 + (i % 2) as u16;
+                let dur = 32 * (6 + next() % 20); // 192 to 800 ns
+                let gap = 32 * (next() % 3); // 0 to 64 ns
+                t += gap;
+                s.range(id, t, t + dur, i / 2);
+                t += dur;
+            }
+        }
+    }
+    let mut r = EventRegistry::new();
+    r.register(1, "load").unwrap();
+    r.register(2, "mma").unwrap();
+    (b.finish(), Arc::new(r))
+}
+
+fn batch(bytes: &[u8], registry: &Arc<EventRegistry>) -> Batch {
+    let capture = OwnedCapture::decode(bytes.to_vec(), Some(registry)).unwrap();
+    assert_eq!(capture.event_count(), EVENTS);
+    Batch {
+        device: Arc::new(DeviceInfo {
+            ordinal: 0,
+            name: "bench".into(),
+            sm_count: BLOCKS,
+            ..Default::default()
+        }),
+        launch: LaunchInfo {
+            launch_id: 1,
+            kernel: "gemm".into(),
+            grid: [BLOCKS, 1, 1],
+            block: [32 * WARPS, 1, 1],
+            ..Default::default()
+        },
+        capture: Arc::new(capture),
+        calibration: Arc::new(Calibration::exact(1_000_000_000, 5_000_000_000_000, 4.0)),
+        registry: registry.clone(),
+    }
+}
+
+/// Counts bytes and throws them away.
+#[derive(Default)]
+struct Count(u64);
+
+impl Write for Count {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Decode + write of the whole capture (zlib-compressed at `level` if
+/// given); returns the trace's size.
+fn decode_and_write(bytes: &[u8], registry: &EventRegistry, b: &Batch, level: Option<u32>) -> u64 {
+    let cap = Capture::decode(bytes, Some(registry)).unwrap();
+    assert_eq!(cap.event_count(), EVENTS);
+    let mut w = TraceWriter::new(Count::default()).unwrap();
+    if let Some(l) = level {
+        w = w.compress(l);
+    }
+    w.write_batch(b).unwrap();
+    w.finish().unwrap().0 .0
+}
+
+fn device(c: &mut Criterion) {
+    let (bytes, registry) = capture();
+    let b = batch(&bytes, &registry);
+    let size = decode_and_write(&bytes, &registry, &b, None);
+    println!(
+        "perfetto: {EVENTS} events → {size} bytes, {:.2} bytes/event",
+        size as f64 / EVENTS as f64
+    );
+    let mut g = c.benchmark_group("device");
+    g.throughput(Throughput::Elements(EVENTS));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(8));
+    g.bench_function(BenchmarkId::new("decode+write", EVENTS), |it| {
+        it.iter(|| decode_and_write(&bytes, &registry, &b, None))
+    });
+    g.bench_function(BenchmarkId::new("decode", EVENTS), |it| {
+        it.iter(|| {
+            Capture::decode(&bytes, Some(&registry))
+                .unwrap()
+                .event_count()
+        })
+    });
+    g.bench_function(BenchmarkId::new("write", EVENTS), |it| {
+        it.iter(|| {
+            let mut w = TraceWriter::new(Count::default()).unwrap();
+            w.write_batch(&b).unwrap();
+            w.finish().unwrap().0 .0
+        })
+    });
+    g.finish();
+    let ours = cpu_seconds(&bytes, &registry, &b, None);
+    println!(
+        "tracing-gpu: {EVENTS} events decoded and written in {ours:.4} s of one core's CPU time \
+         (median of 5): {:.1} M events/s",
+        EVENTS as f64 / ours / 1e6
+    );
+    for level in [1, 6] {
+        let z = cpu_seconds(&bytes, &registry, &b, Some(level));
+        let size = decode_and_write(&bytes, &registry, &b, Some(level));
+        println!(
+            "tracing-gpu, zlib level {level}: {:.2} bytes/event, {z:.4} s CPU ({:.1} M events/s)",
+            size as f64 / EVENTS as f64,
+            EVENTS as f64 / z / 1e6
+        );
+    }
+    compare_with_tg4perfetto(&bytes, ours);
+}
+
+/// This thread's CPU time, in seconds: on a shared machine, wall time also
+/// counts the time other processes had the core.
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec; the clock id exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Median CPU time of 5 decode + write runs.
+fn cpu_seconds(bytes: &[u8], registry: &EventRegistry, b: &Batch, level: Option<u32>) -> f64 {
+    let mut runs: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = thread_cpu_s();
+            decode_and_write(bytes, registry, b, level);
+            thread_cpu_s() - t
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[2]
+}
+
+fn host(c: &mut Criterion) {
+    let (layer, guard) = PerfettoLayer::builder().writer(io::sink()).build().unwrap();
+    let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(layer));
+    let mut g = c.benchmark_group("host");
+    g.throughput(Throughput::Elements(1));
+    tracing::dispatcher::with_default(&dispatch, || {
+        g.bench_function("span", |it| {
+            it.iter(|| tracing::info_span!("span").in_scope(|| {}))
+        });
+        g.bench_function("span with 2 fields", |it| {
+            it.iter(|| tracing::info_span!("span", k = 3u64, who = "me").in_scope(|| {}))
+        });
+    });
+    g.finish();
+    let stats = guard.finish().unwrap();
+    println!(
+        "perfetto host: {} slices, {:.2} bytes/slice",
+        stats.host_slices,
+        stats.bytes as f64 / stats.host_slices.max(1) as f64
+    );
+}
+
+/// tg4perfetto on the same events, timed by the script (CPU time of its
+/// process); `ours` is our decode + write CPU time from the same run.
+fn compare_with_tg4perfetto(bytes: &[u8], ours: f64) {
+    let Ok(python) = std::env::var("TGPU_PYTHON") else {
+        println!("tg4perfetto comparison skipped: TGPU_PYTHON is not set (scripts/bench-tg4perfetto.sh sets it)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("capture.tgpu");
+    std::fs::write(&input, bytes).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench_tg4perfetto.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(&input)
+        .arg(dir.path().join("tg4perfetto.perfetto-trace"))
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        println!(
+            "tg4perfetto comparison skipped: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    }
+    let report = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| -> f64 {
+        report
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let (tg_write, tg_bytes, tg_events) = (field("write_s"), field("bytes"), field("events"));
+    println!(
+        "tg4perfetto: {tg_events} events written in {tg_write:.2} s of CPU time \
+         ({:.0} events/s, {:.1} bytes/event); tracing-gpu decode + write is {:.0}× faster",
+        tg_events / tg_write,
+        tg_bytes / tg_events,
+        tg_write / ours
+    );
+}
+
+criterion_group!(benches, device, host);
+criterion_main!(benches);

@@ -1,0 +1,324 @@
+//! Causality check of the live path: every device event, mapped to the host's
+//! trace clock, must fall between the host time read just before its launch call
+//! and the host time read just after the `synchronize` that waited for it.
+//!
+//! ```text
+//! cargo run --release --features cuda --example causality -- [--launches 1000] [--out summary.md]
+//! ```
+//!
+//! It makes `--launches` profiled launches of a small instrumented kernel
+//! (`kernels/examples/quickstart.cu`) of varied shapes and lengths, with varied
+//! idle gaps between them (so the clock mapping is exercised across
+//! recalibrations), each followed by a `synchronize`. The device events reach it
+//! the way they reach any `tracing` layer: as plain spans under the target
+//! `tracing_gpu::device` (see `tracing_gpu::bridge`). The launch time is the one
+//! the profiler read just before the launch call (`gpu.host_launch_ns` on the
+//! launch span).
+//!
+//! It prints the number of violations and the distribution of the margins
+//! (how far inside its window each launch's earliest and latest event fell),
+//! and exits non-zero on any violation. Without a GPU it says so and exits 2.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tracing::field::{Field, Visit};
+use tracing::span;
+use tracing_gpu::bridge::DEVICE_TARGET;
+use tracing_gpu::clock::HostClock;
+use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use tracing_gpu::cuda::{self, gpu_profile, KernelBuild, Profiler, ProfilerError};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
+const EVENTS: [(u16, &str); 4] = [(1, "load"), (2, "compute"), (3, "store"), (4, "done")];
+
+/// What the layer learns: per launch id, the launch time and the device events' extent.
+#[derive(Default)]
+struct Seen {
+    /// Launch ids in the order their spans were opened (= launch order here).
+    order: Vec<u64>,
+    host_launch_ns: HashMap<u64, u64>,
+    /// (earliest start, latest end, events) per launch.
+    extent: HashMap<u64, (u64, u64, u64)>,
+    /// Events whose own start > end (never expected).
+    inverted: u64,
+}
+
+#[derive(Clone, Default)]
+struct Collect(Arc<Mutex<Seen>>);
+
+/// The launch span's id → its launch id (a span extension).
+struct LaunchId(u64);
+
+#[derive(Default)]
+struct Fields {
+    launch_id: Option<u64>,
+    host_launch_ns: Option<u64>,
+    start: Option<u64>,
+    end: Option<u64>,
+}
+
+impl Visit for Fields {
+    fn record_u64(&mut self, f: &Field, v: u64) {
+        match f.name() {
+            "gpu.launch_id" => self.launch_id = Some(v),
+            "gpu.host_launch_ns" => self.host_launch_ns = Some(v),
+            "gpu.start_ns" => self.start = Some(v),
+            "gpu.end_ns" => self.end = Some(v),
+            _ => {}
+        }
+    }
+    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        let mut f = Fields::default();
+        attrs.record(&mut f);
+        let Some(launch) = f.launch_id else { return };
+        let mut seen = self.0.lock();
+        if attrs.metadata().target() == DEVICE_TARGET {
+            let (Some(s), Some(e)) = (f.start, f.end) else {
+                return;
+            };
+            seen.inverted += (s > e) as u64;
+            let x = seen.extent.entry(launch).or_insert((u64::MAX, 0, 0));
+            *x = (x.0.min(s), x.1.max(e), x.2 + 1);
+        } else {
+            seen.order.push(launch);
+            drop(seen);
+            ctx.span(id)
+                .expect("open")
+                .extensions_mut()
+                .insert(LaunchId(launch));
+        }
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        let mut f = Fields::default();
+        values.record(&mut f);
+        let Some(t) = f.host_launch_ns else { return };
+        let span = ctx.span(id).expect("open");
+        let launch = span.extensions().get::<LaunchId>().map(|l| l.0);
+        if let Some(launch) = launch {
+            self.0.lock().host_launch_ns.insert(launch, t);
+        }
+    }
+}
+
+struct Args {
+    launches: usize,
+    out: Option<std::path::PathBuf>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        launches: 1000,
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--launches" => {
+                a.launches = value()?.parse().map_err(|e| format!("--launches: {e}"))?
+            }
+            "--out" => a.out = Some(value()?.into()),
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?} (use --launches N, --out FILE)"
+                ))
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// Quantiles of a sorted slice, nearest rank.
+fn q(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() -> ExitCode {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("causality: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(ProfilerError::Cuda(e @ cuda::CudaError::LibraryMissing(_))) => {
+            eprintln!("causality: skipped: no GPU ({e})");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("causality: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the check; returns the number of violations.
+fn run(args: &Args) -> Result<u64, ProfilerError> {
+    let collect = Collect::default();
+    let subscriber = tracing_subscriber::registry().with(collect.clone());
+    tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
+
+    // At most 3 × 4 tiles + 1 events per warp.
+    let profiler = Profiler::builder()
+        .device(0)
+        .events(EVENTS)
+        .capacity(16)
+        .build()?;
+    let ctx = profiler.context().clone();
+    let ptx = cuda::compile(
+        SOURCE,
+        &KernelBuild::new("quickstart.cu", profiler.arch()).define("TGPU_ENABLED=1"),
+    )?;
+    let module = ctx.load_module(ptx)?;
+    let kernel = module.load_function("tiled_poly")?;
+    let stream = ctx.default_stream();
+
+    // Shapes and lengths cycle; so do idle gaps, so that launches land at
+    // every distance from a clock checkpoint.
+    let grids = [1u32, 16, 132];
+    let blocks = [64u32, 256];
+    let tiles = [1u32, 4];
+    let works = [16u32, 512, 4096];
+    let max_n = (132 * 256 * 4) as usize;
+    let x = stream.clone_htod(&vec![0.5f32; max_n])?;
+    let mut y = stream.alloc_zeros::<f32>(max_n)?;
+
+    let mut after: Vec<u64> = Vec::with_capacity(args.launches);
+    let t_start = std::time::Instant::now();
+    for i in 0..args.launches {
+        let (g, b, t, w) = (
+            grids[i % 3],
+            blocks[(i / 3) % 2],
+            tiles[(i / 6) % 2],
+            works[(i / 12) % 3],
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (g, 1, 1),
+            block_dim: (b, 1, 1),
+            shared_mem_bytes: b * 4,
+        };
+        let n = g * b * t;
+        gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
+            stream
+                .launch_builder(&kernel)
+                .arg(&x)
+                .arg(&mut y)
+                .arg(&n)
+                .arg(&t)
+                .arg(&w)
+                .arg(&trace)
+                .launch(cfg)
+        })?;
+        stream.synchronize()?;
+        after.push(HostClock::Boottime.now_ns());
+        match i % 10 {
+            0 => std::thread::sleep(Duration::from_millis(20)),
+            1..=4 => std::thread::sleep(Duration::from_millis(1)),
+            _ => {}
+        }
+    }
+    let wall = t_start.elapsed();
+    profiler.flush()?;
+    let stats = profiler.stats();
+    let calibration = profiler.calibration();
+    drop(profiler);
+
+    let seen = collect.0.lock();
+    let mut violations = 0u64;
+    let (mut start_margins, mut end_margins) = (Vec::new(), Vec::new());
+    let mut events = 0u64;
+    let mut missing = 0u64;
+    for (i, launch) in seen.order.iter().enumerate() {
+        let (Some(&t0), Some(&(first, last, n))) =
+            (seen.host_launch_ns.get(launch), seen.extent.get(launch))
+        else {
+            missing += 1;
+            continue;
+        };
+        let t1 = after[i];
+        events += n;
+        // The extent's earliest start and latest end decide every event's fate.
+        let (ms, me) = (first as i64 - t0 as i64, t1 as i64 - last as i64);
+        if ms < 0 || me < 0 {
+            violations += 1;
+        }
+        start_margins.push(ms);
+        end_margins.push(me);
+    }
+    start_margins.sort_unstable();
+    end_margins.sort_unstable();
+    let bounds: Vec<u64> = calibration
+        .checkpoints()
+        .iter()
+        .map(|c| c.map.bound_ns())
+        .collect();
+    let mut sorted_bounds = bounds.clone();
+    sorted_bounds.sort_unstable();
+    let median_bound = sorted_bounds
+        .get(sorted_bounds.len() / 2)
+        .copied()
+        .unwrap_or(0);
+
+    let mut report = String::new();
+    use std::fmt::Write;
+    let _ = writeln!(
+        report,
+        "launches: {} in {:.1} s; events checked: {events}",
+        seen.order.len(),
+        wall.as_secs_f64()
+    );
+    let _ = writeln!(
+        report,
+        "profiler: delivered {} failed {} skipped {} dropped events {}; clock checkpoints {} (median bound {} ns)",
+        stats.delivered, stats.failed, stats.skipped, stats.dropped_events, stats.calibrations, median_bound
+    );
+    let _ = writeln!(
+        report,
+        "launches without events or launch time: {missing}; events with start > end: {}",
+        seen.inverted
+    );
+    let _ = writeln!(report, "violations (launches with an event outside [launch call, after synchronize]): {violations}");
+    let _ = writeln!(
+        report,
+        "\n| margin (ns) | min | p1 | p50 | p99 | max |\n|---|---:|---:|---:|---:|---:|"
+    );
+    for (name, m) in [
+        ("launch call → first event start", &start_margins),
+        ("last event end → after synchronize", &end_margins),
+    ] {
+        let _ = writeln!(
+            report,
+            "| {name} | {} | {} | {} | {} | {} |",
+            q(m, 0.0),
+            q(m, 0.01),
+            q(m, 0.5),
+            q(m, 0.99),
+            q(m, 1.0)
+        );
+    }
+    print!("{report}");
+    if let Some(path) = &args.out {
+        std::fs::write(path, &report)
+            .map_err(|e| ProfilerError::Invalid(format!("{}: {e}", path.display())))?;
+    }
+    let bad = violations + missing + seen.inverted + stats.failed;
+    Ok(bad)
+}

@@ -1,0 +1,155 @@
+//! Quickstart: one instrumented kernel, host spans around it, one Perfetto trace.
+//!
+//! ```text
+//! cargo run --release --features cuda --example quickstart -- quickstart.perfetto-trace [--dump run.tgpu] [--launches 8]
+//! ```
+//!
+//! Open the trace at <https://ui.perfetto.dev>: the host thread shows
+//! `quickstart` → `step` → `tiled_poly` (the launch), with a flow arrow to the
+//! kernel slice on the GPU's track; under it each SM and each warp shows its
+//! `load` / `compute` / `store` phases, on the host's clock.
+//!
+//! The kernel is `kernels/examples/quickstart.cu`; the three things a kernel
+//! needs are `TGPU_EVENT`, `TGPU_TRACE_PARAM` and `TGPU_RECORDER`. On the host:
+//! a [`PerfettoLayer`] in the subscriber, a [`Profiler`], and `gpu_profile!`
+//! around the launch. With `--dump`, the run is also recorded into a capture
+//! file (devices, calibrations, launches, host spans) that
+//! `tracing-gpu convert` / `report` replay without a GPU.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use tracing_gpu::cuda::{self, gpu_profile, DumpRecorder, KernelBuild, Profiler, ProfilerStats};
+use tracing_gpu::perfetto::PerfettoLayer;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// The example kernel (also used by `examples/causality.rs`).
+pub const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
+/// Its event types, as `TGPU_EVENT` declares them.
+pub const EVENTS: [(u16, &str); 4] = [(1, "load"), (2, "compute"), (3, "store"), (4, "done")];
+
+/// What one run produced.
+#[derive(Debug)]
+pub struct Summary {
+    /// The profiler's counters.
+    pub stats: ProfilerStats,
+    /// Slices and bytes the Perfetto writer wrote.
+    pub trace: tracing_gpu::perfetto::WriteStats,
+}
+
+/// Runs `launches` profiled launches and writes the trace to `out` (and the
+/// capture to `dump`). The subscriber is scoped to this call.
+pub fn run(
+    out: &Path,
+    dump: Option<&Path>,
+    launches: u32,
+) -> Result<Summary, Box<dyn std::error::Error>> {
+    let (perfetto, guard) = PerfettoLayer::builder()
+        .file(out)
+        .process_name("quickstart")
+        .build()?;
+    let recorder = dump.map(DumpRecorder::new);
+    let subscriber = tracing_subscriber::registry()
+        .with(perfetto)
+        .with(recorder.as_ref().map(|r| r.layer()));
+    let stats = tracing::subscriber::with_default(
+        subscriber,
+        || -> Result<_, Box<dyn std::error::Error>> {
+            let _main = tracing::info_span!("quickstart").entered();
+            let profiler = {
+                let _s = tracing::info_span!("setup").entered();
+                // Each warp records 3 phases × `tiles` + 1 events: 25 of 32 places.
+                let mut b = Profiler::builder().device(0).events(EVENTS).capacity(32);
+                if let Some(r) = &recorder {
+                    b = b.dump(r.clone());
+                }
+                b.build()?
+            };
+            let ctx = profiler.context().clone();
+            let arch = profiler.arch();
+            let kernel = {
+                let _s = tracing::info_span!("compile", arch).entered();
+                let ptx = cuda::compile(
+                    SOURCE,
+                    &KernelBuild::new("quickstart.cu", arch).define("TGPU_ENABLED=1"),
+                )?;
+                ctx.load_module(ptx)?.load_function("tiled_poly")?
+            };
+            let stream = ctx.default_stream();
+            let (blocks, threads, tiles, work) =
+                (2 * profiler.device().sm_count, 256u32, 8u32, 256u32);
+            let n = blocks * threads * tiles;
+            let (x, mut y) = {
+                let _s = tracing::info_span!("upload", n).entered();
+                (
+                    stream.clone_htod(&vec![0.5f32; n as usize])?,
+                    stream.alloc_zeros::<f32>(n as usize)?,
+                )
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: threads * 4,
+            };
+            for step in 0..launches {
+                let _s = tracing::info_span!("step", step).entered();
+                gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
+                    stream
+                        .launch_builder(&kernel)
+                        .arg(&x)
+                        .arg(&mut y)
+                        .arg(&n)
+                        .arg(&tiles)
+                        .arg(&work)
+                        .arg(&trace)
+                        .launch(cfg)
+                })?;
+                tracing::info_span!("synchronize").in_scope(|| stream.synchronize())?;
+            }
+            profiler.flush()?;
+            Ok(profiler.stats())
+            // Dropping the profiler writes the capture file.
+        },
+    )?;
+    let trace = guard.finish()?;
+    Ok(Summary { stats, trace })
+}
+
+#[allow(dead_code)] // tests/gpu_live.rs includes this file for `run`.
+fn main() -> ExitCode {
+    let mut out: Option<PathBuf> = None;
+    let mut dump: Option<PathBuf> = None;
+    let mut launches = 8;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--dump" => dump = args.next().map(PathBuf::from),
+            "--launches" => launches = args.next().and_then(|v| v.parse().ok()).unwrap_or(0),
+            _ if out.is_none() && !a.starts_with("--") => out = Some(a.into()),
+            _ => out = None,
+        }
+    }
+    let Some(out) = out.filter(|_| launches > 0) else {
+        eprintln!("usage: quickstart TRACE.perfetto-trace [--dump CAPTURE.tgpu] [--launches N]");
+        return ExitCode::from(2);
+    };
+    match run(&out, dump.as_deref(), launches) {
+        Ok(s) => {
+            println!(
+                "{}: {} launches, {} device events ({} dropped), {} clock checkpoints; {} bytes",
+                out.display(),
+                s.stats.delivered,
+                s.stats.events,
+                s.stats.dropped_events,
+                s.stats.calibrations,
+                s.trace.bytes
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("quickstart: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,958 @@
+//! recorder_bench: what the device recorder (`kernels/include/tracing_gpu.cuh`) costs on a
+//! GPU, beside a reimplementation of the seed's scheme, and whether what it writes decodes
+//! exactly.
+//!
+//! ```sh
+//! cargo build --release --features cuda --example recorder_bench
+//! recorder_bench [--events N] [--repeats R] [--warmup W] [--json PATH] [--check-only]
+//! compute-sanitizer --tool memcheck --error-exitcode 1 recorder_bench --check-only
+//! ```
+//!
+//! **Checks** (always first; alone with `--check-only`, the memcheck run):
+//! - overflow: capacities too small (37 of 100 events, and 0), the last warps without a
+//!   slot, and a launch with `base == 0`; the buffers decode strictly and every slot's
+//!   record and drop counts are exact;
+//! - the example kernels (`kernels/examples/`: phases, warp-specialized, persistent) with
+//!   the gate on and off: the same outputs (and the CPU's), and the traces decode to exactly
+//!   the events each warp's role records.
+//!
+//! **Bench** (`kernels/bench/recorder_bench.cu`): every warp runs N ranges, each around 64
+//! dependent FMAs, on every SM at 1, 4, 16 and 64 warps per SM, event loop unrolled 1 and
+//! 4 times. Builds: the gate off (timed twice: the second is the noise floor), two bare
+//! timer reads per range (the floor any recorder pays), ours with begin/end, ours with
+//! switch_to, and the seed-style recorder. Each is warmed up, then the builds are
+//! interleaved (the order rotates each repeat) and timed with CUDA events; the figures are
+//! medians. Per build: the latency a warp sees, (t − t_off) / events per warp, and the SM
+//! throughput cost, that divided by warps per SM. Outputs must match the gate-off build bit
+//! for bit, and the traced builds' buffers must decode to every event, with each SM
+//! running exactly the warps asked for.
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use tracing_gpu::cuda::cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use tracing_gpu::cuda::{compile, ensure_libraries, KernelBuild};
+use tracing_gpu::decode::{Capture, Event, EventKind};
+use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use tracing_gpu::registry::EventRegistry;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+const BENCH: &str = include_str!("../kernels/bench/recorder_bench.cu");
+const PHASES: &str = include_str!("../kernels/examples/phases.cu");
+const WARP_SPECIALIZED: &str = include_str!("../kernels/examples/warp_specialized.cu");
+const PERSISTENT: &str = include_str!("../kernels/examples/persistent.cu");
+
+/// The kernel argument, as `tgpu::Trace` (16 bytes, passed by value).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct Trace(KernelArg);
+// SAFETY: KernelArg is repr(C) plain data with the layout of tgpu::Trace.
+unsafe impl DeviceRepr for Trace {}
+
+/// The seed-style recorder's argument (`seed::Buffer` in the bench kernel).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SeedBuffer {
+    records: u64,
+    counters: u64,
+    capacity: u32,
+    slot_count: u32,
+}
+// SAFETY: repr(C) plain data with the layout of seed::Buffer.
+unsafe impl DeviceRepr for SeedBuffer {}
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what().into())
+    }
+}
+
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    sms: u32,
+    name: String,
+}
+
+impl Gpu {
+    fn new() -> Result<Gpu> {
+        ensure_libraries()?;
+        let ctx = CudaContext::new(0)?;
+        // One stream and explicit synchronization: no per-launch tracking events between
+        // the timing events.
+        // SAFETY: every buffer is used on this one stream only.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability()?;
+        let sms =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(Gpu {
+            stream: ctx.default_stream(),
+            arch: Box::leak(format!("sm_{major}{minor}").into_boxed_str()),
+            sms: sms as u32,
+            name: ctx.name()?,
+            ctx,
+        })
+    }
+
+    /// Compiles `source` with NVRTC and loads its entry point `entry`.
+    fn load(&self, source: &str, entry: &str, defines: &[String]) -> Result<CudaFunction> {
+        let mut build = KernelBuild::new(entry, self.arch);
+        for d in defines {
+            build = build.define(d.clone());
+        }
+        let module = self.ctx.load_module(compile(source, &build)?)?;
+        Ok(module.load_function(entry)?)
+    }
+
+    fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+}
+
+/// A trace buffer on the device, its header written as the host does before a launch.
+struct TraceBuffer {
+    dev: CudaSlice<u8>,
+    capacity: u32,
+    slot_count: u32,
+}
+
+impl TraceBuffer {
+    fn new(gpu: &Gpu, cfg: &LaunchConfig, capacity: u32, slot_count: u32) -> Result<TraceBuffer> {
+        let size = format::buffer_size(slot_count, capacity).ok_or("trace buffer too large")?;
+        let mut dev = gpu.stream.alloc_zeros::<u8>(size)?;
+        let (g, b) = (cfg.grid_dim, cfg.block_dim);
+        let header = BufferHeader {
+            version: format::VERSION,
+            slot_capacity: capacity,
+            slot_count,
+            warps_per_block: (b.0 * b.1 * b.2).div_ceil(32),
+            launch_id: 1,
+            grid: [g.0, g.1, g.2],
+            block: [b.0, b.1, b.2],
+            flags: 0,
+        };
+        let mut bytes = [0u8; format::BUFFER_HEADER_SIZE];
+        header.write_to(&mut bytes);
+        gpu.stream
+            .memcpy_htod(&bytes, &mut dev.slice_mut(0..format::BUFFER_HEADER_SIZE))?;
+        Ok(TraceBuffer {
+            dev,
+            capacity,
+            slot_count,
+        })
+    }
+
+    fn arg(&self, gpu: &Gpu) -> Trace {
+        Trace(KernelArg {
+            base: gpu.ptr(&self.dev),
+            capacity: self.capacity,
+            slot_count: self.slot_count,
+        })
+    }
+
+    fn read(&self, gpu: &Gpu) -> Result<Vec<u8>> {
+        Ok(gpu.stream.clone_dtoh(&self.dev)?)
+    }
+}
+
+/// `warps_per_sm` warps on every SM: one block per SM, or two of 1024 threads for 64.
+fn placement(gpu: &Gpu, warps_per_sm: u32) -> LaunchConfig {
+    let blocks_per_sm = warps_per_sm.div_ceil(32);
+    LaunchConfig {
+        grid_dim: (gpu.sms * blocks_per_sm, 1, 1),
+        block_dim: (32 * warps_per_sm / blocks_per_sm, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn registry(pairs: &[(u16, &str)]) -> Result<EventRegistry> {
+    let mut r = EventRegistry::new();
+    for (id, name) in pairs {
+        r.register(*id, name)?;
+    }
+    Ok(r)
+}
+
+/// Deterministic, non-zero inputs in [-1, 1).
+fn inputs(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------
+// The bench kernel's builds.
+// ------------------------------------------------------------------------------------
+
+/// The bench kernel's FMA coefficients: a contraction, so the chain neither grows nor dies.
+const FMA_A: f32 = 0.999_023_4;
+const FMA_B: f32 = 0.001_220_7;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Build {
+    Off,
+    OffAgain,
+    Floor,
+    Ours,
+    Switch,
+    Seed,
+}
+
+impl Build {
+    const ALL: [Build; 6] = [
+        Build::Off,
+        Build::OffAgain,
+        Build::Floor,
+        Build::Ours,
+        Build::Switch,
+        Build::Seed,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Build::Off => "off",
+            Build::OffAgain => "off-again",
+            Build::Floor => "floor",
+            Build::Ours => "ours",
+            Build::Switch => "ours-switch",
+            Build::Seed => "seed-style",
+        }
+    }
+
+    fn defines(self) -> &'static [&'static str] {
+        match self {
+            Build::Off | Build::OffAgain => &[],
+            Build::Floor => &["TGPU_BENCH_FLOOR=1"],
+            Build::Ours => &["TGPU_ENABLED=1"],
+            Build::Switch => &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
+            Build::Seed => &["TGPU_BENCH_SEED=1"],
+        }
+    }
+}
+
+fn load_bench(gpu: &Gpu, build: Build, unroll: u32) -> Result<CudaFunction> {
+    let mut defines: Vec<String> = build.defines().iter().map(|d| d.to_string()).collect();
+    defines.push(format!("TGPU_BENCH_UNROLL={unroll}"));
+    gpu.load(BENCH, "recorder_bench", &defines)
+}
+
+/// Launches the bench kernel; `trace` for ours, `seed` for the seed-style build.
+fn launch_bench(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    out: &CudaSlice<f32>,
+    events: i32,
+    trace: Option<Trace>,
+    seed: Option<SeedBuffer>,
+) -> Result<()> {
+    let mut l = gpu.stream.launch_builder(f);
+    l.arg(out).arg(&FMA_A).arg(&FMA_B).arg(&events);
+    if let Some(t) = trace.as_ref() {
+        l.arg(t);
+    }
+    if let Some(s) = seed.as_ref() {
+        l.arg(s);
+    }
+    // SAFETY: the arguments match the kernel's parameter list for this build.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// Checks a traced bench build's buffer: every warp flushed, every event there (payload =
+/// event index), no drop. Returns the mean range duration in ns, and whether each SM ran
+/// exactly `warps_per_sm` warps (the block scheduler's placement, which the figures assume).
+fn check_bench_trace(
+    gpu: &Gpu,
+    bytes: &[u8],
+    reg: &EventRegistry,
+    events: u32,
+    warps_per_sm: u32,
+    open_at_flush: bool,
+) -> Result<(f64, Result<()>)> {
+    let capture = Capture::decode(bytes, Some(reg))?;
+    let slots = gpu.sms * warps_per_sm;
+    ensure(capture.flushed_slot_count() == slots as usize, || {
+        format!("{} of {slots} slots flushed", capture.flushed_slot_count())
+    })?;
+    let mut per_sm: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut total_ns = 0u64;
+    for slot in capture.slots() {
+        let h = &slot.header;
+        ensure(
+            h.record_count == events && h.drop_count == 0 && !slot.migrated(),
+            || {
+                format!(
+                    "slot {}: {} records, {} dropped, migrated {}",
+                    slot.index,
+                    h.record_count,
+                    h.drop_count,
+                    slot.migrated()
+                )
+            },
+        )?;
+        ensure(slot.open_at_flush() == open_at_flush, || {
+            format!(
+                "slot {}: open at flush {}",
+                slot.index,
+                slot.open_at_flush()
+            )
+        })?;
+        for (i, e) in slot.events().enumerate() {
+            ensure(
+                e.id == 1 && e.kind == EventKind::Range && e.payload == i as u32,
+                || format!("slot {} event {i}: {e:?}", slot.index),
+            )?;
+            total_ns += e.duration_ns();
+        }
+        *per_sm.entry(h.sm_first).or_default() += 1;
+    }
+    let placement = ensure(
+        per_sm.len() == gpu.sms as usize && per_sm.values().all(|&n| n == warps_per_sm),
+        || {
+            format!(
+                "warps per SM: {per_sm:?}, wanted {warps_per_sm} on each of {} SMs",
+                gpu.sms
+            )
+        },
+    );
+    Ok((total_ns as f64 / (slots as f64 * events as f64), placement))
+}
+
+struct Cell {
+    unroll: u32,
+    warps_per_sm: u32,
+    /// Every repeat's time in ms, per build.
+    times: BTreeMap<Build, Vec<f64>>,
+    /// Mean decoded range duration (ns), per traced build.
+    durations: BTreeMap<Build, f64>,
+    /// Checks that failed: printed with the table, and the run exits with an error.
+    findings: Vec<String>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+impl Cell {
+    fn median(&self, b: Build) -> f64 {
+        median(&self.times[&b])
+    }
+
+    /// (t_build − t_off) per event per warp, in ns.
+    fn latency_ns(&self, b: Build, events: u32) -> f64 {
+        (self.median(b) - self.median(Build::Off)) * 1e6 / events as f64
+    }
+}
+
+struct Options {
+    events: u32,
+    repeats: u32,
+    warmup: u32,
+    json: Option<String>,
+    check_only: bool,
+}
+
+fn options() -> Result<Options> {
+    let mut o = Options {
+        events: 4096,
+        repeats: 21,
+        warmup: 3,
+        json: None,
+        check_only: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--events" => o.events = value("--events")?.parse()?,
+            "--repeats" => o.repeats = value("--repeats")?.parse()?,
+            "--warmup" => o.warmup = value("--warmup")?.parse()?,
+            "--json" => o.json = Some(value("--json")?),
+            "--check-only" => o.check_only = true,
+            other => return Err(format!("unknown argument {other} (see the file's doc)").into()),
+        }
+    }
+    ensure(o.events > 0 && o.repeats > 0, || {
+        "--events and --repeats must be positive".into()
+    })?;
+    Ok(o)
+}
+
+fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
+    let reg = registry(&[(1, "work")])?;
+    let unrolls = [1u32, 4];
+    let mut funcs: BTreeMap<(u32, Build), CudaFunction> = BTreeMap::new();
+    for &u in &unrolls {
+        for b in Build::ALL {
+            let f = if b == Build::OffAgain {
+                funcs[&(u, Build::Off)].clone()
+            } else {
+                load_bench(gpu, b, u)?
+            };
+            funcs.insert((u, b), f);
+        }
+    }
+    let events = o.events;
+    let mut cells = Vec::new();
+    for warps_per_sm in [1u32, 4, 16, 64] {
+        let cfg = placement(gpu, warps_per_sm);
+        let threads = cfg.block_dim.0;
+        let blocks_per_sm = cfg.grid_dim.0 / gpu.sms;
+        for (&(u, b), f) in &funcs {
+            let fit = f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+            ensure(fit >= blocks_per_sm, || {
+                format!(
+                    "{} unroll {u}: {fit} blocks of {threads} fit on an SM, {blocks_per_sm} needed",
+                    b.name()
+                )
+            })?;
+        }
+        let slots = gpu.sms * warps_per_sm;
+        let outs: Vec<CudaSlice<f32>> = Build::ALL
+            .iter()
+            .map(|_| gpu.stream.alloc_zeros::<f32>((slots * 32) as usize))
+            .collect::<std::result::Result<_, _>>()?;
+        let traces: BTreeMap<Build, TraceBuffer> = [Build::Ours, Build::Switch]
+            .into_iter()
+            .map(|b| Ok((b, TraceBuffer::new(gpu, &cfg, events, slots)?)))
+            .collect::<Result<_>>()?;
+        let seed_records = gpu
+            .stream
+            .alloc_zeros::<u64>(slots as usize * events as usize * 5)?;
+        let mut seed_counters = gpu.stream.alloc_zeros::<u64>(slots as usize * 16)?;
+        let seed_arg = SeedBuffer {
+            records: gpu.ptr(&seed_records),
+            counters: gpu.ptr(&seed_counters),
+            capacity: events,
+            slot_count: slots,
+        };
+        let timing_event = || {
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        let mut marks = Vec::new();
+        for _ in Build::ALL {
+            marks.push((timing_event()?, timing_event()?));
+        }
+        for &u in &unrolls {
+            let mut times: BTreeMap<Build, Vec<f64>> = BTreeMap::new();
+            let launch = |b: Build, out: &CudaSlice<f32>| {
+                launch_bench(
+                    gpu,
+                    &funcs[&(u, b)],
+                    cfg,
+                    out,
+                    events as i32,
+                    traces.get(&b).map(|t| t.arg(gpu)),
+                    (b == Build::Seed).then_some(seed_arg),
+                )
+            };
+            for rep in 0..o.warmup + o.repeats {
+                // An untimed launch first, so the GPU is busy while the host queues the
+                // timed ones: no launch gap falls between a start event and its kernel.
+                launch(Build::Off, &outs[0])?;
+                let n = Build::ALL.len();
+                for k in 0..n {
+                    let i = (k + rep as usize) % n;
+                    let b = Build::ALL[i];
+                    if b == Build::Seed {
+                        // The seed's counters start at zero each launch, as in a fresh buffer.
+                        gpu.stream.memset_zeros(&mut seed_counters)?;
+                    }
+                    marks[i].0.record(&gpu.stream)?;
+                    launch(b, &outs[i])?;
+                    marks[i].1.record(&gpu.stream)?;
+                }
+                for (i, b) in Build::ALL.iter().enumerate() {
+                    let ms = marks[i].0.elapsed_ms(&marks[i].1)? as f64;
+                    if rep >= o.warmup {
+                        times.entry(*b).or_default().push(ms);
+                    }
+                }
+            }
+            let mut cell = Cell {
+                unroll: u,
+                warps_per_sm,
+                times,
+                durations: BTreeMap::new(),
+                findings: Vec::new(),
+            };
+            // What each build computed and wrote: a failure is reported with the figures.
+            let mut finding = |r: Result<()>| {
+                if let Err(e) = r {
+                    cell.findings.push(e.to_string());
+                }
+            };
+            let reference = gpu.stream.clone_dtoh(&outs[0])?;
+            finding(ensure(
+                reference.iter().all(|x| x.is_finite() && *x != 0.0),
+                || "bench output has zeros or non-finite values".into(),
+            ));
+            for (i, b) in Build::ALL.iter().enumerate().skip(1) {
+                let got = gpu.stream.clone_dtoh(&outs[i])?;
+                finding(ensure(
+                    got.iter()
+                        .zip(&reference)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    || format!("{}: output differs from the gate-off build", b.name()),
+                ));
+            }
+            let counters = gpu.stream.clone_dtoh(&seed_counters)?;
+            finding(ensure(
+                counters.iter().step_by(16).all(|&c| c == events as u64),
+                || "seed-style: a warp's counter is not the event count".into(),
+            ));
+            let mut durations = BTreeMap::new();
+            for (&b, t) in &traces {
+                let open = b == Build::Switch;
+                match check_bench_trace(gpu, &t.read(gpu)?, &reg, events, warps_per_sm, open) {
+                    Ok((d, placement)) => {
+                        durations.insert(b, d);
+                        finding(placement.map_err(|e| format!("{}: {e}", b.name()).into()));
+                    }
+                    Err(e) => finding(Err(format!("{}: {e}", b.name()).into())),
+                }
+            }
+            cell.durations = durations;
+            eprintln!(
+                "unroll {u}, {warps_per_sm:>2} warps/SM: off {:.3} ms, ours {:+.2} ns/event, seed-style {:+.2} ns/event{}",
+                cell.median(Build::Off),
+                cell.latency_ns(Build::Ours, events),
+                cell.latency_ns(Build::Seed, events),
+                if cell.findings.is_empty() { "" } else { " (FINDINGS below)" }
+            );
+            cells.push(cell);
+        }
+    }
+    Ok(cells)
+}
+
+fn report(gpu: &Gpu, o: &Options, cells: &[Cell]) -> String {
+    let ev = o.events;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "recorder_bench: {}, {} SMs, {}; {} ranges per warp of 64 dependent FMAs; medians of {} interleaved repeats",
+        gpu.name, gpu.sms, gpu.arch, ev, o.repeats
+    );
+    let _ = writeln!(
+        s,
+        "latency = (t - t_off) / events per warp; SM cost = latency / warps per SM; ns per range event"
+    );
+    let _ = writeln!(
+        s,
+        "{:>6} {:>5} {:>9} | {:>7} {:>7} {:>7} {:>7} {:>8} | {:>7} {:>7} {:>8} | {:>6} {:>6} | {:>6}",
+        "unroll", "W/SM", "off ms", "noise", "floor", "ours", "switch", "seed", "ours/SM", "sw/SM", "seed/SM", "seed/o", "seed/sw", "dur ns"
+    );
+    for c in cells {
+        let lat = |b| c.latency_ns(b, ev);
+        let w = c.warps_per_sm as f64;
+        let _ = writeln!(
+            s,
+            "{:>6} {:>5} {:>9.4} | {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>8.2} | {:>7.3} {:>7.3} {:>8.3} | {:>6.1} {:>6.1} | {:>6.1}",
+            c.unroll,
+            c.warps_per_sm,
+            c.median(Build::Off),
+            lat(Build::OffAgain),
+            lat(Build::Floor),
+            lat(Build::Ours),
+            lat(Build::Switch),
+            lat(Build::Seed),
+            lat(Build::Ours) / w,
+            lat(Build::Switch) / w,
+            lat(Build::Seed) / w,
+            lat(Build::Seed) / lat(Build::Ours),
+            lat(Build::Seed) / lat(Build::Switch),
+            c.durations.get(&Build::Ours).copied().unwrap_or(f64::NAN),
+        );
+    }
+    for c in cells {
+        for f in &c.findings {
+            let _ = writeln!(
+                s,
+                "FINDING unroll {} {} warps/SM: {f}",
+                c.unroll, c.warps_per_sm
+            );
+        }
+    }
+    s
+}
+
+fn json(gpu: &Gpu, o: &Options, cells: &[Cell]) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "{{\"device\":\"{}\",\"sms\":{},\"arch\":\"{}\",\"events_per_warp\":{},\"repeats\":{},\"warmup\":{},\"cells\":[",
+        gpu.name, gpu.sms, gpu.arch, o.events, o.repeats, o.warmup
+    );
+    for (i, c) in cells.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}{{\"unroll\":{},\"warps_per_sm\":{},\"builds\":{{",
+            if i > 0 { "," } else { "" },
+            c.unroll,
+            c.warps_per_sm
+        );
+        for (j, (b, t)) in c.times.iter().enumerate() {
+            let lat = c.latency_ns(*b, o.events);
+            let samples: Vec<String> = t.iter().map(|x| format!("{x:.6}")).collect();
+            let _ = write!(
+                s,
+                "{}\"{}\":{{\"median_ms\":{:.6},\"latency_ns_per_event\":{:.4},\"sm_cost_ns_per_event\":{:.5},\"samples_ms\":[{}]}}",
+                if j > 0 { "," } else { "" },
+                b.name(),
+                c.median(*b),
+                lat,
+                lat / c.warps_per_sm as f64,
+                samples.join(",")
+            );
+        }
+        let findings: Vec<String> = c
+            .findings
+            .iter()
+            .map(|f| format!("\"{}\"", f.replace('\\', "\\\\").replace('"', "\\\"")))
+            .collect();
+        let duration = |b| match c.durations.get(&b) {
+            Some(d) => format!("{d:.2}"),
+            None => "null".into(),
+        };
+        let _ = write!(
+            s,
+            "}},\"mean_range_ns\":{{\"ours\":{},\"ours-switch\":{}}},\"findings\":[{}]}}",
+            duration(Build::Ours),
+            duration(Build::Switch),
+            findings.join(",")
+        );
+    }
+    s.push_str("]}\n");
+    s
+}
+
+// ------------------------------------------------------------------------------------
+// Checks.
+// ------------------------------------------------------------------------------------
+
+/// Capacities too small, warps without a slot, and `base == 0`: decoded strictly, with
+/// exact counts.
+fn check_overflow(gpu: &Gpu) -> Result<()> {
+    let reg = registry(&[(1, "work")])?;
+    let cfg = placement(gpu, 4);
+    let warps = cfg.grid_dim.0 * cfg.block_dim.0 / 32;
+    let slot_count = warps - 5;
+    let events = 100u32;
+    let out = gpu.stream.alloc_zeros::<f32>((warps * 32) as usize)?;
+    for (build, open) in [(Build::Ours, false), (Build::Switch, true)] {
+        let f = load_bench(gpu, build, 1)?;
+        for capacity in [37u32, 0] {
+            let t = TraceBuffer::new(gpu, &cfg, capacity, slot_count)?;
+            launch_bench(gpu, &f, cfg, &out, events as i32, Some(t.arg(gpu)), None)?;
+            let bytes = t.read(gpu)?;
+            let capture = Capture::decode(&bytes, Some(&reg))?;
+            let what = format!("{} capacity {capacity}", build.name());
+            ensure(capture.flushed_slot_count() == slot_count as usize, || {
+                format!("{what}: {} slots flushed", capture.flushed_slot_count())
+            })?;
+            ensure(
+                capture.event_count() == slot_count as u64 * capacity as u64
+                    && capture.drop_count() == slot_count as u64 * (events - capacity) as u64,
+                || {
+                    format!(
+                        "{what}: {} events, {} drops",
+                        capture.event_count(),
+                        capture.drop_count()
+                    )
+                },
+            )?;
+            for slot in capture.slots() {
+                ensure(
+                    slot.event_count() == capacity
+                        && slot.drop_count() == events - capacity
+                        && slot.open_at_flush() == open,
+                    || format!("{what}: slot {} header {:?}", slot.index, slot.header),
+                )?;
+                for (i, e) in slot.events().enumerate() {
+                    ensure(e.id == 1 && e.payload == i as u32, || {
+                        format!("{what}: slot {} event {i}: {e:?}", slot.index)
+                    })?;
+                }
+            }
+        }
+        // base == 0: the kernel runs and writes nothing (memcheck sees any stray store).
+        let off = Trace(KernelArg {
+            base: 0,
+            capacity: 37,
+            slot_count: warps,
+        });
+        launch_bench(gpu, &f, cfg, &out, events as i32, Some(off), None)?;
+        gpu.stream.synchronize()?;
+    }
+    eprintln!("check: overflow (capacity 37 and 0 of {events} events, {slot_count} of {warps} warps with a slot, base 0): exact");
+    Ok(())
+}
+
+/// One warp's events as (id, kind, payload).
+fn shape(events: &[Event]) -> Vec<(u16, EventKind, u32)> {
+    events.iter().map(|e| (e.id, e.kind, e.payload)).collect()
+}
+
+/// An example kernel's launch: `(const float* in, float* out, int ints...)`.
+struct Example<'a> {
+    source: &'a str,
+    entry: &'a str,
+    cfg: LaunchConfig,
+    ints: &'a [i32],
+    out_len: usize,
+}
+
+/// Records per slot for the examples: more than any of their warps records.
+const EXAMPLE_CAPACITY: u32 = 64;
+
+/// Runs an example kernel gate on and off with the same inputs; returns the output (the
+/// same bits both ways) and the decoded trace's events per (block, warp).
+#[allow(clippy::type_complexity)]
+fn run_example(
+    gpu: &Gpu,
+    ex: &Example,
+    input: &[f32],
+    reg: &EventRegistry,
+) -> Result<(Vec<f32>, BTreeMap<(u32, u32), Vec<Event>>)> {
+    let Example {
+        source,
+        entry,
+        cfg,
+        ints,
+        out_len,
+    } = *ex;
+    let on = gpu.load(source, entry, &["TGPU_ENABLED=1".to_string()])?;
+    let off = gpu.load(source, entry, &[])?;
+    let dev_in = gpu.stream.clone_htod(input)?;
+    let out_on = gpu.stream.alloc_zeros::<f32>(out_len)?;
+    let out_off = gpu.stream.alloc_zeros::<f32>(out_len)?;
+    let warps = cfg.grid_dim.0 * cfg.block_dim.0.div_ceil(32);
+    let trace = TraceBuffer::new(gpu, &cfg, EXAMPLE_CAPACITY, warps)?;
+    for (f, out, t) in [(&on, &out_on, Some(trace.arg(gpu))), (&off, &out_off, None)] {
+        let mut l = gpu.stream.launch_builder(f);
+        l.arg(&dev_in).arg(out);
+        for i in ints {
+            l.arg(i);
+        }
+        if let Some(t) = t.as_ref() {
+            l.arg(t);
+        }
+        // SAFETY: the arguments match the example's parameter list, gate on or off.
+        unsafe { l.launch(cfg) }?;
+    }
+    let a = gpu.stream.clone_dtoh(&out_on)?;
+    let b = gpu.stream.clone_dtoh(&out_off)?;
+    ensure(
+        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        || format!("{entry}: gate on and off compute different outputs"),
+    )?;
+    let bytes = trace.read(gpu)?;
+    let capture = Capture::decode(&bytes, Some(reg))?;
+    ensure(capture.drop_count() == 0, || format!("{entry}: drops"))?;
+    let mut warps_events = BTreeMap::new();
+    for slot in capture.slots() {
+        warps_events.insert(
+            (slot.header.block_linear, slot.header.warp),
+            slot.events().collect::<Vec<_>>(),
+        );
+    }
+    ensure(warps_events.len() == warps as usize, || {
+        format!("{entry}: {} of {warps} warps flushed", warps_events.len())
+    })?;
+    Ok((a, warps_events))
+}
+
+fn check_examples(gpu: &Gpu) -> Result<()> {
+    use EventKind::{Instant, Range};
+
+    // phases: every warp the same sequence; Loop encloses the iterations.
+    let (n, iters) = (4096usize, 16u32);
+    let input = inputs(n, 1);
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32 / 128, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let reg = registry(&[
+        (1, "load"),
+        (2, "compute"),
+        (3, "store"),
+        (4, "step"),
+        (5, "loop"),
+    ])?;
+    let ex = Example {
+        source: PHASES,
+        entry: "phases",
+        cfg,
+        ints: &[n as i32, iters as i32],
+        out_len: n,
+    };
+    let (out, traces) = run_example(gpu, &ex, &input, &reg)?;
+    let mut want = Vec::new();
+    for k in 0..iters {
+        want.extend([(1, Range, k), (2, Range, k), (4, Instant, k)]);
+    }
+    want.extend([(5, Range, iters), (3, Range, 0)]);
+    for (w, ev) in &traces {
+        ensure(shape(ev) == want, || {
+            format!("phases warp {w:?}: {:?}", shape(ev))
+        })?;
+        let (outer, first, last) = (ev[ev.len() - 2], ev[0], ev[ev.len() - 3]);
+        ensure(
+            outer.start_ns <= first.start_ns && outer.end_ns >= last.end_ns,
+            || format!("phases warp {w:?}: Loop does not enclose the iterations"),
+        )?;
+    }
+    for (i, &o) in out.iter().enumerate() {
+        let mut acc = 0.0f32;
+        for k in 0..iters as usize {
+            acc = acc.mul_add(0.5, input[(i + k) % n]);
+        }
+        ensure(o.to_bits() == acc.to_bits(), || {
+            format!("phases out[{i}] = {o}, CPU {acc}")
+        })?;
+    }
+
+    // warp_specialized: the producer's and the consumers' own phases.
+    let (blocks, consumers, tiles, tile) = (8u32, 2u32, 8u32, 256usize);
+    let input = inputs(blocks as usize * tiles as usize * tile, 2);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (32 * (1 + consumers), 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let reg = registry(&[(1, "load"), (2, "wait"), (3, "reduce")])?;
+    let width = 32 * consumers as usize;
+    let ex = Example {
+        source: WARP_SPECIALIZED,
+        entry: "warp_specialized",
+        cfg,
+        ints: &[tiles as i32],
+        out_len: blocks as usize * width,
+    };
+    let (out, traces) = run_example(gpu, &ex, &input, &reg)?;
+    let producer: Vec<_> = (0..tiles)
+        .flat_map(|t| {
+            let wait = (t >= 2).then_some((2, Range, t));
+            wait.into_iter().chain([(1, Range, t)])
+        })
+        .collect();
+    let consumer: Vec<_> = (0..tiles)
+        .flat_map(|t| [(2, Range, t), (3, Range, t)])
+        .collect();
+    for ((block, warp), ev) in &traces {
+        let want = if *warp == 0 { &producer } else { &consumer };
+        ensure(&shape(ev) == want, || {
+            format!(
+                "warp_specialized block {block} warp {warp}: {:?}",
+                shape(ev)
+            )
+        })?;
+    }
+    for b in 0..blocks as usize {
+        for c in 0..width {
+            let mut acc = 0.0f32;
+            for t in 0..tiles as usize {
+                for j in (c..tile).step_by(width) {
+                    acc += input[(b * tiles as usize + t) * tile + j];
+                }
+            }
+            let o = out[b * width + c];
+            ensure(o.to_bits() == acc.to_bits(), || {
+                format!("warp_specialized out[{b},{c}] = {o}, CPU {acc}")
+            })?;
+        }
+    }
+
+    // persistent: each warp's tiles, claimed and recorded in order.
+    let (blocks, tiles, elems) = (4u32, 10u32, 1000usize);
+    let input = inputs(tiles as usize * elems, 3);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let reg = registry(&[(1, "tile"), (2, "claim")])?;
+    let ex = Example {
+        source: PERSISTENT,
+        entry: "persistent",
+        cfg,
+        ints: &[tiles as i32, elems as i32],
+        out_len: tiles as usize,
+    };
+    let (out, traces) = run_example(gpu, &ex, &input, &reg)?;
+    for ((block, warp), ev) in &traces {
+        let want: Vec<_> = (*block..tiles)
+            .step_by(blocks as usize)
+            .flat_map(|t| [(2, Instant, t), (1, Range, t)])
+            .collect();
+        ensure(shape(ev) == want, || {
+            format!("persistent block {block} warp {warp}: {:?}", shape(ev))
+        })?;
+    }
+    for (t, &o) in out.iter().enumerate() {
+        let sum: f64 = input[t * elems..(t + 1) * elems]
+            .iter()
+            .map(|&x| x as f64)
+            .sum();
+        ensure((o as f64 - sum).abs() <= 1e-4 * (1.0 + sum.abs()), || {
+            format!("persistent out[{t}] = {o}, CPU {sum}")
+        })?;
+    }
+    eprintln!("check: examples (phases, warp_specialized, persistent): outputs equal gate on/off and CPU; traces exact");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let o = options()?;
+    let gpu = match Gpu::new() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("skipped: no GPU ({e})");
+            return Ok(());
+        }
+    };
+    eprintln!("device: {}, {} SMs, {}", gpu.name, gpu.sms, gpu.arch);
+    // A failed check is reported and fails the run, after the bench has run too.
+    let checks = check_overflow(&gpu).and_then(|()| check_examples(&gpu));
+    if let Err(e) = &checks {
+        eprintln!("CHECK FAILED: {e}");
+    }
+    if o.check_only {
+        return checks;
+    }
+    let cells = bench(&gpu, &o)?;
+    let table = report(&gpu, &o, &cells);
+    if let Some(path) = &o.json {
+        std::fs::write(path, json(&gpu, &o, &cells))?;
+    }
+    print!("{table}");
+    let findings: usize = cells.iter().map(|c| c.findings.len()).sum();
+    checks?;
+    ensure(findings == 0, || format!("{findings} findings (above)"))
+}

@@ -1,0 +1,335 @@
+//! [`DumpRecorder`]: records a live run into a capture file (`crate::dump`, `.tgpu`)
+//! that `tracing-gpu convert` / `report` and the tests replay without a GPU.
+//!
+//! One recorder can serve several profilers (one per GPU): each adds its device,
+//! its calibration rounds (raw samples) and its launches (raw trace buffers).
+//! Its [`DumpRecorder::layer`] records the host spans too, so a replay shows host
+//! and device together. The file is written, atomically, when a profiler that
+//! uses the recorder is dropped, and by [`DumpRecorder::write`].
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tracing_gpu::cuda::{DumpRecorder, Profiler};
+//! use tracing_subscriber::layer::SubscriberExt;
+//! let dump = DumpRecorder::new("run.tgpu");
+//! tracing::subscriber::set_global_default(tracing_subscriber::registry().with(dump.layer()))?;
+//! let profiler = Profiler::builder().dump(dump.clone()).build()?;
+//! // ... gpu_profile!(profiler, ...) ...
+//! drop(profiler); // writes run.tgpu
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tracing::field::{Field, Visit};
+use tracing::span;
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+use super::collector::{Archive, Round};
+use super::profiler::ProfilerError;
+use crate::bridge::{Batch, DeviceInfo};
+use crate::clock::HostClock;
+use crate::dump::{CalibrationRound, Dump, DumpDevice, DumpLaunch, HostSpan};
+use crate::registry::EventRegistry;
+
+/// Collects a run into a [`Dump`] and writes it to a file.
+#[derive(Debug)]
+pub struct DumpRecorder {
+    path: PathBuf,
+    dump: Mutex<Dump>,
+}
+
+impl DumpRecorder {
+    /// A recorder that will write `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Arc<DumpRecorder> {
+        let metadata = vec![
+            (
+                "tool".to_string(),
+                format!("tracing-gpu {}", env!("CARGO_PKG_VERSION")),
+            ),
+            (
+                "command".to_string(),
+                std::env::args().collect::<Vec<_>>().join(" "),
+            ),
+        ];
+        Arc::new(DumpRecorder {
+            path: path.into(),
+            dump: Mutex::new(Dump {
+                metadata,
+                ..Default::default()
+            }),
+        })
+    }
+
+    /// The file it writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Adds a free-form note to the capture's metadata.
+    pub fn note(&self, key: impl Into<String>, value: impl Into<String>) {
+        self.dump.lock().metadata.push((key.into(), value.into()));
+    }
+
+    /// Writes everything recorded so far, atomically (a reader never sees half a file).
+    pub fn write(&self) -> Result<(), ProfilerError> {
+        // Written from a snapshot, so launches are not held up by the disk.
+        let snapshot = self.dump.lock().clone();
+        snapshot.write(&self.path).map_err(|e| ProfilerError::Dump {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// A `tracing` layer that records the host spans into the capture.
+    pub fn layer(self: &Arc<Self>) -> DumpLayer {
+        DumpLayer {
+            recorder: self.clone(),
+        }
+    }
+
+    /// Adds the event names of a profiler.
+    pub(crate) fn add_registry(&self, registry: &EventRegistry) -> Result<(), ProfilerError> {
+        Ok(self.dump.lock().registry.merge(registry)?)
+    }
+
+    /// Adds a device (once).
+    pub(crate) fn add_device(&self, device: &DeviceInfo) {
+        let mut d = self.dump.lock();
+        if !d.devices.iter().any(|x| x.info.ordinal == device.ordinal) {
+            d.devices.push(DumpDevice {
+                info: device.clone(),
+                calibrations: Vec::new(),
+            });
+        }
+    }
+
+    /// The [`Archive`] a profiler's collector writes to.
+    pub(crate) fn archive(self: &Arc<Self>) -> Box<dyn Archive> {
+        Box::new(RecorderArchive(self.clone()))
+    }
+
+    fn add_round(&self, device: &DeviceInfo, round: &Round) {
+        let o = &round.checkpoint.host_offsets;
+        let r = CalibrationRound {
+            samples: round.samples.clone(),
+            realtime_offset_ns: o.realtime_ns,
+            monotonic_offset_ns: o.monotonic_ns,
+            monotonic_raw_offset_ns: o.monotonic_raw_ns,
+            offset_uncertainty_ns: o.uncertainty_ns,
+            // Not carried by `Round`: 0 makes the replay fit with the default step.
+            timer_step_ns: 0,
+        };
+        self.add_device(device);
+        let mut d = self.dump.lock();
+        if let Some(dev) = d
+            .devices
+            .iter_mut()
+            .find(|x| x.info.ordinal == device.ordinal)
+        {
+            dev.calibrations.push(r);
+        }
+    }
+}
+
+struct RecorderArchive(Arc<DumpRecorder>);
+
+impl Archive for RecorderArchive {
+    fn calibration(&mut self, device: &DeviceInfo, round: &Round) {
+        self.0.add_round(device, round);
+    }
+
+    fn record(&mut self, batch: &Batch) {
+        let launch = DumpLaunch::new(batch.device.ordinal, &batch.launch, batch.capture.clone());
+        self.0.dump.lock().launches.push(launch);
+    }
+
+    fn finish(&mut self) -> Result<(), ProfilerError> {
+        self.0.write()
+    }
+}
+
+/// Records host spans into a [`DumpRecorder`]: see [`DumpRecorder::layer`].
+///
+/// A span's start is its first enter (its creation if it is never entered) and
+/// its end its last exit (its close if it is never entered), on the trace clock;
+/// fields are kept as strings; the span that carries `gpu.launch_id` is linked
+/// to its launch.
+#[derive(Debug, Clone)]
+pub struct DumpLayer {
+    recorder: Arc<DumpRecorder>,
+}
+
+/// A span's index in [`Dump::host_spans`], and whether it was entered yet.
+struct Index {
+    at: usize,
+    entered: bool,
+}
+
+struct Fields<'a>(&'a mut HostSpan);
+
+impl Visit for Fields<'_> {
+    fn record_u64(&mut self, f: &Field, v: u64) {
+        if f.name() == "gpu.launch_id" {
+            self.0.launch_id = Some(v);
+        }
+        self.0.fields.push((f.name().to_string(), v.to_string()));
+    }
+    fn record_str(&mut self, f: &Field, v: &str) {
+        self.0.fields.push((f.name().to_string(), v.to_string()));
+    }
+    fn record_debug(&mut self, f: &Field, v: &dyn std::fmt::Debug) {
+        self.0.fields.push((f.name().to_string(), format!("{v:?}")));
+    }
+}
+
+fn os_thread_id() -> u64 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u64 }
+}
+
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for DumpLayer {
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let now = HostClock::Boottime.now_ns();
+        let parent = span
+            .parent()
+            .and_then(|p| p.extensions().get::<Index>().map(|i| i.at as u32));
+        let t = std::thread::current();
+        let mut h = HostSpan {
+            name: attrs.metadata().name().to_string(),
+            target: attrs.metadata().target().to_string(),
+            thread_name: t
+                .name()
+                .map_or_else(|| format!("{:?}", t.id()), str::to_string),
+            thread_id: os_thread_id(),
+            start_ns: now,
+            end_ns: now,
+            parent,
+            launch_id: None,
+            fields: Vec::new(),
+        };
+        attrs.record(&mut Fields(&mut h));
+        let at = {
+            let mut d = self.recorder.dump.lock();
+            d.host_spans.push(h);
+            d.host_spans.len() - 1
+        };
+        span.extensions_mut().insert(Index { at, entered: false });
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        let Some(at) = ctx
+            .span(id)
+            .and_then(|s| s.extensions().get::<Index>().map(|i| i.at))
+        else {
+            return;
+        };
+        let mut d = self.recorder.dump.lock();
+        values.record(&mut Fields(&mut d.host_spans[at]));
+    }
+
+    fn on_enter(&self, id: &span::Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut ext = span.extensions_mut();
+        let Some(index) = ext.get_mut::<Index>() else {
+            return;
+        };
+        if !index.entered {
+            index.entered = true;
+            let now = HostClock::Boottime.now_ns();
+            let mut d = self.recorder.dump.lock();
+            let h = &mut d.host_spans[index.at];
+            // The thread that runs it, not the one that made it.
+            h.thread_id = os_thread_id();
+            let t = std::thread::current();
+            h.thread_name = t
+                .name()
+                .map_or_else(|| format!("{:?}", t.id()), str::to_string);
+            (h.start_ns, h.end_ns) = (now, now);
+        }
+    }
+
+    fn on_exit(&self, id: &span::Id, ctx: Context<'_, S>) {
+        let Some(at) = ctx
+            .span(id)
+            .and_then(|s| s.extensions().get::<Index>().map(|i| i.at))
+        else {
+            return;
+        };
+        let now = HostClock::Boottime.now_ns();
+        let mut d = self.recorder.dump.lock();
+        d.host_spans[at].end_ns = now;
+    }
+
+    fn on_close(&self, id: span::Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let ext = span.extensions();
+        let Some(index) = ext.get::<Index>() else {
+            return;
+        };
+        if !index.entered {
+            let now = HostClock::Boottime.now_ns();
+            self.recorder.dump.lock().host_spans[index.at].end_ns = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridge::tests::batch;
+    use crate::clock::{Checkpoint, ClockMap, HostOffsets, Sample};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[test]
+    fn a_recorded_run_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.tgpu");
+        let rec = DumpRecorder::new(&path);
+        let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(rec.layer()));
+        let launch_span = tracing::dispatcher::with_default(&dispatch, || {
+            let outer = tracing::info_span!("step", i = 3u64);
+            let _g = outer.enter();
+            let l = tracing::info_span!("sim", gpu.launch_id = 7u64);
+            l.in_scope(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+            l
+        });
+        for ordinal in [0, 1] {
+            let b = batch(ordinal, 7 + ordinal as u64, launch_span.id());
+            rec.add_registry(&b.registry).unwrap();
+            let mut a = rec.archive();
+            let round = Round {
+                samples: vec![Sample {
+                    host_before: 10,
+                    device: 5,
+                    host_after: 20,
+                }],
+                checkpoint: Checkpoint {
+                    map: ClockMap::exact(5, 15, 0.0),
+                    host_offsets: HostOffsets::default(),
+                },
+            };
+            a.calibration(&b.device, &round);
+            a.record(&b);
+            a.finish().unwrap();
+        }
+        drop(launch_span);
+        let back = Dump::read(&path).unwrap();
+        assert_eq!(back.devices.len(), 2);
+        assert_eq!(back.devices[1].calibrations[0].samples.len(), 1);
+        assert_eq!(back.launches.len(), 2);
+        assert_eq!(back.launches[0].capture.event_count(), 7);
+        assert_eq!(back.registry.name(2), Some("mma"));
+        assert_eq!(back.host_spans.len(), 2);
+        let (step, sim) = (&back.host_spans[0], &back.host_spans[1]);
+        assert_eq!((step.name.as_str(), sim.name.as_str()), ("step", "sim"));
+        assert_eq!(sim.parent, Some(0));
+        assert_eq!(sim.launch_id, Some(7));
+        assert!(sim.end_ns - sim.start_ns >= 1_000_000, "{sim:?}");
+        assert!(step.fields.contains(&("i".to_string(), "3".to_string())));
+    }
+}

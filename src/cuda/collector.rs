@@ -1,0 +1,814 @@
+//! The collector thread: waits for each profiled launch to finish, copies its
+//! buffer back, decodes it, and delivers the [`Batch`] through the dispatcher
+//! that was current at launch time.
+//!
+//! It knows nothing of CUDA: a launch reaches it as a [`Job`] whose
+//! [`Completion`] starts the copy back and waits for it. The CUDA completion is in
+//! `profiler.rs`; tests drive the collector with host-made buffers, which is how
+//! a second device is simulated without one.
+//!
+//! Jobs are taken in launch order. Everything queued is started (its copy back
+//! enqueued) before the oldest is waited for, so the copies of a burst of
+//! launches overlap with the decoding of the first ones.
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tracing::Dispatch;
+
+use crate::bridge::{self, Batch, DeviceInfo, LaunchInfo};
+use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
+use crate::decode::OwnedCapture;
+use crate::format::BufferHeader;
+use crate::registry::EventRegistry;
+
+use super::profiler::ProfilerError;
+
+/// The device side of one launch, as the collector sees it.
+pub(crate) trait Completion: Send {
+    /// Starts bringing the buffer back (enqueues the copy); does not wait.
+    fn start(&mut self) -> Result<(), ProfilerError>;
+    /// Waits until the buffer is back and returns its bytes (the buffer header
+    /// may be left zero: the collector writes it).
+    fn finish(self: Box<Self>) -> Result<Vec<u8>, ProfilerError>;
+}
+
+/// One profiled launch on its way to the sinks.
+pub(crate) struct Job {
+    /// The launch (its `host_complete_ns` is filled in by the collector).
+    pub launch: LaunchInfo,
+    /// The buffer header the host would have written before the launch.
+    pub header: BufferHeader,
+    /// The dispatcher that was current when the launch was made.
+    pub dispatch: Dispatch,
+    /// The launch span, kept open until delivery so that `launch.parent` stays valid.
+    pub span: tracing::Span,
+    /// How the buffer comes back.
+    pub completion: Box<dyn Completion>,
+}
+
+/// One calibration: the raw samples and the checkpoint fitted from them.
+#[derive(Debug, Clone)]
+pub(crate) struct Round {
+    /// Host (BOOTTIME) before, device timer, host after.
+    pub samples: Vec<Sample>,
+    /// The map fitted from them, with the host clocks' offsets.
+    pub checkpoint: Checkpoint,
+}
+
+/// Takes new clock checkpoints for the device.
+pub(crate) trait Recalibrate: Send {
+    /// Samples the device clock now and fits a checkpoint.
+    fn round(&mut self) -> Result<Round, ProfilerError>;
+}
+
+/// A recalibration, and the longest a decoded launch may wait for the checkpoint
+/// after it.
+pub(crate) type Recalibration = (Box<dyn Recalibrate>, Duration);
+
+/// Where each delivered batch, and each calibration, may also go (the capture dump).
+pub(crate) trait Archive: Send {
+    /// Takes one calibration round of the collector's device.
+    fn calibration(&mut self, device: &DeviceInfo, round: &Round);
+    /// Takes one batch.
+    fn record(&mut self, batch: &Batch);
+    /// Writes everything out.
+    fn finish(&mut self) -> Result<(), ProfilerError>;
+}
+
+enum Msg {
+    Job(Box<Job>),
+    /// Deliver everything held (a flush is waiting).
+    Flush,
+    Stop,
+}
+
+/// Counters, readable at any time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProfilerStats {
+    /// Launches made through the profiler.
+    pub launches: u64,
+    /// Launches that ran without a trace buffer (the pool was full).
+    pub skipped: u64,
+    /// Launches whose batch was delivered.
+    pub delivered: u64,
+    /// Launches whose buffer could not be brought back or decoded.
+    pub failed: u64,
+    /// Device events delivered.
+    pub events: u64,
+    /// Device events dropped by full slots.
+    pub dropped_events: u64,
+    /// Clock checkpoints taken (the first calibration included).
+    pub calibrations: u64,
+}
+
+/// State shared between the profiler (the application's threads) and the collector.
+pub(crate) struct Shared {
+    state: Mutex<SharedState>,
+    progress: Condvar,
+}
+
+struct SharedState {
+    stats: ProfilerStats,
+    /// Jobs handed to the collector.
+    sent: u64,
+    /// Jobs it has finished with (delivered or failed).
+    finished: u64,
+    /// Errors since the last flush; the first is returned by `flush`.
+    errors: Vec<ProfilerError>,
+    /// Dispatchers delivered to since the last flush, one per set of sinks.
+    dispatches: Vec<Dispatch>,
+    calibration: Arc<Calibration>,
+}
+
+impl Shared {
+    pub(crate) fn new(calibration: Calibration) -> Arc<Shared> {
+        let state = SharedState {
+            stats: ProfilerStats {
+                calibrations: 1,
+                ..Default::default()
+            },
+            sent: 0,
+            finished: 0,
+            errors: Vec::new(),
+            dispatches: Vec::new(),
+            calibration: Arc::new(calibration),
+        };
+        Arc::new(Shared {
+            state: Mutex::new(state),
+            progress: Condvar::new(),
+        })
+    }
+
+    pub(crate) fn stats(&self) -> ProfilerStats {
+        self.state.lock().stats
+    }
+
+    /// Every checkpoint so far.
+    pub(crate) fn calibration(&self) -> Arc<Calibration> {
+        self.state.lock().calibration.clone()
+    }
+
+    /// Counts a launch; `skipped` if it ran without a buffer.
+    pub(crate) fn count_launch(&self, skipped: bool) {
+        let mut st = self.state.lock();
+        st.stats.launches += 1;
+        st.stats.skipped += skipped as u64;
+    }
+
+    /// Keeps an error for the next flush.
+    pub(crate) fn push_error(&self, e: ProfilerError) {
+        self.state.lock().errors.push(e);
+    }
+
+    fn finish_one(&self, f: impl FnOnce(&mut SharedState)) {
+        let mut st = self.state.lock();
+        f(&mut st);
+        st.finished += 1;
+        drop(st);
+        self.progress.notify_all();
+    }
+
+    /// Waits until every job sent before the call is finished, then flushes the
+    /// sinks of every dispatcher delivered to, and returns the first error since
+    /// the last flush.
+    fn wait_and_flush(&self) -> Result<(), ProfilerError> {
+        let (dispatches, errors) = {
+            let mut st = self.state.lock();
+            let target = st.sent;
+            while st.finished < target {
+                self.progress.wait(&mut st);
+            }
+            (
+                std::mem::take(&mut st.dispatches),
+                std::mem::take(&mut st.errors),
+            )
+        };
+        for d in &dispatches {
+            bridge::flush(d);
+        }
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The sending side, held by the profiler. Dropping it waits for the
+/// outstanding jobs and ends the thread.
+pub(crate) struct Collector {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the collector thread owns.
+pub(crate) struct CollectorConfig {
+    pub device: Arc<DeviceInfo>,
+    pub registry: Arc<EventRegistry>,
+    /// Recalibration, and the longest a decoded launch may wait for the
+    /// checkpoint after it; `None` maps everything with the first calibration.
+    pub recalibrate: Option<Recalibration>,
+    pub archive: Option<Box<dyn Archive>>,
+    /// Called on the collector thread before anything else (binds the CUDA context).
+    pub on_start: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Collector {
+    /// Starts the collector thread.
+    pub(crate) fn spawn(
+        config: CollectorConfig,
+        shared: Arc<Shared>,
+    ) -> Result<Collector, ProfilerError> {
+        let (tx, rx) = mpsc::channel();
+        let worker = Worker {
+            rx,
+            calibration: Calibration::clone(&shared.calibration()),
+            shared: shared.clone(),
+            device: config.device.clone(),
+            registry: config.registry,
+            recalibrate: config.recalibrate,
+            archive: config.archive,
+            held: VecDeque::new(),
+            held_bytes: 0,
+        };
+        let on_start = config.on_start;
+        let thread = std::thread::Builder::new()
+            .name(format!(
+                "tracing-gpu collector GPU {}",
+                config.device.ordinal
+            ))
+            .spawn(move || {
+                if let Some(f) = on_start {
+                    f();
+                }
+                worker.run()
+            })
+            .map_err(ProfilerError::Thread)?;
+        Ok(Collector {
+            tx,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands a job over. Never blocks.
+    pub(crate) fn send(&self, job: Job) {
+        self.shared.state.lock().sent += 1;
+        if let Err(mpsc::SendError(msg)) = self.tx.send(Msg::Job(Box::new(job))) {
+            // The thread is gone (a sink panicked): count the job as failed so
+            // that flush does not wait for it forever.
+            drop(msg);
+            self.shared.finish_one(|st| {
+                st.stats.failed += 1;
+                st.errors.push(ProfilerError::CollectorGone);
+            });
+        }
+    }
+
+    /// Waits until every job sent so far has been delivered (taking a clock
+    /// checkpoint for those still waiting for one), then flushes the sinks.
+    pub(crate) fn flush(&self) -> Result<(), ProfilerError> {
+        let _ = self.tx.send(Msg::Flush);
+        self.shared.wait_and_flush()
+    }
+
+    /// Waits for the outstanding jobs, then ends the thread.
+    pub(crate) fn stop(&mut self) -> Result<(), ProfilerError> {
+        let _ = self.tx.send(Msg::Stop);
+        let joined = match self.thread.take() {
+            Some(t) => t.join().map_err(|_| ProfilerError::CollectorGone),
+            None => Ok(()),
+        };
+        let flushed = self.shared.wait_and_flush();
+        joined.and(flushed)
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// Decoded launches held for their checkpoint may hold this many bytes before
+/// a checkpoint is taken early: holding must not grow without bound when the
+/// launches come fast and large.
+const HOLD_LIMIT_BYTES: usize = 256 << 20;
+
+/// A decoded launch waiting for a clock checkpoint later than its last event,
+/// so that its device times are interpolated between two checkpoints rather
+/// than extrapolated past the last one.
+struct Held {
+    launch: LaunchInfo,
+    capture: OwnedCapture,
+    dispatch: Dispatch,
+    span: tracing::Span,
+    /// Device time span of its events (first and last timer reads of its warps).
+    first_device_ns: u64,
+    last_device_ns: u64,
+    since: Instant,
+}
+
+struct Worker {
+    rx: mpsc::Receiver<Msg>,
+    shared: Arc<Shared>,
+    device: Arc<DeviceInfo>,
+    registry: Arc<EventRegistry>,
+    calibration: Calibration,
+    recalibrate: Option<Recalibration>,
+    archive: Option<Box<dyn Archive>>,
+    held: VecDeque<Held>,
+    held_bytes: usize,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut in_flight: VecDeque<Box<Job>> = VecDeque::new();
+        let (mut flush, mut stopping) = (false, false);
+        loop {
+            // Start everything queued, so its copies run while we decode.
+            loop {
+                let msg = if in_flight.is_empty() && !stopping && !flush {
+                    match self.rx.recv_timeout(self.until_due()) {
+                        Ok(m) => m,
+                        Err(mpsc::RecvTimeoutError::Timeout) => break,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => Msg::Stop,
+                    }
+                } else {
+                    match self.rx.try_recv() {
+                        Ok(m) => m,
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => Msg::Stop,
+                    }
+                };
+                match msg {
+                    Msg::Job(mut job) => match job.completion.start() {
+                        Ok(()) => in_flight.push_back(job),
+                        Err(e) => {
+                            drop(job);
+                            self.shared.finish_one(|st| {
+                                st.stats.failed += 1;
+                                st.errors.push(e);
+                            });
+                        }
+                    },
+                    Msg::Flush => flush = true,
+                    Msg::Stop => stopping = true,
+                }
+            }
+            if let Some(job) = in_flight.pop_front() {
+                self.finish(*job);
+            }
+            // A flush or stop must see every job sent before it delivered.
+            let drain = (flush || stopping) && in_flight.is_empty();
+            self.deliver_held(drain);
+            if drain {
+                flush = false;
+                if stopping {
+                    break;
+                }
+            }
+        }
+        if let Some(a) = self.archive.as_mut() {
+            if let Err(e) = a.finish() {
+                self.shared.push_error(e);
+            }
+        }
+    }
+
+    /// How long the oldest held launch may still wait for a checkpoint.
+    fn until_due(&self) -> Duration {
+        match (&self.recalibrate, self.held.front()) {
+            (Some((_, period)), Some(h)) => period.saturating_sub(h.since.elapsed()),
+            // Nothing is held: sleep until a message comes.
+            _ => Duration::from_secs(3600),
+        }
+    }
+
+    /// Delivers the held launches that a checkpoint brackets. Takes a new
+    /// checkpoint first if the oldest has waited its period, if too much is
+    /// held, or if `drain`; then everything held goes.
+    fn deliver_held(&mut self, drain: bool) {
+        let Some(front) = self.held.front() else {
+            return;
+        };
+        let due = match &self.recalibrate {
+            Some((_, period)) => {
+                drain || front.since.elapsed() >= *period || self.held_bytes > HOLD_LIMIT_BYTES
+            }
+            None => true,
+        };
+        let newest = self
+            .held
+            .iter()
+            .map(|h| h.last_device_ns)
+            .max()
+            .unwrap_or(0);
+        if due && self.latest_anchor() <= newest {
+            self.take_checkpoint();
+        }
+        let anchor = self.latest_anchor();
+        while let Some(h) = self.held.front() {
+            // Once due, nothing better will come (no recalibration, or it failed).
+            if !(due || h.last_device_ns < anchor) {
+                break;
+            }
+            let h = self.held.pop_front().expect("front exists");
+            self.deliver(h);
+        }
+    }
+
+    fn latest_anchor(&self) -> u64 {
+        self.calibration.latest().map.anchor().0
+    }
+
+    fn take_checkpoint(&mut self) {
+        let Some((recal, _)) = self.recalibrate.as_mut() else {
+            return;
+        };
+        let result = recal.round().and_then(|round| {
+            self.calibration
+                .push(round.checkpoint.clone())
+                .map_err(|e| ProfilerError::Calibration(e.into()))?;
+            if let Some(a) = self.archive.as_mut() {
+                a.calibration(&self.device, &round);
+            }
+            Ok(())
+        });
+        let mut st = self.shared.state.lock();
+        match result {
+            Ok(()) => {
+                st.calibration = Arc::new(self.calibration.clone());
+                st.stats.calibrations += 1;
+            }
+            Err(e) => st.errors.push(e),
+        }
+    }
+
+    /// Brings one launch back and decodes it; holds it for its checkpoint.
+    fn finish(&mut self, job: Job) {
+        let Job {
+            mut launch,
+            header,
+            dispatch,
+            span,
+            completion,
+        } = job;
+        let bytes = completion.finish();
+        launch.host_complete_ns = HostClock::Boottime.now_ns();
+        let launch_id = launch.launch_id;
+        let capture = bytes.and_then(|mut bytes| {
+            if bytes.len() < crate::format::BUFFER_HEADER_SIZE {
+                return Err(ProfilerError::Invalid(format!(
+                    "launch {launch_id}: {} bytes came back, less than a buffer header",
+                    bytes.len()
+                )));
+            }
+            header.write_to(&mut bytes);
+            OwnedCapture::decode(bytes, Some(&self.registry))
+                .map_err(|source| ProfilerError::Decode { launch_id, source })
+        });
+        let capture = match capture {
+            Ok(c) => c,
+            Err(e) => {
+                drop(span);
+                return self.shared.finish_one(|st| {
+                    st.stats.failed += 1;
+                    st.errors.push(e);
+                });
+            }
+        };
+        let view = capture.view();
+        let first_device_ns = view.slots().map(|s| s.header.first_ts).min().unwrap_or(0);
+        let last_device_ns = view.slots().map(|s| s.header.last_ts).max().unwrap_or(0);
+        self.held_bytes += capture.bytes().len();
+        self.held.push_back(Held {
+            launch,
+            capture,
+            dispatch,
+            span,
+            first_device_ns,
+            last_device_ns,
+            since: Instant::now(),
+        });
+    }
+
+    fn deliver(&mut self, h: Held) {
+        let Held {
+            launch,
+            capture,
+            dispatch,
+            span,
+            first_device_ns,
+            last_device_ns,
+            ..
+        } = h;
+        self.held_bytes -= capture.bytes().len();
+        let (events, dropped) = (capture.event_count(), capture.drop_count());
+        let batch = Arc::new(Batch {
+            device: self.device.clone(),
+            launch,
+            capture: Arc::new(capture),
+            calibration: Arc::new(self.calibration.slice(first_device_ns, last_device_ns)),
+            registry: self.registry.clone(),
+        });
+        if let Some(a) = self.archive.as_mut() {
+            a.record(&batch);
+        }
+        bridge::deliver(&dispatch, batch);
+        // Only now may the launch span close (and its id be reused).
+        drop(span);
+        let key = bridge::sink_key(&dispatch);
+        self.shared.finish_one(|st| {
+            st.stats.delivered += 1;
+            st.stats.events += events;
+            st.stats.dropped_events += dropped;
+            if key.is_some() && !st.dispatches.iter().any(|d| bridge::sink_key(d) == key) {
+                st.dispatches.push(dispatch);
+            }
+        });
+    }
+}
+
+/// The Perfetto schema checker the integration tests use (`tests/check_perfetto.py`).
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../tests/perfetto_check/mod.rs"]
+mod perfetto_check;
+
+#[cfg(test)]
+mod tests {
+    //! The collector without a GPU: host-made buffers stand in for the device,
+    //! which is also how a second device is simulated.
+    use super::*;
+    use crate::bridge::tests::Recorder;
+    use crate::clock::{ClockMap, HostOffsets};
+    use crate::decode::CaptureBuilder;
+    use crate::format::BufferHeader;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Gives back bytes made on the host; the header is left zero, as the
+    /// device leaves it.
+    struct HostMade(Result<Vec<u8>, ()>);
+
+    impl Completion for HostMade {
+        fn start(&mut self) -> Result<(), ProfilerError> {
+            Ok(())
+        }
+        fn finish(self: Box<Self>) -> Result<Vec<u8>, ProfilerError> {
+            self.0
+                .map_err(|()| ProfilerError::Invalid("copy failed".into()))
+        }
+    }
+
+    /// Checkpoints at device time 10 ms, 20 ms, ... with host = device + offset.
+    struct Steps {
+        next: u64,
+        offset: u64,
+    }
+
+    impl Recalibrate for Steps {
+        fn round(&mut self) -> Result<Round, ProfilerError> {
+            self.next += 10_000_000;
+            Ok(Round {
+                samples: Vec::new(),
+                checkpoint: Checkpoint {
+                    map: ClockMap::exact(self.next, self.next + self.offset, 0.0),
+                    host_offsets: HostOffsets::default(),
+                },
+            })
+        }
+    }
+
+    fn device(ordinal: u32) -> Arc<DeviceInfo> {
+        Arc::new(DeviceInfo {
+            ordinal,
+            name: format!("Sim {ordinal}"),
+            sm_count: 4,
+            ..Default::default()
+        })
+    }
+
+    fn start(ordinal: u32, recalibrate: Option<Recalibration>) -> (Collector, Arc<Shared>) {
+        start_mapped(ordinal, recalibrate, Calibration::exact(0, 5_000, 0.0))
+    }
+
+    fn start_mapped(
+        ordinal: u32,
+        recalibrate: Option<Recalibration>,
+        calibration: Calibration,
+    ) -> (Collector, Arc<Shared>) {
+        let shared = Shared::new(calibration);
+        let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
+        let c = Collector::spawn(
+            CollectorConfig {
+                device: device(ordinal),
+                registry: Arc::new(registry),
+                recalibrate,
+                archive: None,
+                on_start: None,
+            },
+            shared.clone(),
+        )
+        .unwrap();
+        (c, shared)
+    }
+
+    /// One launch of 2 blocks × 2 warps whose events start at `t0` device ns,
+    /// made as the profiler makes it, inside a launch span.
+    fn job(device: u32, t0: u64, bytes: Option<Vec<u8>>) -> Job {
+        let launch_id = crate::cuda::next_launch_id();
+        let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 8);
+        for (block, warp) in [(0, 0), (1, 1)] {
+            b.warp(block, warp)
+                .unwrap()
+                .sm(block * 2 + device, block * 2 + device)
+                .range(1, t0, t0 + 100, 0)
+                .range(2, t0 + 100, t0 + 400, 1);
+        }
+        let mut made = bytes.unwrap_or_else(|| b.finish());
+        let mut header = *b.header();
+        header.launch_id = launch_id;
+        // The device never writes the buffer header: the collector must.
+        made[..crate::format::BUFFER_HEADER_SIZE].fill(0);
+        let span = tracing::info_span!("sim_kernel", gpu.launch_id = launch_id);
+        // The launch call, as `Profiler::launch` makes it: inside the span.
+        span.in_scope(|| ());
+        Job {
+            launch: LaunchInfo {
+                launch_id,
+                kernel: "sim_kernel".into(),
+                host_launch_ns: t0,
+                grid: header.grid,
+                block: header.block,
+                parent: span.id(),
+                host_thread: "main".into(),
+                ..Default::default()
+            },
+            header,
+            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
+            span,
+            completion: Box::new(HostMade(Ok(made))),
+        }
+    }
+
+    fn recorder_dispatch() -> (Recorder, Dispatch) {
+        let rec = Recorder::default();
+        (
+            rec.clone(),
+            Dispatch::new(tracing_subscriber::registry().with(rec)),
+        )
+    }
+
+    #[test]
+    fn two_simulated_devices_feed_one_subscriber() {
+        let (rec, dispatch) = recorder_dispatch();
+        let (c0, s0) = start(0, None);
+        let (c1, s1) = start(1, None);
+        tracing::dispatcher::with_default(&dispatch, || {
+            for i in 0..3 {
+                c0.send(job(0, 1_000_000 + i * 10_000, None));
+                c1.send(job(1, 1_000_000 + i * 10_000, None));
+            }
+        });
+        c0.flush().unwrap();
+        c1.flush().unwrap();
+        for s in [&s0, &s1] {
+            let st = s.stats();
+            assert_eq!((st.delivered, st.events, st.failed), (3, 12, 0));
+        }
+        let seen = rec.0.lock();
+        assert_eq!(seen.spans.len(), 24);
+        assert!(seen
+            .parents
+            .iter()
+            .all(|p| p.as_deref() == Some("sim_kernel")));
+        for d in ["0", "1"] {
+            let on: Vec<_> = seen.spans.iter().filter(|s| s["gpu.device"] == d).collect();
+            assert_eq!(on.len(), 12);
+            assert!(on
+                .iter()
+                .all(|s| s["thread.name"].starts_with(&format!("GPU {d} / SM "))));
+        }
+        // Launch ids are unique across the two devices' profilers.
+        let ids: std::collections::BTreeSet<&String> =
+            seen.spans.iter().map(|s| &s["gpu.launch_id"]).collect();
+        assert_eq!(ids.len(), 6);
+        // The calibration (host = device + 5000) was applied.
+        let first = seen.spans.iter().find(|s| s["gpu.device"] == "0").unwrap();
+        assert_eq!(first["gpu.start_ns"], "1005000");
+    }
+
+    #[test]
+    fn launches_wait_for_a_checkpoint_after_them() {
+        let (_rec, dispatch) = recorder_dispatch();
+        let steps = Steps {
+            next: 0,
+            offset: 5_000,
+        };
+        let (c, s) = start(0, Some((Box::new(steps), Duration::from_secs(3600))));
+        tracing::dispatcher::with_default(&dispatch, || c.send(job(0, 3_000_000, None)));
+        // Held: the only checkpoint (device 0) lies before the launch.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(s.stats().delivered, 0);
+        c.flush().unwrap();
+        let st = s.stats();
+        assert_eq!((st.delivered, st.calibrations), (1, 2));
+        // The checkpoint taken for it (device 10 ms) brackets its events.
+        let cal = s.calibration();
+        assert_eq!(cal.checkpoints().len(), 2);
+        assert_eq!(cal.latest().map.anchor().0, 10_000_000);
+    }
+
+    #[test]
+    fn a_bad_buffer_is_an_error_at_flush_and_loses_nothing_else() {
+        let (rec, dispatch) = recorder_dispatch();
+        let (c, s) = start(0, None);
+        tracing::dispatcher::with_default(&dispatch, || {
+            c.send(job(0, 1_000_000, None));
+            let mut bad = job(0, 1_100_000, None);
+            // A slot magic that is neither zero nor "SLOT".
+            let mut bytes = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 8).finish();
+            bytes[crate::format::BUFFER_HEADER_SIZE] = 0xAB;
+            bad.completion = Box::new(HostMade(Ok(bytes)));
+            c.send(bad);
+            let mut lost = job(0, 1_200_000, None);
+            lost.completion = Box::new(HostMade(Err(())));
+            c.send(lost);
+            c.send(job(0, 1_300_000, None));
+        });
+        let err = c.flush().unwrap_err();
+        assert!(matches!(err, ProfilerError::Decode { .. }), "{err}");
+        let st = s.stats();
+        assert_eq!((st.delivered, st.failed), (2, 2));
+        assert_eq!(rec.0.lock().spans.len(), 8);
+        // The errors were handed out once.
+        c.flush().unwrap();
+    }
+
+    #[test]
+    fn dropping_the_collector_delivers_everything() {
+        let (rec, dispatch) = recorder_dispatch();
+        let steps = Steps { next: 0, offset: 0 };
+        let (c, s) = start(0, Some((Box::new(steps), Duration::from_secs(3600))));
+        tracing::dispatcher::with_default(&dispatch, || {
+            for i in 0..5 {
+                c.send(job(0, 1_000_000 + i * 1_000, None));
+            }
+        });
+        drop(c);
+        assert_eq!(s.stats().delivered, 5);
+        assert_eq!(rec.0.lock().spans.len(), 20);
+        let _ = BufferHeader::default();
+    }
+
+    #[test]
+    fn two_simulated_devices_make_one_perfetto_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("two-gpus.perfetto-trace");
+        let (layer, guard) = crate::perfetto::PerfettoLayer::builder()
+            .file(&path)
+            .build()
+            .unwrap();
+        let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
+        // Device time 1 ms lands a second from now: after the launch spans.
+        let host = HostClock::Boottime.now_ns() + 1_000_000_000;
+        let map = |skew: u64| Calibration::exact(1_000_000, host + skew, 0.0);
+        let (c0, s0) = start_mapped(0, None, map(0));
+        let (c1, s1) = start_mapped(1, None, map(3_000));
+        tracing::dispatcher::with_default(&dispatch, || {
+            let _step = tracing::info_span!("step").entered();
+            for i in 0..3 {
+                c0.send(job(0, 1_000_000 + i * 10_000, None));
+                c1.send(job(1, 1_000_000 + i * 10_000, None));
+            }
+        });
+        c0.flush().unwrap();
+        c1.flush().unwrap();
+        let stats = guard.finish().unwrap();
+        assert_eq!(
+            (stats.kernels, stats.flows, stats.device_events),
+            (6, 6, 24)
+        );
+        assert_eq!(s0.stats().events + s1.stats().events, 24);
+        super::perfetto_check::check(
+            &path,
+            &[
+                "--expect-gpus",
+                "2",
+                "--expect-kernels",
+                "6",
+                "--expect-flows",
+                "6",
+                "--expect-device-slices",
+                "24",
+            ],
+        );
+    }
+}

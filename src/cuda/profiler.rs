@@ -1,0 +1,802 @@
+//! [`Profiler`]: one per CUDA context. It owns the device's clock calibration,
+//! a pool of trace buffers, and a collector thread that brings each profiled
+//! launch back, decodes it and hands it to the subscriber ([`crate::bridge`]).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tracing_gpu::cuda::{gpu_profile, Profiler};
+//! use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+//! # let (ctx, module) = todo_context();
+//! let profiler = Profiler::builder().context(ctx.clone()).events([(1, "load"), (2, "mma")]).build()?;
+//! let stream = ctx.default_stream();
+//! let f = module.load_function("gemm")?;
+//! let cfg = LaunchConfig { grid_dim: (132, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+//! gpu_profile!(profiler, &stream, "gemm", cfg, |trace| unsafe {
+//!     stream.launch_builder(&f).arg(&trace).launch(cfg)
+//! })?;
+//! profiler.flush()?; // optional: waits until the trace has it
+//! # Ok(()) }
+//! # fn todo_context() -> (std::sync::Arc<tracing_gpu::cuda::cudarc::driver::CudaContext>, std::sync::Arc<tracing_gpu::cuda::cudarc::driver::CudaModule>) { unimplemented!() }
+//! ```
+//!
+//! # What a launch costs the application
+//!
+//! On the launching thread: a host span, taking a zeroed buffer from the pool
+//! (a mutex; an allocation the first time a size is seen), one clock read, the
+//! launch itself, one event record on the application's stream, and a channel
+//! send. No copy, memset or synchronisation is added to the application's
+//! stream: buffers leave the pool zeroed, the device never reads the buffer
+//! header (`docs/format.md`), so the collector writes the header into the host
+//! copy, and the copy back runs on the profiler's own stream after the event.
+//!
+//! The application never waits for profiling unless it asks: when the pool's
+//! memory limit is reached, a launch runs without a trace buffer (counted in
+//! [`ProfilerStats::skipped`]) unless [`ProfilerBuilder::wait_for_buffers`] is
+//! set. [`Profiler::flush`] and dropping the profiler wait for every launch made
+//! so far to reach the subscriber.
+//!
+//! # Several GPUs
+//!
+//! Build one profiler per context. Each calibrates its own device, numbers its
+//! launches from one process-wide counter (so launch ids never collide in a
+//! trace), and delivers to the dispatcher current at each launch: they all
+//! feed one trace, with one GPU track per device.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, DriverError, LaunchConfig};
+
+use super::archive::DumpRecorder;
+use super::calibrate::{CalibrateError, Calibrator};
+pub use super::collector::ProfilerStats;
+use super::collector::{
+    Collector, CollectorConfig, Completion, Job, Recalibrate, Recalibration, Round, Shared,
+};
+use super::pool::{Pool, Stream, TraceBuffer};
+use super::CudaError;
+use crate::bridge::{DeviceInfo, LaunchInfo};
+use crate::clock::{Calibration, HostClock};
+use crate::decode::DecodeError;
+use crate::format::{self, BufferHeader, KernelArg};
+use crate::registry::{EventRegistry, RegistryError};
+
+// SAFETY: `KernelArg` is `repr(C)`, 16 bytes of plain integers, the layout of
+// `tgpu::Trace` in the header: it can be copied into the parameter bank as is.
+unsafe impl DeviceRepr for KernelArg {}
+
+/// Errors from profiling.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfilerError {
+    /// A CUDA library is missing, or a driver call failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// No GPU with that ordinal.
+    #[error("no GPU with ordinal {ordinal}: this machine has {count}")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// GPUs present.
+        count: usize,
+    },
+    /// The stream belongs to another context than the profiler's.
+    #[error("the stream belongs to another CUDA context (device {stream_device}) than this profiler's (device {profiler_device})")]
+    WrongContext {
+        /// The profiler's device.
+        profiler_device: usize,
+        /// The stream's device.
+        stream_device: usize,
+    },
+    /// A launch shape with an empty dimension.
+    #[error("launch shape has an empty dimension: grid {grid:?}, block {block:?}")]
+    EmptyLaunch {
+        /// Grid in blocks.
+        grid: [u32; 3],
+        /// Block in threads.
+        block: [u32; 3],
+    },
+    /// The trace buffer for this launch exceeds the pool's memory limit.
+    #[error("the trace buffer for this launch needs {needed} bytes ({slots} warps × {capacity} records); the profiler's limit is {limit} bytes (ProfilerBuilder::memory_limit, ::capacity)")]
+    BufferTooLarge {
+        /// Bytes needed.
+        needed: u128,
+        /// Warp slots in the launch.
+        slots: u64,
+        /// Records per slot.
+        capacity: u32,
+        /// The pool's limit.
+        limit: usize,
+    },
+    /// A launch's buffer did not decode.
+    #[error("launch {launch_id}: the trace buffer did not decode: {source}")]
+    Decode {
+        /// The launch.
+        launch_id: u64,
+        /// Why.
+        source: DecodeError,
+    },
+    /// Event names conflict.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The clock could not be calibrated (or a checkpoint did not follow the last).
+    #[error("clock calibration failed: {0}")]
+    Calibration(#[from] CalibrateError),
+    /// The capture dump could not be written.
+    #[error("capture dump {path}: {message}")]
+    Dump {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The collector thread could not be started.
+    #[error("cannot start the collector thread: {0}")]
+    Thread(std::io::Error),
+    /// The collector thread is gone (a sink panicked).
+    #[error("the collector thread has stopped (a sink panicked); launches since were not traced")]
+    CollectorGone,
+    /// Anything else wrong with a request.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<DriverError> for ProfilerError {
+    fn from(e: DriverError) -> Self {
+        ProfilerError::Cuda(CudaError::Driver(e))
+    }
+}
+
+/// The next launch id: one counter for the whole process, so that launches of
+/// several profilers (several GPUs) never share an id in one trace.
+pub fn next_launch_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Default records per warp slot.
+pub const DEFAULT_CAPACITY: u32 = 256;
+/// Default memory limit of the buffer pool: 1 GiB.
+pub const DEFAULT_MEMORY_LIMIT: usize = 1 << 30;
+/// Default recalibration period.
+pub const DEFAULT_RECALIBRATION: Duration = Duration::from_secs(1);
+
+/// Builds a [`Profiler`]; see [`Profiler::builder`].
+#[derive(Debug, Clone)]
+pub struct ProfilerBuilder {
+    device: Option<usize>,
+    context: Option<Arc<CudaContext>>,
+    capacity: u32,
+    memory_limit: usize,
+    wait_for_buffers: bool,
+    registry: EventRegistry,
+    events: Vec<(u16, String)>,
+    recalibrate_every: Option<Duration>,
+    dump: Option<Arc<DumpRecorder>>,
+}
+
+impl Default for ProfilerBuilder {
+    fn default() -> Self {
+        ProfilerBuilder {
+            device: None,
+            context: None,
+            capacity: DEFAULT_CAPACITY,
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            wait_for_buffers: false,
+            registry: EventRegistry::new(),
+            events: Vec::new(),
+            recalibrate_every: Some(DEFAULT_RECALIBRATION),
+            dump: None,
+        }
+    }
+}
+
+impl ProfilerBuilder {
+    /// Profile on the primary context of GPU `ordinal` (default 0).
+    pub fn device(mut self, ordinal: usize) -> Self {
+        self.device = Some(ordinal);
+        self
+    }
+
+    /// Profile on this context (the application's own).
+    pub fn context(mut self, ctx: Arc<CudaContext>) -> Self {
+        self.context = Some(ctx);
+        self
+    }
+
+    /// Records per warp slot (default [`DEFAULT_CAPACITY`]); a warp that records
+    /// more drops the rest and the trace says how many.
+    pub fn capacity(mut self, records: u32) -> Self {
+        self.capacity = records;
+        self
+    }
+
+    /// Device memory the buffer pool may hold, free and in use (default
+    /// [`DEFAULT_MEMORY_LIMIT`]). The same amount of pinned host memory mirrors it.
+    pub fn memory_limit(mut self, bytes: usize) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
+    /// When every buffer is in use: wait for one (`true`), or launch without
+    /// recording (`false`, the default: profiling never blocks the application).
+    pub fn wait_for_buffers(mut self, wait: bool) -> Self {
+        self.wait_for_buffers = wait;
+        self
+    }
+
+    /// Event names (adds to those given before).
+    pub fn registry(mut self, registry: EventRegistry) -> Self {
+        self.events.extend(
+            registry
+                .iter()
+                .map(|(id, info)| (id, info.name.to_string())),
+        );
+        self
+    }
+
+    /// Event names as `(id, name)` pairs (adds to those given before).
+    pub fn events<'a>(mut self, pairs: impl IntoIterator<Item = (u16, &'a str)>) -> Self {
+        self.events
+            .extend(pairs.into_iter().map(|(id, n)| (id, n.to_string())));
+        self
+    }
+
+    /// How often to refresh the clock calibration while launches are profiled
+    /// (default [`DEFAULT_RECALIBRATION`]); `None` keeps the first one.
+    pub fn recalibrate_every(mut self, period: Option<Duration>) -> Self {
+        self.recalibrate_every = period;
+        self
+    }
+
+    /// Also record the run (devices, calibrations, launches) into a capture
+    /// file at `path`, written when the profiler is dropped. For the host spans
+    /// too, and for one file from several profilers, use [`ProfilerBuilder::dump`].
+    pub fn dump_to(self, path: impl Into<PathBuf>) -> Self {
+        self.dump(DumpRecorder::new(path))
+    }
+
+    /// Also record the run into `recorder` (shared by several profilers, and
+    /// with its [`DumpRecorder::layer`] for the host spans).
+    pub fn dump(mut self, recorder: Arc<DumpRecorder>) -> Self {
+        self.dump = Some(recorder);
+        self
+    }
+
+    /// Checks the libraries and the device, calibrates the clock, and starts the
+    /// collector thread.
+    pub fn build(mut self) -> Result<Profiler, ProfilerError> {
+        super::ensure_libraries()?;
+        let ctx = match self.context.take() {
+            Some(c) => c,
+            None => {
+                let ordinal = self.device.unwrap_or(0);
+                let count = CudaContext::device_count()? as usize;
+                if ordinal >= count {
+                    return Err(ProfilerError::NoDevice { ordinal, count });
+                }
+                CudaContext::new(ordinal)?
+            }
+        };
+        if self.capacity == 0 {
+            return Err(ProfilerError::Invalid(
+                "capacity must be at least one record per warp".into(),
+            ));
+        }
+        for (id, name) in &self.events {
+            self.registry.register(*id, name)?;
+        }
+        let device = Arc::new(device_info(&ctx)?);
+        let (first, recalibrate) = start_clock(&ctx, self.recalibrate_every)?;
+        let archive = match &self.dump {
+            Some(rec) => {
+                rec.add_registry(&self.registry)?;
+                rec.add_device(&device);
+                let mut a = rec.archive();
+                a.calibration(&device, &first);
+                Some(a)
+            }
+            None => None,
+        };
+        let shared = Shared::new(Calibration::new(first.checkpoint.clone()));
+        let bind = ctx.clone();
+        let collector = Collector::spawn(
+            CollectorConfig {
+                device: device.clone(),
+                registry: Arc::new(self.registry),
+                recalibrate,
+                archive,
+                on_start: Some(Box::new(move || {
+                    let _ = bind.bind_to_thread();
+                })),
+            },
+            shared.clone(),
+        )?;
+        Ok(Profiler {
+            copy_stream: Arc::new(Stream::new(&ctx)?),
+            pool: Arc::new(Pool::new(&ctx, self.memory_limit)),
+            ctx,
+            device,
+            capacity: self.capacity,
+            wait_for_buffers: self.wait_for_buffers,
+            shared,
+            collector,
+        })
+    }
+}
+
+/// One CUDA context's profiler: see the module docs.
+pub struct Profiler {
+    ctx: Arc<CudaContext>,
+    device: Arc<DeviceInfo>,
+    capacity: u32,
+    wait_for_buffers: bool,
+    pool: Arc<Pool>,
+    copy_stream: Arc<Stream>,
+    shared: Arc<Shared>,
+    collector: Collector,
+}
+
+impl std::fmt::Debug for Profiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Profiler")
+            .field("device", &self.device)
+            .field("capacity", &self.capacity)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The trace buffer a launch needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub slots: u32,
+    pub warps_per_block: u32,
+    pub bytes: usize,
+}
+
+impl Shape {
+    /// One slot per warp of the grid, `capacity` records each.
+    pub(crate) fn of(
+        cfg: &LaunchConfig,
+        capacity: u32,
+        limit: usize,
+    ) -> Result<Shape, ProfilerError> {
+        let grid = [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2];
+        let block = [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2];
+        if grid.contains(&0) || block.contains(&0) {
+            return Err(ProfilerError::EmptyLaunch { grid, block });
+        }
+        let threads = block.iter().map(|&d| d as u64).product::<u64>();
+        let warps_per_block = threads.div_ceil(32);
+        let slots = grid.iter().map(|&d| d as u64).product::<u64>() * warps_per_block;
+        let needed = format::BUFFER_HEADER_SIZE as u128
+            + slots as u128 * format::slot_stride(capacity) as u128;
+        let too_large = || ProfilerError::BufferTooLarge {
+            needed,
+            slots,
+            capacity,
+            limit,
+        };
+        if needed > limit as u128 || slots > u32::MAX as u64 || warps_per_block > u32::MAX as u64 {
+            return Err(too_large());
+        }
+        Ok(Shape {
+            slots: slots as u32,
+            warps_per_block: warps_per_block as u32,
+            bytes: needed as usize,
+        })
+    }
+}
+
+impl Profiler {
+    /// A builder: device 0, [`DEFAULT_CAPACITY`] records per warp,
+    /// [`DEFAULT_MEMORY_LIMIT`], recalibration every [`DEFAULT_RECALIBRATION`].
+    pub fn builder() -> ProfilerBuilder {
+        ProfilerBuilder::default()
+    }
+
+    /// The profiler's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The profiled GPU.
+    pub fn device(&self) -> &Arc<DeviceInfo> {
+        &self.device
+    }
+
+    /// The NVRTC target for this GPU (`"sm_90"` on an H200), for
+    /// [`super::KernelBuild`]: its own compute capability, or the newest one
+    /// below it that this crate knows.
+    pub fn arch(&self) -> &'static str {
+        const KNOWN: [((u32, u32), &str); 10] = [
+            ((12, 0), "sm_120"),
+            ((10, 0), "sm_100"),
+            ((9, 0), "sm_90"),
+            ((8, 9), "sm_89"),
+            ((8, 7), "sm_87"),
+            ((8, 6), "sm_86"),
+            ((8, 0), "sm_80"),
+            ((7, 5), "sm_75"),
+            ((7, 2), "sm_72"),
+            ((7, 0), "sm_70"),
+        ];
+        let cc = self.device.compute_capability;
+        KNOWN
+            .iter()
+            .find(|(k, _)| *k <= cc)
+            .map_or("sm_70", |(_, a)| a)
+    }
+
+    /// The current device → host clock mapping.
+    pub fn calibration(&self) -> Arc<Calibration> {
+        self.shared.calibration()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ProfilerStats {
+        self.shared.stats()
+    }
+
+    /// Runs `launch` with a trace buffer for a launch of shape `cfg` on `stream`,
+    /// inside `span` (`gpu_profile!` calls this; use it directly to choose the
+    /// span yourself). `launch` gets the [`KernelArg`] to pass to the kernel (as
+    /// `tgpu::Trace`, by value) and must make exactly one launch on `stream`.
+    ///
+    /// The host time is read just before `launch` runs; the launch's completion
+    /// is queued for the collector; the launch's result is returned as it is. A
+    /// launch that fails (returns `Err`) is not traced.
+    pub fn launch<T, E, F>(
+        &self,
+        stream: &CudaStream,
+        kernel: &str,
+        cfg: LaunchConfig,
+        launch_id: u64,
+        span: tracing::Span,
+        launch: F,
+    ) -> Result<T, ProfilerError>
+    where
+        F: FnOnce(KernelArg) -> Result<T, E>,
+        E: Into<ProfilerError>,
+    {
+        if **stream.context() != *self.ctx {
+            return Err(ProfilerError::WrongContext {
+                profiler_device: self.ctx.ordinal(),
+                stream_device: stream.context().ordinal(),
+            });
+        }
+        let shape = Shape::of(&cfg, self.capacity, self.pool.limit())?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the stream is live (borrowed) and its context is bound.
+        let capture = unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? };
+        if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            // The completion event and the copy back cannot be part of a graph.
+            return Err(ProfilerError::Invalid(format!(
+                "{kernel}: the stream is capturing a CUDA graph; profile launches outside capture"
+            )));
+        }
+        let mut buffer = self.pool.acquire(shape.bytes, self.wait_for_buffers)?;
+        let mut fresh = false;
+        if let Some(b) = buffer.as_mut() {
+            fresh = match b.zero_before_use(stream.cu_stream()) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.pool.discard(buffer.take().expect("present"));
+                    return Err(e.into());
+                }
+            };
+        }
+        self.shared.count_launch(buffer.is_none());
+        let arg = match &buffer {
+            Some(b) => KernelArg {
+                base: b.dptr,
+                capacity: self.capacity,
+                slot_count: shape.slots,
+            },
+            None => KernelArg::default(),
+        };
+        let entered = span.enter();
+        let host_launch_ns = HostClock::Boottime.now_ns();
+        let result = launch(arg);
+        drop(entered);
+        // Recorded after the launch call, so that the call follows the clock read at once.
+        span.record("gpu.host_launch_ns", host_launch_ns);
+        let Some(buffer) = buffer else {
+            return result.map_err(Into::into);
+        };
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => {
+                // Nothing ran: the buffer is zero, once a first zeroing queued
+                // on this stream is done (other streams are not ordered after it).
+                let settled = !fresh
+                    || buffer
+                        .done
+                        .record(stream.cu_stream())
+                        .and_then(|()| buffer.done.synchronize())
+                        .is_ok();
+                if settled {
+                    self.pool.release(buffer);
+                } else {
+                    self.pool.discard(buffer);
+                }
+                return Err(e.into());
+            }
+        };
+        if let Err(e) = buffer.done.record(stream.cu_stream()) {
+            // The launch happened; only its trace is lost (say so at the next
+            // flush). The kernel may still write the buffer: wait before freeing it.
+            let _ = stream.synchronize();
+            self.pool.discard(buffer);
+            self.shared.push_error(e.into());
+            return Ok(value);
+        }
+        let header = BufferHeader {
+            version: format::VERSION,
+            slot_capacity: self.capacity,
+            slot_count: shape.slots,
+            warps_per_block: shape.warps_per_block,
+            launch_id,
+            grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
+            block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
+            flags: 0,
+        };
+        let launch = LaunchInfo {
+            launch_id,
+            kernel: kernel.to_string(),
+            host_launch_ns,
+            host_complete_ns: 0,
+            grid: header.grid,
+            block: header.block,
+            parent: span.id(),
+            host_thread: thread_name(),
+        };
+        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+        let completion = CudaCompletion {
+            buffer: Some(buffer),
+            used: shape.bytes,
+            stream: self.copy_stream.clone(),
+            pool: self.pool.clone(),
+        };
+        self.collector.send(Job {
+            launch,
+            header,
+            dispatch,
+            span,
+            completion: Box::new(completion),
+        });
+        Ok(value)
+    }
+
+    /// Waits until every launch made so far has reached the subscriber, then
+    /// flushes our layers in the dispatchers delivered to. Returns the first
+    /// error since the last flush (a buffer that did not decode, a failed
+    /// recalibration); [`ProfilerStats::failed`] counts them all.
+    pub fn flush(&self) -> Result<(), ProfilerError> {
+        self.collector.flush()
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        // Waits for the outstanding launches; errors have nowhere to go here
+        // (call `flush` first to see them).
+        let _ = self.collector.stop();
+    }
+}
+
+/// Periodic recalibration on the collector thread: a cheap round of
+/// [`Calibrator::PERIODIC_ROUNDS`] ping-pongs.
+struct DeviceClock {
+    calibrator: Calibrator,
+}
+
+impl DeviceClock {
+    fn round(&mut self, rounds: usize) -> Result<Round, CalibrateError> {
+        let samples = self.calibrator.sample(rounds)?;
+        let checkpoint = self.calibrator.checkpoint(&samples)?;
+        Ok(Round {
+            samples,
+            checkpoint,
+        })
+    }
+}
+
+impl Recalibrate for DeviceClock {
+    fn round(&mut self) -> Result<Round, ProfilerError> {
+        Ok(DeviceClock::round(self, Calibrator::PERIODIC_ROUNDS)?)
+    }
+}
+
+/// The first calibration (thorough: [`Calibrator::INITIAL_ROUNDS`]), and the
+/// recalibration the collector runs every `period`.
+fn start_clock(
+    ctx: &Arc<CudaContext>,
+    period: Option<Duration>,
+) -> Result<(Round, Option<Recalibration>), ProfilerError> {
+    let mut clock = DeviceClock {
+        calibrator: Calibrator::new(ctx)?,
+    };
+    let first = clock.round(Calibrator::INITIAL_ROUNDS)?;
+    let recalibrate = period.map(|p| (Box::new(clock) as Box<dyn Recalibrate>, p));
+    Ok((first, recalibrate))
+}
+
+fn thread_name() -> String {
+    let t = std::thread::current();
+    match t.name() {
+        Some(n) => n.to_string(),
+        None => format!("{:?}", t.id()),
+    }
+}
+
+/// What the driver says of the context's device.
+fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, ProfilerError> {
+    let uuid = ctx.uuid()?;
+    let b: Vec<u8> = uuid.bytes.iter().map(|&c| c as u8).collect();
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let (major, minor) = ctx.compute_capability()?;
+    let mut version = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { sys::cuDriverGetVersion(&mut version).result()? };
+    Ok(DeviceInfo {
+        ordinal: ctx.ordinal() as u32,
+        name: ctx.name()?,
+        uuid: format!(
+            "GPU-{}-{}-{}-{}-{}",
+            hex(0..4),
+            hex(4..6),
+            hex(6..8),
+            hex(8..10),
+            hex(10..16)
+        ),
+        sm_count: ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32,
+        driver_version: format!("CUDA {}.{}", version / 1000, (version % 1000) / 10),
+        compute_capability: (major as u32, minor as u32),
+    })
+}
+
+/// A launch's buffer on its way back: copy after the launch's `done` event,
+/// on the profiler's stream, then zero for reuse.
+struct CudaCompletion {
+    buffer: Option<TraceBuffer>,
+    used: usize,
+    stream: Arc<Stream>,
+    pool: Arc<Pool>,
+}
+
+impl Completion for CudaCompletion {
+    fn start(&mut self) -> Result<(), ProfilerError> {
+        let buf = self.buffer.as_mut().expect("started once");
+        if let Err(e) = buf.enqueue_copy_back(self.used, &self.stream) {
+            self.pool.discard(self.buffer.take().expect("present"));
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<Vec<u8>, ProfilerError> {
+        let buf = self.buffer.take().expect("finished once");
+        match buf.copied.synchronize() {
+            Ok(()) => {
+                let bytes = buf.mirror(self.used).to_vec();
+                self.pool.release(buf);
+                Ok(bytes)
+            }
+            Err(e) => {
+                self.pool.discard(buf);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Drop for CudaCompletion {
+    fn drop(&mut self) {
+        // A job dropped unfinished (the collector stopped): the buffer may still
+        // be in use by the device, so wait for its copy before freeing it.
+        if let Some(buf) = self.buffer.take() {
+            let _ = buf.copied.synchronize();
+            self.pool.discard(buf);
+        }
+    }
+}
+
+/// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one
+/// kernel launch.
+///
+/// - `profiler`: a [`Profiler`] (or a reference, or an `Arc`);
+/// - `&stream`: the `CudaStream` the launch goes to (of the profiler's context);
+/// - `"name"`: a string literal, the launch's name in the trace (the host span's
+///   name and the kernel slice's);
+/// - `cfg`: the launch's `LaunchConfig` (the trace buffer is sized from it);
+/// - `|trace| launch`: makes the launch, passing `trace` (a [`KernelArg`], which
+///   is `tgpu::Trace` on the device) as a kernel argument, and returns its result
+///   (`Result<_, E>` with `E: Into<ProfilerError>`, such as cudarc's `DriverError`).
+///
+/// It opens an `INFO` span named `"name"` (fields `gpu.launch_id`, `gpu.device`,
+/// and `gpu.host_launch_ns`, the trace-clock time read just before the launch call),
+/// reads the host clock just before the launch, queues the completion for the
+/// collector, and returns `Result<T, ProfilerError>` with the launch's own value.
+/// A missing library, a stream of another context, or a buffer over the memory
+/// limit is an error, never a panic; nothing is launched then.
+///
+/// ```no_run
+/// # use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError};
+/// # use tracing_gpu::cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+/// # fn f(profiler: &Profiler, stream: &CudaStream, k: &CudaFunction, n: u32) -> Result<(), ProfilerError> {
+/// let cfg = LaunchConfig::for_num_elems(n);
+/// gpu_profile!(profiler, stream, "scale", cfg, |trace| unsafe {
+///     stream.launch_builder(k).arg(&n).arg(&trace).launch(cfg)
+/// })?;
+/// # Ok(()) }
+/// ```
+#[macro_export]
+macro_rules! gpu_profile {
+    ($profiler:expr, $stream:expr, $name:literal, $cfg:expr, $launch:expr $(,)?) => {{
+        let __tgpu_profiler = &$profiler;
+        let __tgpu_id = $crate::cuda::next_launch_id();
+        let __tgpu_span = $crate::cuda::__private::tracing::info_span!(
+            $name,
+            gpu.launch_id = __tgpu_id,
+            gpu.device = __tgpu_profiler.device().ordinal as u64,
+            gpu.host_launch_ns = $crate::cuda::__private::tracing::field::Empty,
+        );
+        __tgpu_profiler.launch($stream, $name, $cfg, __tgpu_id, __tgpu_span, $launch)
+    }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: grid,
+            block_dim: block,
+            shared_mem_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn shape_counts_one_slot_per_warp() {
+        let s = Shape::of(&cfg((4, 2, 1), (96, 1, 1)), 8, 1 << 30).unwrap();
+        assert_eq!(s.warps_per_block, 3);
+        assert_eq!(s.slots, 24);
+        assert_eq!(s.bytes, format::buffer_size(24, 8).unwrap());
+        // A partial warp still gets a slot.
+        assert_eq!(
+            Shape::of(&cfg((1, 1, 1), (33, 1, 1)), 8, 1 << 30)
+                .unwrap()
+                .slots,
+            2
+        );
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        assert!(matches!(
+            Shape::of(&cfg((0, 1, 1), (32, 1, 1)), 8, 1 << 30),
+            Err(ProfilerError::EmptyLaunch { .. })
+        ));
+        let e = Shape::of(&cfg((65535, 65535, 64), (1024, 1, 1)), 1 << 20, usize::MAX).unwrap_err();
+        assert!(matches!(e, ProfilerError::BufferTooLarge { .. }), "{e}");
+        let e = Shape::of(&cfg((1000, 1, 1), (256, 1, 1)), 256, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("8000 warps × 256 records"), "{e}");
+    }
+
+    #[test]
+    fn launch_ids_are_unique_across_threads() {
+        let ids: Vec<u64> = (0..4)
+            .map(|_| std::thread::spawn(|| (0..1000).map(|_| next_launch_id()).collect::<Vec<_>>()))
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let set: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(set.len(), ids.len());
+    }
+}

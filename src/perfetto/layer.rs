@@ -1,0 +1,903 @@
+//! [`PerfettoLayer`]: the `tracing` layer, its builder, the writer thread, and
+//! the guard that finishes the file.
+//!
+//! Host side: each thread that emits spans owns a buffer (one writer
+//! sequence) and encodes its own packets into it, under a lock nobody else
+//! takes except the writer thread when it collects full chunks. A span costs a
+//! clock read and two small packets; nothing crosses a channel per event.
+//! Device side: [`BatchSink::on_batch`] queues the batch (an `Arc`) on a
+//! bounded channel to the writer thread, which encodes it there.
+//!
+//! Memory is bounded: each thread keeps at most [`PerfettoBuilder::queued_chunks`]
+//! full chunks waiting for the writer (then it waits for the writer to catch
+//! up), and the batch queue holds at most [`PerfettoBuilder::batch_queue`] batches.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Write as _;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+use super::proto::{field, Enc, EventType, ProcessDescriptor, ThreadDescriptor, TrackDescriptor};
+use super::tracks::{descriptor, sequence_start, Ids};
+use super::writer::{launch_flow_id, Core, TraceFile, TraceWriter, WriteStats};
+use super::PerfettoError;
+use crate::bridge::{Batch, BatchSink, DEVICE_TARGET};
+use crate::clock::HostClock;
+
+/// The field that marks a launch span: its value is the launch id, and the
+/// span's first slice starts a flow arrow to that launch's kernel slice.
+pub const LAUNCH_ID_FIELD: &str = "gpu.launch_id";
+
+/// Builds a [`PerfettoLayer`] and its [`PerfettoGuard`].
+pub struct PerfettoBuilder {
+    path: Option<PathBuf>,
+    writer: Option<Box<dyn Write + Send>>,
+    process_name: Option<String>,
+    chunk_bytes: usize,
+    queued_chunks: usize,
+    batch_queue: usize,
+    compress: Option<u32>,
+}
+
+impl Default for PerfettoBuilder {
+    fn default() -> Self {
+        PerfettoBuilder {
+            path: None,
+            writer: None,
+            process_name: None,
+            chunk_bytes: 64 << 10,
+            queued_chunks: 16,
+            batch_queue: 64,
+            compress: None,
+        }
+    }
+}
+
+impl PerfettoBuilder {
+    /// The trace file to write (`.perfetto-trace` by convention). It appears
+    /// only when the guard finishes; until then the data goes to `<file>.tmp`.
+    pub fn file(mut self, path: impl AsRef<Path>) -> Self {
+        self.path = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Streams the trace into `w` instead of a file (a pipe, a socket, a sink
+    /// for benchmarks). There is no temporary file then: what was written
+    /// before an error stays written.
+    pub fn writer(mut self, w: impl Write + Send + 'static) -> Self {
+        self.writer = Some(Box::new(w));
+        self
+    }
+
+    /// The host process's name in the trace (default: the executable's name).
+    pub fn process_name(mut self, name: impl Into<String>) -> Self {
+        self.process_name = Some(name.into());
+        self
+    }
+
+    /// Size of the chunks a thread hands to the writer (default 64 KiB).
+    pub fn chunk_bytes(mut self, bytes: usize) -> Self {
+        self.chunk_bytes = bytes.max(4096);
+        self
+    }
+
+    /// Full chunks a thread may have waiting before it waits for the writer
+    /// (default 16: with 64 KiB chunks, at most 1 MiB per thread).
+    pub fn queued_chunks(mut self, n: usize) -> Self {
+        self.queued_chunks = n.max(1);
+        self
+    }
+
+    /// Device batches that may wait for the writer before
+    /// [`BatchSink::on_batch`] waits (default 64).
+    pub fn batch_queue(mut self, n: usize) -> Self {
+        self.batch_queue = n.max(1);
+        self
+    }
+
+    /// Writes the trace zlib-compressed at `level` (0-9) in ~1 MiB pieces
+    /// (`compressed_packets`, which Perfetto inflates on load): several times
+    /// smaller, at the cost of the writer thread's CPU time. Off by default.
+    pub fn compress(mut self, level: u32) -> Self {
+        self.compress = Some(level);
+        self
+    }
+
+    /// Creates `<file>.tmp`, writes the trace's preamble, starts the writer thread.
+    pub fn build(self) -> Result<(PerfettoLayer, PerfettoGuard), PerfettoError> {
+        let out = match (self.writer, &self.path) {
+            (Some(w), _) => Output::Stream(w),
+            (None, Some(path)) => Output::File(TraceFile::create(path)?),
+            (None, None) => return Err(PerfettoError::NoFile),
+        };
+        let ids = Arc::new(Ids::new());
+        let flow_origins = Arc::new(Mutex::new(HashSet::new()));
+        let mut core = Core::new(ids.clone(), flow_origins.clone());
+        let pid = std::process::id() as i32;
+        let process_uuid = ids.uuid();
+        let process_name = self.process_name.unwrap_or_else(exe_name);
+        core.enc.packet(&descriptor(TrackDescriptor {
+            uuid: Some(process_uuid),
+            name: Some(process_name.clone()),
+            process: Some(ProcessDescriptor {
+                pid: Some(pid),
+                process_name: Some(process_name),
+                process_labels: Vec::new(),
+            }),
+            ..Default::default()
+        }));
+        let mut writer = TraceWriter::with_core(out, core)?;
+        if let Some(level) = self.compress {
+            writer = writer.compress(level);
+        }
+        let (tx, rx) = mpsc::sync_channel(self.batch_queue);
+        static NEXT_LAYER: AtomicUsize = AtomicUsize::new(1);
+        let shared = Arc::new(Shared {
+            id: NEXT_LAYER.fetch_add(1, Ordering::Relaxed),
+            closed: AtomicBool::new(false),
+            tx,
+            threads: Mutex::new(Vec::new()),
+            ids,
+            flow_origins,
+            pid,
+            chunk_bytes: self.chunk_bytes,
+            queued_chunks: self.queued_chunks,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("tracing-gpu perfetto writer".into())
+            .spawn(move || run_writer(&s, rx, writer))
+            .map_err(PerfettoError::Thread)?;
+        Ok((
+            PerfettoLayer {
+                shared: shared.clone(),
+            },
+            PerfettoGuard {
+                shared,
+                thread: Some(thread),
+            },
+        ))
+    }
+}
+
+impl std::fmt::Debug for PerfettoBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerfettoBuilder")
+            .field("path", &self.path)
+            .field("writer", &self.writer.as_ref().map(|_| "dyn Write"))
+            .field("process_name", &self.process_name)
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("queued_chunks", &self.queued_chunks)
+            .field("batch_queue", &self.batch_queue)
+            .field("compress", &self.compress)
+            .finish()
+    }
+}
+
+/// Where the writer thread writes.
+enum Output {
+    File(TraceFile),
+    Stream(Box<dyn Write + Send>),
+}
+
+impl Output {
+    /// Makes the output final: renames the file into place.
+    fn commit(self) -> Result<(), PerfettoError> {
+        match self {
+            Output::File(f) => f.commit().map(drop),
+            Output::Stream(mut w) => Ok(w.flush()?),
+        }
+    }
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Output::File(f) => f.write(buf),
+            Output::Stream(w) => w.write(buf),
+        }
+    }
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Output::File(f) => f.write_all(buf),
+            Output::Stream(w) => w.write_all(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Output::File(f) => f.flush(),
+            Output::Stream(w) => w.flush(),
+        }
+    }
+}
+
+fn exe_name() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "process".into())
+}
+
+/// A `tracing-subscriber` layer that writes a Perfetto trace: host spans on
+/// their threads' tracks, device batches on GPU / SM / warp tracks.
+///
+/// ```no_run
+/// use tracing_subscriber::prelude::*;
+/// let (layer, guard) = tracing_gpu::perfetto::PerfettoLayer::builder()
+///     .file("run.perfetto-trace")
+///     .build()?;
+/// tracing_subscriber::registry().with(layer).init();
+/// tracing::info_span!("work").in_scope(|| { /* ... */ });
+/// guard.finish()?; // run.perfetto-trace now exists, complete
+/// # Ok::<(), tracing_gpu::perfetto::PerfettoError>(())
+/// ```
+///
+/// Spans become slices from each enter to the matching exit, with their
+/// fields as arguments; events become instants named by their message.
+#[derive(Debug)]
+pub struct PerfettoLayer {
+    shared: Arc<Shared>,
+}
+
+impl PerfettoLayer {
+    /// Starts building a layer.
+    pub fn builder() -> PerfettoBuilder {
+        PerfettoBuilder::default()
+    }
+}
+
+/// Finishes the trace when dropped (or by [`PerfettoGuard::finish`], which
+/// reports errors): writes what is buffered, ends slices still open at the
+/// finish time, and renames the file into place. After that the layer
+/// records nothing more.
+#[derive(Debug)]
+pub struct PerfettoGuard {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<Result<WriteStats, PerfettoError>>>,
+}
+
+impl PerfettoGuard {
+    /// Waits until everything recorded so far is in the file (still `.tmp`).
+    pub fn flush(&self) {
+        self.shared.flush();
+    }
+
+    /// Finishes the file and reports what was written.
+    pub fn finish(mut self) -> Result<WriteStats, PerfettoError> {
+        self.finish_inner()
+    }
+
+    fn finish_inner(&mut self) -> Result<WriteStats, PerfettoError> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(WriteStats::default());
+        };
+        self.shared.closed.store(true, Ordering::SeqCst);
+        // If the writer is gone, the send fails and the join reports why.
+        let _ = self.shared.tx.send(Msg::Finish);
+        thread.join().map_err(|_| PerfettoError::WriterPanicked)?
+    }
+}
+
+impl Drop for PerfettoGuard {
+    fn drop(&mut self) {
+        // A library does not print: finish() is the way to see errors.
+        let _ = self.finish_inner();
+    }
+}
+
+enum Msg {
+    Batch(Arc<Batch>),
+    /// A thread has a full chunk waiting.
+    Wake,
+    /// Collect everything, write it, flush, then answer.
+    Flush(SyncSender<()>),
+    Finish,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Tells this layer's thread buffers apart from other layers' (the
+    /// address of a dropped layer could be reused).
+    id: usize,
+    closed: AtomicBool,
+    tx: SyncSender<Msg>,
+    threads: Mutex<Vec<Arc<ThreadSlot>>>,
+    ids: Arc<Ids>,
+    flow_origins: Arc<Mutex<HashSet<u64>>>,
+    pid: i32,
+    chunk_bytes: usize,
+    queued_chunks: usize,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Msg::Batch(_) => "Batch",
+            Msg::Wake => "Wake",
+            Msg::Flush(_) => "Flush",
+            Msg::Finish => "Finish",
+        })
+    }
+}
+
+impl Shared {
+    fn flush(&self) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let (ack, done) = mpsc::sync_channel(1);
+        if self.tx.send(Msg::Flush(ack)).is_ok() {
+            let _ = done.recv();
+        }
+    }
+
+    /// Runs `f` on the calling thread's buffer (created on first use), then
+    /// hands a full chunk to the writer. Returns `None` once the trace is finished.
+    fn with_thread<R>(&self, f: impl FnOnce(&mut ThreadBuf) -> R) -> Option<R> {
+        if self.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let slot = LOCAL
+            .try_with(|l| {
+                let mut l = l.borrow_mut();
+                if let Some((_, s)) = l.iter().find(|(id, _)| *id == self.id) {
+                    return s.clone();
+                }
+                // Forget the buffers of finished layers before adding one.
+                l.retain(|(_, s)| !s.buf.lock().closed);
+                let s = Arc::new(ThreadSlot::new(self));
+                self.threads.lock().push(s.clone());
+                l.push((self.id, s.clone()));
+                s
+            })
+            .ok()?;
+        let mut b = slot.buf.lock();
+        if b.closed {
+            return None;
+        }
+        let r = f(&mut b);
+        if b.enc.len() >= self.chunk_bytes {
+            let chunk =
+                std::mem::replace(&mut b.enc.buf, Vec::with_capacity(self.chunk_bytes + 256));
+            b.full.push_back(chunk);
+            if let Err(TrySendError::Disconnected(_)) = self.tx.try_send(Msg::Wake) {
+                b.closed = true;
+            }
+            // A full queue means the writer is behind: wait for it rather
+            // than grow without bound or drop half a slice.
+            while b.full.len() > self.queued_chunks && !b.closed {
+                slot.drained.wait(&mut b);
+            }
+        }
+        Some(r)
+    }
+}
+
+thread_local! {
+    static LOCAL: RefCell<Vec<(usize, Arc<ThreadSlot>)>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Fields> = RefCell::new(Fields::default());
+}
+
+#[derive(Debug)]
+struct ThreadSlot {
+    buf: Mutex<ThreadBuf>,
+    drained: Condvar,
+}
+
+impl ThreadSlot {
+    fn new(shared: &Shared) -> ThreadSlot {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let name = std::thread::current()
+            .name()
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("thread {tid}"));
+        ThreadSlot {
+            buf: Mutex::new(ThreadBuf {
+                enc: Enc::with_capacity(shared.chunk_bytes + 256),
+                full: VecDeque::new(),
+                seq: shared.ids.sequence(),
+                uuid: shared.ids.uuid(),
+                pid: shared.pid,
+                tid,
+                name,
+                last_ts: None,
+                names: HashMap::default(),
+                next_iid: 1,
+                depth: 0,
+                slices: 0,
+                closed: false,
+            }),
+            drained: Condvar::new(),
+        }
+    }
+}
+
+/// Hashes a `&'static Metadata` by address: callsites are unique statics.
+#[derive(Default)]
+struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.0 = (v as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
+    }
+}
+
+/// One thread's writer sequence and its pending bytes.
+#[derive(Debug)]
+struct ThreadBuf {
+    enc: Enc,
+    full: VecDeque<Vec<u8>>,
+    seq: u32,
+    uuid: u64,
+    pid: i32,
+    tid: i32,
+    name: String,
+    last_ts: Option<u64>,
+    /// Callsite → interned name id on this sequence.
+    names: HashMap<usize, u64, BuildHasherDefault<PtrHasher>>,
+    next_iid: u64,
+    /// Slices open on this thread's track.
+    depth: u32,
+    slices: u64,
+    closed: bool,
+}
+
+impl ThreadBuf {
+    /// Opens a packet at `ts` (declaring the track and starting the sequence
+    /// on the first one).
+    fn packet(&mut self, ts: u64) -> super::proto::Open {
+        let prev = match self.last_ts {
+            Some(t) => t,
+            None => {
+                self.enc.packet(&descriptor(TrackDescriptor {
+                    uuid: Some(self.uuid),
+                    thread: Some(ThreadDescriptor {
+                        pid: Some(self.pid),
+                        tid: Some(self.tid),
+                        thread_name: Some(self.name.clone()),
+                    }),
+                    ..Default::default()
+                }));
+                self.enc
+                    .packet(&sequence_start(self.seq, self.uuid, ts, None));
+                ts
+            }
+        };
+        // One thread's clock reads never go back; if they did, a zero delta
+        // keeps the sequence valid.
+        let ts = ts.max(prev);
+        self.last_ts = Some(ts);
+        let p = self.enc.open(field::TRACE_PACKET);
+        self.enc.uint(field::PACKET_TIMESTAMP, ts - prev);
+        self.enc
+            .uint(field::PACKET_SEQUENCE_ID, u64::from(self.seq));
+        p
+    }
+
+    /// The iid of a callsite's name, and whether this packet must intern it.
+    fn iid(&mut self, meta: &'static Metadata<'static>) -> (u64, bool) {
+        let key = meta as *const Metadata<'static> as usize;
+        if let Some(&iid) = self.names.get(&key) {
+            return (iid, false);
+        }
+        let iid = self.next_iid;
+        self.next_iid += 1;
+        self.names.insert(key, iid);
+        (iid, true)
+    }
+
+    fn intern(&mut self, iid: u64, name: &str) {
+        let i = self.enc.open(field::PACKET_INTERNED_DATA);
+        let n = self.enc.open(field::INTERNED_EVENT_NAMES);
+        self.enc.uint(field::INTERNED_IID, iid);
+        self.enc.bytes(field::INTERNED_NAME, name.as_bytes());
+        self.enc.close(n);
+        self.enc.close(i);
+    }
+
+    fn begin(&mut self, ts: u64, meta: &'static Metadata<'static>, args: &[u8], flow: Option<u64>) {
+        let (iid, new) = self.iid(meta);
+        let p = self.packet(ts);
+        if new {
+            self.intern(iid, meta.name());
+        }
+        let t = self.enc.open(field::PACKET_TRACK_EVENT);
+        self.enc
+            .uint(field::EVENT_TYPE, EventType::SliceBegin as u64);
+        self.enc.uint(field::EVENT_NAME_IID, iid);
+        self.enc.buf.extend_from_slice(args);
+        if let Some(f) = flow {
+            self.enc.fixed64(field::EVENT_FLOW_IDS, f);
+        }
+        self.enc.close(t);
+        self.enc.close(p);
+        self.depth += 1;
+        self.slices += 1;
+    }
+
+    fn end(&mut self, ts: u64) {
+        if self.depth == 0 {
+            return; // The matching begin was before this thread's buffer existed.
+        }
+        self.depth -= 1;
+        let p = self.packet(ts);
+        let t = self.enc.open(field::PACKET_TRACK_EVENT);
+        self.enc.uint(field::EVENT_TYPE, EventType::SliceEnd as u64);
+        self.enc.close(t);
+        self.enc.close(p);
+    }
+
+    fn instant(&mut self, ts: u64, meta: &'static Metadata<'static>, f: &Fields) {
+        let named = if f.message.is_empty() {
+            Some(self.iid(meta))
+        } else {
+            None
+        };
+        let p = self.packet(ts);
+        if let Some((iid, true)) = named {
+            self.intern(iid, meta.name());
+        }
+        let t = self.enc.open(field::PACKET_TRACK_EVENT);
+        self.enc.uint(field::EVENT_TYPE, EventType::Instant as u64);
+        match named {
+            Some((iid, _)) => self.enc.uint(field::EVENT_NAME_IID, iid),
+            None => self.enc.bytes(field::EVENT_NAME, f.message.as_bytes()),
+        }
+        self.enc.buf.extend_from_slice(&f.args.buf);
+        self.enc.close(t);
+        self.enc.close(p);
+        self.slices += 1;
+    }
+}
+
+/// Fields of a span or event, encoded as `TrackEvent.debug_annotations`.
+#[derive(Debug, Default)]
+struct Fields {
+    args: Enc,
+    /// An event's `message` (its name in the trace).
+    message: String,
+    /// The value of [`LAUNCH_ID_FIELD`], if present.
+    launch: Option<u64>,
+    /// Whether `message` becomes the name (events) or an argument (spans).
+    message_is_name: bool,
+}
+
+impl Fields {
+    fn clear(&mut self, message_is_name: bool) {
+        self.args.clear();
+        self.message.clear();
+        self.launch = None;
+        self.message_is_name = message_is_name;
+    }
+
+    fn annotation(&mut self, name: &str, value: impl FnOnce(&mut Enc)) {
+        let a = self.args.open(field::EVENT_DEBUG_ANNOTATIONS);
+        self.args.bytes(field::ANNOTATION_NAME, name.as_bytes());
+        value(&mut self.args);
+        self.args.close(a);
+    }
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, f: &Field, value: &dyn std::fmt::Debug) {
+        if f.name() == "message" && self.message_is_name {
+            let _ = write!(self.message, "{value:?}");
+            return;
+        }
+        let mut s = std::mem::take(&mut self.message);
+        let at = s.len();
+        let _ = write!(s, "{value:?}");
+        self.annotation(f.name(), |e| {
+            e.bytes(field::ANNOTATION_STRING, &s.as_bytes()[at..])
+        });
+        s.truncate(at);
+        self.message = s;
+    }
+    fn record_str(&mut self, f: &Field, value: &str) {
+        if f.name() == "message" && self.message_is_name {
+            self.message.push_str(value);
+            return;
+        }
+        self.annotation(f.name(), |e| {
+            e.bytes(field::ANNOTATION_STRING, value.as_bytes())
+        });
+    }
+    fn record_u64(&mut self, f: &Field, value: u64) {
+        if f.name() == LAUNCH_ID_FIELD {
+            self.launch = Some(value);
+        }
+        self.annotation(f.name(), |e| e.uint(field::ANNOTATION_UINT, value));
+    }
+    fn record_i64(&mut self, f: &Field, value: i64) {
+        if f.name() == LAUNCH_ID_FIELD && value >= 0 {
+            self.launch = Some(value as u64);
+        }
+        self.annotation(f.name(), |e| e.int(field::ANNOTATION_INT, value));
+    }
+    fn record_bool(&mut self, f: &Field, value: bool) {
+        self.annotation(f.name(), |e| {
+            e.uint(field::ANNOTATION_BOOL, u64::from(value))
+        });
+    }
+    fn record_f64(&mut self, f: &Field, value: f64) {
+        self.annotation(f.name(), |e| e.double(field::ANNOTATION_DOUBLE, value));
+    }
+}
+
+/// What a span keeps between its creation and its enters: its encoded
+/// fields, and the launch whose flow its first slice starts.
+#[derive(Debug, Default)]
+struct SpanArgs {
+    args: Vec<u8>,
+    launch: Option<u64>,
+}
+
+/// Visits `record` with the thread's scratch fields (or fresh ones if a
+/// field's `Debug` re-entered tracing).
+fn with_fields<R>(message_is_name: bool, f: impl FnOnce(&mut Fields) -> R) -> R {
+    let mut f = Some(f);
+    let r = SCRATCH
+        .try_with(|s| {
+            let mut s = s.try_borrow_mut().ok()?;
+            s.clear(message_is_name);
+            f.take().map(|f| f(&mut s))
+        })
+        .ok()
+        .flatten();
+    match (r, f) {
+        (Some(r), _) => r,
+        (None, Some(f)) => {
+            let mut fresh = Fields::default();
+            fresh.clear(message_is_name);
+            f(&mut fresh)
+        }
+        (None, None) => unreachable!("the closure ran and returned"),
+    }
+}
+
+impl<S> Layer<S> for PerfettoLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if attrs.metadata().target() == DEVICE_TARGET
+            || attrs.values().is_empty()
+            || self.shared.closed.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        let args = with_fields(false, |f| {
+            attrs.record(f);
+            SpanArgs {
+                args: f.args.buf.clone(),
+                launch: f.launch,
+            }
+        });
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(args);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        if span.metadata().target() == DEVICE_TARGET {
+            return;
+        }
+        let (more, launch) = with_fields(false, |f| {
+            values.record(f);
+            (f.args.buf.clone(), f.launch)
+        });
+        let mut ext = span.extensions_mut();
+        match ext.get_mut::<SpanArgs>() {
+            Some(a) => {
+                a.args.extend_from_slice(&more);
+                a.launch = a.launch.or(launch);
+            }
+            None => ext.insert(SpanArgs { args: more, launch }),
+        }
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        if self.shared.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(span) = ctx.span(id) else { return };
+        let meta = span.metadata();
+        if meta.target() == DEVICE_TARGET {
+            return;
+        }
+        let ts = HostClock::Boottime.now_ns();
+        // The launch flow starts at the span's first slice only.
+        let pending = span
+            .extensions()
+            .get::<SpanArgs>()
+            .is_some_and(|a| a.launch.is_some());
+        let launch = if pending {
+            let mut ext = span.extensions_mut();
+            ext.get_mut::<SpanArgs>().and_then(|a| a.launch.take())
+        } else {
+            None
+        };
+        let ext = span.extensions();
+        let args = ext.get::<SpanArgs>().map_or(&[][..], |a| &a.args[..]);
+        self.shared.with_thread(|b| {
+            let flow = launch.map(|l| {
+                self.shared.flow_origins.lock().insert(l);
+                launch_flow_id(l)
+            });
+            b.begin(ts, meta, args, flow);
+        });
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        if self.shared.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(meta) = ctx.metadata(id) else { return };
+        if meta.target() == DEVICE_TARGET {
+            return;
+        }
+        let ts = HostClock::Boottime.now_ns();
+        self.shared.with_thread(|b| b.end(ts));
+    }
+
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let meta = event.metadata();
+        if meta.target() == DEVICE_TARGET || self.shared.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let ts = HostClock::Boottime.now_ns();
+        with_fields(true, |f| {
+            event.record(f);
+            self.shared.with_thread(|b| b.instant(ts, meta, f));
+        });
+    }
+}
+
+impl BatchSink for PerfettoLayer {
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        if !self.shared.closed.load(Ordering::Acquire) {
+            let _ = self.shared.tx.send(Msg::Batch(batch.clone()));
+        }
+    }
+
+    fn flush(&self) {
+        self.shared.flush();
+    }
+}
+
+/// Marks every thread buffer closed when the writer stops, however it stops,
+/// so that no thread waits for it forever.
+struct CloseOnExit<'a>(&'a Shared);
+
+impl Drop for CloseOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::SeqCst);
+        for slot in self.0.threads.lock().iter() {
+            slot.buf.lock().closed = true;
+            slot.drained.notify_all();
+        }
+    }
+}
+
+/// Collects the threads' chunks (all of them if `all`, else only full
+/// ones) and writes them. At the finish, also ends the slices still open.
+fn collect(
+    shared: &Shared,
+    w: &mut TraceWriter<Output>,
+    all: bool,
+    finish: bool,
+    failed: &mut Option<PerfettoError>,
+) {
+    let slots: Vec<Arc<ThreadSlot>> = shared.threads.lock().clone();
+    let now = HostClock::Boottime.now_ns();
+    for slot in &slots {
+        let (chunks, rest, slices) = {
+            let mut b = slot.buf.lock();
+            if finish {
+                while b.depth > 0 {
+                    b.end(now);
+                }
+                b.closed = true;
+            }
+            let chunks = std::mem::take(&mut b.full);
+            let rest = if all {
+                std::mem::take(&mut b.enc.buf)
+            } else {
+                Vec::new()
+            };
+            (chunks, rest, std::mem::take(&mut b.slices))
+        };
+        slot.drained.notify_all();
+        w.core().stats.host_slices += slices;
+        for c in chunks.iter().chain(std::iter::once(&rest)) {
+            if failed.is_none() && !c.is_empty() {
+                if let Err(e) = w.write_raw(c) {
+                    *failed = Some(e);
+                }
+            }
+        }
+    }
+    // Threads that are gone, and whose bytes are written, need no slot.
+    shared
+        .threads
+        .lock()
+        .retain(|s| Arc::strong_count(s) > 2 || !s.buf.lock().enc.is_empty());
+}
+
+fn run_writer(
+    shared: &Shared,
+    rx: Receiver<Msg>,
+    mut w: TraceWriter<Output>,
+) -> Result<WriteStats, PerfettoError> {
+    let _close = CloseOnExit(shared);
+    let mut failed: Option<PerfettoError> = None;
+    let handle =
+        |msg: Msg, w: &mut TraceWriter<Output>, failed: &mut Option<PerfettoError>| match msg {
+            Msg::Batch(b) => {
+                collect(shared, w, false, false, failed);
+                if failed.is_none() {
+                    if let Err(e) = w.write_batch(&b) {
+                        *failed = Some(e);
+                    }
+                }
+                true
+            }
+            Msg::Wake => {
+                collect(shared, w, false, false, failed);
+                true
+            }
+            Msg::Flush(ack) => {
+                collect(shared, w, true, false, failed);
+                if failed.is_none() {
+                    if let Err(e) = w.flush() {
+                        *failed = Some(e);
+                    }
+                }
+                let _ = ack.send(());
+                true
+            }
+            Msg::Finish => false,
+        };
+    while let Ok(msg) = rx.recv() {
+        if !handle(msg, &mut w, &mut failed) {
+            break;
+        }
+    }
+    // Batches queued before the finish are still written.
+    while let Ok(msg) = rx.try_recv() {
+        handle(msg, &mut w, &mut failed);
+    }
+    collect(shared, &mut w, true, true, &mut failed);
+    if let Some(e) = failed {
+        return Err(e); // The TraceFile is dropped uncommitted: no file.
+    }
+    let (out, stats) = w.finish()?;
+    out.commit()?;
+    Ok(stats)
+}

@@ -1,0 +1,367 @@
+//! The track registry: which uuid and which writer sequence each track has,
+//! and the descriptors that declare them.
+//!
+//! The tree one GPU gets:
+//!
+//! ```text
+//! GPU 0: NVIDIA H200            process track (synthetic pid)
+//! ├── kernels                   one slice per launch (more lanes if launches overlap)
+//! ├── dropped events            counter: records lost to full slots, cumulative
+//! └── SMs                       ordered by rank: SM 2 before SM 10
+//!     └── SM 2
+//!         ├── block 7 warp 3    the warp's events
+//!         └── block 7 warp 3 #2 a second lane, only if its events overlap
+//! ```
+//!
+//! The "SMs" level exists because Perfetto ignores `child_ordering` on a
+//! process track: an ordinary track in between is what makes the explicit
+//! order hold.
+//!
+//! Every warp lane is its own writer sequence, whose defaults name the track:
+//! its packets then carry neither a track uuid nor a clock id, only a
+//! timestamp delta on the sequence's incremental clock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use super::proto::{
+    Clock, ClockSnapshot, CounterDescriptor, DebugAnnotationName, InternedData, ProcessDescriptor,
+    TracePacket, TracePacketDefaults, TrackDescriptor, TrackEventDefaults, CHILD_ORDERING_EXPLICIT,
+    CLOCK_BOOTTIME, CLOCK_INCREMENTAL, SEQ_INCREMENTAL_STATE_CLEARED, UNIT_COUNT,
+};
+use super::proto::{Data, Enc};
+
+/// Synthetic process ids of GPUs start here: above Linux's largest pid
+/// (`pid_max` ≤ 2²²), so a GPU never merges with a real process.
+pub(crate) const GPU_PID_BASE: i32 = 0x4000_0000;
+
+/// The debug-annotation name iid of a device event's payload, on every
+/// device sequence.
+pub(crate) const PAYLOAD_NAME_IID: u64 = 1;
+
+/// Track uuids and sequence ids, shared by everything that writes into one trace.
+#[derive(Debug)]
+pub(crate) struct Ids {
+    uuid: AtomicU64,
+    seq: AtomicU32,
+}
+
+/// The sequence of low-volume packets (descriptors, kernel slices, counters),
+/// timestamped absolutely on the trace clock.
+pub(crate) const MISC_SEQUENCE: u32 = 1;
+
+impl Ids {
+    pub(crate) fn new() -> Ids {
+        Ids {
+            uuid: AtomicU64::new(1),
+            seq: AtomicU32::new(MISC_SEQUENCE + 1),
+        }
+    }
+    pub(crate) fn uuid(&self) -> u64 {
+        self.uuid.fetch_add(1, Ordering::Relaxed)
+    }
+    pub(crate) fn sequence(&self) -> u32 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// The first packet of a sequence that uses the incremental clock: clears the
+/// sequence's state, sets its defaults, interns what every packet of it may
+/// use, and starts its clock at `t0` (trace-clock ns).
+pub(crate) fn sequence_start(
+    seq: u32,
+    track_uuid: u64,
+    t0: u64,
+    interned: Option<InternedData>,
+) -> TracePacket {
+    TracePacket {
+        trusted_packet_sequence_id: Some(seq),
+        sequence_flags: Some(SEQ_INCREMENTAL_STATE_CLEARED),
+        trace_packet_defaults: Some(TracePacketDefaults {
+            timestamp_clock_id: Some(CLOCK_INCREMENTAL),
+            track_event_defaults: Some(TrackEventDefaults {
+                track_uuid: Some(track_uuid),
+            }),
+        }),
+        interned_data: interned,
+        data: Some(Data::ClockSnapshot(ClockSnapshot {
+            clocks: vec![
+                Clock {
+                    clock_id: Some(CLOCK_BOOTTIME),
+                    timestamp: Some(t0),
+                    is_incremental: None,
+                },
+                Clock {
+                    clock_id: Some(CLOCK_INCREMENTAL),
+                    timestamp: Some(t0),
+                    is_incremental: Some(true),
+                },
+            ],
+            primary_trace_clock: None,
+        })),
+        ..Default::default()
+    }
+}
+
+/// A descriptor packet on the misc sequence.
+pub(crate) fn descriptor(d: TrackDescriptor) -> TracePacket {
+    TracePacket {
+        trusted_packet_sequence_id: Some(MISC_SEQUENCE),
+        data: Some(Data::TrackDescriptor(d)),
+        ..Default::default()
+    }
+}
+
+/// One lane of a warp: a track, its sequence, and where its clock stands.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    pub(crate) uuid: u64,
+    pub(crate) seq: u32,
+    /// Time of the last packet on the sequence (trace-clock ns); `None` until
+    /// the sequence has started.
+    pub(crate) last_ts: Option<u64>,
+    /// Ends of the slices open on this lane, innermost last.
+    pub(crate) stack: Vec<u64>,
+    /// The encoded `trusted_packet_sequence_id` field (key and varint), which
+    /// every packet of the lane repeats.
+    pub(crate) seq_field: [u8; 6],
+    pub(crate) seq_field_len: u8,
+    /// Event-name iids already interned on this sequence (a bitset).
+    interned: Vec<u64>,
+}
+
+impl Lane {
+    pub(crate) fn has(&self, iid: u32) -> bool {
+        self.interned
+            .get(iid as usize / 64)
+            .is_some_and(|w| w >> (iid % 64) & 1 == 1)
+    }
+    pub(crate) fn mark(&mut self, iid: u32) {
+        let w = iid as usize / 64;
+        if self.interned.len() <= w {
+            self.interned.resize(w + 1, 0);
+        }
+        self.interned[w] |= 1 << (iid % 64);
+    }
+}
+
+/// A warp's lanes.
+#[derive(Debug)]
+pub(crate) struct Warp {
+    pub(crate) lanes: Vec<Lane>,
+    rank: i32,
+    name: String,
+    sm_uuid: u64,
+}
+
+#[derive(Debug)]
+struct Sm {
+    uuid: u64,
+    warps: HashMap<(u32, u32), Warp>,
+}
+
+/// A lane of the kernels track.
+#[derive(Debug)]
+pub(crate) struct KernelLane {
+    pub(crate) uuid: u64,
+    pub(crate) last_end: u64,
+}
+
+/// One GPU's tracks.
+#[derive(Debug)]
+pub(crate) struct Gpu {
+    ordinal: u32,
+    uuid: u64,
+    sms_uuid: u64,
+    sms: BTreeMap<u32, Sm>,
+    pub(crate) kernel_lanes: Vec<KernelLane>,
+    pub(crate) dropped: Option<u64>,
+    /// Records dropped so far on this GPU (the counter's value).
+    pub(crate) dropped_total: u64,
+}
+
+/// Every device track of a trace.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceTracks {
+    gpus: Vec<Gpu>,
+}
+
+impl DeviceTracks {
+    /// The GPU with this ordinal, declared (into `out`) on first use.
+    pub(crate) fn gpu(&mut self, ids: &Ids, ordinal: u32, name: &str, out: &mut Enc) -> usize {
+        if let Some(i) = self.gpus.iter().position(|g| g.ordinal == ordinal) {
+            return i;
+        }
+        let g = Gpu {
+            ordinal,
+            uuid: ids.uuid(),
+            sms_uuid: ids.uuid(),
+            sms: BTreeMap::new(),
+            kernel_lanes: Vec::new(),
+            dropped: None,
+            dropped_total: 0,
+        };
+        let title = if name.is_empty() {
+            format!("GPU {ordinal}")
+        } else {
+            format!("GPU {ordinal}: {name}")
+        };
+        out.packet(&descriptor(TrackDescriptor {
+            uuid: Some(g.uuid),
+            name: Some(title.clone()),
+            process: Some(ProcessDescriptor {
+                pid: Some(GPU_PID_BASE.saturating_add_unsigned(ordinal)),
+                process_name: Some(title),
+                process_labels: vec!["tracing-gpu".into()],
+            }),
+            ..Default::default()
+        }));
+        out.packet(&descriptor(TrackDescriptor {
+            uuid: Some(g.sms_uuid),
+            parent_uuid: Some(g.uuid),
+            name: Some("SMs".into()),
+            child_ordering: Some(CHILD_ORDERING_EXPLICIT),
+            ..Default::default()
+        }));
+        self.gpus.push(g);
+        self.gpus.len() - 1
+    }
+
+    pub(crate) fn get(&mut self, gpu: usize) -> &mut Gpu {
+        &mut self.gpus[gpu]
+    }
+}
+
+impl Gpu {
+    /// The kernel lane free at `start` (its last slice ended by then),
+    /// declared on first use.
+    pub(crate) fn kernel_lane(&mut self, ids: &Ids, start: u64, out: &mut Enc) -> usize {
+        if let Some(i) = self.kernel_lanes.iter().position(|l| l.last_end <= start) {
+            return i;
+        }
+        let n = self.kernel_lanes.len();
+        let uuid = ids.uuid();
+        out.packet(&descriptor(TrackDescriptor {
+            uuid: Some(uuid),
+            parent_uuid: Some(self.uuid),
+            name: Some(lane_name("kernels", n)),
+            ..Default::default()
+        }));
+        self.kernel_lanes.push(KernelLane { uuid, last_end: 0 });
+        n
+    }
+
+    /// The dropped-events counter track, declared on first use.
+    pub(crate) fn dropped_track(&mut self, ids: &Ids, out: &mut Enc) -> u64 {
+        if let Some(u) = self.dropped {
+            return u;
+        }
+        let uuid = ids.uuid();
+        out.packet(&descriptor(TrackDescriptor {
+            uuid: Some(uuid),
+            parent_uuid: Some(self.uuid),
+            name: Some("dropped events".into()),
+            counter: Some(CounterDescriptor {
+                unit: Some(UNIT_COUNT),
+                unit_name: None,
+            }),
+            ..Default::default()
+        }));
+        self.dropped = Some(uuid);
+        uuid
+    }
+
+    /// The warp (block `block`, warp `warp`) on SM `sm`, its SM and its first
+    /// lane declared on first use.
+    pub(crate) fn warp(
+        &mut self,
+        ids: &Ids,
+        sm: u32,
+        block: u32,
+        warp: u32,
+        out: &mut Enc,
+    ) -> &mut Warp {
+        let sms_uuid = self.sms_uuid;
+        let s = self.sms.entry(sm).or_insert_with(|| {
+            let uuid = ids.uuid();
+            out.packet(&descriptor(TrackDescriptor {
+                uuid: Some(uuid),
+                parent_uuid: Some(sms_uuid),
+                name: Some(format!("SM {sm}")),
+                child_ordering: Some(CHILD_ORDERING_EXPLICIT),
+                sibling_order_rank: Some(rank(u64::from(sm))),
+                ..Default::default()
+            }));
+            Sm {
+                uuid,
+                warps: HashMap::new(),
+            }
+        });
+        let sm_uuid = s.uuid;
+        let w = s.warps.entry((block, warp)).or_insert_with(|| Warp {
+            lanes: Vec::new(),
+            // A block has at most 32 warps; 64 lanes per warp leave room.
+            rank: rank((u64::from(block) * 32 + u64::from(warp)) * 64),
+            name: format!("block {block} warp {warp}"),
+            sm_uuid,
+        });
+        if w.lanes.is_empty() {
+            w.add_lane(ids, out);
+        }
+        w
+    }
+}
+
+impl Warp {
+    /// Declares one more lane of this warp; returns its index.
+    pub(crate) fn add_lane(&mut self, ids: &Ids, out: &mut Enc) -> usize {
+        let n = self.lanes.len();
+        let uuid = ids.uuid();
+        out.packet(&descriptor(TrackDescriptor {
+            uuid: Some(uuid),
+            parent_uuid: Some(self.sm_uuid),
+            name: Some(lane_name(&self.name, n)),
+            sibling_order_rank: Some(self.rank.saturating_add(n.min(63) as i32)),
+            ..Default::default()
+        }));
+        let seq = ids.sequence();
+        let mut e = Enc::default();
+        e.uint(super::proto::field::PACKET_SEQUENCE_ID, u64::from(seq));
+        let mut seq_field = [0u8; 6];
+        seq_field[..e.len()].copy_from_slice(&e.buf);
+        self.lanes.push(Lane {
+            uuid,
+            seq,
+            seq_field,
+            seq_field_len: e.len() as u8,
+            last_ts: None,
+            stack: Vec::new(),
+            interned: Vec::new(),
+        });
+        n
+    }
+}
+
+/// `base`, `base #2`, `base #3`...
+fn lane_name(base: &str, lane: usize) -> String {
+    if lane == 0 {
+        base.to_owned()
+    } else {
+        format!("{base} #{}", lane + 1)
+    }
+}
+
+fn rank(v: u64) -> i32 {
+    v.min(i32::MAX as u64) as i32
+}
+
+/// What a device sequence interns up front: the payload's argument name.
+pub(crate) fn device_sequence_interned() -> InternedData {
+    InternedData {
+        event_names: Vec::new(),
+        debug_annotation_names: vec![DebugAnnotationName {
+            iid: Some(PAYLOAD_NAME_IID),
+            name: Some("payload".into()),
+        }],
+    }
+}

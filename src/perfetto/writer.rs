@@ -1,0 +1,858 @@
+//! [`TraceWriter`]: device batches → TrackEvent packets, written to any
+//! `io::Write`; and [`TraceFile`], the file that is complete or absent.
+//!
+//! This is the synchronous core. [`super::PerfettoLayer`] runs one on its
+//! writer thread; the CLI's `convert` uses one directly.
+//!
+//! The bulk path (one warp's events) allocates nothing per event: events are
+//! collected into a reused scratch vector, put in begin order only if they are
+//! not already, and encoded straight into the output buffer, two small
+//! packets per range: a begin (timestamp delta, sequence id, name iid, payload)
+//! and an end (timestamp delta, sequence id).
+
+use std::cmp::Reverse;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::proto::{
+    field, Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket,
+    TracePacketDefaults, TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME,
+    SEQ_INCREMENTAL_STATE_CLEARED,
+};
+use super::tracks::{
+    device_sequence_interned, sequence_start, DeviceTracks, Ids, Lane, Warp, MISC_SEQUENCE,
+    PAYLOAD_NAME_IID,
+};
+use super::PerfettoError;
+use crate::bridge::Batch;
+use crate::clock::HostClock;
+use crate::decode::EventKind;
+use crate::registry::EventRegistry;
+
+/// Output is handed to the underlying writer in pieces of about this size.
+const FLUSH_AT: usize = 1 << 20;
+
+/// What a [`TraceWriter`] has written so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    /// Bytes handed to the output.
+    pub bytes: u64,
+    /// Device events written (each a slice: range or instant).
+    pub device_events: u64,
+    /// Kernel slices written (one per batch).
+    pub kernels: u64,
+    /// Device records the slots had to drop (shown on the counter tracks).
+    pub dropped: u64,
+    /// Host slices written (spans entered, events), by a layer.
+    pub host_slices: u64,
+    /// Flow arrows from a host launch span to its kernel.
+    pub flows: u64,
+}
+
+/// The flow id of a launch: the same on the host span and the kernel slice.
+pub(crate) fn launch_flow_id(launch_id: u64) -> u64 {
+    // Never zero: Perfetto reads 0 as "no id".
+    launch_id.wrapping_add(1).max(1)
+}
+
+/// Event id → interned name id, for the registry of the batch at hand.
+#[derive(Debug)]
+struct Names {
+    /// iid → name; iid 0 is unused.
+    names: Vec<Arc<str>>,
+    by_name: HashMap<Arc<str>, u32>,
+    /// Event id → iid for `registry` (0: not looked up yet).
+    table: Vec<u32>,
+    registry: Option<Arc<EventRegistry>>,
+}
+
+impl Names {
+    fn new() -> Names {
+        Names {
+            names: vec![Arc::from("")],
+            by_name: HashMap::new(),
+            table: vec![0; 1 << 16],
+            registry: None,
+        }
+    }
+
+    fn use_registry(&mut self, r: &Arc<EventRegistry>) {
+        if !self
+            .registry
+            .as_ref()
+            .is_some_and(|cur| Arc::ptr_eq(cur, r))
+        {
+            self.table.fill(0);
+            self.registry = Some(r.clone());
+        }
+    }
+
+    #[inline]
+    fn iid(&mut self, id: u16) -> u32 {
+        match self.table[id as usize] {
+            0 => self.intern(id),
+            iid => iid,
+        }
+    }
+
+    #[cold]
+    fn intern(&mut self, id: u16) -> u32 {
+        let name: Arc<str> = match &self.registry {
+            Some(r) => Arc::from(&*r.display_name(id)),
+            None => Arc::from(format!("event {id}")),
+        };
+        let next = self.names.len() as u32;
+        let iid = *self.by_name.entry(name.clone()).or_insert_with(|| next);
+        if iid == next {
+            self.names.push(name);
+        }
+        self.table[id as usize] = iid;
+        iid
+    }
+}
+
+/// One device event, on the trace clock, ready to encode.
+#[derive(Debug, Clone, Copy)]
+struct DevEvent {
+    start: u64,
+    end: u64,
+    iid: u32,
+    payload: u32,
+    instant: bool,
+}
+
+/// The encoder state of one trace: tracks, sequences, interned names. Writes
+/// into an in-memory buffer; [`TraceWriter`] drains that to its output.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) ids: Arc<Ids>,
+    /// Launch ids whose host span carries a flow origin not yet terminated.
+    pub(crate) flow_origins: Arc<Mutex<HashSet<u64>>>,
+    pub(crate) enc: Enc,
+    pub(crate) stats: WriteStats,
+    tracks: DeviceTracks,
+    names: Names,
+    scratch: Vec<DevEvent>,
+}
+
+impl Core {
+    pub(crate) fn new(ids: Arc<Ids>, flow_origins: Arc<Mutex<HashSet<u64>>>) -> Core {
+        let mut enc = Enc::with_capacity(FLUSH_AT + (64 << 10));
+        // The trace clock, and what the other host clocks read at the same time.
+        let boot = HostClock::Boottime.now_ns();
+        let clock = |id, c: HostClock| Clock {
+            clock_id: Some(id),
+            timestamp: Some(c.now_ns()),
+            is_incremental: None,
+        };
+        enc.packet(&TracePacket {
+            trusted_packet_sequence_id: Some(MISC_SEQUENCE),
+            sequence_flags: Some(SEQ_INCREMENTAL_STATE_CLEARED),
+            trace_packet_defaults: Some(TracePacketDefaults {
+                timestamp_clock_id: Some(CLOCK_BOOTTIME),
+                track_event_defaults: None,
+            }),
+            data: Some(Data::ClockSnapshot(ClockSnapshot {
+                clocks: vec![
+                    Clock {
+                        clock_id: Some(CLOCK_BOOTTIME),
+                        timestamp: Some(boot),
+                        is_incremental: None,
+                    },
+                    clock(CLOCK_MONOTONIC, HostClock::Monotonic),
+                    clock(CLOCK_REALTIME, HostClock::Realtime),
+                ],
+                primary_trace_clock: Some(CLOCK_BOOTTIME as i32),
+            })),
+            ..Default::default()
+        });
+        Core {
+            ids,
+            flow_origins,
+            enc,
+            stats: WriteStats::default(),
+            tracks: DeviceTracks::default(),
+            names: Names::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Encodes one batch: its warps' events, its kernel slice, its drops.
+    pub(crate) fn batch(&mut self, b: &Batch) {
+        let Core {
+            ids,
+            enc,
+            tracks,
+            names,
+            scratch,
+            stats,
+            ..
+        } = self;
+        let gpu = tracks.gpu(ids, b.device.ordinal, &b.device.name, enc);
+        names.use_registry(&b.registry);
+        let cap = b.capture.view();
+        let cal = &*b.calibration;
+        let (mut first, mut last) = (u64::MAX, 0u64);
+        let mut dropped = 0u64;
+        let mut slots = 0u64;
+        for slot in cap.slots() {
+            let h = &slot.header;
+            slots += 1;
+            first = first.min(h.first_ts);
+            last = last.max(h.last_ts);
+            dropped += u64::from(h.drop_count);
+            scratch.clear();
+            let mut in_order = true;
+            let mut prev = (0u64, Reverse(u64::MAX));
+            for ev in slot.events() {
+                let start = cal.to_host(HostClock::Boottime, ev.start_ns);
+                let (end, instant) = match ev.kind {
+                    EventKind::Range => (cal.to_host(HostClock::Boottime, ev.end_ns), false),
+                    EventKind::Instant => (start, true),
+                };
+                let key = (start, Reverse(end));
+                in_order &= key >= prev;
+                prev = key;
+                scratch.push(DevEvent {
+                    start,
+                    end,
+                    iid: names.iid(ev.id),
+                    payload: ev.payload,
+                    instant,
+                });
+            }
+            if scratch.is_empty() {
+                continue;
+            }
+            if !in_order {
+                // Records are in end order; slices must open in start order,
+                // the outer one first. Stable, so equal events keep record order.
+                scratch.sort_by_key(|e| (e.start, Reverse(e.end)));
+            }
+            let warp = tracks
+                .get(gpu)
+                .warp(ids, h.sm_first, h.block_linear, h.warp, enc);
+            emit_warp(enc, ids, warp, scratch, &names.names);
+            stats.device_events += scratch.len() as u64;
+        }
+        stats.dropped += dropped;
+        let (start, end) = if slots > 0 {
+            (
+                cal.to_host(HostClock::Boottime, first),
+                cal.to_host(HostClock::Boottime, last),
+            )
+        } else {
+            (b.launch.host_launch_ns, b.launch.host_complete_ns)
+        };
+        if start == 0 || end < start {
+            return; // Nothing recorded and no host times: no kernel to draw.
+        }
+        let flow = self
+            .flow_origins
+            .lock()
+            .remove(&b.launch.launch_id)
+            .then(|| launch_flow_id(b.launch.launch_id));
+        self.kernel(gpu, b, start, end, slots, dropped, flow);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn kernel(
+        &mut self,
+        gpu: usize,
+        b: &Batch,
+        start: u64,
+        end: u64,
+        warps: u64,
+        dropped: u64,
+        flow: Option<u64>,
+    ) {
+        let Core {
+            ids, enc, tracks, ..
+        } = self;
+        let g = tracks.get(gpu);
+        let lane = g.kernel_lane(ids, start, enc);
+        let uuid = g.kernel_lanes[lane].uuid;
+        g.kernel_lanes[lane].last_end = end;
+        let l = &b.launch;
+        let arg = |name: &str| DebugAnnotation {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let dims = |d: [u32; 3]| format!("{}×{}×{}", d[0], d[1], d[2]);
+        let mut args = vec![
+            DebugAnnotation {
+                uint_value: Some(l.launch_id),
+                ..arg("launch_id")
+            },
+            DebugAnnotation {
+                string_value: Some(dims(l.grid)),
+                ..arg("grid")
+            },
+            DebugAnnotation {
+                string_value: Some(dims(l.block)),
+                ..arg("block")
+            },
+            DebugAnnotation {
+                uint_value: Some(b.capture.event_count()),
+                ..arg("events")
+            },
+            DebugAnnotation {
+                uint_value: Some(warps),
+                ..arg("warps")
+            },
+            DebugAnnotation {
+                uint_value: Some(dropped),
+                ..arg("dropped")
+            },
+        ];
+        if l.host_launch_ns != 0 && start >= l.host_launch_ns {
+            args.push(DebugAnnotation {
+                uint_value: Some(start - l.host_launch_ns),
+                ..arg("launch_to_start_ns")
+            });
+        }
+        let packet = |ts: u64, ev: TrackEvent| TracePacket {
+            timestamp: Some(ts),
+            trusted_packet_sequence_id: Some(MISC_SEQUENCE),
+            data: Some(Data::TrackEvent(ev)),
+            ..Default::default()
+        };
+        enc.packet(&packet(
+            start,
+            TrackEvent {
+                r#type: Some(EventType::SliceBegin as i32),
+                track_uuid: Some(uuid),
+                name: Some(if l.kernel.is_empty() {
+                    format!("launch {}", l.launch_id)
+                } else {
+                    l.kernel.clone()
+                }),
+                debug_annotations: args,
+                terminating_flow_ids: flow.into_iter().collect(),
+                ..Default::default()
+            },
+        ));
+        enc.packet(&packet(
+            end,
+            TrackEvent {
+                r#type: Some(EventType::SliceEnd as i32),
+                track_uuid: Some(uuid),
+                ..Default::default()
+            },
+        ));
+        self.stats.kernels += 1;
+        self.stats.flows += u64::from(flow.is_some());
+        if dropped > 0 {
+            let g = tracks.get(gpu);
+            let counter = g.dropped_track(ids, enc);
+            let before = g.dropped_total;
+            g.dropped_total += dropped;
+            for (ts, v) in [(start, before), (end, g.dropped_total)] {
+                enc.packet(&packet(
+                    ts,
+                    TrackEvent {
+                        r#type: Some(EventType::Counter as i32),
+                        track_uuid: Some(counter),
+                        counter_value: Some(v.min(i64::MAX as u64) as i64),
+                        ..Default::default()
+                    },
+                ));
+            }
+        }
+    }
+}
+
+/// Puts a warp's events (in begin order) on its lanes: an event goes on the
+/// first lane where it nests inside the open slice (or where nothing is open
+/// and the lane's clock has not passed its start), so slices on each lane
+/// nest strictly and each lane's packets are in time order.
+fn emit_warp(enc: &mut Enc, ids: &Ids, warp: &mut Warp, events: &[DevEvent], names: &[Arc<str>]) {
+    for ev in events {
+        let mut li = 0;
+        loop {
+            if li == warp.lanes.len() {
+                warp.add_lane(ids, enc);
+            }
+            let lane = &mut warp.lanes[li];
+            while let Some(&end) = lane.stack.last() {
+                if end > ev.start {
+                    break;
+                }
+                lane.stack.pop();
+                emit_end(enc, lane, end);
+            }
+            let fits = match lane.stack.last() {
+                Some(&open_end) => open_end >= ev.end,
+                None => lane.last_ts.is_none_or(|t| t <= ev.start),
+            };
+            if fits {
+                break;
+            }
+            li += 1;
+        }
+        let lane = &mut warp.lanes[li];
+        let kind = if ev.instant {
+            EventType::Instant
+        } else {
+            lane.stack.push(ev.end);
+            EventType::SliceBegin
+        };
+        emit_named(enc, lane, ev.start, kind, ev.iid, ev.payload, names);
+    }
+    for lane in &mut warp.lanes {
+        while let Some(end) = lane.stack.pop() {
+            emit_end(enc, lane, end);
+        }
+    }
+}
+
+/// The time of the previous packet on `lane`'s sequence, starting the
+/// sequence (with its clock at `ts`) if this is its first packet.
+#[inline]
+fn lane_clock(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
+    match lane.last_ts {
+        Some(t) => t,
+        None => start_lane(enc, lane, ts),
+    }
+}
+
+#[cold]
+fn start_lane(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
+    enc.packet(&sequence_start(
+        lane.seq,
+        lane.uuid,
+        ts,
+        Some(device_sequence_interned()),
+    ));
+    ts
+}
+
+/// A varint at `b[n..]`; returns the index after it. `b` has room: callers
+/// size it for the longest packet.
+#[inline(always)]
+fn put_varint(b: &mut [u8], mut n: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        b[n] = v as u8 | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    b[n] = v as u8;
+    n + 1
+}
+
+/// Field keys of the hot packets, as single bytes (all field numbers < 16).
+const KEY_PACKET: u8 = (field::TRACE_PACKET << 3 | 2) as u8;
+const KEY_TIMESTAMP: u8 = (field::PACKET_TIMESTAMP << 3) as u8;
+const KEY_TRACK_EVENT: u8 = (field::PACKET_TRACK_EVENT << 3 | 2) as u8;
+const KEY_TYPE: u8 = (field::EVENT_TYPE << 3) as u8;
+const KEY_NAME_IID: u8 = (field::EVENT_NAME_IID << 3) as u8;
+const KEY_ANNOTATIONS: u8 = (field::EVENT_DEBUG_ANNOTATIONS << 3 | 2) as u8;
+const KEY_ANNOTATION_NAME_IID: u8 = (field::ANNOTATION_NAME_IID << 3) as u8;
+const KEY_ANNOTATION_UINT: u8 = (field::ANNOTATION_UINT << 3) as u8;
+
+/// Writes the packet header (`Trace.packet` key, length placeholder, timestamp
+/// delta, sequence id) into `b`; returns the index after it.
+#[inline(always)]
+fn packet_head(b: &mut [u8; 64], lane: &Lane, delta: u64) -> usize {
+    b[0] = KEY_PACKET;
+    b[2] = KEY_TIMESTAMP;
+    let n = put_varint(b, 3, delta);
+    let s = lane.seq_field_len as usize;
+    b[n..n + s].copy_from_slice(&lane.seq_field[..s]);
+    n + s
+}
+
+/// A slice begin or an instant on `lane`: one packet of at most 46 bytes,
+/// built on the stack and appended at once (the first use of a name on the
+/// lane takes the general path, which interns it).
+#[inline]
+fn emit_named(
+    enc: &mut Enc,
+    lane: &mut Lane,
+    ts: u64,
+    kind: EventType,
+    iid: u32,
+    payload: u32,
+    names: &[Arc<str>],
+) {
+    let prev = lane_clock(enc, lane, ts);
+    if !lane.has(iid) {
+        return emit_interning(enc, lane, ts, ts - prev, kind, iid, payload, names);
+    }
+    lane.last_ts = Some(ts);
+    let mut b = [0u8; 64];
+    let mut n = packet_head(&mut b, lane, ts - prev);
+    b[n] = KEY_TRACK_EVENT;
+    let te = n + 2;
+    b[te] = KEY_TYPE;
+    b[te + 1] = kind as u8;
+    b[te + 2] = KEY_NAME_IID;
+    n = put_varint(&mut b, te + 3, u64::from(iid));
+    b[n] = KEY_ANNOTATIONS;
+    let an = n + 2;
+    b[an] = KEY_ANNOTATION_NAME_IID;
+    b[an + 1] = PAYLOAD_NAME_IID as u8;
+    b[an + 2] = KEY_ANNOTATION_UINT;
+    n = put_varint(&mut b, an + 3, u64::from(payload));
+    // Every length here is below 128: one byte each.
+    b[an - 1] = (n - an) as u8;
+    b[te - 1] = (n - te) as u8;
+    b[1] = (n - 2) as u8;
+    append(enc, &b, n);
+}
+
+/// Appends `b[..n]`: copies the whole fixed-size array (a few vector moves,
+/// no call) and cuts the tail off again.
+#[inline(always)]
+fn append(enc: &mut Enc, b: &[u8; 64], n: usize) {
+    let len = enc.buf.len();
+    enc.buf.extend_from_slice(b);
+    enc.buf.truncate(len + n);
+}
+
+/// [`emit_named`] for a name not yet interned on the lane's sequence.
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn emit_interning(
+    enc: &mut Enc,
+    lane: &mut Lane,
+    ts: u64,
+    delta: u64,
+    kind: EventType,
+    iid: u32,
+    payload: u32,
+    names: &[Arc<str>],
+) {
+    lane.last_ts = Some(ts);
+    lane.mark(iid);
+    let p = enc.open(field::TRACE_PACKET);
+    enc.uint(field::PACKET_TIMESTAMP, delta);
+    enc.uint(field::PACKET_SEQUENCE_ID, u64::from(lane.seq));
+    let i = enc.open(field::PACKET_INTERNED_DATA);
+    let nm = enc.open(field::INTERNED_EVENT_NAMES);
+    enc.uint(field::INTERNED_IID, u64::from(iid));
+    enc.bytes(field::INTERNED_NAME, names[iid as usize].as_bytes());
+    enc.close(nm);
+    enc.close(i);
+    let t = enc.open(field::PACKET_TRACK_EVENT);
+    enc.uint(field::EVENT_TYPE, kind as u64);
+    enc.uint(field::EVENT_NAME_IID, u64::from(iid));
+    let a = enc.open(field::EVENT_DEBUG_ANNOTATIONS);
+    enc.uint(field::ANNOTATION_NAME_IID, PAYLOAD_NAME_IID);
+    enc.uint(field::ANNOTATION_UINT, u64::from(payload));
+    enc.close(a);
+    enc.close(t);
+    enc.close(p);
+}
+
+/// A slice end on `lane`: one packet of at most 23 bytes.
+#[inline]
+fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
+    let prev = lane_clock(enc, lane, ts);
+    lane.last_ts = Some(ts);
+    let mut b = [0u8; 64];
+    let n = packet_head(&mut b, lane, ts - prev);
+    b[n] = KEY_TRACK_EVENT;
+    b[n + 1] = 2;
+    b[n + 2] = KEY_TYPE;
+    b[n + 3] = EventType::SliceEnd as u8;
+    b[1] = (n + 4 - 2) as u8;
+    append(enc, &b, n + 4);
+}
+
+/// Writes device batches as a Perfetto trace into `W`.
+///
+/// ```no_run
+/// use tracing_gpu::perfetto::{TraceFile, TraceWriter};
+/// # fn batches() -> Vec<std::sync::Arc<tracing_gpu::bridge::Batch>> { vec![] }
+/// let mut w = TraceWriter::new(TraceFile::create("gemm.perfetto-trace")?)?;
+/// for b in batches() {
+///     w.write_batch(&b)?;
+/// }
+/// let (file, stats) = w.finish()?;
+/// file.commit()?; // only now does gemm.perfetto-trace exist
+/// println!("{} events in {} bytes", stats.device_events, stats.bytes);
+/// # Ok::<(), tracing_gpu::perfetto::PerfettoError>(())
+/// ```
+#[derive(Debug)]
+pub struct TraceWriter<W: Write> {
+    out: W,
+    core: Core,
+    /// zlib level when output goes out as `compressed_packets`.
+    compress: Option<u32>,
+    zbuf: Vec<u8>,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Starts a trace: writes its clock snapshot (the trace clock, BOOTTIME).
+    pub fn new(out: W) -> Result<TraceWriter<W>, PerfettoError> {
+        let core = Core::new(Arc::new(Ids::new()), Arc::default());
+        Self::with_core(out, core)
+    }
+
+    pub(crate) fn with_core(out: W, core: Core) -> Result<TraceWriter<W>, PerfettoError> {
+        let mut w = TraceWriter {
+            out,
+            core,
+            compress: None,
+            zbuf: Vec::new(),
+        };
+        w.drain(0)?;
+        Ok(w)
+    }
+
+    /// From now on, writes the packets zlib-compressed (level 0-9), about
+    /// 1 MiB of them at a time, each piece as one `compressed_packets`
+    /// packet: Perfetto inflates them on load. Smaller files, more CPU.
+    pub fn compress(mut self, level: u32) -> Self {
+        self.compress = Some(level.min(9));
+        self
+    }
+
+    pub(crate) fn core(&mut self) -> &mut Core {
+        &mut self.core
+    }
+
+    /// Writes one batch: the warps' events on their GPU / SM / warp tracks,
+    /// the kernel slice, the drop counter.
+    pub fn write_batch(&mut self, batch: &Batch) -> Result<(), PerfettoError> {
+        self.core.batch(batch);
+        self.drain(FLUSH_AT)
+    }
+
+    /// Appends packets encoded elsewhere (a host thread's chunk).
+    pub(crate) fn write_raw(&mut self, bytes: &[u8]) -> Result<(), PerfettoError> {
+        self.drain(0)?;
+        self.emit(bytes)
+    }
+
+    /// Hands buffered output to the writer once there is more than `above` bytes.
+    pub(crate) fn drain(&mut self, above: usize) -> Result<(), PerfettoError> {
+        if self.core.enc.len() > above {
+            let buf = std::mem::take(&mut self.core.enc.buf);
+            let r = self.emit(&buf);
+            self.core.enc.buf = buf;
+            self.core.enc.clear();
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Writes whole packets, as they are or as one `compressed_packets`.
+    fn emit(&mut self, packets: &[u8]) -> Result<(), PerfettoError> {
+        let Some(level) = self.compress else {
+            self.out.write_all(packets)?;
+            self.core.stats.bytes += packets.len() as u64;
+            return Ok(());
+        };
+        self.zbuf.clear();
+        let mut z = flate2::write::ZlibEncoder::new(
+            std::mem::take(&mut self.zbuf),
+            flate2::Compression::new(level),
+        );
+        z.write_all(packets)?;
+        let body = z.finish()?;
+        // Trace.packet { compressed_packets: body }, lengths up front.
+        let mut field50 = Enc::default();
+        field50.varint(u64::from(field::PACKET_COMPRESSED << 3 | 2));
+        field50.varint(body.len() as u64);
+        let mut head = Enc::default();
+        head.varint(u64::from(field::TRACE_PACKET << 3 | 2));
+        head.varint((field50.len() + body.len()) as u64);
+        head.buf.extend_from_slice(&field50.buf);
+        self.out.write_all(&head.buf)?;
+        self.out.write_all(&body)?;
+        self.core.stats.bytes += (head.len() + body.len()) as u64;
+        self.zbuf = body;
+        Ok(())
+    }
+
+    /// Everything written so far, and the output flushed.
+    pub fn flush(&mut self) -> Result<(), PerfettoError> {
+        self.drain(0)?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    /// What has been written so far.
+    pub fn stats(&self) -> WriteStats {
+        let mut s = self.core.stats;
+        s.bytes += self.core.enc.len() as u64;
+        s
+    }
+
+    /// Writes what is buffered and gives the output back.
+    pub fn finish(mut self) -> Result<(W, WriteStats), PerfettoError> {
+        self.flush()?;
+        Ok((self.out, self.core.stats))
+    }
+}
+
+/// A trace file that is either complete or absent: written as `<path>.tmp` in
+/// the same folder, renamed to `<path>` by [`TraceFile::commit`]. Dropped
+/// without a commit, it removes the temporary file.
+#[derive(Debug)]
+pub struct TraceFile {
+    file: Option<File>,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl TraceFile {
+    /// Creates `<path>.tmp` (replacing any stale one).
+    pub fn create(path: impl AsRef<Path>) -> Result<TraceFile, PerfettoError> {
+        let path = path.as_ref().to_path_buf();
+        let mut name = path
+            .file_name()
+            .ok_or_else(|| PerfettoError::BadPath(path.clone()))?
+            .to_os_string();
+        name.push(".tmp");
+        let tmp = path.with_file_name(name);
+        let file = File::create(&tmp).map_err(|e| PerfettoError::Create {
+            path: tmp.clone(),
+            source: e,
+        })?;
+        Ok(TraceFile {
+            file: Some(file),
+            tmp,
+            path,
+        })
+    }
+
+    /// The final path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Flushes to disk and renames the file into place; returns its path.
+    pub fn commit(mut self) -> Result<PathBuf, PerfettoError> {
+        let file = self.file.take().expect("a TraceFile is committed once");
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.path)?;
+        Ok(std::mem::take(&mut self.path))
+    }
+}
+
+impl Write for TraceFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &mut self.file {
+            Some(f) => f.write(buf),
+            None => Err(io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match &mut self.file {
+            Some(f) => f.write_all(buf),
+            None => Err(io::ErrorKind::BrokenPipe.into()),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match &mut self.file {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            // Not committed: leave nothing half-written behind.
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridge::{DeviceInfo, LaunchInfo};
+    use crate::clock::Calibration;
+    use crate::decode::{CaptureBuilder, OwnedCapture};
+    use crate::perfetto::proto;
+    use prost::Message;
+
+    /// The hot path's hand-built packets, read back with the prost messages.
+    #[test]
+    fn hot_packets_decode_as_perfetto_messages() {
+        let mut cb = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 4);
+        cb.warp(0, 0)
+            .unwrap()
+            .sm(5, 5)
+            .range(1, 1_000, 1_300, 7)
+            .range(1, 1_332, 1_500, 300)
+            .instant(1, 1_600, 9);
+        let mut reg = EventRegistry::new();
+        reg.register(1, "mma").unwrap();
+        let batch = Batch {
+            device: Arc::new(DeviceInfo::default()),
+            launch: LaunchInfo {
+                launch_id: 3,
+                kernel: "k".into(),
+                ..Default::default()
+            },
+            capture: Arc::new(OwnedCapture::decode(cb.finish(), None).unwrap()),
+            calibration: Arc::new(Calibration::exact(0, 1_000_000, 0.0)),
+            registry: Arc::new(reg),
+        };
+        let mut w = TraceWriter::new(Vec::new()).unwrap();
+        w.write_batch(&batch).unwrap();
+        let (bytes, stats) = w.finish().unwrap();
+        assert_eq!(stats.device_events, 3);
+        assert_eq!(stats.kernels, 1);
+        let trace = proto::Trace::decode(&bytes[..]).unwrap();
+        let start = trace
+            .packet
+            .iter()
+            .position(|p| {
+                p.trace_packet_defaults.is_some()
+                    && p.trusted_packet_sequence_id != Some(MISC_SEQUENCE)
+            })
+            .expect("the warp's sequence starts");
+        let seq = trace.packet[start].trusted_packet_sequence_id;
+        let events: Vec<_> = trace.packet[start + 1..]
+            .iter()
+            .filter(|p| p.trusted_packet_sequence_id == seq)
+            .map(|p| {
+                let Some(proto::Data::TrackEvent(e)) = &p.data else {
+                    panic!("not an event: {p:?}")
+                };
+                (p.timestamp.unwrap(), e.clone(), p.interned_data.clone())
+            })
+            .collect();
+        let kinds: Vec<_> = events
+            .iter()
+            .map(|(t, e, _)| (*t, e.r#type.unwrap()))
+            .collect();
+        let (b, e, i) = (
+            EventType::SliceBegin as i32,
+            EventType::SliceEnd as i32,
+            EventType::Instant as i32,
+        );
+        // Deltas on the lane's incremental clock: 0, +300, +32, +168, +100.
+        assert_eq!(kinds, [(0, b), (300, e), (32, b), (168, e), (100, i)]);
+        let (_, first, interned) = &events[0];
+        let names = interned.as_ref().expect("the first use interns the name");
+        assert_eq!(names.event_names[0].name.as_deref(), Some("mma"));
+        assert_eq!(first.name_iid, names.event_names[0].iid);
+        let payloads: Vec<_> = [0, 2, 4]
+            .iter()
+            .map(|&k| {
+                let a = &events[k].1.debug_annotations[0];
+                assert_eq!(a.name_iid, Some(PAYLOAD_NAME_IID));
+                a.uint_value.unwrap()
+            })
+            .collect();
+        assert_eq!(payloads, [7, 300, 9]);
+        assert!(
+            events[1].1.track_uuid.is_none(),
+            "the track comes from the defaults"
+        );
+    }
+}

@@ -1,0 +1,498 @@
+//! The `tracing-gpu` binary, run as a user would: good and bad inputs, messages
+//! and exit codes (see `tracing-gpu --help`).
+#![cfg(feature = "cli")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use tracing_gpu::bridge::{DeviceInfo, LaunchInfo};
+use tracing_gpu::clock::Sample;
+use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
+use tracing_gpu::dump::{CalibrationRound, Dump, DumpDevice, DumpLaunch, HostSpan};
+use tracing_gpu::registry::EventRegistry;
+
+#[path = "perfetto_check/mod.rs"]
+mod perfetto_check;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A small but complete capture: one 8-SM GPU, calibrated, two launches of a
+/// GEMM-like kernel (a producer and two consumer warps per block), host spans.
+fn sample_dump() -> Dump {
+    let registry =
+        EventRegistry::from_pairs([(1, "load"), (2, "wait"), (3, "mma"), (4, "epilogue")]).unwrap();
+    // The device clock runs 5 µs behind the host's, and the samples say so.
+    let offset = 5_000u64;
+    let host0 = 1_000_000_000u64;
+    let samples: Vec<Sample> = (0..64u64)
+        .map(|i| {
+            let host = host0 + i * 10_000;
+            Sample {
+                host_before: host,
+                device: host + 1_000 - offset,
+                host_after: host + 2_000,
+            }
+        })
+        .collect();
+    let info = DeviceInfo {
+        ordinal: 0,
+        name: "NVIDIA H200".into(),
+        uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+        sm_count: 8,
+        driver_version: "580.159.04".into(),
+        compute_capability: (9, 0),
+    };
+    let mut launches = Vec::new();
+    let mut host_spans = Vec::new();
+    for launch in 0..2u64 {
+        let t0 = host0 + 1_000_000 + launch * 200_000 - offset;
+        let mut b = CaptureBuilder::new([8, 1, 1], [96, 1, 1], 64);
+        b.launch_id(launch + 1);
+        for block in 0..8u32 {
+            let start = t0 + u64::from(block) * 300;
+            let p = b.warp(block, 0).unwrap().sm(block, block);
+            for k in 0..8u64 {
+                p.range(1, start + k * 1_000, start + k * 1_000 + 700, k as u32);
+            }
+            for w in 1..3u32 {
+                let c = b.warp(block, w).unwrap().sm(block, block);
+                for k in 0..8u64 {
+                    let s = start + k * 1_000 + 700;
+                    c.range(2, s, s + 100, k as u32)
+                        .range(3, s + 100, s + 900, k as u32);
+                }
+                let e = start + 8_700;
+                c.range(4, e, e + 1_500, 0);
+            }
+        }
+        let capture = Arc::new(OwnedCapture::decode(b.finish(), Some(&registry)).unwrap());
+        let info = LaunchInfo {
+            launch_id: launch + 1,
+            kernel: "gemm".into(),
+            host_launch_ns: t0 + offset - 10_000,
+            host_complete_ns: t0 + offset + 20_000,
+            grid: [8, 1, 1],
+            block: [96, 1, 1],
+            parent: None,
+            host_thread: "main".into(),
+        };
+        host_spans.push(HostSpan {
+            name: "gemm".into(),
+            target: "cli_test".into(),
+            thread_name: "main".into(),
+            thread_id: 1,
+            start_ns: info.host_launch_ns - 1_000,
+            end_ns: info.host_complete_ns + 1_000,
+            parent: None,
+            launch_id: Some(launch + 1),
+            fields: vec![],
+        });
+        launches.push(DumpLaunch::new(0, &info, capture));
+    }
+    Dump {
+        metadata: vec![("tool".into(), "tests/cli.rs".into())],
+        devices: vec![DumpDevice {
+            info,
+            calibrations: vec![CalibrationRound {
+                samples,
+                ..Default::default()
+            }],
+        }],
+        registry,
+        launches,
+        host_spans,
+    }
+}
+
+fn write_sample(dir: &Path) -> PathBuf {
+    let path = dir.join("sample.tgpu");
+    sample_dump().write(&path).unwrap();
+    path
+}
+
+fn assert_exit(o: &Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stderr: {err}\nstdout: {}",
+        stdout(o)
+    );
+    assert!(err.contains(needle), "expected {needle:?} in stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn help_lists_the_exit_codes() {
+    let o = run(&["--help"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for line in [
+        "3  an input file cannot be read",
+        "4  an input file is not a valid capture",
+        "6  no GPU",
+    ] {
+        assert!(out.contains(line), "{out}");
+    }
+}
+
+#[test]
+fn report_prints_statistics_and_draws_the_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let svg = dir.path().join("timeline.svg");
+    let o = run(&[
+        "report",
+        capture.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("gemm on GPU 0 (NVIDIA H200)"), "{out}");
+    assert!(out.contains("2 launches"), "{out}");
+    // 2 launches × 8 blocks: 8 loads per producer, 8 waits and mmas per consumer.
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name}: {out}"))
+            .to_string()
+    };
+    assert!(
+        row("load").split_whitespace().nth(1) == Some("128"),
+        "{}",
+        row("load")
+    );
+    assert!(
+        row("mma").split_whitespace().nth(1) == Some("256"),
+        "{}",
+        row("mma")
+    );
+    assert!(row("epilogue").contains("1.50 µs"), "{}", row("epilogue"));
+    assert!(out.contains("SM   7"), "{out}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("the SVG is XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    assert!(doc.descendants().filter(|n| n.has_tag_name("rect")).count() > 16);
+    assert!(stderr(&o).contains("open it in a browser"));
+
+    // One launch only.
+    let o = run(&["report", capture.to_str().unwrap(), "--launch", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("1 launch,"), "{}", stdout(&o));
+    let o = run(&["report", capture.to_str().unwrap(), "--launch", "2"]);
+    assert_exit(&o, 2, "holds 2 launches");
+}
+
+#[test]
+fn missing_and_unreadable_inputs_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.tgpu");
+    let o = run(&["report", missing.to_str().unwrap()]);
+    assert_exit(&o, 3, "cannot read");
+    assert!(stderr(&o).contains("No such file"), "{}", stderr(&o));
+    // A directory is not a file.
+    let o = run(&["report", dir.path().to_str().unwrap()]);
+    assert_exit(&o, 3, "cannot read");
+}
+
+#[test]
+fn invalid_captures_exit_4_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(write_sample(dir.path())).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "wrong-magic",
+            b"PK\x03\x04 this is a zip file, not a capture".to_vec(),
+            "not a tracing-gpu capture: magic",
+        ),
+        ("empty", Vec::new(), "truncated"),
+        ("truncated-header", good[..12].to_vec(), "truncated"),
+        (
+            "truncated-body",
+            good[..good.len() / 2].to_vec(),
+            "truncated",
+        ),
+        (
+            "corrupt-body",
+            {
+                let mut b = good.clone();
+                let mid = b.len() / 2;
+                for x in &mut b[mid..mid + 16] {
+                    *x ^= 0x5a;
+                }
+                b
+            },
+            "not a valid tracing-gpu capture",
+        ),
+        (
+            "future-version",
+            {
+                let mut b = good.clone();
+                b[8] = 99;
+                b
+            },
+            "unsupported capture version 99",
+        ),
+        (
+            "trailing-garbage",
+            {
+                let mut b = good.clone();
+                b.extend_from_slice(b"garbage");
+                b
+            },
+            "bytes after the compressed body",
+        ),
+    ];
+    for (name, bytes, needle) in cases {
+        let path = dir.path().join(format!("{name}.tgpu"));
+        std::fs::write(&path, bytes).unwrap();
+        let o = run(&["report", path.to_str().unwrap()]);
+        assert_exit(&o, 4, needle);
+        assert!(
+            stderr(&o).contains(path.to_str().unwrap()),
+            "{name}: the message names the file"
+        );
+    }
+}
+
+#[test]
+fn unwritable_output_exits_5() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let svg = dir.path().join("no-such-folder").join("t.svg");
+    let o = run(&[
+        "report",
+        capture.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 5, "cannot write");
+}
+
+#[test]
+fn bad_usage_exits_2() {
+    let o = run(&["report"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = run(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unrecognized subcommand"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn convert_writes_a_trace_that_passes_the_schema_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let out = dir.path().join("sample.perfetto-trace");
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("https://ui.perfetto.dev"),
+        "{}",
+        stderr(&o)
+    );
+    // 2 launches × 8 blocks × (8 loads + 2 × (16 + 1)): 672 device slices.
+    if let Some(s) = perfetto_check::check(
+        &out,
+        &["--expect-kernels", "2", "--expect-device-slices", "672"],
+    ) {
+        assert_eq!(s.get("kernel_slices"), Some(&2), "{s:?}");
+    }
+    // No partial file is left when the output cannot be written.
+    let bad = dir.path().join("missing-dir").join("t.perfetto-trace");
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "-o",
+        bad.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 5, "cannot write");
+    let o = run(&[
+        "convert",
+        dir.path().join("nope").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 3, "cannot read");
+}
+
+#[test]
+fn demo_without_a_gpu_replays_a_capture_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let out = dir.path().join("demo.perfetto-trace");
+    // --replay: the same path as a machine without a GPU takes.
+    let o = run(&[
+        "demo",
+        "--replay",
+        "--capture",
+        capture.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("replaying") && err.contains("NVIDIA H200"),
+        "{err}"
+    );
+    assert!(err.contains("https://ui.perfetto.dev"), "{err}");
+    assert!(
+        stdout(&o).contains("load"),
+        "the report is printed: {}",
+        stdout(&o)
+    );
+    let svg = std::fs::read_to_string(out.with_extension("svg")).unwrap();
+    roxmltree::Document::parse(&svg).expect("the SVG is XML");
+    perfetto_check::check(&out, &["--expect-kernels", "2"]);
+}
+
+#[test]
+fn demo_replays_the_shipped_capture() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-gemm.tgpu");
+    if !shipped.exists() {
+        println!("skipped: {} is not in this checkout yet", shipped.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo.perfetto-trace");
+    let o = run(&["demo", "--replay", "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("replaying"), "{}", stderr(&o));
+    perfetto_check::check(&out, &[]);
+}
+
+#[test]
+fn a_capture_without_calibration_cannot_be_placed_on_the_host_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut dump = sample_dump();
+    dump.devices[0].calibrations.clear();
+    let path = dir.path().join("uncalibrated.tgpu");
+    dump.write(&path).unwrap();
+    let out = dir.path().join("t.perfetto-trace");
+    let o = run(&[
+        "convert",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(
+        &o,
+        4,
+        "cannot be replayed: launch 0: device 0 has no calibration",
+    );
+    assert!(!out.exists());
+    // The report needs no host times: it still works.
+    let o = run(&["report", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn calibrate_without_a_gpu_exits_6() {
+    let o = run(&["calibrate"]);
+    if o.status.success() {
+        // A GPU machine: one row per GPU with its offset, drift and bound.
+        assert!(stdout(&o).contains("ppm"), "{}", stdout(&o));
+        return;
+    }
+    assert_exit(&o, 6, "cannot calibrate");
+}
+
+#[cfg(feature = "otlp")]
+#[path = "otlp_receiver/mod.rs"]
+mod otlp_receiver;
+
+#[cfg(feature = "otlp")]
+#[test]
+fn convert_sends_host_and_device_spans_to_an_otlp_receiver() {
+    use otlp_receiver::{Receiver, Transport};
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    for (transport, protocol) in [
+        (Transport::Http, "http/protobuf"),
+        (Transport::Grpc, "grpc"),
+    ] {
+        let receiver = Receiver::start(transport);
+        let endpoint = receiver.endpoint();
+        let o = run(&[
+            "convert",
+            capture.to_str().unwrap(),
+            "--otlp",
+            &endpoint,
+            "--otlp-protocol",
+            protocol,
+        ]);
+        assert!(o.status.success(), "{protocol}: {}", stderr(&o));
+        assert!(stderr(&o).contains("spans exported"), "{}", stderr(&o));
+        // The two launch spans from the capture's host spans, and device spans under them.
+        let spans = receiver.wait_for("the host spans and device phases", |s| {
+            s.iter().filter(|r| r.span.name == "gemm").count() >= 2
+                && s.iter().any(|r| r.span.name.contains("mma"))
+        });
+        let host: Vec<_> = spans.iter().filter(|r| r.span.name == "gemm").collect();
+        let device = spans.iter().find(|r| r.span.name.contains("mma")).unwrap();
+        assert!(
+            host.iter().any(|h| h.span.trace_id == device.span.trace_id),
+            "{protocol}: the device span is not in a launch span's trace"
+        );
+    }
+}
+
+#[test]
+fn otlp_export_failures_exit_7() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    // Nothing listens on port 1.
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "--otlp",
+        "http://127.0.0.1:1",
+    ]);
+    assert_exit(&o, 7, "http://127.0.0.1:1");
+}
+
+#[test]
+fn live_demo_on_a_gpu_writes_a_checked_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("live.perfetto-trace");
+    let o = run(&["demo", "-o", out.to_str().unwrap()]);
+    if stderr(&o).contains("no live run") {
+        println!(
+            "skipped: no GPU ({})",
+            stderr(&o).lines().next().unwrap_or("")
+        );
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("live run on GPU 0"), "{}", stderr(&o));
+    // 8 profiled launches, each a kernel slice with a flow from its launch span.
+    perfetto_check::check(&out, &["--expect-kernels", "8", "--expect-flows", "8"]);
+    let o = run(&["report", out.with_extension("tgpu").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

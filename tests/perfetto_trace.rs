@@ -1,0 +1,296 @@
+//! Host spans and device batches through the real subscriber (registry +
+//! `PerfettoLayer`), two GPUs (the second simulated), no GPU needed; every
+//! trace is checked with Perfetto's own schema by `tests/check_perfetto.py`.
+
+mod perfetto_check;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tracing::Dispatch;
+use tracing_gpu::bridge::{Batch, BatchSink, DeviceInfo, LaunchInfo};
+use tracing_gpu::clock::{Calibration, HostClock};
+use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
+use tracing_gpu::perfetto::{PerfettoLayer, TraceFile, TraceWriter};
+use tracing_gpu::registry::EventRegistry;
+use tracing_subscriber::prelude::*;
+
+const LOAD: u16 = 1;
+const MMA: u16 = 2;
+const EPILOGUE: u16 = 3;
+const MAINLOOP: u16 = 4;
+
+fn registry() -> Arc<EventRegistry> {
+    let mut r = EventRegistry::new();
+    for (id, name) in [
+        (LOAD, "load"),
+        (MMA, "mma"),
+        (EPILOGUE, "epilogue"),
+        (MAINLOOP, "mainloop"),
+    ] {
+        r.register(id, name).unwrap();
+    }
+    Arc::new(r)
+}
+
+/// One launch on GPU `ordinal`: 4 blocks of 2 warps, device times from
+/// `d0`, mapped so that `d0` lands at host time `h0`. Warps on SM 2 and SM 10
+/// (so numeric order differs from text order); sequential, nested and
+/// partially overlapping events; one slot overflows if `overflow`.
+fn batch(
+    ordinal: u32,
+    launch_id: u64,
+    d0: u64,
+    h0: u64,
+    overflow: bool,
+    parent: Option<tracing::span::Id>,
+) -> Arc<Batch> {
+    let mut b = CaptureBuilder::new([4, 1, 1], [64, 1, 1], 8);
+    b.launch_id(launch_id);
+    b.warp(0, 0)
+        .unwrap()
+        .sm(2, 2)
+        .range(LOAD, d0, d0 + 100, 0)
+        .range(MMA, d0 + 100, d0 + 300, 0)
+        .range(LOAD, d0 + 300, d0 + 400, 1)
+        .range(MMA, d0 + 400, d0 + 600, 1)
+        .instant(EPILOGUE, d0 + 650, 0);
+    // k-tiles inside a main loop, recorded in end order.
+    b.warp(0, 1)
+        .unwrap()
+        .sm(2, 2)
+        .range(LOAD, d0 + 10, d0 + 100, 0)
+        .range(LOAD, d0 + 100, d0 + 200, 1)
+        .range(MAINLOOP, d0 + 10, d0 + 200, 2);
+    // Partial overlap: the second range needs a second lane.
+    b.warp(1, 0)
+        .unwrap()
+        .sm(10, 10)
+        .range(LOAD, d0, d0 + 300, 0)
+        .range(MMA, d0 + 200, d0 + 500, 0);
+    let w = b.warp(3, 1).unwrap().sm(10, 10);
+    let n = if overflow { 10 } else { 8 };
+    for i in 0..n {
+        w.range(MMA, d0 + 50 * i, d0 + 50 * i + 40, i as u32);
+    }
+    let capture = OwnedCapture::decode(b.finish(), None).unwrap();
+    Arc::new(Batch {
+        device: Arc::new(DeviceInfo {
+            ordinal,
+            name: if ordinal == 0 {
+                "Test GPU".into()
+            } else {
+                "Simulated second GPU".into()
+            },
+            sm_count: 132,
+            ..Default::default()
+        }),
+        launch: LaunchInfo {
+            launch_id,
+            kernel: "gemm".into(),
+            host_launch_ns: h0.saturating_sub(5_000),
+            host_complete_ns: h0 + 10_000,
+            grid: [4, 1, 1],
+            block: [64, 1, 1],
+            parent,
+            host_thread: "main".into(),
+        },
+        capture: Arc::new(capture),
+        calibration: Arc::new(Calibration::exact(d0, h0, 3.0)),
+        registry: registry(),
+    })
+}
+
+fn tmp_path(path: &Path) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".tmp");
+    s.into()
+}
+
+#[test]
+fn host_and_device_trace_through_the_real_subscriber_passes_the_schema_check() {
+    host_and_device(None);
+}
+
+#[test]
+fn a_compressed_trace_passes_the_same_check() {
+    host_and_device(Some(6));
+}
+
+fn host_and_device(compress: Option<u32>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host-device.perfetto-trace");
+    let mut builder = PerfettoLayer::builder()
+        .file(&path)
+        .process_name("perfetto-test");
+    if let Some(level) = compress {
+        builder = builder.compress(level);
+    }
+    let (layer, guard) = builder.build().unwrap();
+    let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
+    let sink = || {
+        dispatch
+            .downcast_ref::<PerfettoLayer>()
+            .expect("the layer is found by downcast")
+    };
+
+    let mut batches = Vec::new();
+    let mut host_slices = 0u64;
+    tracing::dispatcher::with_default(&dispatch, || {
+        let main = tracing::info_span!("main", run = "test", answer = 42u64).entered();
+        host_slices += 1;
+        for (launch_id, ordinal) in [(1u64, 0u32), (2, 1), (3, 0), (4, 1)] {
+            // The launch span, as gpu_profile! opens it: it carries the launch id.
+            let span =
+                tracing::info_span!("launch", gpu.launch_id = launch_id, gpu.kernel = "gemm");
+            let h0 = span.in_scope(|| {
+                tracing::info_span!("cuLaunchKernel").in_scope(|| HostClock::Boottime.now_ns())
+            });
+            host_slices += 2;
+            // Device times: each GPU its own timer origin; the kernel starts
+            // 20 µs after the launch on the host clock.
+            let d0 = 5_000_000_000 * u64::from(ordinal + 1) + launch_id * 1_000_000;
+            let b = batch(ordinal, launch_id, d0, h0 + 20_000, ordinal == 0, span.id());
+            sink().on_batch(&b);
+            batches.push(b);
+            drop(span);
+        }
+        tracing::info!(done = true, "all launches queued");
+        host_slices += 1;
+        let worker = {
+            let d = dispatch.clone();
+            std::thread::Builder::new()
+                .name("worker".into())
+                .spawn(move || {
+                    tracing::dispatcher::with_default(&d, || {
+                        tracing::info_span!("worker").in_scope(|| {
+                            tracing::debug_span!("inner", n = -3i64).in_scope(|| {});
+                        });
+                    })
+                })
+                .unwrap()
+        };
+        worker.join().unwrap();
+        host_slices += 2;
+        // Spans of the device target are the fallback for other layers:
+        // this layer must not draw them again.
+        tracing::trace_span!(target: "tracing_gpu::device", "gpu.event").in_scope(|| {});
+        sink().flush();
+        assert!(!path.exists(), "the trace appears only when finished");
+        assert!(tmp_path(&path).exists());
+        drop(main);
+    });
+    let stats = guard.finish().unwrap();
+    assert!(path.exists());
+    assert!(!tmp_path(&path).exists(), "no temporary file is left");
+
+    let device_events: u64 = batches.iter().map(|b| b.capture.event_count()).sum();
+    let dropped: u64 = batches.iter().map(|b| b.capture.drop_count()).sum();
+    assert_eq!(dropped, 4, "two launches on GPU 0 drop 2 records each");
+    assert_eq!(stats.device_events, device_events);
+    assert_eq!(stats.kernels, 4);
+    assert_eq!(stats.flows, 4);
+    assert_eq!(stats.host_slices, host_slices);
+    assert_eq!(stats.bytes, std::fs::metadata(&path).unwrap().len());
+
+    let total = (device_events + 4 + host_slices).to_string();
+    let args = [
+        "--expect-slices",
+        &total,
+        "--expect-device-slices",
+        &device_events.to_string(),
+        "--expect-kernels",
+        "4",
+        "--expect-host-slices",
+        &host_slices.to_string(),
+        "--expect-gpus",
+        "2",
+        "--expect-flows",
+        "4",
+        "--expect-dropped",
+        "4",
+    ];
+    if let Ok(keep) = std::env::var("TGPU_KEEP_TRACE") {
+        std::fs::copy(&path, keep).unwrap();
+    }
+    let Some(s) = perfetto_check::check(&path, &args) else {
+        return;
+    };
+    // 2 SMs per GPU; 4 warps per launch, one of which needs a second lane.
+    assert_eq!(s["sms"], 4);
+    assert_eq!(s["warp_tracks"], 8);
+    assert_eq!(s["lanes"], 10);
+    assert_eq!(s["compressed"] > 0, compress.is_some(), "{s:?}");
+}
+
+#[test]
+fn overlapping_launches_get_lanes_and_still_nest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overlap.perfetto-trace");
+    overlapping(&path, None);
+    overlapping(&dir.path().join("overlap-z.perfetto-trace"), Some(1));
+}
+
+fn overlapping(path: &Path, compress: Option<u32>) {
+    let path = path.to_path_buf();
+    let mut w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
+    if let Some(level) = compress {
+        w = w.compress(level);
+    }
+    let h0 = HostClock::Boottime.now_ns();
+    // Two launches of one GPU whose device times overlap (two streams), and
+    // a third after both, which reuses the first lanes.
+    let a = batch(0, 10, 1_000_000, h0, false, None);
+    let b = batch(0, 11, 1_000_250, h0 + 250, false, None);
+    let c = batch(0, 12, 9_000_000, h0 + 8_000_000, true, None);
+    for x in [&a, &b, &c] {
+        w.write_batch(x).unwrap();
+    }
+    let (file, stats) = w.finish().unwrap();
+    file.commit().unwrap();
+    let events: u64 = [&a, &b, &c].iter().map(|x| x.capture.event_count()).sum();
+    assert_eq!(stats.device_events, events);
+    let Some(s) = perfetto_check::check(
+        &path,
+        &[
+            "--expect-device-slices",
+            &events.to_string(),
+            "--expect-kernels",
+            "3",
+            "--expect-flows",
+            "0",
+            "--expect-dropped",
+            "2",
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(s["warp_tracks"], 4);
+    assert!(
+        s["lanes"] > 4,
+        "overlapping launches need more lanes: {s:?}"
+    );
+}
+
+#[test]
+fn a_trace_that_cannot_be_created_is_an_error_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing-dir").join("t.perfetto-trace");
+    let err = PerfettoLayer::builder().file(&path).build().unwrap_err();
+    assert!(err.to_string().contains("missing-dir"), "{err}");
+    assert!(PerfettoLayer::builder().build().is_err(), "no file given");
+    // An uncommitted TraceFile removes its temporary file.
+    let path = dir.path().join("abandoned.perfetto-trace");
+    let f = TraceFile::create(&path).unwrap();
+    assert!(tmp_path(&path).exists());
+    drop(f);
+    assert!(!tmp_path(&path).exists() && !path.exists());
+}
+
+#[test]
+fn the_checker_rejects_broken_traces() {
+    // The checker is what makes the other tests able to fail: it must pass a
+    // good trace and reject unmatched ends, open slices, misordered SMs,
+    // missing interning, dangling flows, foreign clocks, misplaced slices.
+    perfetto_check::self_test();
+}
