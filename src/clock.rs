@@ -279,6 +279,8 @@ pub struct FitStats {
 pub struct ClockMap {
     parts: ClockMapParts,
     stats: FitStats,
+    /// `parts`' anchor and drift, as [`ClockMap::to_host`] evaluates them.
+    line: Line,
 }
 
 /// Everything that defines a [`ClockMap`], as plain numbers: what a capture
@@ -483,7 +485,19 @@ impl ClockMap {
             median_round_trip_ns: median_rtt,
             residual_rms_ns,
         };
-        Ok(ClockMap { parts, stats })
+        Ok(ClockMap::new(parts, stats))
+    }
+
+    fn new(parts: ClockMapParts, stats: FitStats) -> ClockMap {
+        ClockMap {
+            line: Line::new(
+                parts.anchor_device_ns,
+                parts.anchor_host_ns,
+                Slope::of_drift(parts.drift),
+            ),
+            parts,
+            stats,
+        }
     }
 
     /// A map declared rather than measured: `host = host_ns + (d − device_ns)·(1 + drift_ppm·1e-6)`,
@@ -494,8 +508,8 @@ impl ClockMap {
         } else {
             0.0
         };
-        ClockMap {
-            parts: ClockMapParts {
+        ClockMap::new(
+            ClockMapParts {
                 anchor_device_ns: device_ns,
                 anchor_host_ns: host_ns,
                 drift,
@@ -507,8 +521,8 @@ impl ClockMap {
                 bound_anchor_ns: 0,
                 bound_end_ns: 0,
             },
-            stats: FitStats::default(),
-        }
+            FitStats::default(),
+        )
     }
 
     /// Rebuilds a map from its parts (as a capture file stores them), checking them.
@@ -537,10 +551,7 @@ impl ClockMap {
                 "the anchor's bound cannot exceed both window bounds",
             ));
         }
-        Ok(ClockMap {
-            parts,
-            stats: FitStats::default(),
-        })
+        Ok(ClockMap::new(parts, FitStats::default()))
     }
 
     /// The map as plain numbers (see [`ClockMapParts`]).
@@ -548,16 +559,12 @@ impl ClockMap {
         &self.parts
     }
 
-    /// Host time (ns) of the device reading `device_ns`. Saturates at 0 and
+    /// Host time (ns) of the device reading `device_ns`:
+    /// `anchor_host + dx + round(dx · drift)`, `dx = device_ns − anchor_device`,
+    /// with the drift in 64-bit fixed point (see [`Line`]). Saturates at 0 and
     /// `u64::MAX` rather than wrapping, for readings absurdly far from the window.
     pub fn to_host(&self, device_ns: u64) -> u64 {
-        clamp_u64(self.to_host_i128(device_ns))
-    }
-
-    fn to_host_i128(&self, device_ns: u64) -> i128 {
-        let p = &self.parts;
-        let dx = device_ns as i128 - p.anchor_device_ns as i128;
-        p.anchor_host_ns as i128 + dx + (dx as f64 * p.drift).round() as i128
+        clamp_u64(self.line.at(device_ns))
     }
 
     /// The largest bound (ns) inside the burst's window: `|to_host(d) − true host time| ≤ bound_ns()`
@@ -983,6 +990,8 @@ pub struct DriftSegment {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
     checkpoints: Vec<Checkpoint>,
+    /// `segments[i]`: the line through the anchors of checkpoints `i` and `i + 1`.
+    segments: Vec<Line>,
 }
 
 impl Calibration {
@@ -990,6 +999,7 @@ impl Calibration {
     pub fn new(first: Checkpoint) -> Calibration {
         Calibration {
             checkpoints: vec![first],
+            segments: Vec::new(),
         }
     }
 
@@ -1010,6 +1020,7 @@ impl Calibration {
         if nd <= ld || nh <= lh {
             return Err(ClockError::NotLater { last: ld, next: nd });
         }
+        self.segments.push(Line::through(ld, lh, nd, nh));
         self.checkpoints.push(checkpoint);
         Ok(())
     }
@@ -1130,21 +1141,47 @@ impl Calibration {
         let last = anchors_le(hi.max(lo)).clamp(first + 1, n - 1);
         Calibration {
             checkpoints: self.checkpoints[first..=last].to_vec(),
+            segments: self.segments[first..last].to_vec(),
+        }
+    }
+
+    /// A [`Mapper`] for device times in `[lo, hi]`: the segment of `lo` is
+    /// looked up once, and device times in it map without a search.
+    pub fn mapper(&self, lo: u64, hi: u64) -> Mapper<'_> {
+        let seg = self.segment(lo);
+        // The last device time that falls in `lo`'s segment (see `locate`).
+        let end = match seg {
+            Some(i) if i + 2 < self.checkpoints.len() => self.checkpoints[i + 1].map.anchor().0 - 1,
+            _ => u64::MAX,
+        };
+        Mapper {
+            calibration: self,
+            lo,
+            span: hi.min(end).saturating_sub(lo),
+            line: *self.line(seg),
+        }
+    }
+
+    /// The segment whose line maps `device_ns` (`None`: the single map's).
+    fn segment(&self, device_ns: u64) -> Option<usize> {
+        match self.locate(device_ns) {
+            Locus::Single => None,
+            Locus::Between(i) => Some(i),
+            Locus::Before => Some(0),
+            Locus::After => Some(self.checkpoints.len() - 2),
+        }
+    }
+
+    fn line(&self, segment: Option<usize>) -> &Line {
+        match segment {
+            None => &self.checkpoints[0].map.line,
+            Some(i) => &self.segments[i],
         }
     }
 
     /// BOOTTIME of `device_ns`, unclamped.
     fn boottime_i128(&self, device_ns: u64) -> i128 {
-        let cps = &self.checkpoints;
-        let seg = match self.locate(device_ns) {
-            Locus::Single => return cps[0].map.to_host_i128(device_ns),
-            Locus::Between(i) => i,
-            Locus::Before => 0,
-            Locus::After => cps.len() - 2,
-        };
-        let (xa, ya) = cps[seg].map.anchor();
-        let (xb, yb) = cps[seg + 1].map.anchor();
-        line_through(xa, ya, xb, yb, device_ns)
+        self.line(self.segment(device_ns)).at(device_ns)
     }
 
     /// `clock − BOOTTIME` at `device_ns`, interpolated between the neighbouring checkpoints.
@@ -1206,17 +1243,101 @@ enum Locus {
     After,
 }
 
-/// The line through `(xa, ya)` and `(xb, yb)` (xa < xb) at `x`, rounded, in
-/// exact integer arithmetic where it fits: `ya + (x − xa) + (x − xa)·((yb − ya) − (xb − xa))/(xb − xa)`.
-fn line_through(xa: u64, ya: u64, xb: u64, yb: u64, x: u64) -> i128 {
-    let dx = xb as i128 - xa as i128;
-    let excess = (yb as i128 - ya as i128) - dx;
-    let t = x as i128 - xa as i128;
-    let corr = match t.checked_mul(excess) {
-        Some(num) => div_round(num, dx),
-        None => (t as f64 * excess as f64 / dx as f64).round() as i128,
-    };
-    ya as i128 + t + corr
+/// [`Calibration::to_host`] on [`HostClock::Boottime`] for many device times
+/// in one window (a batch's), from [`Calibration::mapper`]: the same answers,
+/// without a checkpoint search or a floating-point operation per call for
+/// the times that fall in the window's first segment (all of them, unless a
+/// recalibration lies inside the window).
+#[derive(Debug, Clone, Copy)]
+pub struct Mapper<'a> {
+    calibration: &'a Calibration,
+    /// The device times `lo ..= lo + span` lie in `line`'s segment.
+    lo: u64,
+    span: u64,
+    line: Line,
+}
+
+impl Mapper<'_> {
+    /// BOOTTIME (ns) of the device reading `device_ns`: exactly
+    /// `calibration.to_host(HostClock::Boottime, device_ns)`.
+    #[inline]
+    pub fn boottime(&self, device_ns: u64) -> u64 {
+        if device_ns.wrapping_sub(self.lo) <= self.span {
+            clamp_u64(self.line.at(device_ns))
+        } else {
+            self.calibration.to_host(HostClock::Boottime, device_ns)
+        }
+    }
+}
+
+/// A device → BOOTTIME line, `y = y0 + t + round(t · slope)` with
+/// `t = x − x0`: every mapping of this module is one (a [`ClockMap`]'s, or a
+/// [`Calibration`] segment's), so that every caller gets the same rounding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Line {
+    x0: u64,
+    y0: u64,
+    slope: Slope,
+}
+
+/// The slope of a [`Line`] minus 1: the drift.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Slope {
+    /// In units of 2⁻⁶⁴, |slope| < 1/4: every real clock. `t · slope` is then
+    /// one integer multiply, exact for any `t` (|t| < 2⁶⁴, the product < 2¹²⁶)
+    /// and the slope itself is within 2⁻⁶⁵ of the exact one, so the result is
+    /// within 1 ns of the exactly rounded line even 2⁶⁴ ns from its origin.
+    Fixed(i64),
+    /// A slope no clock has (a checkpoint pair or a declared drift ≥ 25 %):
+    /// evaluated in floating point; nothing depends on its precision.
+    Float(f64),
+}
+
+impl Slope {
+    /// A drift given as a ratio (host ns per device ns, minus 1).
+    fn of_drift(drift: f64) -> Slope {
+        if drift.abs() < 0.25 {
+            Slope::Fixed((drift * TWO_64).round() as i64)
+        } else if drift.is_finite() {
+            Slope::Float(drift)
+        } else {
+            Slope::Fixed(0)
+        }
+    }
+}
+
+/// 2⁶⁴, the scale of [`Slope::Fixed`].
+const TWO_64: f64 = 18_446_744_073_709_551_616.0;
+
+impl Line {
+    fn new(x0: u64, y0: u64, slope: Slope) -> Line {
+        Line { x0, y0, slope }
+    }
+
+    /// The line through `(xa, ya)` and `(xb, yb)`, xa < xb, with its slope
+    /// from the exact ratio `((yb − ya) − (xb − xa)) / (xb − xa)`.
+    fn through(xa: u64, ya: u64, xb: u64, yb: u64) -> Line {
+        let dx = xb as i128 - xa as i128;
+        let excess = (yb as i128 - ya as i128) - dx;
+        let slope = if excess.abs() < dx / 4 {
+            // |excess| < 2⁶², so the shift cannot overflow, and the quotient is < 2⁶².
+            Slope::Fixed(div_round(excess << 64, dx) as i64)
+        } else {
+            Slope::Float(excess as f64 / dx as f64)
+        };
+        Line::new(xa, ya, slope)
+    }
+
+    /// The line at `x`, rounded to the nearest ns (halves up).
+    #[inline]
+    fn at(&self, x: u64) -> i128 {
+        let t = x as i128 - self.x0 as i128;
+        let corr = match self.slope {
+            Slope::Fixed(k) => (t * k as i128 + (1 << 63)) >> 64,
+            Slope::Float(k) => (t as f64 * k).round() as i128,
+        };
+        self.y0 as i128 + t + corr
+    }
 }
 
 /// `n / d` rounded to nearest (d > 0).
@@ -2029,6 +2150,60 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn mappers_answer_like_to_host() {
+        let (clock, cal, mut rng) = long_run(43, 1e9, 6, 1e-17);
+        let single = Calibration::exact(1_000, 5_000_000, 7.3);
+        let anchors: Vec<u64> = cal.checkpoints().iter().map(|c| c.map.anchor().0).collect();
+        for (c, lo, hi) in [
+            (&cal, clock.read(1.2e9), clock.read(1.9e9)),
+            (&cal, clock.read(-2e9), clock.read(-1e9)),
+            (&cal, clock.read(0.5e9), clock.read(3.5e9)), // across checkpoints
+            (&cal, clock.read(4e9), clock.read(9e9)),
+            (&cal, anchors[2], anchors[3]),
+            (&cal, 0, u64::MAX),
+            (&single, 0, u64::MAX),
+            (&single, 900, 2_000_000_000),
+        ] {
+            let m = c.mapper(lo, hi);
+            let mut probes: Vec<u64> = (0..500)
+                .map(|_| lo + (rng.next() % (hi - lo).max(1)))
+                .collect();
+            probes.extend([lo, hi, lo.wrapping_sub(1), hi.wrapping_add(1), 0, u64::MAX]);
+            probes.extend(anchors.iter().flat_map(|&a| [a - 1, a, a + 1]));
+            for d in probes {
+                assert_eq!(m.boottime(d), c.to_host(HostClock::Boottime, d), "at {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn fixed_point_lines_round_like_exact_arithmetic() {
+        // Segment slopes in 2⁻⁶⁴ units: within 1 ns of the exactly rounded
+        // line, and exact wherever the exact value is not near a half.
+        let mut rng = Rng(77);
+        for _ in 0..2000 {
+            let xa = rng.next() >> 2;
+            let dx = 1 + (rng.next() >> 24);
+            let excess = (rng.next() % (2 * (dx / 1000 + 1))) as i128 - (dx / 1000) as i128;
+            let ya = rng.next() >> 2;
+            let yb = (ya as i128 + dx as i128 + excess) as u64;
+            let l = Line::through(xa, ya, xa + dx, yb);
+            let t = (rng.next() >> 3) as i128 - (1 << 60);
+            let x = (xa as i128 + t).clamp(0, u64::MAX as i128) as u64;
+            let t = x as i128 - xa as i128;
+            let exact_num = t * excess; // |t| < 2⁶², |excess| < 2⁴⁰
+            let want = ya as i128 + t + div_round(exact_num, dx as i128);
+            let got = l.at(x);
+            assert!((got - want).abs() <= 1, "{got} vs {want}");
+            // The slope is within 2⁻⁶⁵ of exact: off by at most |t|·2⁻⁶⁵ before rounding.
+            let from_half = (exact_num.rem_euclid(dx as i128) * 2 - dx as i128).abs();
+            if from_half << 63 > t.abs() * dx as i128 {
+                assert_eq!(got, want, "away from a half the rounding is exact");
+            }
+        }
     }
 
     #[test]

@@ -66,6 +66,7 @@ class Checker:
         self.tracks = {}  # uuid -> TrackDescriptor
         self.events = []  # (ts, order, uuid, type, name, args, flows, term_flows, counter)
         self.seqs = {}
+        self.snapshot_boot = {}  # clock set -> BOOTTIME of its last snapshot
         self.primary_clock = None
         self.packets = 0
         self.compressed = 0
@@ -116,7 +117,7 @@ class Checker:
                 for n in p.interned_data.debug_annotation_names:
                     self.intern(st["dnames"], n, order, "argument name")
             if p.HasField("clock_snapshot"):
-                self.snapshot(p.clock_snapshot, st, order)
+                self.snapshot(p.clock_snapshot, st, order, seq)
                 continue
             if p.HasField("track_descriptor"):
                 self.descriptor(p.track_descriptor, order)
@@ -130,10 +131,20 @@ class Checker:
             self.err(f"packet {order}: {what} iid {entry.iid} re-interned as {entry.name!r}")
         table[entry.iid] = entry.name
 
-    def snapshot(self, snap, st, order):
+    def snapshot(self, snap, st, order, seq):
         if snap.HasField("primary_trace_clock"):
             self.primary_clock = snap.primary_trace_clock
         boot = [c.timestamp for c in snap.clocks if c.clock_id == BOOTTIME]
+        # The trace processor keeps one time series per set of clocks (a
+        # sequence-scoped clock counts with its sequence) and rejects a
+        # snapshot whose trace clock is earlier than the previous one's.
+        key = frozenset((c.clock_id, seq if 64 <= c.clock_id < 128 else 0) for c in snap.clocks)
+        if boot:
+            last = self.snapshot_boot.get(key)
+            if last is not None and boot[0] < last:
+                self.err(f"packet {order}: clock snapshot goes back on BOOTTIME ({boot[0]} < {last} "
+                         "in the previous one of the same clocks): the trace processor rejects it")
+            self.snapshot_boot[key] = boot[0]
         for c in snap.clocks:
             if 64 <= c.clock_id < 128:
                 if not boot:
@@ -581,7 +592,15 @@ def self_test():
     broken(lambda t: pk(t, lambda p: p.track_event.name == "mma").track_event.ClearField(
         "debug_annotations"), "payload")
     broken(lambda t: None, "slices: 4, expected 5", "slices=5")
-    print("check_perfetto: self-test passed (1 good trace, 13 broken ones rejected)")
+
+    def restart_earlier(t):
+        # Warp 0's sequence restarted, its clock re-anchored before the first anchor.
+        p = t.packet.add()
+        p.CopyFrom(pk(t, lambda p: p.trusted_packet_sequence_id == 5 and p.HasField("clock_snapshot")))
+        for c in p.clock_snapshot.clocks:
+            c.timestamp = 3000
+    broken(restart_earlier, "goes back on BOOTTIME")
+    print("check_perfetto: self-test passed (1 good trace, 14 broken ones rejected)")
     return 0
 
 

@@ -294,3 +294,87 @@ fn the_checker_rejects_broken_traces() {
     // missing interning, dangling flows, foreign clocks, misplaced slices.
     perfetto_check::self_test();
 }
+
+/// A launch of 20 blocks × 8 warps on 20 SMs, `per_warp` back-to-back ranges
+/// each (payload: the index), device times from `d0` mapped to host `h0`.
+fn busy(launch_id: u64, per_warp: u32, d0: u64, h0: u64) -> Arc<Batch> {
+    let mut b = CaptureBuilder::new([20, 1, 1], [256, 1, 1], per_warp);
+    b.launch_id(launch_id);
+    for block in 0..20 {
+        for warp in 0..8 {
+            let w = b.warp(block, warp).unwrap().sm(block, block);
+            let mut t = d0 + u64::from(block * 8 + warp) * 64;
+            for i in 0..per_warp {
+                w.range(if i % 2 == 0 { LOAD } else { MMA }, t, t + 300, i);
+                t += 332;
+            }
+        }
+    }
+    Arc::new(Batch {
+        device: Arc::new(DeviceInfo {
+            ordinal: 0,
+            name: "Test GPU".into(),
+            sm_count: 132,
+            ..Default::default()
+        }),
+        launch: LaunchInfo {
+            launch_id,
+            kernel: "busy".into(),
+            grid: [20, 1, 1],
+            block: [256, 1, 1],
+            ..Default::default()
+        },
+        capture: Arc::new(OwnedCapture::decode(b.finish(), None).unwrap()),
+        calibration: Arc::new(Calibration::exact(d0, h0, -2.0)),
+        registry: registry(),
+    })
+}
+
+#[test]
+fn busy_warps_share_short_sequence_ids_and_still_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let h0 = HostClock::Boottime.now_ns();
+    // 160 warps of 80 events: more warps than short ids, so ids pass from
+    // lane to lane. The second launch overlaps the first (second lanes); the
+    // third has few events per warp (the lanes' own sequences); the fourth
+    // is busy again (short ids, restarted on lanes that had their own).
+    let batches = [
+        busy(1, 80, 1_000_000, h0),
+        busy(2, 80, 1_000_100, h0 + 100),
+        busy(3, 4, 2_000_000, h0 + 1_000_000),
+        busy(4, 80, 3_000_000, h0 + 2_000_000),
+    ];
+    for (name, n) in [("two", 2), ("four", 4)] {
+        let path = dir.path().join(format!("{name}.perfetto-trace"));
+        let mut w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
+        for b in &batches[..n] {
+            w.write_batch(b).unwrap();
+        }
+        let (file, stats) = w.finish().unwrap();
+        file.commit().unwrap();
+        let events: u64 = batches[..n].iter().map(|b| b.capture.event_count()).sum();
+        assert_eq!(stats.device_events, events);
+        let Some(s) = perfetto_check::check(
+            &path,
+            &[
+                "--expect-device-slices",
+                &events.to_string(),
+                "--expect-kernels",
+                &n.to_string(),
+            ],
+        ) else {
+            return;
+        };
+        assert_eq!(s["warp_tracks"], 160);
+        assert!(
+            s["lanes"] > 160,
+            "the overlapping launch needs lanes: {s:?}"
+        );
+        if n == 2 {
+            // 320 lanes wrote on at most 126 short ids (and the misc sequence).
+            assert!(s["sequences"] <= 127, "{s:?}");
+        } else {
+            assert!(s["sequences"] > 127, "few events: the lanes' own ids {s:?}");
+        }
+    }
+}

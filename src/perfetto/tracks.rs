@@ -17,9 +17,12 @@
 //! process track: an ordinary track in between is what makes the explicit
 //! order hold.
 //!
-//! Every warp lane is its own writer sequence, whose defaults name the track:
-//! its packets then carry neither a track uuid nor a clock id, only a
-//! timestamp delta on the sequence's incremental clock.
+//! Every warp lane writes on a sequence of its own, whose defaults name the
+//! track: its packets then carry neither a track uuid nor a clock id, only a
+//! timestamp delta on the sequence's incremental clock. Every packet repeats
+//! the sequence id, so a warp with many events in a batch borrows one of the
+//! ids below 128 (one byte instead of two; [`ShortSeqs`]) and restarts that
+//! sequence for its track; a warp with few keeps the lane's own id.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -112,25 +115,38 @@ pub(crate) fn descriptor(d: TrackDescriptor) -> TracePacket {
     }
 }
 
-/// One lane of a warp: a track, its sequence, and where its clock stands.
+/// A writer sequence as a lane uses it.
 #[derive(Debug)]
-pub(crate) struct Lane {
-    pub(crate) uuid: u64,
-    pub(crate) seq: u32,
-    /// Time of the last packet on the sequence (trace-clock ns); `None` until
-    /// the sequence has started.
-    pub(crate) last_ts: Option<u64>,
-    /// Ends of the slices open on this lane, innermost last.
-    pub(crate) stack: Vec<u64>,
+pub(crate) struct Seq {
+    /// The id; 0 until the lane is bound ([`Lane::bind`]).
+    pub(crate) id: u32,
     /// The encoded `trusted_packet_sequence_id` field (key and varint), which
-    /// every packet of the lane repeats.
-    pub(crate) seq_field: [u8; 6],
-    pub(crate) seq_field_len: u8,
+    /// every packet repeats.
+    pub(crate) field: [u8; 6],
+    pub(crate) field_len: u8,
+    /// The sequence clock's value after the last packet (trace-clock ns);
+    /// `None` until the sequence has (re)started.
+    pub(crate) clock: Option<u64>,
     /// Event-name iids already interned on this sequence (a bitset).
     interned: Vec<u64>,
 }
 
-impl Lane {
+impl Seq {
+    fn new(id: u32) -> Seq {
+        let mut e = Enc::default();
+        if id != 0 {
+            e.uint(super::proto::field::PACKET_SEQUENCE_ID, u64::from(id));
+        }
+        let mut field = [0u8; 6];
+        field[..e.len()].copy_from_slice(&e.buf);
+        Seq {
+            id,
+            field,
+            field_len: e.len() as u8,
+            clock: None,
+            interned: Vec::new(),
+        }
+    }
     pub(crate) fn has(&self, iid: u32) -> bool {
         self.interned
             .get(iid as usize / 64)
@@ -142,6 +158,95 @@ impl Lane {
             self.interned.resize(w + 1, 0);
         }
         self.interned[w] |= 1 << (iid % 64);
+    }
+}
+
+/// Sequence ids below 128, lent to lanes: the writer's own, taken from
+/// [`Ids`] while it hands out such ids, then reused, the longest-held first.
+/// A lane that gets one restarts the sequence (clears its state, sets its
+/// defaults to the lane's track, re-anchors its clock); the lane it was
+/// taken from notices on its next use ([`Lane::bind`]).
+#[derive(Debug, Default)]
+pub(crate) struct ShortSeqs {
+    ids: Vec<u32>,
+    /// Per id: the lane (uuid) holding it, and the warp write (round) that took it.
+    holder: Vec<(u64, u64)>,
+    next: usize,
+    /// [`Ids`] has passed 127.
+    exhausted: bool,
+}
+
+impl ShortSeqs {
+    /// An id for lane `uuid`; `None` when every id is held by a lane of the
+    /// current `round` (a warp with over a hundred lanes).
+    fn take(&mut self, ids: &Ids, uuid: u64, round: u64) -> Option<(usize, u32)> {
+        if !self.exhausted {
+            let id = ids.sequence();
+            if id < 128 {
+                self.ids.push(id);
+                self.holder.push((uuid, round));
+                return Some((self.ids.len() - 1, id));
+            }
+            // Not short: given up (ids are plentiful).
+            self.exhausted = true;
+        }
+        for _ in 0..self.ids.len() {
+            let i = self.next;
+            self.next = (i + 1) % self.ids.len();
+            if self.holder[i].1 != round {
+                self.holder[i] = (uuid, round);
+                return Some((i, self.ids[i]));
+            }
+        }
+        None
+    }
+}
+
+/// One lane of a warp: a track, its sequence, and where its clock stands.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    pub(crate) uuid: u64,
+    /// The sequence the lane writes on now.
+    pub(crate) seq: Seq,
+    /// While `seq` is a short one: its [`ShortSeqs`] slot, and the lane's own
+    /// sequence, put aside.
+    short: Option<usize>,
+    own: Option<Seq>,
+    /// Time of the lane's last packet (trace-clock ns): the next must not be
+    /// earlier. `None` until the first.
+    pub(crate) last_ts: Option<u64>,
+    /// Ends of the slices open on this lane, innermost last.
+    pub(crate) stack: Vec<u64>,
+}
+
+impl Lane {
+    /// Picks the sequence for a warp write (`round`): a short one if `short`
+    /// and one is to be had (the one the lane holds, if nobody took it since),
+    /// else the lane's own (created on first use).
+    pub(crate) fn bind(&mut self, ids: &Ids, pool: &mut ShortSeqs, short: bool, round: u64) {
+        if let Some(slot) = self.short {
+            if short && pool.holder[slot].0 == self.uuid {
+                pool.holder[slot].1 = round;
+                return;
+            }
+            self.short = None;
+            self.seq = self.own.take().unwrap_or_else(|| Seq::new(0));
+        }
+        if short {
+            if let Some((slot, id)) = pool.take(ids, self.uuid, round) {
+                self.own = Some(std::mem::replace(&mut self.seq, Seq::new(id)));
+                self.short = Some(slot);
+                return;
+            }
+        }
+        if self.seq.id == 0 {
+            self.seq = Seq::new(ids.sequence());
+        }
+    }
+
+    /// Whether the lane writes on a borrowed short sequence.
+    pub(crate) fn is_short(&self) -> bool {
+        self.short.is_some()
     }
 }
 
@@ -313,7 +418,8 @@ impl Gpu {
 }
 
 impl Warp {
-    /// Declares one more lane of this warp; returns its index.
+    /// Declares one more lane of this warp (with no sequence until
+    /// [`Lane::bind`]); returns its index.
     pub(crate) fn add_lane(&mut self, ids: &Ids, out: &mut Enc) -> usize {
         let n = self.lanes.len();
         let uuid = ids.uuid();
@@ -324,19 +430,13 @@ impl Warp {
             sibling_order_rank: Some(self.rank.saturating_add(n.min(63) as i32)),
             ..Default::default()
         }));
-        let seq = ids.sequence();
-        let mut e = Enc::default();
-        e.uint(super::proto::field::PACKET_SEQUENCE_ID, u64::from(seq));
-        let mut seq_field = [0u8; 6];
-        seq_field[..e.len()].copy_from_slice(&e.buf);
         self.lanes.push(Lane {
             uuid,
-            seq,
-            seq_field,
-            seq_field_len: e.len() as u8,
+            seq: Seq::new(0),
+            short: None,
+            own: None,
             last_ts: None,
             stack: Vec::new(),
-            interned: Vec::new(),
         });
         n
     }
