@@ -10,9 +10,12 @@
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tracing_gpu::cuda::{DumpRecorder, Profiler};
-//! use tracing_subscriber::layer::SubscriberExt;
+//! use tracing_subscriber::{layer::SubscriberExt, EnvFilter};
 //! let dump = DumpRecorder::new("run.tgpu");
-//! tracing::subscriber::set_global_default(tracing_subscriber::registry().with(dump.layer()))?;
+//! let subscriber = tracing_subscriber::registry()
+//!     .with(EnvFilter::new("trace,tracing_gpu::device=off")) // no plain device spans
+//!     .with(dump.layer());
+//! tracing::subscriber::set_global_default(subscriber)?;
 //! let profiler = Profiler::builder().dump(dump.clone()).build()?;
 //! // ... gpu_profile!(profiler, ...) ...
 //! drop(profiler); // writes run.tgpu
