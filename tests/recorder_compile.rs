@@ -191,6 +191,25 @@ mod nvrtc {
         }
     }
 
+    #[test]
+    fn the_trace_forwards_to_a_device_function() {
+        if !available() {
+            return;
+        }
+        // The kernel's body lives in a device function that owns the recorder.
+        let src = "#include \"tracing_gpu.cuh\"\nTGPU_EVENT(A, 1);\n\
+                   __device__ void body(float* out TGPU_TRACE_PARAM) {\n\
+                   TGPU_RECORDER(rec, A);\nrec.begin<A>();\nout[threadIdx.x] = 1.0f;\nrec.end<A>(7);\n}\n\
+                   extern \"C\" __global__ void k(float* out TGPU_TRACE_PARAM) { body(out TGPU_TRACE_ARG); }\n";
+        check_ptx(
+            "k",
+            "sm_90",
+            true,
+            &ptx("k", "sm_90", src, &["TGPU_ENABLED=1"]),
+        );
+        check_ptx("k", "sm_90", false, &ptx("k", "sm_90", src, &[]));
+    }
+
     /// Compiles a kernel that must be rejected, gate on and off, and returns NVRTC's logs.
     fn rejected(body: &str) -> Vec<String> {
         let src = format!(
