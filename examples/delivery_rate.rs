@@ -112,7 +112,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!(
             "| {} | {} | {per:.1} |",
-            if perfetto { "registry + PerfettoLayer" } else { "registry" },
+            if perfetto {
+                "registry + PerfettoLayer"
+            } else {
+                "registry"
+            },
             if plain { "on" } else { "off" }
         );
     }
