@@ -3,7 +3,7 @@
 //! one block, built with the recorder on; the plain launch passes a null trace).
 //!
 //! ```text
-//! cargo run --release --features cuda --example profile_overhead -- [--rounds 30] [--launches 200]
+//! cargo run --release --features cuda --example profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0]
 //! ```
 //!
 //! Each round times `--launches` back-to-back launch calls of each variant (in
@@ -11,6 +11,9 @@
 //! the mean time per call. The subscriber is a `PerfettoLayer` writing to a
 //! temporary file, so the launch span is really recorded. The profiled variant
 //! also counts how many launches the pool had to skip (none expected).
+//! `--reserve N` allocates N trace buffers before the loop (`Profiler::reserve`);
+//! without it, a loop that outruns the collector grows the pool from the
+//! launching thread, and those allocations are part of the time measured.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -20,6 +23,7 @@ use tracing_gpu::cuda::{self, gpu_profile, KernelBuild, Profiler, ProfilerError}
 use tracing_gpu::format::KernelArg;
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::EnvFilter;
 
 const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
 
@@ -31,19 +35,21 @@ fn median(v: &mut [f64]) -> f64 {
 fn main() -> ExitCode {
     let mut rounds = 30usize;
     let mut launches = 200usize;
+    let mut reserve = 0usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().and_then(|v| v.parse().ok());
         match (a.as_str(), v) {
             ("--rounds", Some(n)) if n > 0 => rounds = n,
             ("--launches", Some(n)) if n > 0 => launches = n,
+            ("--reserve", Some(n)) => reserve = n,
             _ => {
-                eprintln!("usage: profile_overhead [--rounds N] [--launches N]");
+                eprintln!("usage: profile_overhead [--rounds N] [--launches N] [--reserve N]");
                 return ExitCode::from(2);
             }
         }
     }
-    match run(rounds, launches) {
+    match run(rounds, launches, reserve) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("profile_overhead: {e}");
@@ -52,13 +58,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(rounds: usize, launches: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run(rounds: usize, launches: usize, reserve: usize) -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("tgpu-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let (layer, guard) = PerfettoLayer::builder()
         .file(dir.join("overhead.perfetto-trace"))
         .build()?;
-    let _default = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::bridge).
+    let _default = tracing::subscriber::set_default(
+        tracing_subscriber::registry()
+            .with(EnvFilter::new("trace,tracing_gpu::device=off"))
+            .with(layer),
+    );
 
     let profiler = Profiler::builder()
         .device(0)
@@ -79,6 +90,8 @@ fn run(rounds: usize, launches: usize) -> Result<(), Box<dyn std::error::Error>>
         block_dim: (256, 1, 1),
         shared_mem_bytes: 1024,
     };
+    // Buffers allocated up front (Profiler::reserve) rather than by the loop.
+    let reserved = profiler.reserve(&cfg, reserve)?;
 
     let mut per_call = [Vec::new(), Vec::new()];
     // One warm-up round, not counted (first buffer allocation, module load).
@@ -136,7 +149,7 @@ fn run(rounds: usize, launches: usize) -> Result<(), Box<dyn std::error::Error>>
     println!("| gpu_profile! | {profiled:.2} |");
     println!("| added by profiling | {:.2} |", profiled - plain);
     println!(
-        "profiled launches: {} delivered, {} skipped (pool full), {} failed, {} device events",
+        "profiled launches: {} delivered, {} skipped (pool full), {} failed, {} device events; {reserved} buffers reserved",
         stats.delivered, stats.skipped, stats.failed, stats.events
     );
     Ok(())

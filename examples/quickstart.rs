@@ -23,6 +23,7 @@ use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use tracing_gpu::cuda::{self, gpu_profile, DumpRecorder, KernelBuild, Profiler, ProfilerStats};
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::EnvFilter;
 
 /// The example kernel (also used by `examples/causality.rs`).
 pub const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
@@ -50,7 +51,11 @@ pub fn run(
         .process_name("quickstart")
         .build()?;
     let recorder = dump.map(DumpRecorder::new);
+    // Our layers take device events in bulk. An unfiltered subscriber would
+    // also ask for one plain span per device event (for other layers, see
+    // `tracing_gpu::bridge`); nobody here wants them.
     let subscriber = tracing_subscriber::registry()
+        .with(EnvFilter::new("trace,tracing_gpu::device=off"))
         .with(perfetto)
         .with(recorder.as_ref().map(|r| r.layer()));
     let stats = tracing::subscriber::with_default(
@@ -109,9 +114,13 @@ pub fn run(
             }
             profiler.flush()?;
             Ok(profiler.stats())
-            // Dropping the profiler writes the capture file.
         },
     )?;
+    // The profiler wrote the capture when it was dropped; write it again now
+    // that the outermost span has ended too.
+    if let Some(r) = &recorder {
+        r.write()?;
+    }
     let trace = guard.finish()?;
     Ok(Summary { stats, trace })
 }

@@ -14,8 +14,12 @@
 //! - **As plain spans, to any other layer.** If the subscriber enables the target
 //!   [`DEVICE_TARGET`] (`"tracing_gpu::device"`) at `TRACE`, every device event
 //!   also becomes one ordinary span, so that `fmt`, `tracing-opentelemetry`, or a
-//!   layer of your own sees it. This path costs one `tracing` span per event and
-//!   is off unless asked for: `EnvFilter::new("tracing_gpu::device=trace")`.
+//!   layer of your own sees it. This path costs one `tracing` span per event
+//!   (several times the bulk path). A filter at `DEBUG` or above leaves it off;
+//!   `EnvFilter::new("info,tracing_gpu::device=trace")` turns it on. An
+//!   *unfiltered* subscriber enables everything at `TRACE`, this path included:
+//!   when only our layers read device events, filter it out,
+//!   `EnvFilter::new("trace,tracing_gpu::device=off")`.
 //!
 //! # The fields of a device span
 //!

@@ -28,7 +28,7 @@ mod quickstart;
 
 /// The capture shipped in the repository: a GEMM run recorded on an H200. The
 /// no-GPU `demo` replays it.
-const SHIPPED_CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-gemm.tgpu");
+const SHIPPED_CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-quickstart.tgpu");
 
 /// What `--help` and the README list: one code per kind of failure, so that
 /// scripts can tell a bad file from a missing GPU.

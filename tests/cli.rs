@@ -374,7 +374,7 @@ fn demo_without_a_gpu_replays_a_capture_and_says_so() {
 
 #[test]
 fn demo_replays_the_shipped_capture() {
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-gemm.tgpu");
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-quickstart.tgpu");
     if !shipped.exists() {
         println!("skipped: {} is not in this checkout yet", shipped.display());
         return;

@@ -10,9 +10,12 @@
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tracing_gpu::cuda::{DumpRecorder, Profiler};
-//! use tracing_subscriber::layer::SubscriberExt;
+//! use tracing_subscriber::{layer::SubscriberExt, EnvFilter};
 //! let dump = DumpRecorder::new("run.tgpu");
-//! tracing::subscriber::set_global_default(tracing_subscriber::registry().with(dump.layer()))?;
+//! let subscriber = tracing_subscriber::registry()
+//!     .with(EnvFilter::new("trace,tracing_gpu::device=off")) // no plain device spans
+//!     .with(dump.layer());
+//! tracing::subscriber::set_global_default(subscriber)?;
 //! let profiler = Profiler::builder().dump(dump.clone()).build()?;
 //! // ... gpu_profile!(profiler, ...) ...
 //! drop(profiler); // writes run.tgpu
@@ -30,7 +33,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 use super::collector::{Archive, Round};
 use super::profiler::ProfilerError;
-use crate::bridge::{Batch, DeviceInfo};
+use crate::bridge::{Batch, DeviceInfo, DEVICE_TARGET};
 use crate::clock::HostClock;
 use crate::dump::{CalibrationRound, Dump, DumpDevice, DumpLaunch, HostSpan};
 use crate::registry::EventRegistry;
@@ -154,7 +157,8 @@ impl Archive for RecorderArchive {
 
 /// Records host spans into a [`DumpRecorder`]: see [`DumpRecorder::layer`].
 ///
-/// A span's start is its first enter (its creation if it is never entered) and
+/// Device spans (target [`DEVICE_TARGET`]) are left out: the capture holds the
+/// device events themselves. A span's start is its first enter (its creation if it is never entered) and
 /// its end its last exit (its close if it is never entered), on the trace clock;
 /// fields are kept as strings; the span that carries `gpu.launch_id` is linked
 /// to its launch.
@@ -193,6 +197,11 @@ fn os_thread_id() -> u64 {
 
 impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for DumpLayer {
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        // Device events are in the capture already, as raw buffers; their
+        // plain spans (crate::bridge) are not host spans.
+        if attrs.metadata().target() == DEVICE_TARGET {
+            return;
+        }
         let Some(span) = ctx.span(id) else { return };
         let now = HostClock::Boottime.now_ns();
         let parent = span
@@ -296,6 +305,7 @@ mod tests {
             let _g = outer.enter();
             let l = tracing::info_span!("sim", gpu.launch_id = 7u64);
             l.in_scope(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+            let _device = tracing::trace_span!(target: DEVICE_TARGET, "gpu.event");
             l
         });
         for ordinal in [0, 1] {

@@ -234,6 +234,7 @@ impl Collector {
             archive: config.archive,
             held: VecDeque::new(),
             held_bytes: 0,
+            held_newest: 0,
         };
         let on_start = config.on_start;
         let thread = std::thread::Builder::new()
@@ -325,6 +326,9 @@ struct Worker {
     archive: Option<Box<dyn Archive>>,
     held: VecDeque<Held>,
     held_bytes: usize,
+    /// The latest `last_device_ns` among the launches held (or ever held: it
+    /// only decides whether a checkpoint is needed, and a later one does no harm).
+    held_newest: u64,
 }
 
 impl Worker {
@@ -404,13 +408,7 @@ impl Worker {
             }
             None => true,
         };
-        let newest = self
-            .held
-            .iter()
-            .map(|h| h.last_device_ns)
-            .max()
-            .unwrap_or(0);
-        if due && self.latest_anchor() <= newest {
+        if due && self.latest_anchor() <= self.held_newest {
             self.take_checkpoint();
         }
         let anchor = self.latest_anchor();
@@ -488,6 +486,7 @@ impl Worker {
         let first_device_ns = view.slots().map(|s| s.header.first_ts).min().unwrap_or(0);
         let last_device_ns = view.slots().map(|s| s.header.last_ts).max().unwrap_or(0);
         self.held_bytes += capture.bytes().len();
+        self.held_newest = self.held_newest.max(last_device_ns);
         self.held.push_back(Held {
             launch,
             capture,

@@ -292,6 +292,28 @@ impl Pool {
         }
     }
 
+    /// Allocates up to `count` more buffers of `size` bytes and keeps them free,
+    /// within the limit; returns how many it allocated.
+    pub(crate) fn reserve(&self, size: usize, count: usize) -> Result<usize, DriverError> {
+        for made in 0..count {
+            {
+                let mut st = self.state.lock();
+                if st.allocated + size > self.limit {
+                    return Ok(made);
+                }
+                st.allocated += size;
+            }
+            match TraceBuffer::new(&self.ctx, size) {
+                Ok(b) => self.release(b),
+                Err(e) => {
+                    self.state.lock().allocated -= size;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(count)
+    }
+
     /// Puts a zeroed buffer back (its zeroing complete, as seen from the host).
     pub(crate) fn release(&self, buf: TraceBuffer) {
         self.state.lock().free.push(buf);

@@ -430,6 +430,16 @@ impl Profiler {
             .map_or("sm_70", |(_, a)| a)
     }
 
+    /// Allocates `count` trace buffers for launches of shape `cfg` now (within
+    /// the memory limit; returns how many). A loop that launches faster than
+    /// the collector brings buffers back otherwise grows the pool from the
+    /// launching thread, and each new buffer costs a device and a pinned host
+    /// allocation there (tens to hundreds of µs).
+    pub fn reserve(&self, cfg: &LaunchConfig, count: usize) -> Result<usize, ProfilerError> {
+        let shape = Shape::of(cfg, self.capacity, self.pool.limit())?;
+        Ok(self.pool.reserve(shape.bytes, count)?)
+    }
+
     /// The current device → host clock mapping.
     pub fn calibration(&self) -> Arc<Calibration> {
         self.shared.calibration()
