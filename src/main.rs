@@ -26,7 +26,8 @@ use tracing_gpu::report::{SvgOptions, Timeline};
 #[allow(dead_code)] // the example's own `main`
 mod quickstart;
 
-/// The capture shipped in the repository: a GEMM run recorded on an H200. The
+/// The capture shipped in the repository: four profiled launches of the quickstart
+/// kernel, recorded live on an H200 (132 SMs, 211,200 device events). The
 /// no-GPU `demo` replays it.
 const SHIPPED_CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-quickstart.tgpu");
 
