@@ -1,10 +1,12 @@
 //! The pipelined bf16 GEMM of `kernels/gemm.cu`, live on the GPU: checked against
-//! cuBLAS on fresh random inputs, timed against cuBLAS, and run once with the
-//! recorder on, its raw trace buffer written out for the other tools.
+//! cuBLAS on fresh random inputs, timed against cuBLAS, and with `--trace` profiled
+//! through the real `Profiler`: host spans and every warp's k-tile phases in one
+//! Perfetto trace, and with `--capture` a replayable capture file.
 //!
 //! ```text
 //! cargo run --release --features cuda --example gemm -- [--size M N K] [--reps R]
-//!     [--variants off,phases,full] [--raw trace.bin] [--f32]
+//!     [--variants off,phases,full] [--f32]
+//!     [--trace gemm.perfetto-trace [--capture gemm.tgpu] [--launches 4]]
 //! ```
 //!
 //! Prints one line per check and a table of TFLOP/s (median of interleaved repeats,
@@ -18,9 +20,10 @@ use std::process::ExitCode;
 use common::gemm::{
     check, median, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant, EVENTS,
 };
-use tracing_gpu::clock::HostClock;
 use tracing_gpu::cuda::cudarc::driver::CudaContext;
-use tracing_gpu::cuda::ensure_libraries;
+use tracing_gpu::cuda::{ensure_libraries, gpu_profile, DumpRecorder, Profiler};
+use tracing_gpu::perfetto::PerfettoLayer;
+use tracing_subscriber::layer::SubscriberExt;
 
 /// The tolerance the issue sets: ‖C − ref‖ / ‖ref‖ for bf16 inputs.
 const TOLERANCE: f64 = 1e-2;
@@ -29,7 +32,9 @@ struct Args {
     shape: (usize, usize, usize),
     reps: usize,
     variants: Vec<Variant>,
-    raw: Option<std::path::PathBuf>,
+    trace: Option<std::path::PathBuf>,
+    capture: Option<std::path::PathBuf>,
+    launches: u32,
     out: Out,
 }
 
@@ -38,7 +43,9 @@ fn parse_args() -> Result<Args, String> {
         shape: (4096, 4096, 4096),
         reps: 30,
         variants: vec![Variant::Off, Variant::Phases, Variant::Full],
-        raw: None,
+        trace: None,
+        capture: None,
+        launches: 4,
         out: Out::Bf16,
     };
     let mut it = std::env::args().skip(1);
@@ -53,7 +60,9 @@ fn parse_args() -> Result<Args, String> {
                 a.shape = (num(it.next(), "--size")?, num(it.next(), "--size")?, num(it.next(), "--size")?)
             }
             "--reps" => a.reps = num(it.next(), "--reps")?.max(1),
-            "--raw" => a.raw = Some(it.next().ok_or("--raw: missing path")?.into()),
+            "--trace" => a.trace = Some(it.next().ok_or("--trace: missing path")?.into()),
+            "--capture" => a.capture = Some(it.next().ok_or("--capture: missing path")?.into()),
+            "--launches" => a.launches = num(it.next(), "--launches")?.max(1) as u32,
             "--f32" => a.out = Out::F32,
             "--variants" => {
                 let list = it.next().ok_or("--variants: missing list")?;
@@ -68,7 +77,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
             }
             "-h" | "--help" => {
-                return Err("usage: gemm [--size M N K] [--reps R] [--variants off,phases,full,seed-style,flashinfer-style] [--raw FILE] [--f32]".into())
+                return Err("usage: gemm [--size M N K] [--reps R] [--variants off,phases,full,seed-style,flashinfer-style] [--trace T.perfetto-trace [--capture C.tgpu] [--launches N]] [--f32]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -223,65 +232,74 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         100.0
     );
 
-    // One traced launch into a clean buffer, written out raw for the decoder and the
-    // CLI, with what a reader needs to know about the launch beside it.
-    if let Some(path) = &args.raw {
-        let g = gemms
-            .iter()
-            .find(|g| matches!(g.variant, Variant::Phases | Variant::Full))
-            .ok_or("--raw needs phases or full in --variants")?;
-        let t = TraceBuffer::new(&stream, g, &p)?;
-        let before = HostClock::Boottime.now_ns();
-        g.launch(&stream, &mut p, Some(&t.arg))?;
-        stream.synchronize()?;
-        let after = HostClock::Boottime.now_ns();
-        let bytes = t.bytes(&stream)?;
-        write_maybe_gz(path, &bytes)?;
-        let cfg = g.config(&p);
-        let events: Vec<String> = EVENTS
-            .iter()
-            .map(|(id, name)| format!("\"{id}\": \"{name}\""))
-            .collect();
-        let meta = format!(
-            "{{\n  \"device\": \"{}\",\n  \"kernel\": \"{}\",\n  \"variant\": \"{}\",\n  \"shape\": [{}, {}, {}],\n  \"grid\": [{}, 1, 1],\n  \"block\": [{}, 1, 1],\n  \"slot_count\": {},\n  \"capacity\": {},\n  \"host_launch_boottime_ns\": {before},\n  \"host_complete_boottime_ns\": {after},\n  \"events\": {{{}}}\n}}\n",
-            ctx.name()?,
-            common::gemm::KERNEL,
-            g.variant.name(),
-            p.m,
-            p.n,
-            p.k,
-            cfg.grid_dim.0,
-            cfg.block_dim.0,
-            t.arg.slot_count,
-            t.arg.capacity,
-            events.join(", ")
-        );
-        let meta_path = path.with_extension("json");
-        std::fs::write(&meta_path, meta)?;
-        println!(
-            "\nwrote {} ({} bytes raw, variant {}, {} slots of {} records) and {}",
-            path.display(),
-            bytes.len(),
-            g.variant.name(),
-            t.arg.slot_count,
-            t.arg.capacity,
-            meta_path.display()
-        );
+    if let Some(trace) = &args.trace {
+        profiled(args, trace)?;
     }
     Ok(ok)
 }
 
-/// Writes `bytes` to `path`, gzip-compressed if the name ends in `.gz`.
-fn write_maybe_gz(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    if path.extension().is_some_and(|e| e == "gz") {
-        let mut z = flate2::write::GzEncoder::new(
-            std::fs::File::create(path)?,
-            flate2::Compression::default(),
-        );
-        z.write_all(bytes)?;
-        z.finish()?.sync_all()
-    } else {
-        std::fs::write(path, bytes)
-    }
+/// The live trace: `args.launches` launches of the per-k-tile (phases) GEMM through
+/// the real `Profiler` and `gpu_profile!`, host spans around them, one Perfetto trace
+/// at `out`, and with `--capture` the whole run as a replayable capture file.
+fn profiled(args: &Args, out: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let (perfetto, guard) = PerfettoLayer::builder()
+        .file(out)
+        .process_name("gemm")
+        .build()?;
+    let recorder = args.capture.as_deref().map(DumpRecorder::new);
+    let subscriber = tracing_subscriber::registry()
+        .with(perfetto)
+        .with(recorder.as_ref().map(|r| r.layer()));
+    let stats = tracing::subscriber::with_default(
+        subscriber,
+        || -> Result<_, Box<dyn std::error::Error>> {
+            let _run = tracing::info_span!("gemm_run").entered();
+            let ctx = CudaContext::new(0)?;
+            let stream = ctx.default_stream();
+            let g = tracing::info_span!("compile")
+                .in_scope(|| Gemm::compile(&ctx, Variant::Phases, args.out))?;
+            let mut p = tracing::info_span!("upload")
+                .in_scope(|| Problem::new(&stream, args.shape, args.out, 0x7ACE))?;
+            let cfg = g.config(&p);
+            // Records per warp: as TraceBuffer sizes it.
+            let capacity = (g.tiles_per_block(&p) * (3 * (p.k / common::gemm::BK) + 2)) as u32;
+            let profiler = {
+                let _s = tracing::info_span!("profiler_setup").entered();
+                let mut b = Profiler::builder()
+                    .context(ctx.clone())
+                    .events(EVENTS)
+                    .capacity(capacity);
+                if let Some(r) = &recorder {
+                    b = b.dump(r.clone());
+                }
+                b.build()?
+            };
+            for step in 0..args.launches {
+                let _s = tracing::info_span!("step", step).entered();
+                gpu_profile!(profiler, &stream, "tgpu_gemm_bf16", cfg, |trace| g.launch(
+                    &stream,
+                    &mut p,
+                    Some(&trace)
+                ))?;
+                tracing::info_span!("synchronize").in_scope(|| stream.synchronize())?;
+            }
+            profiler.flush()?;
+            Ok(profiler.stats())
+            // Dropping the profiler writes the capture file.
+        },
+    )?;
+    let written = guard.finish()?;
+    println!(
+        "\ntrace {}: {} launches, {} device events ({} dropped), {} bytes{}",
+        out.display(),
+        stats.delivered,
+        stats.events,
+        stats.dropped_events,
+        written.bytes,
+        args.capture
+            .as_deref()
+            .map(|c| format!("; capture {}", c.display()))
+            .unwrap_or_default()
+    );
+    Ok(())
 }
