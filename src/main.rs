@@ -340,7 +340,24 @@ fn summarize(dump: &Dump, title: &str, svg: &Path) -> Result<(), Failure> {
         }
         summary.push_str(&format!("{}\n", timeline.report()));
         if i == 0 {
-            write_output(svg, timeline.to_svg(&SvgOptions::default()).as_bytes())?;
+            // Launches sit far apart on the host's timeline: the picture shows the
+            // first one alone, so its phases are wide enough to see.
+            let launches: Vec<_> = dump
+                .launches
+                .iter()
+                .filter(|l| l.device == device.info.ordinal)
+                .collect();
+            let mut first = Timeline::new();
+            first.set_names(&dump.registry);
+            first.set_sm_count(device.info.sm_count);
+            first.set_title(format!(
+                "{title}, GPU {} ({}), launch 1 of {}",
+                device.info.ordinal,
+                device.info.name,
+                launches.len()
+            ));
+            first.add_capture(&launches[0].capture.view());
+            write_output(svg, first.to_svg(&SvgOptions::default()).as_bytes())?;
         }
     }
     print_out(&summary)
