@@ -1391,17 +1391,14 @@ impl Group {
     fn summary(&mut self, prefix: &str, out: &mut Vec<KeyValue>) {
         self.durations.sort_unstable();
         let n = self.durations.len() as u64;
-        let rank = |p: u64| -> i64 {
-            let i = (p * n).div_ceil(100).max(1) - 1;
-            self.durations.get(i as usize).map_or(0, |&d| d as i64)
-        };
+        let rank = |p: f64| crate::report::nearest_rank(&self.durations, p) as i64;
         out.push(KeyValue::new(format!("{prefix}.count"), n as i64));
         out.push(KeyValue::new(
             format!("{prefix}.total_ns"),
             self.total as i64,
         ));
-        out.push(KeyValue::new(format!("{prefix}.p50_ns"), rank(50)));
-        out.push(KeyValue::new(format!("{prefix}.p99_ns"), rank(99)));
+        out.push(KeyValue::new(format!("{prefix}.p50_ns"), rank(50.0)));
+        out.push(KeyValue::new(format!("{prefix}.p99_ns"), rank(99.0)));
     }
 }
 

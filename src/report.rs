@@ -343,8 +343,9 @@ impl Timeline {
     }
 }
 
-/// Nearest-rank percentile of sorted values (zero when empty).
-fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
+/// Nearest-rank percentile of sorted values (zero when empty). Shared with the
+/// OTLP phase summaries, so both outputs report the same p50 and p99.
+pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
