@@ -3,7 +3,8 @@
 //! and the host time read just after the `synchronize` that waited for it.
 //!
 //! ```text
-//! cargo run --release --features cuda --example causality -- [--launches 1000] [--out summary.md]
+//! cargo run --release --features cuda --example causality -- [--launches 1000] [--out summary.md] \
+//!     [--periodic-rounds 128] [--pollers 1]
 //! ```
 //!
 //! It makes `--launches` profiled launches of a small instrumented kernel
@@ -29,6 +30,7 @@ use tracing::field::{Field, Visit};
 use tracing::span;
 use tracing_gpu::bridge::DEVICE_TARGET;
 use tracing_gpu::clock::HostClock;
+use tracing_gpu::cuda::calibrate::Calibrator;
 use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use tracing_gpu::cuda::{self, gpu_profile, KernelBuild, Profiler, ProfilerError};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -115,12 +117,16 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
 struct Args {
     launches: usize,
     out: Option<std::path::PathBuf>,
+    periodic_rounds: usize,
+    pollers: u32,
 }
 
 fn args() -> Result<Args, String> {
     let mut a = Args {
         launches: 1000,
         out: None,
+        periodic_rounds: Calibrator::PERIODIC_ROUNDS,
+        pollers: Calibrator::DEFAULT_POLLERS,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -130,9 +136,15 @@ fn args() -> Result<Args, String> {
                 a.launches = value()?.parse().map_err(|e| format!("--launches: {e}"))?
             }
             "--out" => a.out = Some(value()?.into()),
+            "--periodic-rounds" => {
+                a.periodic_rounds = value()?
+                    .parse()
+                    .map_err(|e| format!("--periodic-rounds: {e}"))?
+            }
+            "--pollers" => a.pollers = value()?.parse().map_err(|e| format!("--pollers: {e}"))?,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (use --launches N, --out FILE)"
+                    "unknown argument {other:?} (use --launches N, --out FILE, --periodic-rounds N, --pollers P)"
                 ))
             }
         }
@@ -181,6 +193,8 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
         .device(0)
         .events(EVENTS)
         .capacity(16)
+        .calibration_rounds(Calibrator::INITIAL_ROUNDS, args.periodic_rounds)
+        .calibration_pollers(args.pollers)
         .build()?;
     let ctx = profiler.context().clone();
     let ptx = cuda::compile(
@@ -246,6 +260,12 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
     let (mut start_margins, mut end_margins) = (Vec::new(), Vec::new());
     let mut events = 0u64;
     let mut missing = 0u64;
+    // The error bound the mapping gives each launch's events: at the device
+    // time of the launch's middle (found through the first checkpoint's
+    // offset, which is microseconds exact: enough to pick the bound, a smooth
+    // function of time).
+    let offset = calibration.checkpoints()[0].map.offset_ns();
+    let mut launch_bounds = Vec::new();
     for (i, launch) in seen.order.iter().enumerate() {
         let (Some(&t0), Some(&(first, last, n))) =
             (seen.host_launch_ns.get(launch), seen.extent.get(launch))
@@ -255,6 +275,8 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
         };
         let t1 = after[i];
         events += n;
+        let mid_device = ((first / 2 + last / 2) as i64 - offset) as u64;
+        launch_bounds.push(calibration.bound_ns(mid_device) as i64);
         // The extent's earliest start and latest end decide every event's fate.
         let (ms, me) = (first as i64 - t0 as i64, t1 as i64 - last as i64);
         if ms < 0 || me < 0 {
@@ -265,17 +287,14 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
     }
     start_margins.sort_unstable();
     end_margins.sort_unstable();
-    let bounds: Vec<u64> = calibration
-        .checkpoints()
-        .iter()
-        .map(|c| c.map.bound_ns())
-        .collect();
-    let mut sorted_bounds = bounds.clone();
-    sorted_bounds.sort_unstable();
-    let median_bound = sorted_bounds
-        .get(sorted_bounds.len() / 2)
-        .copied()
-        .unwrap_or(0);
+    launch_bounds.sort_unstable();
+    let median = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    let cps = calibration.checkpoints();
+    let anchor_bound = median(cps.iter().map(|c| c.map.parts().bound_anchor_ns).collect());
+    let window_bound = median(cps.iter().map(|c| c.map.bound_ns()).collect());
 
     let mut report = String::new();
     use std::fmt::Write;
@@ -287,8 +306,15 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
     );
     let _ = writeln!(
         report,
-        "profiler: delivered {} failed {} skipped {} dropped events {}; clock checkpoints {} (median bound {} ns)",
-        stats.delivered, stats.failed, stats.skipped, stats.dropped_events, stats.calibrations, median_bound
+        "profiler: delivered {} failed {} skipped {} dropped events {}; clock checkpoints {} (median bound at the anchor {anchor_bound} ns, over the sampling window {window_bound} ns)",
+        stats.delivered, stats.failed, stats.skipped, stats.dropped_events, stats.calibrations
+    );
+    let _ = writeln!(
+        report,
+        "error bound of the mapping at each launch (ns): median {}, p99 {}, max {}",
+        q(&launch_bounds, 0.5),
+        q(&launch_bounds, 0.99),
+        q(&launch_bounds, 1.0)
     );
     let _ = writeln!(
         report,

@@ -3,7 +3,8 @@
 //! one block, built with the recorder on; the plain launch passes a null trace).
 //!
 //! ```text
-//! cargo run --release --features cuda --example profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0]
+//! cargo run --release --features cuda --example profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0] \
+//!     [--subscriber perfetto|registry|none] [--stream default|new]
 //! ```
 //!
 //! Each round times `--launches` back-to-back launch calls of each variant (in
@@ -14,6 +15,11 @@
 //! `--reserve N` allocates N trace buffers before the loop (`Profiler::reserve`);
 //! without it, a loop that outruns the collector grows the pool from the
 //! launching thread, and those allocations are part of the time measured.
+//! `--subscriber` picks what receives the spans and batches (default: the
+//! Perfetto layer; `registry`: a bare registry; `none`: no subscriber at all),
+//! and `--stream` the stream launched on (default: the legacy default stream;
+//! `new`: a stream of its own), to tell the launch path apart from what the
+//! sinks and the stream cost.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -32,24 +38,40 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// What the run measures.
+struct Args {
+    rounds: usize,
+    launches: usize,
+    reserve: usize,
+    subscriber: String,
+    own_stream: bool,
+}
+
 fn main() -> ExitCode {
-    let mut rounds = 30usize;
-    let mut launches = 200usize;
-    let mut reserve = 0usize;
+    let mut a = Args {
+        rounds: 30,
+        launches: 200,
+        reserve: 0,
+        subscriber: "perfetto".into(),
+        own_stream: false,
+    };
     let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let v = args.next().and_then(|v| v.parse().ok());
-        match (a.as_str(), v) {
-            ("--rounds", Some(n)) if n > 0 => rounds = n,
-            ("--launches", Some(n)) if n > 0 => launches = n,
-            ("--reserve", Some(n)) => reserve = n,
+    while let Some(flag) = args.next() {
+        let v = args.next().unwrap_or_default();
+        let n = v.parse::<usize>().ok();
+        match (flag.as_str(), v.as_str(), n) {
+            ("--rounds", _, Some(n)) if n > 0 => a.rounds = n,
+            ("--launches", _, Some(n)) if n > 0 => a.launches = n,
+            ("--reserve", _, Some(n)) => a.reserve = n,
+            ("--subscriber", "perfetto" | "registry" | "none", _) => a.subscriber = v,
+            ("--stream", "default" | "new", _) => a.own_stream = v == "new",
             _ => {
-                eprintln!("usage: profile_overhead [--rounds N] [--launches N] [--reserve N]");
+                eprintln!("usage: profile_overhead [--rounds N] [--launches N] [--reserve N] [--subscriber perfetto|registry|none] [--stream default|new]");
                 return ExitCode::from(2);
             }
         }
     }
-    match run(rounds, launches, reserve) {
+    match run(&a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("profile_overhead: {e}");
@@ -58,18 +80,27 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(rounds: usize, launches: usize, reserve: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let (rounds, launches, reserve) = (a.rounds, a.launches, a.reserve);
     let dir = std::env::temp_dir().join(format!("tgpu-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let (layer, guard) = PerfettoLayer::builder()
-        .file(dir.join("overhead.perfetto-trace"))
-        .build()?;
     // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::bridge).
-    let _default = tracing::subscriber::set_default(
-        tracing_subscriber::registry()
-            .with(EnvFilter::new("trace,tracing_gpu::device=off"))
-            .with(layer),
-    );
+    let filter = || EnvFilter::new("trace,tracing_gpu::device=off");
+    let (dispatch, guard) = match a.subscriber.as_str() {
+        "perfetto" => {
+            let (layer, guard) = PerfettoLayer::builder()
+                .file(dir.join("overhead.perfetto-trace"))
+                .build()?;
+            let s = tracing_subscriber::registry().with(filter()).with(layer);
+            (tracing::Dispatch::new(s), Some(guard))
+        }
+        "registry" => (
+            tracing::Dispatch::new(tracing_subscriber::registry().with(filter())),
+            None,
+        ),
+        _ => (tracing::Dispatch::none(), None),
+    };
+    let _default = tracing::dispatcher::set_default(&dispatch);
 
     let profiler = Profiler::builder()
         .device(0)
@@ -81,7 +112,11 @@ fn run(rounds: usize, launches: usize, reserve: usize) -> Result<(), Box<dyn std
         &KernelBuild::new("quickstart.cu", profiler.arch()).define("TGPU_ENABLED=1"),
     )?;
     let kernel = ctx.load_module(ptx)?.load_function("tiled_poly")?;
-    let stream = ctx.default_stream();
+    let stream = if a.own_stream {
+        ctx.new_stream()?
+    } else {
+        ctx.default_stream()
+    };
     let (n, tiles, work) = (256u32, 1u32, 16u32);
     let x = stream.clone_htod(&vec![0.5f32; n as usize])?;
     let mut y = stream.alloc_zeros::<f32>(n as usize)?;
@@ -138,11 +173,18 @@ fn run(rounds: usize, launches: usize, reserve: usize) -> Result<(), Box<dyn std
     profiler.flush()?;
     let stats = profiler.stats();
     drop(profiler);
-    guard.finish()?;
+    if let Some(guard) = guard {
+        guard.finish()?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 
     let plain = median(&mut per_call[0]);
     let profiled = median(&mut per_call[1]);
+    println!(
+        "subscriber {}, {} stream",
+        a.subscriber,
+        if a.own_stream { "own" } else { "default" }
+    );
     println!("| launch call | µs per call (median of {rounds} rounds × {launches}) |");
     println!("|---|---:|");
     println!("| plain | {plain:.2} |");

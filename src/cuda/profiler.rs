@@ -173,6 +173,8 @@ pub struct ProfilerBuilder {
     registry: EventRegistry,
     events: Vec<(u16, String)>,
     recalibrate_every: Option<Duration>,
+    rounds: (usize, usize),
+    pollers: u32,
     dump: Option<Arc<DumpRecorder>>,
 }
 
@@ -187,6 +189,8 @@ impl Default for ProfilerBuilder {
             registry: EventRegistry::new(),
             events: Vec::new(),
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
+            rounds: (Calibrator::INITIAL_ROUNDS, Calibrator::PERIODIC_ROUNDS),
+            pollers: Calibrator::DEFAULT_POLLERS,
             dump: None,
         }
     }
@@ -250,6 +254,22 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Ping-pong rounds of the first calibration and of each periodic one
+    /// (default [`Calibrator::INITIAL_ROUNDS`] and [`Calibrator::PERIODIC_ROUNDS`]):
+    /// more rounds find tighter samples (a smaller error bound) and cost the
+    /// collector thread about 3 µs each (docs/calibration.md).
+    pub fn calibration_rounds(mut self, initial: usize, periodic: usize) -> Self {
+        self.rounds = (initial, periodic);
+        self
+    }
+
+    /// GPU pollers in the calibration kernel (default
+    /// [`Calibrator::DEFAULT_POLLERS`]; see [`Calibrator::set_pollers`]).
+    pub fn calibration_pollers(mut self, pollers: u32) -> Self {
+        self.pollers = pollers;
+        self
+    }
+
     /// Also record the run (devices, calibrations, launches) into a capture
     /// file at `path`, written when the profiler is dropped. For the host spans
     /// too, and for one file from several profilers, use [`ProfilerBuilder::dump`].
@@ -288,7 +308,13 @@ impl ProfilerBuilder {
             self.registry.register(*id, name)?;
         }
         let device = Arc::new(device_info(&ctx)?);
-        let (first, recalibrate) = start_clock(&ctx, self.recalibrate_every)?;
+        if self.rounds.0 == 0 || self.rounds.1 == 0 {
+            return Err(ProfilerError::Invalid(
+                "calibration rounds must be at least one".into(),
+            ));
+        }
+        let (first, recalibrate) =
+            start_clock(&ctx, self.recalibrate_every, self.rounds, self.pollers)?;
         let archive = match &self.dump {
             Some(rec) => {
                 rec.add_registry(&self.registry)?;
@@ -598,9 +624,10 @@ impl Drop for Profiler {
 }
 
 /// Periodic recalibration on the collector thread: a cheap round of
-/// [`Calibrator::PERIODIC_ROUNDS`] ping-pongs.
+/// `periodic` ping-pongs ([`Calibrator::PERIODIC_ROUNDS`] by default).
 struct DeviceClock {
     calibrator: Calibrator,
+    periodic: usize,
 }
 
 impl DeviceClock {
@@ -616,20 +643,25 @@ impl DeviceClock {
 
 impl Recalibrate for DeviceClock {
     fn round(&mut self) -> Result<Round, ProfilerError> {
-        Ok(DeviceClock::round(self, Calibrator::PERIODIC_ROUNDS)?)
+        Ok(DeviceClock::round(self, self.periodic)?)
     }
 }
 
-/// The first calibration (thorough: [`Calibrator::INITIAL_ROUNDS`]), and the
-/// recalibration the collector runs every `period`.
+/// The first calibration (thorough: `rounds.0` ping-pongs), and the
+/// recalibration (`rounds.1`) the collector runs every `period`.
 fn start_clock(
     ctx: &Arc<CudaContext>,
     period: Option<Duration>,
+    rounds: (usize, usize),
+    pollers: u32,
 ) -> Result<(Round, Option<Recalibration>), ProfilerError> {
+    let mut calibrator = Calibrator::new(ctx)?;
+    calibrator.set_pollers(pollers)?;
     let mut clock = DeviceClock {
-        calibrator: Calibrator::new(ctx)?,
+        calibrator,
+        periodic: rounds.1,
     };
-    let first = clock.round(Calibrator::INITIAL_ROUNDS)?;
+    let first = clock.round(rounds.0)?;
     let recalibrate = period.map(|p| (Box::new(clock) as Box<dyn Recalibrate>, p));
     Ok((first, recalibrate))
 }
