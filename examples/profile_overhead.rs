@@ -3,7 +3,7 @@
 //! one block, built with the recorder on; the plain launch passes a null trace).
 //!
 //! ```text
-//! cargo run --release --features cuda --example profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0]
+//! cargo run --release --features cuda --example profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0] [--no-perfetto]
 //! ```
 //!
 //! Each round times `--launches` back-to-back launch calls of each variant (in
@@ -14,6 +14,9 @@
 //! `--reserve N` allocates N trace buffers before the loop (`Profiler::reserve`);
 //! without it, a loop that outruns the collector grows the pool from the
 //! launching thread, and those allocations are part of the time measured.
+//! `--no-perfetto` leaves the `PerfettoLayer` out (the subscriber is the
+//! registry alone): the difference is what the layer costs, on the launching
+//! thread and through the collector.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -36,20 +39,27 @@ fn main() -> ExitCode {
     let mut rounds = 30usize;
     let mut launches = 200usize;
     let mut reserve = 0usize;
+    let mut perfetto = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "--no-perfetto" {
+            perfetto = false;
+            continue;
+        }
         let v = args.next().and_then(|v| v.parse().ok());
         match (a.as_str(), v) {
             ("--rounds", Some(n)) if n > 0 => rounds = n,
             ("--launches", Some(n)) if n > 0 => launches = n,
             ("--reserve", Some(n)) => reserve = n,
             _ => {
-                eprintln!("usage: profile_overhead [--rounds N] [--launches N] [--reserve N]");
+                eprintln!(
+                    "usage: profile_overhead [--rounds N] [--launches N] [--reserve N] [--no-perfetto]"
+                );
                 return ExitCode::from(2);
             }
         }
     }
-    match run(rounds, launches, reserve) {
+    match run(rounds, launches, reserve, perfetto) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("profile_overhead: {e}");
@@ -58,12 +68,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(rounds: usize, launches: usize, reserve: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn run(
+    rounds: usize,
+    launches: usize,
+    reserve: usize,
+    perfetto: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("tgpu-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let (layer, guard) = PerfettoLayer::builder()
-        .file(dir.join("overhead.perfetto-trace"))
-        .build()?;
+    let (layer, guard) = if perfetto {
+        let (l, g) = PerfettoLayer::builder()
+            .file(dir.join("overhead.perfetto-trace"))
+            .build()?;
+        (Some(l), Some(g))
+    } else {
+        (None, None)
+    };
     // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::bridge).
     let _default = tracing::subscriber::set_default(
         tracing_subscriber::registry()
@@ -138,7 +158,9 @@ fn run(rounds: usize, launches: usize, reserve: usize) -> Result<(), Box<dyn std
     profiler.flush()?;
     let stats = profiler.stats();
     drop(profiler);
-    guard.finish()?;
+    if let Some(g) = guard {
+        g.finish()?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 
     let plain = median(&mut per_call[0]);
@@ -149,8 +171,12 @@ fn run(rounds: usize, launches: usize, reserve: usize) -> Result<(), Box<dyn std
     println!("| gpu_profile! | {profiled:.2} |");
     println!("| added by profiling | {:.2} |", profiled - plain);
     println!(
-        "profiled launches: {} delivered, {} skipped (pool full), {} failed, {} device events; {reserved} buffers reserved",
-        stats.delivered, stats.skipped, stats.failed, stats.events
+        "profiled launches: {} delivered, {} skipped (pool full), {} failed, {} device events; {reserved} buffers reserved; subscriber: {}",
+        stats.delivered,
+        stats.skipped,
+        stats.failed,
+        stats.events,
+        if perfetto { "registry + PerfettoLayer" } else { "registry alone" }
     );
     Ok(())
 }
