@@ -514,8 +514,21 @@ fn live_demo_on_a_gpu_writes_a_checked_trace() {
     }
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("live run on GPU 0"), "{}", stderr(&o));
-    // 8 profiled launches, each a kernel slice with a flow from its launch span.
-    perfetto_check::check(&out, &["--expect-kernels", "8", "--expect-flows", "8"]);
+    // 8 profiled launches, each a kernel slice with a flow from its launch span;
+    // the phases carry the tile they worked on, `done` the number of tiles.
+    perfetto_check::check(
+        &out,
+        &[
+            "--expect-kernels",
+            "8",
+            "--expect-flows",
+            "8",
+            "--expect-payload",
+            "load=tile",
+            "--expect-payload",
+            "done=tiles",
+        ],
+    );
     let o = run(&["report", out.with_extension("tgpu").to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
