@@ -8,7 +8,9 @@
 //!   it. A writer thread streams the file to disk in bounded memory;
 //!   [`PerfettoGuard`] finishes it.
 //! - [`TraceWriter`] is the synchronous core, for writing batches without a
-//!   subscriber (the CLI's `convert`), into [`TraceFile`] or any `io::Write`.
+//!   subscriber (the CLI's `convert`), into [`TraceFile`] or any `io::Write`;
+//!   it also draws a capture's recorded host spans as the layer draws live
+//!   ones ([`TraceWriter::write_host_spans`]).
 //! - [`proto`] holds the protobuf messages, with Perfetto's field numbers.
 //!
 //! # What the trace holds

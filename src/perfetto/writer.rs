@@ -1,5 +1,6 @@
-//! [`TraceWriter`]: device batches → TrackEvent packets, written to any
-//! `io::Write`; and [`TraceFile`], the file that is complete or absent.
+//! [`TraceWriter`]: device batches (and a capture's host spans) → TrackEvent
+//! packets, written to any `io::Write`; and [`TraceFile`], the file that is
+//! complete or absent.
 //!
 //! This is the synchronous core. [`super::PerfettoLayer`] runs one on its
 //! writer thread; the CLI's `convert` uses one directly.
@@ -682,7 +683,8 @@ fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
     });
 }
 
-/// Writes device batches as a Perfetto trace into `W`.
+/// Writes device batches, and a capture's host spans
+/// ([`TraceWriter::write_host_spans`]), as a Perfetto trace into `W`.
 ///
 /// ```no_run
 /// use tracing_gpu::perfetto::{TraceFile, TraceWriter};
