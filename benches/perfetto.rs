@@ -3,7 +3,11 @@
 //! - `device/decode+write`: decode (strict validation) of one capture of
 //!   1,081,344 events (the seed's slice count: 132 blocks × 8 warps × 1024
 //!   events) plus its Perfetto encoding, one core; events/s, and bytes per
-//!   event printed.
+//!   event printed. Twice: `no payload`, shaped like the seed's events (its
+//!   records are 5 × int64 {type, start, end, ...} with no user data: the
+//!   registry declares no payload, so slices carry no argument), and
+//!   `k_tile payload` (both types declare their payload, the k-tile index,
+//!   so every slice carries it).
 //! - `device/decode`, `device/write`: the two halves.
 //! - `host/span`: one plain span (enter + exit) through the generic `tracing`
 //!   path into a `PerfettoLayer`; spans/s.
@@ -36,7 +40,7 @@ const EVENTS: u64 = BLOCKS as u64 * WARPS as u64 * PER_WARP as u64;
 /// A GEMM-like capture: each warp alternates `load` and `mma` k-tile phases
 /// (payload: the k-tile index) with small gaps, on a 32 ns timer grid (the
 /// H200's `%globaltimer` step); blocks start at staggered times on 132 SMs.
-fn capture() -> (Vec<u8>, Arc<EventRegistry>) {
+fn capture() -> Vec<u8> {
     let mut b = CaptureBuilder::new([BLOCKS, 1, 1], [32 * WARPS, 1, 1], PER_WARP);
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = || {
@@ -59,10 +63,22 @@ fn capture() -> (Vec<u8>, Arc<EventRegistry>) {
             }
         }
     }
-    let mut r = EventRegistry::new();
-    r.register(1, "load").unwrap();
-    r.register(2, "mma").unwrap();
-    (b.finish(), Arc::new(r))
+    b.finish()
+}
+
+/// The two rows: the registry without payloads (the seed's shape), and with
+/// the k-tile index declared as both types' payload.
+fn variants() -> [(&'static str, Arc<EventRegistry>); 2] {
+    let plain = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
+    let k_tile = plain
+        .clone()
+        .with_payload(1, "k_tile")
+        .and_then(|r| r.with_payload(2, "k_tile"))
+        .unwrap();
+    [
+        ("no payload", Arc::new(plain)),
+        ("k_tile payload", Arc::new(k_tile)),
+    ]
 }
 
 fn batch(bytes: &[u8], registry: &Arc<EventRegistry>) -> Batch {
@@ -116,51 +132,61 @@ fn decode_and_write(bytes: &[u8], registry: &EventRegistry, b: &Batch, level: Op
 }
 
 fn device(c: &mut Criterion) {
-    let (bytes, registry) = capture();
-    let b = batch(&bytes, &registry);
-    let size = decode_and_write(&bytes, &registry, &b, None);
-    println!(
-        "perfetto: {EVENTS} events → {size} bytes, {:.2} bytes/event",
-        size as f64 / EVENTS as f64
-    );
+    let bytes = capture();
+    let variants = variants();
+    let batches: Vec<Batch> = variants.iter().map(|(_, r)| batch(&bytes, r)).collect();
+    for ((name, registry), b) in variants.iter().zip(&batches) {
+        let size = decode_and_write(&bytes, registry, b, None);
+        println!(
+            "perfetto, {name}: {EVENTS} events → {size} bytes, {:.2} bytes/event",
+            size as f64 / EVENTS as f64
+        );
+    }
     let mut g = c.benchmark_group("device");
     g.throughput(Throughput::Elements(EVENTS));
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(8));
-    g.bench_function(BenchmarkId::new("decode+write", EVENTS), |it| {
-        it.iter(|| decode_and_write(&bytes, &registry, &b, None))
-    });
+    for ((name, registry), b) in variants.iter().zip(&batches) {
+        g.bench_function(BenchmarkId::new("decode+write", name), |it| {
+            it.iter(|| decode_and_write(&bytes, registry, b, None))
+        });
+        g.bench_function(BenchmarkId::new("write", name), |it| {
+            it.iter(|| {
+                let mut w = TraceWriter::new(Count::default()).unwrap();
+                w.write_batch(b).unwrap();
+                w.finish().unwrap().0 .0
+            })
+        });
+    }
+    let registry = &variants[0].1;
     g.bench_function(BenchmarkId::new("decode", EVENTS), |it| {
         it.iter(|| {
-            Capture::decode(&bytes, Some(&registry))
+            Capture::decode(&bytes, Some(registry))
                 .unwrap()
                 .event_count()
         })
     });
-    g.bench_function(BenchmarkId::new("write", EVENTS), |it| {
-        it.iter(|| {
-            let mut w = TraceWriter::new(Count::default()).unwrap();
-            w.write_batch(&b).unwrap();
-            w.finish().unwrap().0 .0
-        })
-    });
     g.finish();
-    let ours = cpu_seconds(&bytes, &registry, &b, None);
-    println!(
-        "tracing-gpu: {EVENTS} events decoded and written in {ours:.4} s of one core's CPU time \
-         (median of 5): {:.1} M events/s",
-        EVENTS as f64 / ours / 1e6
-    );
-    for level in [1, 6] {
-        let z = cpu_seconds(&bytes, &registry, &b, Some(level));
-        let size = decode_and_write(&bytes, &registry, &b, Some(level));
+    for ((name, registry), b) in variants.iter().zip(&batches) {
+        let ours = cpu_seconds(&bytes, registry, b, None);
         println!(
-            "tracing-gpu, zlib level {level}: {:.2} bytes/event, {z:.4} s CPU ({:.1} M events/s)",
-            size as f64 / EVENTS as f64,
-            EVENTS as f64 / z / 1e6
+            "tracing-gpu, {name}: {EVENTS} events decoded and written in {ours:.4} s of one \
+             core's CPU time (median of 5): {:.1} M events/s",
+            EVENTS as f64 / ours / 1e6
         );
+        for level in [1, 6] {
+            let z = cpu_seconds(&bytes, registry, b, Some(level));
+            let size = decode_and_write(&bytes, registry, b, Some(level));
+            println!(
+                "tracing-gpu, {name}, zlib level {level}: {:.2} bytes/event, {z:.4} s CPU \
+                 ({:.1} M events/s)",
+                size as f64 / EVENTS as f64,
+                EVENTS as f64 / z / 1e6
+            );
+        }
+        let payload = registry.payload_name(1).is_some();
+        compare_with_tg4perfetto(&bytes, ours, payload);
     }
-    compare_with_tg4perfetto(&bytes, ours);
 }
 
 /// This thread's CPU time, in seconds: on a shared machine, wall time also
@@ -210,9 +236,10 @@ fn host(c: &mut Criterion) {
     );
 }
 
-/// tg4perfetto on the same events, timed by the script (CPU time of its
-/// process); `ours` is our decode + write CPU time from the same run.
-fn compare_with_tg4perfetto(bytes: &[u8], ours: f64) {
+/// tg4perfetto on the same events, with or without a payload argument per
+/// event (as ours), timed by the script (CPU time of its process); `ours` is
+/// our decode + write CPU time from the same run.
+fn compare_with_tg4perfetto(bytes: &[u8], ours: f64, payload: bool) {
     let Ok(python) = std::env::var("TGPU_PYTHON") else {
         println!("tg4perfetto comparison skipped: TGPU_PYTHON is not set (scripts/bench-tg4perfetto.sh sets it)");
         return;
@@ -221,12 +248,14 @@ fn compare_with_tg4perfetto(bytes: &[u8], ours: f64) {
     let input = dir.path().join("capture.tgpu");
     std::fs::write(&input, bytes).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench_tg4perfetto.py");
-    let out = Command::new(&python)
-        .arg(&script)
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
         .arg(&input)
-        .arg(dir.path().join("tg4perfetto.perfetto-trace"))
-        .output()
-        .unwrap();
+        .arg(dir.path().join("tg4perfetto.perfetto-trace"));
+    if !payload {
+        cmd.arg("--no-payload");
+    }
+    let out = cmd.output().unwrap();
     if !out.status.success() {
         println!(
             "tg4perfetto comparison skipped: {}",
@@ -244,8 +273,13 @@ fn compare_with_tg4perfetto(bytes: &[u8], ours: f64) {
     };
     let (tg_write, tg_bytes, tg_events) = (field("write_s"), field("bytes"), field("events"));
     println!(
-        "tg4perfetto: {tg_events} events written in {tg_write:.2} s of CPU time \
+        "tg4perfetto, {}: {tg_events} events written in {tg_write:.2} s of CPU time \
          ({:.0} events/s, {:.1} bytes/event); tracing-gpu decode + write is {:.0}× faster",
+        if payload {
+            "payload argument"
+        } else {
+            "no payload"
+        },
         tg_events / tg_write,
         tg_bytes / tg_events,
         tg_write / ours

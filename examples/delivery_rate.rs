@@ -4,14 +4,22 @@
 //! without a `PerfettoLayer` and with the plain device spans on or off. No GPU.
 //!
 //! ```text
-//! cargo run --release --example delivery_rate -- [--batches 3000]
+//! cargo run --release --example delivery_rate -- [--batches 3000] [--same-times]
 //! ```
 //!
 //! Each batch is one block of 8 warps, 4 events each (32 events, a 33 KB
 //! buffer at 256 records per warp), like `examples/profile_overhead.rs`'s
-//! launches. If the collector needs longer per launch than the application
-//! needs to make one, launches queue up and hold their trace buffers, and the
-//! pool grows (see `Profiler::reserve`).
+//! launches, one launch every 10 µs on the device. If the collector needs
+//! longer per launch than the application needs to make one, launches queue
+//! up and hold their trace buffers, and the pool grows (see `Profiler::reserve`).
+//!
+//! Besides the wall time per launch, it prints the CPU time per launch of the
+//! delivering thread (the collector's share) and of the other threads (the
+//! Perfetto layer's writer), which a machine shared with other work does not
+//! inflate. `--same-times` puts every launch at the same device times instead:
+//! launches that all overlap, so the Perfetto writer gives each warp one more
+//! lane per launch (what an earlier version of this example measured by
+//! accident).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,11 +35,16 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut batches = 3000usize;
+    let mut same_times = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "--same-times" {
+            same_times = true;
+            continue;
+        }
         match (a.as_str(), args.next().and_then(|v| v.parse().ok())) {
             ("--batches", Some(n)) if n > 0 => batches = n,
-            _ => return Err("usage: delivery_rate [--batches N]".into()),
+            _ => return Err("usage: delivery_rate [--batches N] [--same-times]".into()),
         }
     }
     let registry = Arc::new(EventRegistry::from_pairs([
@@ -53,8 +66,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("tgpu-delivery-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
 
-    println!("| subscriber | plain device spans | µs per launch (decode + deliver) |");
-    println!("|---|---|---:|");
+    println!(
+        "| subscriber | plain device spans | µs per launch (decode + deliver), wall | \
+         CPU µs per launch, delivering thread | CPU µs per launch, other threads |"
+    );
+    println!("|---|---|---:|---:|---:|");
     for (perfetto, plain) in [(false, false), (false, true), (true, false), (true, true)] {
         let filter = EnvFilter::new(if plain {
             "trace"
@@ -70,14 +86,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (None, None)
         };
         let dispatch = Dispatch::new(tracing_subscriber::registry().with(filter).with(layer));
-        // Device times land a second from now, after the launch spans.
-        let calibration = Arc::new(Calibration::exact(
-            1_000,
-            HostClock::Boottime.now_ns() + 1_000_000_000,
-            0.0,
-        ));
+        // Device times land a second from now, after the launch spans, one
+        // launch every 10 µs (or all at once).
+        let h0 = HostClock::Boottime.now_ns() + 1_000_000_000;
+        let step = if same_times { 0 } else { 10_000 };
         let device = Arc::new(DeviceInfo::default());
-        let t = Instant::now();
+        let (t, thread0, process0) = (
+            Instant::now(),
+            cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID),
+            cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID),
+        );
         for i in 0..batches {
             let span = tracing::dispatcher::with_default(&dispatch, || {
                 let s = tracing::info_span!("launch", gpu.launch_id = i as u64);
@@ -100,26 +118,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ..Default::default()
                 },
                 capture: Arc::new(capture),
-                calibration: calibration.clone(),
+                calibration: Arc::new(Calibration::exact(1_000, h0 + i as u64 * step, 0.0)),
                 registry: registry.clone(),
             });
             bridge::deliver(&dispatch, batch);
         }
         bridge::flush(&dispatch);
         let per = t.elapsed().as_secs_f64() * 1e6 / batches as f64;
+        let thread = cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID) - thread0;
+        let others = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - process0).saturating_sub(thread);
+        let us = |ns: u64| ns as f64 / 1e3 / batches as f64;
         if let Some(g) = guard {
             g.finish()?;
         }
         println!(
-            "| {} | {} | {per:.1} |",
+            "| {} | {} | {per:.1} | {:.1} | {:.1} |",
             if perfetto {
                 "registry + PerfettoLayer"
             } else {
                 "registry"
             },
-            if plain { "on" } else { "off" }
+            if plain { "on" } else { "off" },
+            us(thread),
+            us(others)
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// CPU time of `clock` (this thread's, or the whole process's), ns.
+fn cpu_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec, and both clocks exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

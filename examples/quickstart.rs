@@ -7,7 +7,8 @@
 //! Open the trace at <https://ui.perfetto.dev>: the host thread shows
 //! `quickstart` → `step` → `tiled_poly` (the launch), with a flow arrow to the
 //! kernel slice on the GPU's track; under it each SM and each warp shows its
-//! `load` / `compute` / `store` phases, on the host's clock.
+//! `load` / `compute` / `store` phases, on the host's clock, each with the
+//! tile it worked on (the payload the kernel writes, declared in [`registry`]).
 //!
 //! The kernel is `kernels/examples/quickstart.cu`; the three things a kernel
 //! needs are `TGPU_EVENT`, `TGPU_TRACE_PARAM` and `TGPU_RECORDER`. On the host:
@@ -22,6 +23,7 @@ use std::process::ExitCode;
 use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use tracing_gpu::cuda::{self, gpu_profile, DumpRecorder, KernelBuild, Profiler, ProfilerStats};
 use tracing_gpu::perfetto::PerfettoLayer;
+use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::EnvFilter;
 
@@ -29,6 +31,17 @@ use tracing_subscriber::EnvFilter;
 pub const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
 /// Its event types, as `TGPU_EVENT` declares them.
 pub const EVENTS: [(u16, &str); 4] = [(1, "load"), (2, "compute"), (3, "store"), (4, "done")];
+
+/// [`EVENTS`] with what the kernel puts in each payload: the tile index for
+/// the phases, the number of tiles for `done`.
+pub fn registry() -> EventRegistry {
+    EventRegistry::from_pairs(EVENTS)
+        .and_then(|r| r.with_payload(1, "tile"))
+        .and_then(|r| r.with_payload(2, "tile"))
+        .and_then(|r| r.with_payload(3, "tile"))
+        .and_then(|r| r.with_payload(4, "tiles"))
+        .expect("EVENTS has distinct ids")
+}
 
 /// What one run produced.
 #[derive(Debug)]
@@ -65,7 +78,10 @@ pub fn run(
             let profiler = {
                 let _s = tracing::info_span!("setup").entered();
                 // Each warp records 3 phases × `tiles` + 1 events: 25 of 32 places.
-                let mut b = Profiler::builder().device(0).events(EVENTS).capacity(32);
+                let mut b = Profiler::builder()
+                    .device(0)
+                    .registry(registry())
+                    .capacity(32);
                 if let Some(r) = &recorder {
                     b = b.dump(r.clone());
                 }

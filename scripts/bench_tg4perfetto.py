@@ -3,7 +3,10 @@
 the way FlashInfer's profiler does (a group per block, a group per warp, a
 track per event type, `open` / `close` per event), and times it.
 
-    bench_tg4perfetto.py CAPTURE OUT.perfetto-trace
+    bench_tg4perfetto.py CAPTURE OUT.perfetto-trace [--no-payload]
+
+With `--no-payload`, events carry no argument (the seed's shape); otherwise
+each carries its payload as a `payload` argument.
 
 Prints `events=N decode_s=S write_s=S bytes=N` on one line. Times are CPU
 seconds of this process. Only `write_s`
@@ -43,7 +46,10 @@ def decode(buf):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    with_payload = "--no-payload" not in args
+    args = [a for a in args if a != "--no-payload"]
+    if len(args) != 2:
         sys.stderr.write(__doc__)
         return 2
     try:
@@ -51,12 +57,12 @@ def main():
     except ImportError as e:
         sys.stderr.write(f"tg4perfetto is not installed here ({e}); see scripts/bench-tg4perfetto.sh\n")
         return 2
-    buf = open(sys.argv[1], "rb").read()
+    buf = open(args[0], "rb").read()
     t0 = time.process_time()
     events = decode(buf)
     t1 = time.process_time()
     names = {1: "load", 2: "mma"}
-    tgen = TraceGenerator(sys.argv[2])
+    tgen = TraceGenerator(args[1])
     blocks, warps, tracks = {}, {}, {}
     for block, warp, eid, start, end, payload, kind in events:
         key = (block, warp, eid)
@@ -70,16 +76,17 @@ def main():
                 wg = warps[(block, warp)] = group.create_group(f"warp_{warp}")
             track = tracks[key] = wg.create_track()
         name = names.get(eid, f"event {eid}")
+        arg = {"payload": payload} if with_payload else None
         if kind == 1:
-            track.instant(start, name, {"payload": payload})
+            track.instant(start, name, arg)
         else:
-            track.open(start, name, {"payload": payload})
+            track.open(start, name, arg)
             track.close(end)
     # tg4perfetto flushes and closes its file when the generator is freed
     # (its tracks hold it too).
     del tracks, warps, blocks, track, tgen
     t2 = time.process_time()
-    size = len(open(sys.argv[2], "rb").read())
+    size = len(open(args[1], "rb").read())
     print(f"events={len(events)} decode_s={t1 - t0:.3f} write_s={t2 - t1:.3f} bytes={size}")
     return 0
 

@@ -43,6 +43,7 @@
 //! | `gpu.start_ns` | u64 | start on the host trace clock (`CLOCK_BOOTTIME`, ns) |
 //! | `gpu.end_ns` | u64 | end on the host trace clock (equals `gpu.start_ns` for an instant) |
 //! | `gpu.payload` | u64 | the user payload the kernel wrote (a k-tile index, a byte count) |
+//! | `gpu.payload.name` | str | what the payload is, if the event's type declares it ([`EventRegistry::with_payload`], `"k_tile"`); absent otherwise |
 //! | `gpu.kernel` | str | the launch's name, as given to `gpu_profile!` |
 //! | `gpu.launch_id` | u64 | the launch id (unique in the process) |
 //! | `thread.name` | str | the synthetic thread, `"GPU 0 / SM 12 / block 7 warp 3"` |
@@ -59,13 +60,14 @@
 //! launch span and nothing else. A sink that needs the parent must look it up
 //! there, not later on a writer thread.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tracing::Dispatch;
 
 use crate::clock::{Calibration, HostClock};
 use crate::decode::{EventKind, OwnedCapture, Slot};
-use crate::registry::EventRegistry;
+use crate::registry::{unknown_event_name, EventRegistry};
 
 /// The target of the plain spans and events that device events become (see the
 /// module docs for their fields).
@@ -223,7 +225,11 @@ fn emit_spans(batch: &Batch) {
             if !spans_on {
                 break;
             }
-            let name = batch.registry.display_name(ev.id);
+            let info = batch.registry.info(ev.id);
+            let name = match info {
+                Some(i) => Cow::Borrowed(&*i.name),
+                None => Cow::Owned(unknown_event_name(ev.id)),
+            };
             let span = tracing::span!(
                 target: DEVICE_TARGET,
                 parent: parent.clone(),
@@ -243,6 +249,7 @@ fn emit_spans(batch: &Batch) {
                 gpu.start_ns = batch.trace_ns(ev.start_ns),
                 gpu.end_ns = batch.trace_ns(ev.end_ns),
                 gpu.payload = ev.payload as u64,
+                gpu.payload.name = info.and_then(|i| i.payload.as_deref()),
                 gpu.kernel = launch.kernel.as_str(),
                 gpu.launch_id = launch.launch_id,
                 thread.name = thread.as_str(),
@@ -305,8 +312,10 @@ pub(crate) mod tests {
             .range(1, 2_000_700, 2_000_800, 3)
             .range(1, 2_000_900, 2_000_950, 4);
         let capture = OwnedCapture::decode(b.finish(), None).unwrap();
-        let registry =
-            EventRegistry::from_pairs([(1, "load"), (2, "mma"), (3, "epilogue")]).unwrap();
+        let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma"), (3, "epilogue")])
+            .unwrap()
+            .with_payload(1, "k_tile")
+            .unwrap();
         Arc::new(Batch {
             device: Arc::new(DeviceInfo {
                 ordinal: device,
@@ -422,6 +431,7 @@ pub(crate) mod tests {
         assert_eq!(first["gpu.block"], "0");
         assert_eq!(first["gpu.warp"], "1");
         assert_eq!(first["gpu.payload"], "7");
+        assert_eq!(first["gpu.payload.name"], "k_tile");
         assert_eq!(first["gpu.kernel"], "sim");
         assert_eq!(first["gpu.launch_id"], "42");
         assert_eq!(first["thread.name"], "GPU 0 / SM 12 / block 0 warp 1");
@@ -435,6 +445,11 @@ pub(crate) mod tests {
         assert_eq!(inst["gpu.kind"], "instant");
         assert_eq!(inst["gpu.start_ns"], inst["gpu.end_ns"]);
         assert_eq!(inst["gpu.event"], "epilogue");
+        assert_eq!(inst["gpu.payload"], "9");
+        assert!(
+            !inst.contains_key("gpu.payload.name"),
+            "epilogue declares no payload name"
+        );
         // Block 1 warp 0 wrote 5 records into 4 places: one dropped.
         assert_eq!(seen.events.len(), 1);
         assert_eq!(seen.events[0]["gpu.dropped"], "1");

@@ -31,8 +31,12 @@ use crate::registry::{EventRegistry, RegistryError};
 
 /// The first 8 bytes of every capture file.
 pub const DUMP_MAGIC: [u8; 8] = *b"TGPUDUMP";
-/// The version this crate writes and reads.
-pub const DUMP_VERSION: u32 = 1;
+/// The version this crate writes. It also reads
+/// [`DUMP_OLDEST_VERSION`] and every version in between.
+pub const DUMP_VERSION: u32 = 2;
+/// The oldest version this crate reads: version 1 has no payload names in its
+/// registry (`docs/dump.md`).
+pub const DUMP_OLDEST_VERSION: u32 = 1;
 /// Bytes before the compressed body: magic, version, body length.
 pub const DUMP_HEADER_SIZE: usize = 20;
 
@@ -57,7 +61,7 @@ pub enum DumpError {
         found: Vec<u8>,
     },
     /// A version this reader does not know.
-    #[error("unsupported capture version {found} (this reader reads {DUMP_VERSION})")]
+    #[error("unsupported capture version {found} (this reader reads {DUMP_OLDEST_VERSION} to {DUMP_VERSION})")]
     UnsupportedVersion {
         /// The version found.
         found: u32,
@@ -462,6 +466,7 @@ impl Dump {
             e.str(&info.name);
             e.opt_str(info.category.as_deref());
             e.opt_str(info.description.as_deref());
+            e.opt_str(info.payload.as_deref());
         }
         e.len(self.launches.len());
         for l in &self.launches {
@@ -505,7 +510,9 @@ impl Dump {
         Ok(e.0)
     }
 
-    fn decode_body(body: &[u8]) -> Result<Dump, DumpError> {
+    /// Parses a body of file version `version` (1 or 2: version 1's registry
+    /// entries have no payload name).
+    fn decode_body(body: &[u8], version: u32) -> Result<Dump, DumpError> {
         let mut d = Dec { b: body, pos: 0 };
         let metadata = d.pairs()?;
         let n = d.count(32)?;
@@ -554,7 +561,11 @@ impl Dump {
             let name = d.str()?;
             let category = d.opt(Dec::str)?;
             let description = d.opt(Dec::str)?;
+            let payload = if version >= 2 { d.opt(Dec::str)? } else { None };
             registry.register_with(id, &name, category.as_deref(), description.as_deref())?;
+            if let Some(p) = payload {
+                registry.declare_payload(id, &p)?;
+            }
         }
         let n = d.count(68)?;
         let mut launches = Vec::with_capacity(n);
@@ -756,7 +767,7 @@ impl Dump {
         let mut word = [0u8; 4];
         word.copy_from_slice(&head[8..12]);
         let version = u32::from_le_bytes(word);
-        if version != DUMP_VERSION {
+        if !(DUMP_OLDEST_VERSION..=DUMP_VERSION).contains(&version) {
             return Err(DumpError::UnsupportedVersion { found: version });
         }
         let mut long = [0u8; 8];
@@ -797,7 +808,7 @@ impl Dump {
                 what: "bytes after the compressed body",
             });
         }
-        Dump::decode_body(&body)
+        Dump::decode_body(&body, version)
     }
 }
 
@@ -977,6 +988,7 @@ mod tests {
                 let mut r = EventRegistry::from_pairs([(0, "load"), (1, "mma")]).unwrap();
                 r.register_with(2, "store", Some("gemm"), Some("epilogue store"))
                     .unwrap();
+                r.declare_payload(1, "k_tile").unwrap();
                 r
             },
             launches: vec![
@@ -1061,6 +1073,21 @@ mod tests {
     }
 
     #[test]
+    fn version_1_captures_still_read() {
+        // The shipped capture is a version 1 file: its registry has no payload
+        // names. It reads, and writes back (as the current version) unchanged.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-quickstart.tgpu");
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(bytes[8..12], 1u32.to_le_bytes());
+        let d = Dump::from_reader(&bytes[..]).unwrap();
+        assert_eq!(d.registry.name(1), Some("load"));
+        assert!(d.registry.iter().all(|(_, e)| e.payload.is_none()));
+        let again = bytes_of(&d);
+        assert_eq!(again[8..12], DUMP_VERSION.to_le_bytes());
+        assert_eq!(Dump::from_reader(&again[..]).unwrap(), d);
+    }
+
+    #[test]
     fn failed_write_leaves_the_old_file() {
         let dir = tempfile::tempdir().unwrap();
         let e = sample()
@@ -1089,12 +1116,14 @@ mod tests {
         ));
         assert!(matches!(read(b"TGPU"), DumpError::Truncated { .. }));
         assert!(matches!(read(&good[..15]), DumpError::Truncated { .. }));
-        let mut v = good.clone();
-        v[8] = 2;
-        assert!(matches!(
-            read(&v),
-            DumpError::UnsupportedVersion { found: 2 }
-        ));
+        for bad in [0, DUMP_VERSION + 1] {
+            let mut v = good.clone();
+            v[8..12].copy_from_slice(&bad.to_le_bytes());
+            assert!(matches!(
+                read(&v),
+                DumpError::UnsupportedVersion { found } if found == bad
+            ));
+        }
         let e = read(&good[..good.len() - 10]);
         assert!(
             matches!(e, DumpError::Truncated { .. } | DumpError::CorruptStream(_)),
@@ -1311,7 +1340,15 @@ mod tests {
                 prop::collection::vec((text, text), 0..3),
                 0usize..3,
                 prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..5),
-                prop::collection::vec((any::<u16>(), text, prop::option::of(text)), 0..5),
+                prop::collection::vec(
+                    (
+                        any::<u16>(),
+                        text,
+                        prop::option::of(text),
+                        prop::option::of(text),
+                    ),
+                    0..5,
+                ),
                 0usize..3,
                 prop::collection::vec(span, 0..4),
             )
@@ -1337,8 +1374,11 @@ mod tests {
                         })
                         .collect();
                     let mut registry = EventRegistry::new();
-                    for (id, name, cat) in reg {
+                    for (id, name, cat, payload) in reg {
                         let _ = registry.register_with(id, &name, cat.as_deref(), None);
+                        if let Some(p) = payload {
+                            let _ = registry.declare_payload(id, &p);
+                        }
                     }
                     let launches = if devices.is_empty() { 0 } else { nlaunch };
                     let launches = (0..launches as u64)

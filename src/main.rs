@@ -213,13 +213,16 @@ fn progress(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
-/// Writes the batches into a Perfetto trace at `out`: complete or absent.
-fn write_perfetto(batches: &[Arc<Batch>], out: &Path) -> Result<WriteStats, Failure> {
+/// Writes the capture's host spans and its batches into a Perfetto trace at
+/// `out`, as a live run draws them: complete or absent.
+fn write_perfetto(dump: &Dump, batches: &[Arc<Batch>], out: &Path) -> Result<WriteStats, Failure> {
     let cannot = |e: tracing_gpu::perfetto::PerfettoError| {
         Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
     };
     let file = TraceFile::create(out).map_err(cannot)?;
     let mut writer = TraceWriter::new(file).map_err(cannot)?;
+    // The host spans first: the launch spans start the flows the kernels end.
+    writer.write_host_spans(dump).map_err(cannot)?;
     let bar = progress(batches.len(), "converting");
     for b in batches {
         writer.write_batch(b).map_err(cannot)?;
@@ -235,12 +238,13 @@ fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Re
     let dump = read_capture(capture)?;
     let batches = batches(&dump, capture)?;
     if let Some(out) = out {
-        let stats = write_perfetto(&batches, out)?;
+        let stats = write_perfetto(&dump, &batches, out)?;
         eprintln!(
-            "trace: {} ({} launches, {} device events, {} bytes); open it at https://ui.perfetto.dev",
+            "trace: {} ({} launches, {} device events, {} host spans, {} bytes); open it at https://ui.perfetto.dev",
             out.display(),
             stats.kernels,
             stats.device_events,
+            stats.host_slices,
             stats.bytes
         );
     }
@@ -430,14 +434,15 @@ fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure>
         }
     );
     let batches = batches(&dump, capture)?;
-    let stats = write_perfetto(&batches, out)?;
+    let stats = write_perfetto(&dump, &batches, out)?;
     let svg = out.with_extension("svg");
     summarize(&dump, "replayed capture", &svg)?;
     eprintln!(
-        "trace: {} ({} launches, {} device events)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",
+        "trace: {} ({} launches, {} device events, {} host spans)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",
         out.display(),
         stats.kernels,
         stats.device_events,
+        stats.host_slices,
         svg.display()
     );
     Ok(())

@@ -1402,22 +1402,30 @@ impl Group {
     }
 }
 
-/// Event names by id, each looked up once per batch.
+/// Event names and declared payload names by id, each looked up once per batch.
 struct Names<'a> {
     batch: &'a Batch,
-    cache: HashMap<u16, Arc<str>>,
+    cache: HashMap<u16, (Arc<str>, Option<Arc<str>>)>,
 }
 
 impl Names<'_> {
-    fn get(&mut self, id: u16) -> Arc<str> {
+    fn entry(&mut self, id: u16) -> &(Arc<str>, Option<Arc<str>>) {
         let registry = &self.batch.registry;
         self.cache
             .entry(id)
-            .or_insert_with(|| match registry.name_arc(id) {
-                Some(name) => name.clone(),
-                None => Arc::from(registry.display_name(id).as_ref()),
+            .or_insert_with(|| match registry.info(id) {
+                Some(info) => (info.name.clone(), info.payload.clone()),
+                None => (Arc::from(registry.display_name(id).as_ref()), None),
             })
-            .clone()
+    }
+
+    fn get(&mut self, id: u16) -> Arc<str> {
+        self.entry(id).0.clone()
+    }
+
+    /// The payload's declared name ([`crate::registry::EventRegistry::with_payload`]).
+    fn payload(&mut self, id: u16) -> Option<Arc<str>> {
+        self.entry(id).1.clone()
     }
 }
 
@@ -1601,6 +1609,9 @@ fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
                         KeyValue::new("gpu.event.id", i64::from(e.id)),
                         KeyValue::new("gpu.payload", i64::from(e.payload)),
                     ];
+                    if let Some(p) = names.payload(e.id) {
+                        attributes.push(KeyValue::new("gpu.payload.name", string(&p)));
+                    }
                     if e.kind == EventKind::Instant {
                         attributes.push(KeyValue::new("gpu.event.kind", "instant"));
                     }

@@ -1,6 +1,13 @@
 //! The host's registry of event types: event id (the `u16` a kernel writes in
-//! each record) → a name and, optionally, a category and a description, so that
-//! traces say "load" and "mma", not "3".
+//! each record) → a name and, optionally, a category, a description and the
+//! name of its payload, so that traces say "load" and "mma", not "3".
+//!
+//! Every record carries a 32-bit payload (`docs/format.md`), but only some
+//! event types put something in it (a k-tile index, a stage, a byte count).
+//! A type whose payload means something declares it, with the name outputs
+//! show it under ([`EventRegistry::with_payload`]); the Perfetto writer
+//! writes the payload argument only for those types, so a slice costs no
+//! bytes for a payload that is always 0.
 //!
 //! Names are interned: every id registered with the same name shares one
 //! `Arc<str>`, so outputs that intern strings (Perfetto) can key on it cheaply.
@@ -16,6 +23,14 @@
 //! assert_eq!(reg.name(2), Some("mma"));
 //! assert_eq!(reg.display_name(9), "event 9");
 //! assert!(reg.register(2, "epilogue").is_err()); // same id, other name
+//!
+//! // Builder style, with declared payloads: the k-tile index of each load and mma.
+//! let reg = EventRegistry::from_pairs([(1, "load"), (2, "mma"), (3, "epilogue")])?
+//!     .with_payload(1, "k_tile")?
+//!     .with_payload(2, "k_tile")?;
+//! assert_eq!(reg.payload_name(1), Some("k_tile"));
+//! assert_eq!(reg.payload_name(3), None); // epilogue's payload is not shown
+//! # Ok::<(), tracing_gpu::registry::RegistryError>(())
 //! ```
 
 use std::borrow::Cow;
@@ -32,6 +47,11 @@ pub struct EventInfo {
     pub category: Option<Arc<str>>,
     /// An optional human description.
     pub description: Option<Arc<str>>,
+    /// The name of the payload, if this type declares one
+    /// ([`EventRegistry::with_payload`]): what outputs call the record's
+    /// 32-bit payload ("k_tile", "stage", "bytes"). `None`: the payload means
+    /// nothing for this type, and the Perfetto writer leaves it out.
+    pub payload: Option<Arc<str>>,
 }
 
 /// Why a registration was refused.
@@ -46,6 +66,24 @@ pub enum RegistryError {
         existing: Arc<str>,
         /// The name that was asked for.
         new: Arc<str>,
+    },
+    /// The id already declares a payload under another name.
+    #[error(
+        "event id {id} already declares its payload as {existing:?}, cannot declare it as {new:?}"
+    )]
+    PayloadConflict {
+        /// The id.
+        id: u16,
+        /// The payload name it already has.
+        existing: Arc<str>,
+        /// The payload name that was asked for.
+        new: Arc<str>,
+    },
+    /// A payload was declared for an id that is not registered.
+    #[error("event id {id} is not registered: register it before declaring its payload")]
+    NotRegistered {
+        /// The id.
+        id: u16,
     },
 }
 
@@ -102,7 +140,8 @@ impl EventRegistry {
 
     /// Registers `id` with a name, a category and a description. An id already
     /// present must have exactly the same three, or this is a conflict (so two
-    /// parts of a program cannot silently disagree on what an id means).
+    /// parts of a program cannot silently disagree on what an id means). A
+    /// payload declared for it before stays declared.
     pub fn register_with(
         &mut self,
         id: u16,
@@ -128,17 +167,53 @@ impl EventRegistry {
             name: self.intern(name),
             category: category.map(|c| self.intern(c)),
             description: description.map(Arc::from),
+            payload: None,
         };
         self.entries.insert(id, info);
         self.known[id as usize / 64] |= 1 << (id % 64);
         Ok(())
     }
 
-    /// Adds every entry of `other`; fails (leaving `self` unchanged) on the first conflict.
+    /// Declares that events of type `id` carry a payload, shown as `name`
+    /// (Perfetto: the slice's argument `name`; OTLP and plain spans: the
+    /// `gpu.payload.name` attribute beside `gpu.payload`). Declaring the same
+    /// name again is a no-op; another name is a [`RegistryError::PayloadConflict`],
+    /// and an id not registered yet a [`RegistryError::NotRegistered`].
+    pub fn declare_payload(&mut self, id: u16, name: &str) -> Result<(), RegistryError> {
+        let interned = self.intern(name);
+        let Some(e) = self.entries.get_mut(&id) else {
+            return Err(RegistryError::NotRegistered { id });
+        };
+        match &e.payload {
+            Some(existing) if **existing == *name => Ok(()),
+            Some(existing) => Err(RegistryError::PayloadConflict {
+                id,
+                existing: existing.clone(),
+                new: interned,
+            }),
+            None => {
+                e.payload = Some(interned);
+                Ok(())
+            }
+        }
+    }
+
+    /// [`EventRegistry::declare_payload`], builder style:
+    /// `EventRegistry::from_pairs([(1, "load")])?.with_payload(1, "k_tile")?`.
+    pub fn with_payload(mut self, id: u16, name: &str) -> Result<Self, RegistryError> {
+        self.declare_payload(id, name)?;
+        Ok(self)
+    }
+
+    /// Adds every entry of `other`, with its payload declaration; fails
+    /// (leaving `self` unchanged) on the first conflict.
     pub fn merge(&mut self, other: &EventRegistry) -> Result<(), RegistryError> {
         let mut merged = self.clone();
         for (id, e) in other.iter() {
             merged.register_with(id, &e.name, e.category.as_deref(), e.description.as_deref())?;
+            if let Some(p) = &e.payload {
+                merged.declare_payload(id, p)?;
+            }
         }
         *self = merged;
         Ok(())
@@ -148,7 +223,11 @@ impl EventRegistry {
     fn intern(&self, s: &str) -> Arc<str> {
         self.entries
             .values()
-            .flat_map(|e| std::iter::once(&e.name).chain(e.category.as_ref()))
+            .flat_map(|e| {
+                std::iter::once(&e.name)
+                    .chain(e.category.as_ref())
+                    .chain(e.payload.as_ref())
+            })
             .find(|a| &***a == s)
             .cloned()
             .unwrap_or_else(|| Arc::from(s))
@@ -168,6 +247,11 @@ impl EventRegistry {
     /// The interned name of `id`, if registered (clone it to keep it).
     pub fn name_arc(&self, id: u16) -> Option<&Arc<str>> {
         self.entries.get(&id).map(|e| &e.name)
+    }
+
+    /// The declared payload name of `id` ([`EventRegistry::with_payload`]), if any.
+    pub fn payload_name(&self, id: u16) -> Option<&str> {
+        self.entries.get(&id).and_then(|e| e.payload.as_deref())
     }
 
     /// Everything known of `id`.
@@ -244,6 +328,47 @@ mod tests {
     fn names_are_interned() {
         let r = EventRegistry::from_pairs([(1, "same"), (2, "same")]).unwrap();
         assert!(Arc::ptr_eq(r.name_arc(1).unwrap(), r.name_arc(2).unwrap()));
+    }
+
+    #[test]
+    fn payloads_are_declared_per_type() {
+        let r = EventRegistry::from_pairs([(1, "load"), (2, "mma"), (3, "epilogue")])
+            .unwrap()
+            .with_payload(1, "k_tile")
+            .unwrap()
+            .with_payload(2, "k_tile")
+            .unwrap()
+            .with_payload(2, "k_tile")
+            .unwrap();
+        assert_eq!(r.payload_name(1), Some("k_tile"));
+        assert_eq!(r.payload_name(3), None);
+        assert_eq!(r.payload_name(9), None);
+        assert!(Arc::ptr_eq(
+            r.info(1).unwrap().payload.as_ref().unwrap(),
+            r.info(2).unwrap().payload.as_ref().unwrap()
+        ));
+        let mut r2 = r.clone();
+        assert_eq!(
+            r2.declare_payload(1, "stage").unwrap_err().to_string(),
+            "event id 1 already declares its payload as \"k_tile\", cannot declare it as \"stage\""
+        );
+        assert_eq!(
+            r2.declare_payload(4, "bytes").unwrap_err(),
+            RegistryError::NotRegistered { id: 4 }
+        );
+        // Registering again keeps the declaration.
+        r2.register(1, "load").unwrap();
+        assert_eq!(r2, r);
+        // Merging carries declarations, and refuses a different one.
+        let mut plain = EventRegistry::from_pairs([(1, "load")]).unwrap();
+        plain.merge(&r).unwrap();
+        assert_eq!(plain, r);
+        let other = EventRegistry::from_pairs([(1, "load")])
+            .unwrap()
+            .with_payload(1, "stage")
+            .unwrap();
+        assert!(plain.merge(&other).is_err());
+        assert_eq!(plain, r);
     }
 
     #[test]

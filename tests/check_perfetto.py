@@ -4,8 +4,8 @@
     check_perfetto.py TRACE [--expect-slices N] [--expect-device-slices N]
                             [--expect-kernels N] [--expect-host-slices N]
                             [--expect-gpus N] [--expect-flows N]
-                            [--expect-dropped N] [--allow-open-flows]
-                            [--clock-tolerance-ns NS] [--json]
+                            [--expect-dropped N] [--expect-payload EVENT=ARG ...]
+                            [--allow-open-flows] [--clock-tolerance-ns NS] [--json]
     check_perfetto.py --self-test
 
 The file is parsed with `perfetto_trace_pb2` from PyPI's `perfetto` package and
@@ -18,6 +18,9 @@ packet defaults, incremental clocks. Then it checks:
 - slices: every end closes a begin on its own track, nothing stays open,
   so slices nest strictly on each track; device slices only on warp tracks,
   kernel slices only on kernel tracks, counters only on counter tracks;
+- payloads: a device slice has no argument, or one: its payload (an unsigned
+  32-bit value) under the name its event type declares; all device slices of
+  one name agree (all carry the same argument, or none does);
 - flows: each flow has one origin (a host thread slice) and one end (a
   kernel slice), and the kernel starts after the launch span does;
 - one clock: a ClockSnapshot names BOOTTIME the trace clock, and every
@@ -318,6 +321,7 @@ class Checker:
         origins, ends = defaultdict(list), defaultdict(list)
         kernel_spans = defaultdict(list)
         device_slices = []
+        self.payload_args = defaultdict(set)  # device slice name -> argument names (None: none)
         dropped = defaultdict(int)
         for uuid, evs in per_track.items():
             if uuid not in self.tracks:
@@ -358,6 +362,11 @@ class Checker:
             for b in stack:
                 self.err(f"packet {b[1]}: slice {b[4]!r} on {self.name_of(self.tracks[uuid])!r} never ends")
 
+        for name, found in sorted(self.payload_args.items(), key=lambda kv: str(kv[0])):
+            if len(found) > 1:
+                self.err(f"device slices {name!r} disagree on their payload argument: "
+                         f"{sorted(str(a) for a in found)} (a type declares one payload name, or none)")
+
         # Flows: one host origin, one kernel end each.
         flows = 0
         for fid in set(origins) | set(ends):
@@ -380,7 +389,7 @@ class Checker:
         for g in kernel_spans:
             kernel_spans[g].sort()
         outside = 0
-        for g, s, e, name in device_slices:
+        for g, s, e, name, _ in device_slices:
             ks = kernel_spans.get(g, [])
             if not any(ks_s - self.tolerance <= s and e <= ks_e + self.tolerance for ks_s, ks_e in ks):
                 outside += 1
@@ -396,6 +405,7 @@ class Checker:
             kernel_slices=counts["kernel"],
             other_slices=counts["other"],
             flows=flows,
+            device_payloads=sum(1 for d in device_slices if d[4]),
             dropped=sum(dropped.values()),
             sequences=len(self.seqs),
             compressed=self.compressed,
@@ -412,9 +422,28 @@ class Checker:
         if k == "kernel":
             kernel_spans[self.gpu_of_track(uuid)].append((start, end))
         elif k == "warp":
-            device_slices.append((self.gpu_of_track(uuid), start, end, name))
-            if "payload" not in e[5]:
-                self.err(f"packet {e[1]}: device slice {name!r} without its payload argument")
+            args = e[5]
+            device_slices.append((self.gpu_of_track(uuid), start, end, name, bool(args)))
+            if len(args) > 1:
+                self.err(f"packet {e[1]}: device slice {name!r} has {len(args)} arguments "
+                         f"({sorted(args)}); it carries at most its payload")
+            for an, v in args.items():
+                if type(v) is not int or not 0 <= v < 1 << 32:
+                    self.err(f"packet {e[1]}: device slice {name!r}: payload {an!r} = {v!r} "
+                             "is not an unsigned 32-bit value")
+            self.payload_args[name].add(min(args) if args else None)
+
+    def expect_payload(self, spec):
+        """`EVENT=ARG`: every device slice named EVENT carries argument ARG;
+        `EVENT=`: none carries one."""
+        event, _, arg = spec.partition("=")
+        want = arg or None
+        found = self.payload_args.get(event)
+        if not found:
+            self.err(f"--expect-payload {spec}: no device slice named {event!r}")
+        elif found != {want}:
+            got = ", ".join(repr(a) if a else "None" for a in sorted(found, key=str))
+            self.err(f"device slices {event!r}: payload {got}, expected {want!r}")
 
     def gpu_of_track(self, uuid):
         cur = uuid
@@ -495,7 +524,7 @@ def _good_trace():
         e.terminating_flow_ids.extend(terms)
         if payload is not None:
             a = e.debug_annotations.add()
-            a.name, a.uint_value = "payload", payload
+            a.name, a.uint_value = "k_tile", payload
         return p
 
     ev(1, 2000, SLICE_BEGIN, 2, "launch", flows=[7])
@@ -520,7 +549,7 @@ def _good_trace():
         if typ == SLICE_BEGIN:
             q.track_event.name_iid = 1
             a = q.track_event.debug_annotations.add()
-            a.name, a.uint_value = "payload", 0
+            a.name, a.uint_value = "k_tile", 0
     ev(1, 3200, INSTANT, 31, "mma", payload=3)
     return t
 
@@ -541,6 +570,8 @@ def _run(trace, *args):
                 want = int(a.split("=")[1])
                 if s["slices"] != want:
                     c.err(f"slices: {s['slices']}, expected {want}")
+            if a.startswith("payload="):
+                c.expect_payload(a.split("=", 1)[1])
         return c.errors, s
     finally:
         os.unlink(path)
@@ -560,6 +591,11 @@ def self_test():
 
     def pk(t, pred):
         return next(p for p in t.packet if pred(p))
+
+    def pkt_like(t, seq):
+        p = t.packet.add()
+        p.trusted_packet_sequence_id = seq
+        return p
 
     def drop(t, pred):
         keep = [p for p in t.packet if not pred(p)]
@@ -589,8 +625,31 @@ def self_test():
            "before its launch span")
     broken(lambda t: setattr(pk(t, lambda p: p.track_descriptor.name == "block 1 warp 0").track_descriptor,
                              "parent_uuid", 99), "not declared")
-    broken(lambda t: pk(t, lambda p: p.track_event.name == "mma").track_event.ClearField(
-        "debug_annotations"), "payload")
+    def second_load_without_payload(t):
+        # A second load on warp 0's sequence, after the first, with no payload.
+        for delta, typ in [(10, SLICE_BEGIN), (50, SLICE_END)]:
+            q = pkt_like(t, 5)
+            q.timestamp = delta
+            q.track_event.type = typ
+            if typ == SLICE_BEGIN:
+                q.track_event.name_iid = 1
+    broken(second_load_without_payload, "disagree on their payload")
+
+    def two_arguments(t):
+        a = pk(t, lambda p: p.track_event.name == "mma").track_event.debug_annotations.add()
+        a.name, a.uint_value = "stage", 1
+    broken(two_arguments, "at most its payload")
+    broken(lambda t: setattr(pk(t, lambda p: p.track_event.name == "mma").track_event.debug_annotations[0],
+                             "int_value", -1), "not an unsigned 32-bit")
+    broken(lambda t: None, "'mma': payload 'k_tile', expected None", "payload=mma=")
+    broken(lambda t: None, "'load': payload 'k_tile', expected 'stage'", "payload=load=stage")
+    errors, s = _run(_good_trace(), "payload=mma=k_tile", "payload=load=k_tile")
+    assert not errors and s["device_payloads"] == 2, (errors, s)
+    # Device slices without payloads are fine when their type declares none.
+    t = _good_trace()
+    pk(t, lambda p: p.track_event.name == "mma").track_event.ClearField("debug_annotations")
+    errors, s = _run(t, "payload=mma=")
+    assert not errors and s["device_payloads"] == 1, (errors, s)
     broken(lambda t: None, "slices: 4, expected 5", "slices=5")
 
     def restart_earlier(t):
@@ -600,7 +659,7 @@ def self_test():
         for c in p.clock_snapshot.clocks:
             c.timestamp = 3000
     broken(restart_earlier, "goes back on BOOTTIME")
-    print("check_perfetto: self-test passed (1 good trace, 14 broken ones rejected)")
+    print("check_perfetto: self-test passed (1 good trace, 18 broken ones rejected)")
     return 0
 
 
@@ -616,6 +675,9 @@ def main(argv=None):
     ap.add_argument("--expect-gpus", type=int, help="GPU process tracks")
     ap.add_argument("--expect-flows", type=int, help="host launch → kernel flows")
     ap.add_argument("--expect-dropped", type=int, help="dropped records, summed over GPUs")
+    ap.add_argument("--expect-payload", action="append", default=[], metavar="EVENT=ARG",
+                    help="device slices named EVENT carry their payload as argument ARG "
+                         "(EVENT= : no payload argument); repeatable")
     ap.add_argument("--allow-open-flows", action="store_true",
                     help="accept flows that start on the host and never reach a kernel")
     ap.add_argument("--clock-tolerance-ns", type=int, default=0,
@@ -644,6 +706,8 @@ def main(argv=None):
         want = getattr(a, opt)
         if want is not None and s[key] != want:
             c.err(f"{key}: {s[key]}, expected {want}")
+    for spec in a.expect_payload:
+        c.expect_payload(spec)
     if c.errors:
         for e in c.errors:
             sys.stderr.write(f"check_perfetto: {a.trace}: {e}\n")

@@ -316,10 +316,20 @@ fn convert_writes_a_trace_that_passes_the_schema_check() {
         "{}",
         stderr(&o)
     );
-    // 2 launches × 8 blocks × (8 loads + 2 × (16 + 1)): 672 device slices.
+    // 2 launches × 8 blocks × (8 loads + 2 × (16 + 1)): 672 device slices;
+    // the 2 launch spans on the host's thread, each with a flow to its kernel.
     if let Some(s) = perfetto_check::check(
         &out,
-        &["--expect-kernels", "2", "--expect-device-slices", "672"],
+        &[
+            "--expect-kernels",
+            "2",
+            "--expect-device-slices",
+            "672",
+            "--expect-host-slices",
+            "2",
+            "--expect-flows",
+            "2",
+        ],
     ) {
         assert_eq!(s.get("kernel_slices"), Some(&2), "{s:?}");
     }
@@ -369,7 +379,7 @@ fn demo_without_a_gpu_replays_a_capture_and_says_so() {
     );
     let svg = std::fs::read_to_string(out.with_extension("svg")).unwrap();
     roxmltree::Document::parse(&svg).expect("the SVG is XML");
-    perfetto_check::check(&out, &["--expect-kernels", "2"]);
+    perfetto_check::check(&out, &["--expect-kernels", "2", "--expect-flows", "2"]);
 }
 
 #[test]
@@ -381,10 +391,22 @@ fn demo_replays_the_shipped_capture() {
     let o = run(&["demo", "--replay", "-o", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("replaying"), "{}", stderr(&o));
-    // The capture holds 4 launches and 211,200 device events, none dropped.
+    // The capture holds 4 launches and 211,200 device events, none dropped,
+    // and 16 host spans (the root, setup, compile, upload, and per launch a
+    // step, the launch span and a synchronize): a live run's trace has the
+    // same slices and a flow from each launch span to its kernel.
     perfetto_check::check(
         &out,
-        &["--expect-kernels", "4", "--expect-device-slices", "211200"],
+        &[
+            "--expect-kernels",
+            "4",
+            "--expect-device-slices",
+            "211200",
+            "--expect-host-slices",
+            "16",
+            "--expect-flows",
+            "4",
+        ],
     );
 }
 
@@ -492,8 +514,21 @@ fn live_demo_on_a_gpu_writes_a_checked_trace() {
     }
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("live run on GPU 0"), "{}", stderr(&o));
-    // 8 profiled launches, each a kernel slice with a flow from its launch span.
-    perfetto_check::check(&out, &["--expect-kernels", "8", "--expect-flows", "8"]);
+    // 8 profiled launches, each a kernel slice with a flow from its launch span;
+    // the phases carry the tile they worked on, `done` the number of tiles.
+    perfetto_check::check(
+        &out,
+        &[
+            "--expect-kernels",
+            "8",
+            "--expect-flows",
+            "8",
+            "--expect-payload",
+            "load=tile",
+            "--expect-payload",
+            "done=tiles",
+        ],
+    );
     let o = run(&["report", out.with_extension("tgpu").to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
 }

@@ -158,8 +158,12 @@ fn capture() -> OwnedCapture {
     OwnedCapture::decode(b.finish(), Some(&registry)).expect("decode")
 }
 
+/// load and mma declare their payload (the k-tile); tile_done does not.
 fn registry() -> EventRegistry {
-    EventRegistry::from_pairs([(LOAD, "load"), (MMA, "mma"), (TILE, "tile_done")]).unwrap()
+    EventRegistry::from_pairs([(LOAD, "load"), (MMA, "mma"), (TILE, "tile_done")])
+        .and_then(|r| r.with_payload(LOAD, "k_tile"))
+        .and_then(|r| r.with_payload(MMA, "k_tile"))
+        .unwrap()
 }
 
 /// A calibration that puts the device's epoch near now, with a drift, and the
@@ -391,6 +395,10 @@ fn warp_detail_over_grpc() {
             assert_eq!(s.span.start_time_unix_nano, wall(&batch, e.start_ns));
             assert_eq!(s.span.end_time_unix_nano, wall(&batch, e.end_ns));
             assert_eq!(s.int_attr("gpu.payload"), Some(i64::from(e.payload)));
+            assert_eq!(
+                s.str_attr("gpu.payload.name"),
+                (e.id != TILE).then_some("k_tile")
+            );
             assert_eq!(s.str_attr("thread.name"), Some(thread.as_str()));
             assert_eq!(
                 s.str_attr("gpu.event.kind"),

@@ -20,6 +20,8 @@ const MMA: u16 = 2;
 const EPILOGUE: u16 = 3;
 const MAINLOOP: u16 = 4;
 
+/// load and mma carry their k-tile index as payload; epilogue and mainloop
+/// declare none (their slices have no argument).
 fn registry() -> Arc<EventRegistry> {
     let mut r = EventRegistry::new();
     for (id, name) in [
@@ -30,8 +32,22 @@ fn registry() -> Arc<EventRegistry> {
     ] {
         r.register(id, name).unwrap();
     }
+    r.declare_payload(LOAD, "k_tile").unwrap();
+    r.declare_payload(MMA, "k_tile").unwrap();
     Arc::new(r)
 }
+
+/// The checker's payload expectations for [`registry`].
+const PAYLOADS: [&str; 8] = [
+    "--expect-payload",
+    "load=k_tile",
+    "--expect-payload",
+    "mma=k_tile",
+    "--expect-payload",
+    "epilogue=",
+    "--expect-payload",
+    "mainloop=",
+];
 
 /// One launch on GPU `ordinal`: 4 blocks of 2 warps, device times from
 /// `d0`, mapped so that `d0` lands at host time `h0`. Warps on SM 2 and SM 10
@@ -194,15 +210,16 @@ fn host_and_device(compress: Option<u32>) {
     assert_eq!(stats.bytes, std::fs::metadata(&path).unwrap().len());
 
     let total = (device_events + 4 + host_slices).to_string();
-    let args = [
+    let (device, host) = (device_events.to_string(), host_slices.to_string());
+    let mut args = vec![
         "--expect-slices",
         &total,
         "--expect-device-slices",
-        &device_events.to_string(),
+        &device,
         "--expect-kernels",
         "4",
         "--expect-host-slices",
-        &host_slices.to_string(),
+        &host,
         "--expect-gpus",
         "2",
         "--expect-flows",
@@ -210,12 +227,28 @@ fn host_and_device(compress: Option<u32>) {
         "--expect-dropped",
         "4",
     ];
+    args.extend(PAYLOADS);
     if let Ok(keep) = std::env::var("TGPU_KEEP_TRACE") {
         std::fs::copy(&path, keep).unwrap();
     }
     let Some(s) = perfetto_check::check(&path, &args) else {
         return;
     };
+    // Exactly the slices of types that declare a payload carry one.
+    let with_payload: u64 = batches
+        .iter()
+        .flat_map(|b| {
+            let ids: Vec<u16> = b
+                .capture
+                .view()
+                .slots()
+                .flat_map(|slot| slot.events().map(|e| e.id).collect::<Vec<_>>())
+                .collect();
+            ids
+        })
+        .filter(|&id| id == LOAD || id == MMA)
+        .count() as u64;
+    assert_eq!(s["device_payloads"], with_payload);
     // 2 SMs per GPU; 4 warps per launch, one of which needs a second lane.
     assert_eq!(s["sms"], 4);
     assert_eq!(s["warp_tracks"], 8);

@@ -171,6 +171,7 @@ pub struct ProfilerBuilder {
     memory_limit: usize,
     wait_for_buffers: bool,
     registry: EventRegistry,
+    registries: Vec<EventRegistry>,
     events: Vec<(u16, String)>,
     recalibrate_every: Option<Duration>,
     rounds: (usize, usize),
@@ -187,6 +188,7 @@ impl Default for ProfilerBuilder {
             memory_limit: DEFAULT_MEMORY_LIMIT,
             wait_for_buffers: false,
             registry: EventRegistry::new(),
+            registries: Vec::new(),
             events: Vec::new(),
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
             rounds: (Calibrator::INITIAL_ROUNDS, Calibrator::PERIODIC_ROUNDS),
@@ -230,13 +232,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Event names (adds to those given before).
+    /// Event types: names, categories, descriptions and declared payloads
+    /// (adds to those given before; a conflict fails the build).
     pub fn registry(mut self, registry: EventRegistry) -> Self {
-        self.events.extend(
-            registry
-                .iter()
-                .map(|(id, info)| (id, info.name.to_string())),
-        );
+        self.registries.push(registry);
         self
     }
 
@@ -303,6 +302,9 @@ impl ProfilerBuilder {
             return Err(ProfilerError::Invalid(
                 "capacity must be at least one record per warp".into(),
             ));
+        }
+        for r in &self.registries {
+            self.registry.merge(r)?;
         }
         for (id, name) in &self.events {
             self.registry.register(*id, name)?;

@@ -13,9 +13,8 @@
 //! up), and the batch queue holds at most [`PerfettoBuilder::batch_queue`] batches.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,9 +30,10 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use super::proto::{field, Enc, EventType, ProcessDescriptor, ThreadDescriptor, TrackDescriptor};
-use super::tracks::{descriptor, sequence_start, Ids};
-use super::writer::{launch_flow_id, Core, TraceFile, TraceWriter, WriteStats};
+use super::host::{annotation, process, HostThread};
+use super::proto::{field, Enc};
+use super::tracks::Ids;
+use super::writer::{start_flow, Core, TraceFile, TraceWriter, WriteStats};
 use super::PerfettoError;
 use crate::bridge::{Batch, BatchSink, DEVICE_TARGET};
 use crate::clock::HostClock;
@@ -128,18 +128,8 @@ impl PerfettoBuilder {
         let flow_origins = Arc::new(Mutex::new(HashSet::new()));
         let mut core = Core::new(ids.clone(), flow_origins.clone());
         let pid = std::process::id() as i32;
-        let process_uuid = ids.uuid();
         let process_name = self.process_name.unwrap_or_else(exe_name);
-        core.enc.packet(&descriptor(TrackDescriptor {
-            uuid: Some(process_uuid),
-            name: Some(process_name.clone()),
-            process: Some(ProcessDescriptor {
-                pid: Some(pid),
-                process_name: Some(process_name),
-                process_labels: Vec::new(),
-            }),
-            ..Default::default()
-        }));
+        core.enc.packet(&process(&ids, pid, process_name));
         let mut writer = TraceWriter::with_core(out, core)?;
         if let Some(level) = self.compress {
             writer = writer.compress(level);
@@ -370,9 +360,11 @@ impl Shared {
             return None;
         }
         let r = f(&mut b);
-        if b.enc.len() >= self.chunk_bytes {
-            let chunk =
-                std::mem::replace(&mut b.enc.buf, Vec::with_capacity(self.chunk_bytes + 256));
+        if b.host.enc.len() >= self.chunk_bytes {
+            let chunk = std::mem::replace(
+                &mut b.host.enc.buf,
+                Vec::with_capacity(self.chunk_bytes + 256),
+            );
             b.full.push_back(chunk);
             if let Err(TrySendError::Disconnected(_)) = self.tx.try_send(Msg::Wake) {
                 b.closed = true;
@@ -408,18 +400,8 @@ impl ThreadSlot {
             .unwrap_or_else(|| format!("thread {tid}"));
         ThreadSlot {
             buf: Mutex::new(ThreadBuf {
-                enc: Enc::with_capacity(shared.chunk_bytes + 256),
+                host: HostThread::new(&shared.ids, shared.pid, tid, name, shared.chunk_bytes + 256),
                 full: VecDeque::new(),
-                seq: shared.ids.sequence(),
-                uuid: shared.ids.uuid(),
-                pid: shared.pid,
-                tid,
-                name,
-                last_ts: None,
-                names: HashMap::default(),
-                next_iid: 1,
-                depth: 0,
-                slices: 0,
                 closed: false,
             }),
             drained: Condvar::new(),
@@ -427,152 +409,18 @@ impl ThreadSlot {
     }
 }
 
-/// Hashes a `&'static Metadata` by address: callsites are unique statics.
-#[derive(Default)]
-struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_usize(&mut self, v: usize) {
-        self.0 = (v as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .rotate_left(26);
-    }
-}
-
-/// One thread's writer sequence and its pending bytes.
+/// One thread's track and its pending bytes.
 #[derive(Debug)]
 struct ThreadBuf {
-    enc: Enc,
+    /// The track; its names are keyed by callsite (`&'static Metadata` address).
+    host: HostThread,
     full: VecDeque<Vec<u8>>,
-    seq: u32,
-    uuid: u64,
-    pid: i32,
-    tid: i32,
-    name: String,
-    last_ts: Option<u64>,
-    /// Callsite → interned name id on this sequence.
-    names: HashMap<usize, u64, BuildHasherDefault<PtrHasher>>,
-    next_iid: u64,
-    /// Slices open on this thread's track.
-    depth: u32,
-    slices: u64,
     closed: bool,
 }
 
-impl ThreadBuf {
-    /// Opens a packet at `ts` (declaring the track and starting the sequence
-    /// on the first one).
-    fn packet(&mut self, ts: u64) -> super::proto::Open {
-        let prev = match self.last_ts {
-            Some(t) => t,
-            None => {
-                self.enc.packet(&descriptor(TrackDescriptor {
-                    uuid: Some(self.uuid),
-                    thread: Some(ThreadDescriptor {
-                        pid: Some(self.pid),
-                        tid: Some(self.tid),
-                        thread_name: Some(self.name.clone()),
-                    }),
-                    ..Default::default()
-                }));
-                self.enc
-                    .packet(&sequence_start(self.seq, self.uuid, ts, None));
-                ts
-            }
-        };
-        // One thread's clock reads never go back; if they did, a zero delta
-        // keeps the sequence valid.
-        let ts = ts.max(prev);
-        self.last_ts = Some(ts);
-        let p = self.enc.open(field::TRACE_PACKET);
-        self.enc.uint(field::PACKET_TIMESTAMP, ts - prev);
-        self.enc
-            .uint(field::PACKET_SEQUENCE_ID, u64::from(self.seq));
-        p
-    }
-
-    /// The iid of a callsite's name, and whether this packet must intern it.
-    fn iid(&mut self, meta: &'static Metadata<'static>) -> (u64, bool) {
-        let key = meta as *const Metadata<'static> as usize;
-        if let Some(&iid) = self.names.get(&key) {
-            return (iid, false);
-        }
-        let iid = self.next_iid;
-        self.next_iid += 1;
-        self.names.insert(key, iid);
-        (iid, true)
-    }
-
-    fn intern(&mut self, iid: u64, name: &str) {
-        let i = self.enc.open(field::PACKET_INTERNED_DATA);
-        let n = self.enc.open(field::INTERNED_EVENT_NAMES);
-        self.enc.uint(field::INTERNED_IID, iid);
-        self.enc.bytes(field::INTERNED_NAME, name.as_bytes());
-        self.enc.close(n);
-        self.enc.close(i);
-    }
-
-    fn begin(&mut self, ts: u64, meta: &'static Metadata<'static>, args: &[u8], flow: Option<u64>) {
-        let (iid, new) = self.iid(meta);
-        let p = self.packet(ts);
-        if new {
-            self.intern(iid, meta.name());
-        }
-        let t = self.enc.open(field::PACKET_TRACK_EVENT);
-        self.enc
-            .uint(field::EVENT_TYPE, EventType::SliceBegin as u64);
-        self.enc.uint(field::EVENT_NAME_IID, iid);
-        self.enc.buf.extend_from_slice(args);
-        if let Some(f) = flow {
-            self.enc.fixed64(field::EVENT_FLOW_IDS, f);
-        }
-        self.enc.close(t);
-        self.enc.close(p);
-        self.depth += 1;
-        self.slices += 1;
-    }
-
-    fn end(&mut self, ts: u64) {
-        if self.depth == 0 {
-            return; // The matching begin was before this thread's buffer existed.
-        }
-        self.depth -= 1;
-        let p = self.packet(ts);
-        let t = self.enc.open(field::PACKET_TRACK_EVENT);
-        self.enc.uint(field::EVENT_TYPE, EventType::SliceEnd as u64);
-        self.enc.close(t);
-        self.enc.close(p);
-    }
-
-    fn instant(&mut self, ts: u64, meta: &'static Metadata<'static>, f: &Fields) {
-        let named = if f.message.is_empty() {
-            Some(self.iid(meta))
-        } else {
-            None
-        };
-        let p = self.packet(ts);
-        if let Some((iid, true)) = named {
-            self.intern(iid, meta.name());
-        }
-        let t = self.enc.open(field::PACKET_TRACK_EVENT);
-        self.enc.uint(field::EVENT_TYPE, EventType::Instant as u64);
-        match named {
-            Some((iid, _)) => self.enc.uint(field::EVENT_NAME_IID, iid),
-            None => self.enc.bytes(field::EVENT_NAME, f.message.as_bytes()),
-        }
-        self.enc.buf.extend_from_slice(&f.args.buf);
-        self.enc.close(t);
-        self.enc.close(p);
-        self.slices += 1;
-    }
+/// The key a callsite's name is interned under: callsites are unique statics.
+fn callsite(meta: &'static Metadata<'static>) -> usize {
+    meta as *const Metadata<'static> as usize
 }
 
 /// Fields of a span or event, encoded as `TrackEvent.debug_annotations`.
@@ -596,10 +444,7 @@ impl Fields {
     }
 
     fn annotation(&mut self, name: &str, value: impl FnOnce(&mut Enc)) {
-        let a = self.args.open(field::EVENT_DEBUG_ANNOTATIONS);
-        self.args.bytes(field::ANNOTATION_NAME, name.as_bytes());
-        value(&mut self.args);
-        self.args.close(a);
+        annotation(&mut self.args, name, value);
     }
 }
 
@@ -746,11 +591,8 @@ where
         let ext = span.extensions();
         let args = ext.get::<SpanArgs>().map_or(&[][..], |a| &a.args[..]);
         self.shared.with_thread(|b| {
-            let flow = launch.map(|l| {
-                self.shared.flow_origins.lock().insert(l);
-                launch_flow_id(l)
-            });
-            b.begin(ts, meta, args, flow);
+            let flow = launch.map(|l| start_flow(&self.shared.flow_origins, l));
+            b.host.begin(ts, callsite(meta), meta.name(), args, flow);
         });
     }
 
@@ -763,7 +605,7 @@ where
             return;
         }
         let ts = HostClock::Boottime.now_ns();
-        self.shared.with_thread(|b| b.end(ts));
+        self.shared.with_thread(|b| b.host.end(ts));
     }
 
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
@@ -774,7 +616,10 @@ where
         let ts = HostClock::Boottime.now_ns();
         with_fields(true, |f| {
             event.record(f);
-            self.shared.with_thread(|b| b.instant(ts, meta, f));
+            self.shared.with_thread(|b| {
+                b.host
+                    .instant(ts, callsite(meta), meta.name(), &f.message, &f.args.buf)
+            });
         });
     }
 }
@@ -820,18 +665,18 @@ fn collect(
         let (chunks, rest, slices) = {
             let mut b = slot.buf.lock();
             if finish {
-                while b.depth > 0 {
-                    b.end(now);
+                while b.host.depth > 0 {
+                    b.host.end(now);
                 }
                 b.closed = true;
             }
             let chunks = std::mem::take(&mut b.full);
             let rest = if all {
-                std::mem::take(&mut b.enc.buf)
+                std::mem::take(&mut b.host.enc.buf)
             } else {
                 Vec::new()
             };
-            (chunks, rest, std::mem::take(&mut b.slices))
+            (chunks, rest, std::mem::take(&mut b.host.slices))
         };
         slot.drained.notify_all();
         w.core().stats.host_slices += slices;
@@ -847,7 +692,7 @@ fn collect(
     shared
         .threads
         .lock()
-        .retain(|s| Arc::strong_count(s) > 2 || !s.buf.lock().enc.is_empty());
+        .retain(|s| Arc::strong_count(s) > 2 || !s.buf.lock().host.enc.is_empty());
 }
 
 fn run_writer(

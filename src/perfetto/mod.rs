@@ -8,7 +8,9 @@
 //!   it. A writer thread streams the file to disk in bounded memory;
 //!   [`PerfettoGuard`] finishes it.
 //! - [`TraceWriter`] is the synchronous core, for writing batches without a
-//!   subscriber (the CLI's `convert`), into [`TraceFile`] or any `io::Write`.
+//!   subscriber (the CLI's `convert`), into [`TraceFile`] or any `io::Write`;
+//!   it also draws a capture's recorded host spans as the layer draws live
+//!   ones ([`TraceWriter::write_host_spans`]).
 //! - [`proto`] holds the protobuf messages, with Perfetto's field numbers.
 //!
 //! # What the trace holds
@@ -19,8 +21,12 @@
 //!   Each writer sequence (a host thread, a warp lane) counts time on its own
 //!   incremental clock, anchored to BOOTTIME by that sequence's snapshot, so a
 //!   packet carries only the delta from the sequence's previous packet.
-//! - Names are interned per sequence; a device event's payload is its
-//!   `payload` argument.
+//! - Names are interned per sequence. A device event whose type declares a
+//!   payload ([`crate::registry::EventRegistry::with_payload`]) carries it as
+//!   an unsigned argument under the declared name (`k_tile = 3`); other
+//!   types' slices have no argument (their payload is not written).
+//! - Host spans: live, from the layer; replayed from a capture, by
+//!   [`TraceWriter::write_host_spans`], with the same packets.
 //! - Flow arrows: a span with a `gpu.launch_id` field (the launch span
 //!   `gpu_profile!` opens) starts a flow; the kernel slice of the batch with
 //!   that launch id ends it.
@@ -29,6 +35,7 @@
 //! - Spans and events of target [`crate::bridge::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
 
+mod host;
 mod layer;
 pub mod proto;
 mod tracks;

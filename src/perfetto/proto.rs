@@ -336,6 +336,8 @@ pub(crate) mod field {
     pub const EVENT_FLOW_IDS: u32 = 47;
     /// `InternedData.event_names`.
     pub const INTERNED_EVENT_NAMES: u32 = 2;
+    /// `InternedData.debug_annotation_names`.
+    pub const INTERNED_ANNOTATION_NAMES: u32 = 3;
     /// `EventName.iid` (and `DebugAnnotationName.iid`).
     pub const INTERNED_IID: u32 = 1;
     /// `EventName.name` (and `DebugAnnotationName.name`).

@@ -28,8 +28,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::proto::{
-    Clock, ClockSnapshot, CounterDescriptor, DebugAnnotationName, InternedData, ProcessDescriptor,
-    TracePacket, TracePacketDefaults, TrackDescriptor, TrackEventDefaults, CHILD_ORDERING_EXPLICIT,
+    Clock, ClockSnapshot, CounterDescriptor, InternedData, ProcessDescriptor, TracePacket,
+    TracePacketDefaults, TrackDescriptor, TrackEventDefaults, CHILD_ORDERING_EXPLICIT,
     CLOCK_BOOTTIME, CLOCK_INCREMENTAL, SEQ_INCREMENTAL_STATE_CLEARED, UNIT_COUNT,
 };
 use super::proto::{Data, Enc};
@@ -37,10 +37,6 @@ use super::proto::{Data, Enc};
 /// Synthetic process ids of GPUs start here: above Linux's largest pid
 /// (`pid_max` ≤ 2²²), so a GPU never merges with a real process.
 pub(crate) const GPU_PID_BASE: i32 = 0x4000_0000;
-
-/// The debug-annotation name iid of a device event's payload, on every
-/// device sequence.
-pub(crate) const PAYLOAD_NAME_IID: u64 = 1;
 
 /// Track uuids and sequence ids, shared by everything that writes into one trace.
 #[derive(Debug)]
@@ -127,8 +123,30 @@ pub(crate) struct Seq {
     /// The sequence clock's value after the last packet (trace-clock ns);
     /// `None` until the sequence has (re)started.
     pub(crate) clock: Option<u64>,
-    /// Event-name iids already interned on this sequence (a bitset).
-    interned: Vec<u64>,
+    /// Event-name iids already interned on this sequence.
+    pub(crate) names: Bits,
+    /// Argument-name (declared payload) iids already interned on this sequence.
+    pub(crate) args: Bits,
+}
+
+/// A set of small integers (interned ids).
+#[derive(Debug, Default)]
+pub(crate) struct Bits(Vec<u64>);
+
+impl Bits {
+    #[inline]
+    pub(crate) fn has(&self, i: u32) -> bool {
+        self.0
+            .get(i as usize / 64)
+            .is_some_and(|w| w >> (i % 64) & 1 == 1)
+    }
+    pub(crate) fn mark(&mut self, i: u32) {
+        let w = i as usize / 64;
+        if self.0.len() <= w {
+            self.0.resize(w + 1, 0);
+        }
+        self.0[w] |= 1 << (i % 64);
+    }
 }
 
 impl Seq {
@@ -144,20 +162,9 @@ impl Seq {
             field,
             field_len: e.len() as u8,
             clock: None,
-            interned: Vec::new(),
+            names: Bits::default(),
+            args: Bits::default(),
         }
-    }
-    pub(crate) fn has(&self, iid: u32) -> bool {
-        self.interned
-            .get(iid as usize / 64)
-            .is_some_and(|w| w >> (iid % 64) & 1 == 1)
-    }
-    pub(crate) fn mark(&mut self, iid: u32) {
-        let w = iid as usize / 64;
-        if self.interned.len() <= w {
-            self.interned.resize(w + 1, 0);
-        }
-        self.interned[w] |= 1 << (iid % 64);
     }
 }
 
@@ -453,15 +460,4 @@ fn lane_name(base: &str, lane: usize) -> String {
 
 fn rank(v: u64) -> i32 {
     v.min(i32::MAX as u64) as i32
-}
-
-/// What a device sequence interns up front: the payload's argument name.
-pub(crate) fn device_sequence_interned() -> InternedData {
-    InternedData {
-        event_names: Vec::new(),
-        debug_annotation_names: vec![DebugAnnotationName {
-            iid: Some(PAYLOAD_NAME_IID),
-            name: Some("payload".into()),
-        }],
-    }
 }

@@ -1,5 +1,6 @@
-//! [`TraceWriter`]: device batches → TrackEvent packets, written to any
-//! `io::Write`; and [`TraceFile`], the file that is complete or absent.
+//! [`TraceWriter`]: device batches (and a capture's host spans) → TrackEvent
+//! packets, written to any `io::Write`; and [`TraceFile`], the file that is
+//! complete or absent.
 //!
 //! This is the synchronous core. [`super::PerfettoLayer`] runs one on its
 //! writer thread; the CLI's `convert` uses one directly.
@@ -7,8 +8,8 @@
 //! The bulk path (one warp's events) allocates nothing per event: events are
 //! collected into a reused scratch vector, put in begin order only if they are
 //! not already, and encoded straight into the output buffer, two small
-//! packets per range: a begin (timestamp delta, sequence id, name iid, payload)
-//! and an end (timestamp delta, sequence id).
+//! packets per range: a begin (timestamp delta, sequence id, name iid, and the
+//! payload if its type declares one) and an end (timestamp delta, sequence id).
 
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
@@ -24,15 +25,13 @@ use super::proto::{
     TracePacketDefaults, TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME,
     SEQ_INCREMENTAL_STATE_CLEARED,
 };
-use super::tracks::{
-    device_sequence_interned, sequence_start, DeviceTracks, Ids, Lane, ShortSeqs, Warp,
-    MISC_SEQUENCE, PAYLOAD_NAME_IID,
-};
+use super::tracks::{sequence_start, DeviceTracks, Ids, Lane, ShortSeqs, Warp, MISC_SEQUENCE};
 use super::PerfettoError;
 use crate::bridge::Batch;
 use crate::clock::HostClock;
 use crate::decode::EventKind;
-use crate::registry::EventRegistry;
+use crate::dump::Dump;
+use crate::registry::{unknown_event_name, EventRegistry};
 
 /// Output is handed to the underlying writer in pieces of about this size.
 const FLUSH_AT: usize = 1 << 20;
@@ -60,28 +59,65 @@ pub struct WriteStats {
 }
 
 /// The flow id of a launch: the same on the host span and the kernel slice.
-pub(crate) fn launch_flow_id(launch_id: u64) -> u64 {
+fn launch_flow_id(launch_id: u64) -> u64 {
     // Never zero: Perfetto reads 0 as "no id".
     launch_id.wrapping_add(1).max(1)
 }
 
-/// Event id → interned name id, for the registry of the batch at hand.
+/// Starts the flow of launch `launch_id` at a host slice: remembers that its
+/// kernel slice ends one ([`Core::batch`]), and returns the flow id.
+pub(crate) fn start_flow(origins: &Mutex<HashSet<u64>>, launch_id: u64) -> u64 {
+    origins.lock().insert(launch_id);
+    launch_flow_id(launch_id)
+}
+
+/// Strings interned by iid, the same on every sequence: iid `i` is
+/// `strings[i]` wherever it is used (iid 0 is never used).
+#[derive(Debug)]
+struct Interned {
+    strings: Vec<Arc<str>>,
+    by_string: HashMap<Arc<str>, u32>,
+}
+
+impl Interned {
+    fn new() -> Interned {
+        Interned {
+            strings: vec![Arc::from("")],
+            by_string: HashMap::new(),
+        }
+    }
+
+    fn iid(&mut self, s: &Arc<str>) -> u32 {
+        let next = self.strings.len() as u32;
+        let iid = *self.by_string.entry(s.clone()).or_insert(next);
+        if iid == next {
+            self.strings.push(s.clone());
+        }
+        iid
+    }
+}
+
+/// Event id → the iids of its name and of its payload's argument name, for
+/// the registry of the batch at hand.
 #[derive(Debug)]
 struct Names {
-    /// iid → name; iid 0 is unused.
-    names: Vec<Arc<str>>,
-    by_name: HashMap<Arc<str>, u32>,
-    /// Event id → iid for `registry` (0: not looked up yet).
-    table: Vec<u32>,
+    /// Event names (`TrackEvent.name_iid`).
+    names: Interned,
+    /// Declared payload names (`DebugAnnotation.name_iid`).
+    args: Interned,
+    /// Event id → (name iid, argument iid or 0: no payload); (0, _) not looked
+    /// up yet. Only as long as the largest id seen, so that a change of
+    /// registry costs little.
+    table: Vec<(u32, u32)>,
     registry: Option<Arc<EventRegistry>>,
 }
 
 impl Names {
     fn new() -> Names {
         Names {
-            names: vec![Arc::from("")],
-            by_name: HashMap::new(),
-            table: vec![0; 1 << 16],
+            names: Interned::new(),
+            args: Interned::new(),
+            table: Vec::new(),
             registry: None,
         }
     }
@@ -92,32 +128,35 @@ impl Names {
             .as_ref()
             .is_some_and(|cur| Arc::ptr_eq(cur, r))
         {
-            self.table.fill(0);
+            self.table.clear();
             self.registry = Some(r.clone());
         }
     }
 
     #[inline]
-    fn iid(&mut self, id: u16) -> u32 {
-        match self.table[id as usize] {
-            0 => self.intern(id),
-            iid => iid,
+    fn iids(&mut self, id: u16) -> (u32, u32) {
+        match self.table.get(id as usize) {
+            Some(&(n, a)) if n != 0 => (n, a),
+            _ => self.intern(id),
         }
     }
 
     #[cold]
-    fn intern(&mut self, id: u16) -> u32 {
-        let name: Arc<str> = match &self.registry {
-            Some(r) => Arc::from(&*r.display_name(id)),
-            None => Arc::from(format!("event {id}")),
+    fn intern(&mut self, id: u16) -> (u32, u32) {
+        let (name, arg): (Arc<str>, Option<&Arc<str>>) = match &self.registry {
+            Some(r) => (
+                Arc::from(&*r.display_name(id)),
+                r.info(id).and_then(|e| e.payload.as_ref()),
+            ),
+            None => (Arc::from(unknown_event_name(id)), None),
         };
-        let next = self.names.len() as u32;
-        let iid = *self.by_name.entry(name.clone()).or_insert_with(|| next);
-        if iid == next {
-            self.names.push(name);
+        let arg = arg.map_or(0, |a| self.args.iid(a));
+        let iids = (self.names.iid(&name), arg);
+        if self.table.len() <= id as usize {
+            self.table.resize(id as usize + 1, (0, 0));
         }
-        self.table[id as usize] = iid;
-        iid
+        self.table[id as usize] = iids;
+        iids
     }
 }
 
@@ -127,6 +166,8 @@ struct DevEvent {
     start: u64,
     end: u64,
     iid: u32,
+    /// The payload's argument name iid; 0: the type declares no payload.
+    arg: u32,
     payload: u32,
     instant: bool,
 }
@@ -241,10 +282,12 @@ impl Core {
                 let key = (start, Reverse(end));
                 in_order &= key >= prev;
                 prev = key;
+                let (iid, arg) = names.iids(ev.id);
                 scratch.push(DevEvent {
                     start,
                     end,
-                    iid: names.iid(ev.id),
+                    iid,
+                    arg,
                     payload: ev.payload,
                     instant,
                 });
@@ -261,7 +304,7 @@ impl Core {
                 .get(gpu)
                 .warp(ids, h.sm_first, h.block_linear, h.warp, enc);
             *round += 1;
-            emit_warp(enc, ids, (short, *round), warp, scratch, &names.names);
+            emit_warp(enc, ids, (short, *round), warp, scratch, names);
             stats.device_events += scratch.len() as u64;
             if enc.len() > FLUSH_AT {
                 stats.bytes += sink(&enc.buf)?;
@@ -277,6 +320,7 @@ impl Core {
         if start == 0 || end < start {
             return Ok(()); // Nothing recorded and no host times: no kernel to draw.
         }
+        // The flow of a launch whose host span started one ([`start_flow`]).
         let flow = self
             .flow_origins
             .lock()
@@ -403,7 +447,7 @@ fn emit_warp(
     (pool, round): (&mut ShortSeqs, u64),
     warp: &mut Warp,
     events: &[DevEvent],
-    names: &[Arc<str>],
+    names: &Names,
 ) {
     let short = events.len() >= SHORT_SEQ_MIN_EVENTS;
     for lane in &mut warp.lanes {
@@ -440,7 +484,7 @@ fn emit_warp(
             lane.stack.push(ev.end);
             EventType::SliceBegin
         };
-        emit_named(enc, lane, ev.start, kind, ev.iid, ev.payload, names);
+        emit_named(enc, lane, ev.start, kind, ev, names);
     }
     for lane in &mut warp.lanes {
         while let Some(end) = lane.stack.pop() {
@@ -466,12 +510,7 @@ fn lane_clock(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
 #[cold]
 fn start_lane(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
     let t0 = if lane.is_short() { 0 } else { ts };
-    enc.packet(&sequence_start(
-        lane.seq.id,
-        lane.uuid,
-        t0,
-        Some(device_sequence_interned()),
-    ));
+    enc.packet(&sequence_start(lane.seq.id, lane.uuid, t0, None));
     t0
 }
 
@@ -510,25 +549,26 @@ fn packet_head(b: &mut [u8; 64], lane: &Lane, delta: u64) -> usize {
     n + s
 }
 
-/// A slice begin or an instant on `lane`: one packet of at most 46 bytes,
-/// written in place ([`put_packet`]) (the first use of a name on the
-/// lane takes the general path, which interns it).
+/// A slice begin or an instant on `lane` at `ts`: one packet of at most 49
+/// bytes, written in place ([`put_packet`]) (the first use of a name on the
+/// lane takes the general path, which interns it). The payload goes in only
+/// if the event's type declares one.
 #[inline]
 fn emit_named(
     enc: &mut Enc,
     lane: &mut Lane,
     ts: u64,
     kind: EventType,
-    iid: u32,
-    payload: u32,
-    names: &[Arc<str>],
+    ev: &DevEvent,
+    names: &Names,
 ) {
     let prev = lane_clock(enc, lane, ts);
-    if !lane.seq.has(iid) {
-        return emit_interning(enc, lane, ts, ts - prev, kind, iid, payload, names);
+    if !lane.seq.names.has(ev.iid) || (ev.arg != 0 && !lane.seq.args.has(ev.arg)) {
+        return emit_interning(enc, lane, ts, ts - prev, kind, ev, names);
     }
     lane.last_ts = Some(ts);
     lane.seq.clock = Some(ts);
+    let (iid, arg, payload) = (ev.iid, ev.arg, ev.payload);
     put_packet(enc, |b| {
         let mut n = packet_head(b, lane, ts - prev);
         b[n] = KEY_TRACK_EVENT;
@@ -537,14 +577,16 @@ fn emit_named(
         b[te + 1] = kind as u8;
         b[te + 2] = KEY_NAME_IID;
         n = put_varint(b, te + 3, u64::from(iid));
-        b[n] = KEY_ANNOTATIONS;
-        let an = n + 2;
-        b[an] = KEY_ANNOTATION_NAME_IID;
-        b[an + 1] = PAYLOAD_NAME_IID as u8;
-        b[an + 2] = KEY_ANNOTATION_UINT;
-        n = put_varint(b, an + 3, u64::from(payload));
+        if arg != 0 {
+            b[n] = KEY_ANNOTATIONS;
+            let an = n + 2;
+            b[an] = KEY_ANNOTATION_NAME_IID;
+            n = put_varint(b, an + 1, u64::from(arg));
+            b[n] = KEY_ANNOTATION_UINT;
+            n = put_varint(b, n + 1, u64::from(payload));
+            b[an - 1] = (n - an) as u8;
+        }
         // Every length here is below 128: one byte each.
-        b[an - 1] = (n - an) as u8;
         b[te - 1] = (n - te) as u8;
         b[1] = (n - 2) as u8;
         n
@@ -567,38 +609,59 @@ fn put_packet(enc: &mut Enc, build: impl FnOnce(&mut [u8; 64]) -> usize) {
     enc.buf.truncate(len + n);
 }
 
-/// [`emit_named`] for a name not yet interned on the lane's sequence.
+/// [`emit_named`] for a name (or payload name) not yet interned on the
+/// lane's sequence.
 #[cold]
-#[allow(clippy::too_many_arguments)]
 fn emit_interning(
     enc: &mut Enc,
     lane: &mut Lane,
     ts: u64,
     delta: u64,
     kind: EventType,
-    iid: u32,
-    payload: u32,
-    names: &[Arc<str>],
+    ev: &DevEvent,
+    names: &Names,
 ) {
     lane.last_ts = Some(ts);
     lane.seq.clock = Some(ts);
-    lane.seq.mark(iid);
+    let new_name = !lane.seq.names.has(ev.iid);
+    let new_arg = ev.arg != 0 && !lane.seq.args.has(ev.arg);
+    lane.seq.names.mark(ev.iid);
+    if ev.arg != 0 {
+        lane.seq.args.mark(ev.arg);
+    }
     let p = enc.open(field::TRACE_PACKET);
     enc.uint(field::PACKET_TIMESTAMP, delta);
     enc.uint(field::PACKET_SEQUENCE_ID, u64::from(lane.seq.id));
     let i = enc.open(field::PACKET_INTERNED_DATA);
-    let nm = enc.open(field::INTERNED_EVENT_NAMES);
-    enc.uint(field::INTERNED_IID, u64::from(iid));
-    enc.bytes(field::INTERNED_NAME, names[iid as usize].as_bytes());
-    enc.close(nm);
+    for (new, field_no, iid, strings) in [
+        (new_name, field::INTERNED_EVENT_NAMES, ev.iid, &names.names),
+        (
+            new_arg,
+            field::INTERNED_ANNOTATION_NAMES,
+            ev.arg,
+            &names.args,
+        ),
+    ] {
+        if new {
+            let e = enc.open(field_no);
+            enc.uint(field::INTERNED_IID, u64::from(iid));
+            enc.bytes(
+                field::INTERNED_NAME,
+                strings.strings[iid as usize].as_bytes(),
+            );
+            enc.close(e);
+        }
+    }
     enc.close(i);
     let t = enc.open(field::PACKET_TRACK_EVENT);
     enc.uint(field::EVENT_TYPE, kind as u64);
-    enc.uint(field::EVENT_NAME_IID, u64::from(iid));
-    let a = enc.open(field::EVENT_DEBUG_ANNOTATIONS);
-    enc.uint(field::ANNOTATION_NAME_IID, PAYLOAD_NAME_IID);
-    enc.uint(field::ANNOTATION_UINT, u64::from(payload));
-    enc.close(a);
+    enc.uint(field::EVENT_NAME_IID, u64::from(ev.iid));
+    if ev.arg != 0 {
+        let a = enc.open(field::EVENT_DEBUG_ANNOTATIONS);
+        enc.uint(field::ANNOTATION_NAME_IID, u64::from(ev.arg));
+        enc.uint(field::ANNOTATION_UINT, u64::from(ev.payload));
+        enc.close(a);
+    }
     enc.close(t);
     enc.close(p);
 }
@@ -620,7 +683,8 @@ fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
     });
 }
 
-/// Writes device batches as a Perfetto trace into `W`.
+/// Writes device batches, and a capture's host spans
+/// ([`TraceWriter::write_host_spans`]), as a Perfetto trace into `W`.
 ///
 /// ```no_run
 /// use tracing_gpu::perfetto::{TraceFile, TraceWriter};
@@ -686,6 +750,27 @@ impl<W: Write> TraceWriter<W> {
             write_packets(out, *compress, zbuf, packets)
         })?;
         self.drain(FLUSH_AT)
+    }
+
+    /// Writes a capture's host spans on their threads' tracks, under a process
+    /// named after the recorded command, as [`super::PerfettoLayer`] draws
+    /// live ones: one slice per span, its fields as (string) arguments, and a
+    /// flow from each launch's span to its kernel slice. Write them before the
+    /// batches: a kernel slice ends the flow of a launch span written earlier.
+    ///
+    /// Each span becomes one slice from its recorded start to its recorded
+    /// end, placed so that slices nest strictly on each thread's track: a
+    /// span whose end overlaps the end of the slice enclosing it is cut
+    /// there, and a span recorded with no duration whose descendants on its
+    /// thread end later (it was still open when the capture was written)
+    /// lasts until they end. `docs/dump.md` has the details.
+    pub fn write_host_spans(&mut self, dump: &Dump) -> Result<(), PerfettoError> {
+        let core = &mut self.core;
+        let origins = &core.flow_origins;
+        let (packets, slices) =
+            super::host::replay(&core.ids, dump, &mut |launch| start_flow(origins, launch));
+        core.stats.host_slices += slices;
+        self.write_raw(&packets.buf)
     }
 
     /// Appends packets encoded elsewhere (a host thread's chunk).
@@ -862,10 +947,13 @@ mod tests {
             .unwrap()
             .sm(5, 5)
             .range(1, 1_000, 1_300, 7)
-            .range(1, 1_332, 1_500, 300)
+            .range(2, 1_332, 1_500, 300)
             .instant(1, 1_600, 9);
-        let mut reg = EventRegistry::new();
-        reg.register(1, "mma").unwrap();
+        // mma declares its payload (the k-tile), wait does not.
+        let reg = EventRegistry::from_pairs([(1, "mma"), (2, "wait")])
+            .unwrap()
+            .with_payload(1, "k_tile")
+            .unwrap();
         let batch = Batch {
             device: Arc::new(DeviceInfo::default()),
             launch: LaunchInfo {
@@ -913,19 +1001,31 @@ mod tests {
         );
         // Deltas on the lane's incremental clock: 0, +300, +32, +168, +100.
         assert_eq!(kinds, [(0, b), (300, e), (32, b), (168, e), (100, i)]);
+        // The first use of a name interns it, with its payload's name.
         let (_, first, interned) = &events[0];
         let names = interned.as_ref().expect("the first use interns the name");
         assert_eq!(names.event_names[0].name.as_deref(), Some("mma"));
         assert_eq!(first.name_iid, names.event_names[0].iid);
-        let payloads: Vec<_> = [0, 2, 4]
+        let k_tile = &names.debug_annotation_names[0];
+        assert_eq!(k_tile.name.as_deref(), Some("k_tile"));
+        let (_, wait, interned) = &events[2];
+        let names = interned.as_ref().expect("wait is new on the lane");
+        assert_eq!(names.event_names[0].name.as_deref(), Some("wait"));
+        assert!(names.debug_annotation_names.is_empty());
+        assert!(
+            wait.debug_annotations.is_empty(),
+            "wait declares no payload: none is written"
+        );
+        assert!(events[4].2.is_none(), "mma and k_tile are interned already");
+        let payloads: Vec<_> = [0, 4]
             .iter()
             .map(|&k| {
                 let a = &events[k].1.debug_annotations[0];
-                assert_eq!(a.name_iid, Some(PAYLOAD_NAME_IID));
+                assert_eq!(a.name_iid, k_tile.iid);
                 a.uint_value.unwrap()
             })
             .collect();
-        assert_eq!(payloads, [7, 300, 9]);
+        assert_eq!(payloads, [7, 9]);
         assert!(
             events[1].1.track_uuid.is_none(),
             "the track comes from the defaults"
