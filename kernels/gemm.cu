@@ -28,8 +28,9 @@
 //
 // GEMM_RECORDER selects who implements `rec` when TGPU_ENABLED is on, for the overhead
 // comparison (examples/overhead.rs): 0 = tgpu::Recorder (ours, the default), 1 = the
-// seed's published design, 2 = FlashInfer's published design (both below, reimplemented
-// from their descriptions: same call sites, same event count, their costs).
+// seed's published design, 2 = FlashInfer's published design (both in bench/baselines.cuh,
+// reimplemented from their descriptions: same call sites, same event count, their costs).
+// With nvcc: -I kernels/include -I kernels/bench.
 #include "tracing_gpu.cuh"
 
 #ifndef GEMM_TRACE_LEVEL
@@ -64,165 +65,16 @@ typedef Load ProdIdle;
 #endif
 
 #if defined(TGPU_ENABLED) && TGPU_ENABLED && GEMM_RECORDER != 0
-namespace baseline {
-
-// The two designs we compare against, reimplemented from their published descriptions
-// behind the same interface as tgpu::Recorder, so the GEMM's call sites are the same
-// lines in every build. Both read their buffer from the same tgpu::Trace argument.
-
-template <class T, class... Ts>
-struct index_of;
-template <class T, class... Ts>
-struct index_of<T, T, Ts...> {
-  static constexpr unsigned int value = 0;
-};
-template <class T, class U, class... Ts>
-struct index_of<T, U, Ts...> {
-  static constexpr unsigned int value = 1 + index_of<T, Ts...>::value;
-};
-
-__device__ __forceinline__ unsigned long long timer64() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-__device__ __forceinline__ unsigned int timer32() {
-  unsigned int t;
-  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t)::"memory");
-  return t;
-}
-__device__ __forceinline__ unsigned int slot_index() {
-  return blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-}
-
+// The designs we compare against (baselines.cuh: reimplemented from their published
+// descriptions, for benchmarks only), behind tgpu::Recorder's interface, so that the
+// GEMM's call sites are the same lines in every build. Both take their buffer from the
+// same tgpu::Trace argument.
+#include "baselines.cuh"
 #if GEMM_RECORDER == 1
-// The seed (CuTe DSL SM profiler, PR "in-kernel SM profiler"): a per-(block, warp) append
-// buffer of 5 x int64 records {event id, start, end, smid, payload}; each warp's record
-// counter lives in global memory, padded to its own 128-byte line; start times stay in
-// registers (a compile-time open-id map); a switch shares one timer read; lane 0 writes.
-// Buffer: slot_count counters of 128 B, then slot_count x capacity records of 40 B.
-template <class... Events>
-class Recorder {
-  unsigned long long* counter_;
-  unsigned long long* records_;
-  unsigned int capacity_;
-  bool writes_;
-  unsigned long long start_[sizeof...(Events)];
-
-  template <class T>
-  __device__ __forceinline__ void record(unsigned long long start, unsigned long long end, unsigned int payload) {
-    if (writes_) {
-      unsigned long long n;
-      asm volatile("ld.global.u64 %0, [%1];" : "=l"(n) : "l"(counter_) : "memory");
-      if (n < capacity_) {
-        unsigned long long* r = records_ + n * 5;
-        unsigned int sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        r[0] = T::id;
-        r[1] = start;
-        r[2] = end;
-        r[3] = sm;
-        r[4] = payload;
-      }
-      asm volatile("st.global.u64 [%0], %1;" ::"l"(counter_), "l"(n + 1) : "memory");
-    }
-  }
-
- public:
-  __device__ __forceinline__ explicit Recorder(tgpu::Trace t) {
-    const unsigned int s = slot_index();
-    writes_ = t.base != 0 && s < t.slot_count && threadIdx.x % 32 == 0;
-    counter_ = reinterpret_cast<unsigned long long*>(t.base) + s * 16;
-    records_ = reinterpret_cast<unsigned long long*>(t.base + 128ull * t.slot_count) +
-               (unsigned long long)s * t.capacity * 5;
-    capacity_ = t.capacity;
-  }
-  template <class T>
-  __device__ __forceinline__ void begin() {
-    start_[index_of<T, Events...>::value] = timer64();
-  }
-  template <class T>
-  __device__ __forceinline__ void end(unsigned int payload = 0) {
-    const unsigned long long t = timer64();
-    record<T>(start_[index_of<T, Events...>::value], t, payload);
-  }
-  template <class A, class B>
-  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
-    const unsigned long long t = timer64();
-    record<A>(start_[index_of<A, Events...>::value], t, payload);
-    start_[index_of<B, Events...>::value] = t;
-  }
-  template <class T>
-  __device__ __forceinline__ void instant(unsigned int payload = 0) {
-    const unsigned long long t = timer64();
-    record<T>(t, t, payload);
-  }
-  __device__ __forceinline__ void flush() {}
-};
-
+#define GEMM_RECORDER_DECL(name, ...) ::seed::Recorder<__VA_ARGS__> name(::seed::Buffer::packed(tgpu_trace))
 #elif GEMM_RECORDER == 2
-// FlashInfer's profiler (include/flashinfer/profiler.cuh): one 8-byte entry per event
-// boundary, {tag, %globaltimer_lo}, the tag packing smid, block, event id and
-// begin/end/instant; a write pointer in registers that strides over all (block, group)
-// pairs, so entry i of every group lies together; one writer thread per group (here lane
-// 0 of each warp); __threadfence_block() around every event; no payload, no fused switch
-// (a switch is an end and a begin). Buffer: entry 0 = {blocks, groups}, then the entries.
-template <class... Events>
-class Recorder {
-  unsigned long long* ptr_;
-  unsigned int stride_;
-  unsigned int tag_;
-  bool writes_;
-
-  __device__ __forceinline__ void entry(unsigned int id, unsigned int type) {
-    if (writes_) {
-      const unsigned int t = timer32();
-      *ptr_ = ((unsigned long long)t << 32) | (tag_ | (id << 2) | type);
-      ptr_ += stride_;
-    }
-  }
-
- public:
-  __device__ __forceinline__ explicit Recorder(tgpu::Trace t) {
-    const unsigned int groups = blockDim.x / 32;
-    unsigned int sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    unsigned long long* buf = reinterpret_cast<unsigned long long*>(t.base);
-    writes_ = t.base != 0 && threadIdx.x % 32 == 0;
-    if (writes_ && blockIdx.x == 0 && threadIdx.x == 0) {
-      buf[0] = ((unsigned long long)groups << 32) | gridDim.x;
-    }
-    ptr_ = buf + 1 + blockIdx.x * groups + threadIdx.x / 32;
-    stride_ = gridDim.x * groups;
-    tag_ = (sm << 24) | ((blockIdx.x & 0xFFF) << 12);
-  }
-  template <class T>
-  __device__ __forceinline__ void begin() {
-    entry(T::id, 0);
-    __threadfence_block();
-  }
-  template <class T>
-  __device__ __forceinline__ void end(unsigned int = 0) {
-    __threadfence_block();
-    entry(T::id, 1);
-  }
-  template <class A, class B>
-  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
-    end<A>(payload);
-    begin<B>();
-  }
-  template <class T>
-  __device__ __forceinline__ void instant(unsigned int = 0) {
-    __threadfence_block();
-    entry(T::id, 2);
-    __threadfence_block();
-  }
-  __device__ __forceinline__ void flush() {}
-};
+#define GEMM_RECORDER_DECL(name, ...) ::flashinfer::Recorder<__VA_ARGS__> name(tgpu_trace)
 #endif
-
-}  // namespace baseline
-#define GEMM_RECORDER_DECL(name, ...) ::baseline::Recorder<__VA_ARGS__> name(tgpu_trace)
 #else
 #define GEMM_RECORDER_DECL(name, ...) TGPU_RECORDER(name, __VA_ARGS__)
 #endif

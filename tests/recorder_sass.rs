@@ -96,7 +96,14 @@ struct Loop {
 fn measure(nvcc_path: &Path, cuobjdump: &Path, dir: &Path, defines: &[&str], unroll: u32) -> Loop {
     let src = source("kernels/bench/recorder_bench.cu");
     let unroll_flag = format!("-DTGPU_BENCH_UNROLL={unroll}");
-    let mut args = vec!["-arch=sm_90", "-cubin", unroll_flag.as_str()];
+    // The seed build includes baselines.cuh from the bench's folder.
+    let bench_dir = format!("-I{}/kernels/bench", env!("CARGO_MANIFEST_DIR"));
+    let mut args = vec![
+        "-arch=sm_90",
+        "-cubin",
+        unroll_flag.as_str(),
+        bench_dir.as_str(),
+    ];
     args.extend_from_slice(defines);
     let cubin = nvcc(nvcc_path, dir, "recorder_bench", &src, &args, "bench.cubin");
     let instrs = disassemble(cuobjdump, &cubin);

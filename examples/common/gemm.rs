@@ -19,6 +19,9 @@ use tracing_gpu::registry::EventRegistry;
 
 /// The kernel's source, embedded so one binary is all the GPU machine needs.
 pub const SOURCE: &str = include_str!("../../kernels/gemm.cu");
+/// The comparison recorders it includes for the seed-style and FlashInfer-style builds
+/// (benchmarks only, not the product's header).
+pub const BASELINES: &str = include_str!("../../kernels/bench/baselines.cuh");
 /// The kernel's (unmangled) name.
 pub const KERNEL: &str = "tgpu_gemm_bf16";
 /// Tile rows.
@@ -110,7 +113,7 @@ impl Variant {
 
     /// The NVRTC build of this variant (sm_90a: wgmma and setmaxnreg need it).
     pub fn build(self, out: Out) -> KernelBuild {
-        let mut b = KernelBuild::new("gemm.cu", "sm_90a");
+        let mut b = KernelBuild::new("gemm.cu", "sm_90a").header("baselines.cuh", BASELINES);
         for d in self.defines() {
             b = b.define(*d);
         }
