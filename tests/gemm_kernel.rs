@@ -1,7 +1,8 @@
 //! The GEMM kernel (`kernels/gemm.cu`) on the CPU: it compiles under NVRTC for
 //! sm_90a with the recorder gate off and on, its PTX carries line info, and the
 //! machine code (ptxas + cuobjdump) holds the instructions the design relies on:
-//! HGMMA (wgmma), UTMALDG (TMA loads), no local-memory spills.
+//! HGMMA (wgmma), UTMALDG (TMA loads), no local-memory spills, and exactly the PTX's
+//! timer reads.
 //!
 //! Needs NVRTC, ptxas and cuobjdump (the PyPI CUDA wheels, `scripts/test-env.sh`); the
 //! test skips with a reason when they are missing, or fails if TGPU_REQUIRE_TOOLS=1.
@@ -148,6 +149,13 @@ fn gemm_compiles_with_line_info_and_tensor_core_code() {
             count(&sass, "STL"),
             0,
             "{name}: local-memory stores (spills)"
+        );
+        // Every timer read of the PTX, and no other: ptxas read no stamp again where its
+        // value is used (rematerialized it), which would move a record's end.
+        assert_eq!(
+            count(&sass, "SR_GLOBALTIMER"),
+            count(&text, "%globaltimer"),
+            "{name}: timer reads in SASS and PTX"
         );
         println!(
             "{name}: {} PTX lines, {} SASS instructions, {} HGMMA",
