@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --features cuda --example gemm -- [--size M N K] [--reps R]
-//!     [--variants off,phases,full] [--f32]
+//!     [--variants off,phases,phases-wg,full] [--f32]
 //!     [--trace gemm.perfetto-trace [--capture gemm.tgpu] [--launches 4]]
 //! ```
 //!
@@ -42,7 +42,12 @@ fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         shape: (4096, 4096, 4096),
         reps: 30,
-        variants: vec![Variant::Off, Variant::Phases, Variant::Full],
+        variants: vec![
+            Variant::Off,
+            Variant::Phases,
+            Variant::PhasesWg,
+            Variant::Full,
+        ],
         trace: None,
         capture: None,
         launches: 4,
@@ -77,7 +82,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
             }
             "-h" | "--help" => {
-                return Err("usage: gemm [--size M N K] [--reps R] [--variants off,phases,full,seed-style,flashinfer-style] [--trace T.perfetto-trace [--capture C.tgpu] [--launches N]] [--f32]".into())
+                return Err("usage: gemm [--size M N K] [--reps R] [--variants off,phases,phases-wg,full,seed-style,flashinfer-style] [--trace T.perfetto-trace [--capture C.tgpu] [--launches N]] [--f32]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }

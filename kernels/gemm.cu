@@ -23,6 +23,8 @@
 // its own role. Producer: Load per k-tile. Consumers: Wait and Mma per k-tile, then
 // Epilogue per tile. GEMM_TRACE_LEVEL=2 ("full") splits the producer's ProdWait from
 // its Load and adds a Tile range around each tile and a Release instant per k-tile.
+// GEMM_TRACE_ONE_WARP=1 ("phases-wg") has one warp of each consumer warpgroup record
+// instead of all four (see `records` below): a quarter of the consumer records.
 // (The events below say where each stamp sits, and why.) With TGPU_ENABLED off, every
 // `rec.` line compiles to nothing and the kernel keeps its production parameters.
 //
@@ -38,6 +40,9 @@
 #endif
 #ifndef GEMM_RECORDER
 #define GEMM_RECORDER 0
+#endif
+#ifndef GEMM_TRACE_ONE_WARP
+#define GEMM_TRACE_ONE_WARP 0
 #endif
 
 // The events, by warp role. Payloads: the k-tile index for per-k-tile events, the tile
@@ -71,12 +76,15 @@ typedef Load ProdIdle;
 // same tgpu::Trace argument.
 #include "baselines.cuh"
 #if GEMM_RECORDER == 1
-#define GEMM_RECORDER_DECL(name, ...) ::seed::Recorder<__VA_ARGS__> name(::seed::Buffer::packed(tgpu_trace))
+#define GEMM_RECORDER_DECL(name, trace, ...) ::seed::Recorder<__VA_ARGS__> name(::seed::Buffer::packed(trace))
 #elif GEMM_RECORDER == 2
-#define GEMM_RECORDER_DECL(name, ...) ::flashinfer::Recorder<__VA_ARGS__> name(tgpu_trace)
+#define GEMM_RECORDER_DECL(name, trace, ...) ::flashinfer::Recorder<__VA_ARGS__> name(trace)
 #endif
+#elif defined(TGPU_ENABLED) && TGPU_ENABLED
+#define GEMM_RECORDER_DECL(name, trace, ...) ::tgpu::Recorder<__VA_ARGS__> name(trace)
 #else
-#define GEMM_RECORDER_DECL(name, ...) TGPU_RECORDER(name, __VA_ARGS__)
+// The gate off: the trace expression (which names the absent tgpu_trace) is dropped.
+#define GEMM_RECORDER_DECL(name, trace, ...) TGPU_RECORDER(name, __VA_ARGS__)
 #endif
 
 namespace gemm {
@@ -220,6 +228,19 @@ __device__ __forceinline__ void store_pair(out_t* p, float lo, float hi) {
 #endif
 }
 
+// A compile-time bool as a type, to instantiate a generic lambda once per value.
+template <bool B>
+struct Flag {
+  enum : bool { value = B };
+};
+
+// The trace a warp records into: `t`, or for a warp that does not record, none (base 0:
+// its recorder writes nothing, not even its slot header, as for a warp that exited).
+__device__ __forceinline__ tgpu::Trace trace_if(bool records, tgpu::Trace t) {
+  if (!records) t.base = 0;
+  return t;
+}
+
 // Tile t of the grid, in groups of GROUP_M tile-rows walked column by column.
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
   const int per_group = GROUP_M * tiles_n;
@@ -264,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     // Producer: registers are returned for the consumers' accumulators.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (warp != 0) return;
-    GEMM_RECORDER_DECL(rec, ProdWait, Load);
+    GEMM_RECORDER_DECL(rec, tgpu_trace, ProdWait, Load);
     int stage = 0;
     u32 phase = 0;  // parity of the ring's current lap
     bool first_lap = true;
@@ -283,11 +304,10 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
           tma_load(a, &tma_a, kt * BK, tm * BM, full + 8 * stage);
           tma_load(a + A_BYTES, &tma_b, kt * BK, tn * BN, full + 8 * stage);
         }
-        if (last_tile && kt + 1 == ktiles) {
-          rec.end<Load>(kt);
-        } else {
-          rec.switch_to<Load, ProdIdle>(kt);
-        }
+        // The block's last copy leaves the loop with its Load open (closed below), so
+        // that the loop body has one recorder call and no branch around it.
+        if (last_tile && kt + 1 == ktiles) break;
+        rec.switch_to<Load, ProdIdle>(kt);
         if (++stage == STAGES) {
           stage = 0;
           phase ^= 1;
@@ -295,67 +315,88 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
         }
       }
     }
+    rec.end<Load>(ktiles - 1);
     rec.flush();
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = warpgroup - 1;  // which 64 rows of the tile this warpgroup owns
-    GEMM_RECORDER_DECL(rec, Wait, Mma, Epilogue, Tile, Release);
-    int stage = 0;
-    u32 phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int tm, tn;
-      tile_coords(t, tiles_m, tiles_n, tm, tn);
-      float d[128];
+    // Whether this warp records: every consumer warp, or with GEMM_TRACE_ONE_WARP one per
+    // warpgroup (the four wait on the same stages and run the same wgmma, so one tells
+    // their phases). That one is warp cw + 1 of the group: warps 5 and 10 of the block,
+    // which under the usual assignment of warp i to SM sub-partition i mod 4 sit on
+    // sub-partitions 1 and 2, apart from each other and from the producer's (0), so that
+    // no sub-partition issues two warps' recording.
+    const bool records = !GEMM_TRACE_ONE_WARP || warp % 4 == cw + 1;
+    GEMM_RECORDER_DECL(rec, trace_if(records, tgpu_trace), Wait, Mma, Epilogue, Tile, Release);
+    // The consumer's tiles, instantiated once per value of R (this warp records), so
+    // that a warp that does not record runs a copy with no recorder calls in it, and the
+    // one that does, a copy with no branch around them. Without GEMM_TRACE_ONE_WARP
+    // `records` is a constant and only the recording copy exists.
+    auto consume = [&](auto recording) {
+      constexpr bool R = decltype(recording)::value;
+      int stage = 0;
+      u32 phase = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_coords(t, tiles_m, tiles_n, tm, tn);
+        float d[128];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) d[i] = 0.f;
-      int prev = -1;
-      if (GEMM_TRACE_LEVEL >= 2) rec.begin<Tile>();
-      rec.begin<Wait>();
-      for (int kt = 0; kt < ktiles; ++kt) {
-        bar_wait(full + 8 * stage, phase);
-        const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
-        const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
-        wgmma_fence();
+        for (int i = 0; i < 128; ++i) d[i] = 0.f;
+        int prev = -1;
+        if (R && GEMM_TRACE_LEVEL >= 2) rec.begin<Tile>();
+        if (R) rec.begin<Wait>();
+        // The loop leaves after the last k-tile's Mma has begun, so its body holds one
+        // Mma->Wait switch and no branch choosing between Wait and Epilogue: the switch
+        // to Epilogue is after the loop.
+        for (int kt = 0;;) {
+          bar_wait(full + 8 * stage, phase);
+          const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
+          const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-          // 16 bf16 = 32 bytes along K inside the swizzled 128-byte row.
-          wgmma_m64n256k16(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32));
+          for (int kk = 0; kk < BK / 16; ++kk) {
+            // 16 bf16 = 32 bytes along K inside the swizzled 128-byte row.
+            wgmma_m64n256k16(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32));
+          }
+          wgmma_commit();
+          if (R) rec.switch_to<Wait, Mma>(kt);
+          // One k-tile of wgmma stays in flight; the one before it is done, so its
+          // stage can be handed back to the producer.
+          wgmma_wait<1>();
+          if (prev >= 0 && lane == 0) bar_arrive(empty + 8 * prev);
+          if (R && GEMM_TRACE_LEVEL >= 2 && prev >= 0) rec.instant<Release>(kt - 1);
+          prev = stage;
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
+          if (++kt == ktiles) break;
+          if (R) rec.switch_to<Mma, Wait>(kt - 1);
         }
-        wgmma_commit();
-        rec.switch_to<Wait, Mma>(kt);
-        // One k-tile of wgmma stays in flight; the one before it is done, so its
-        // stage can be handed back to the producer.
-        wgmma_wait<1>();
-        if (prev >= 0 && lane == 0) bar_arrive(empty + 8 * prev);
-        if (GEMM_TRACE_LEVEL >= 2 && prev >= 0) rec.instant<Release>(kt - 1);
-        if (kt + 1 < ktiles) {
-          rec.switch_to<Mma, Wait>(kt);
-        } else {
-          rec.switch_to<Mma, Epilogue>(kt);
-        }
-        prev = stage;
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-      wgmma_wait<0>();
-      fence_acc(d);
-      if (lane == 0) bar_arrive(empty + 8 * prev);
+        if (R) rec.switch_to<Mma, Epilogue>(ktiles - 1);
+        wgmma_wait<0>();
+        fence_acc(d);
+        if (lane == 0) bar_arrive(empty + 8 * prev);
 
-      // Epilogue. wgmma's accumulator layout: register 4j+{0,1} holds row lane/4,
-      // columns 8j + 2(lane%4) + {0,1} of the warp's 16-row slice; 4j+{2,3} the row 8 below.
-      const int w = warp % 4;
-      const size_t row = (size_t)tm * BM + cw * 64 + w * 16 + lane / 4;
-      out_t* c0 = c + row * n + (size_t)tn * BN + (lane % 4) * 2;
-      out_t* c8 = c0 + 8 * (size_t)n;
+        // Epilogue. wgmma's accumulator layout: register 4j+{0,1} holds row lane/4,
+        // columns 8j + 2(lane%4) + {0,1} of the warp's 16-row slice; 4j+{2,3} the row 8 below.
+        const int w = warp % 4;
+        const size_t row = (size_t)tm * BM + cw * 64 + w * 16 + lane / 4;
+        out_t* c0 = c + row * n + (size_t)tn * BN + (lane % 4) * 2;
+        out_t* c8 = c0 + 8 * (size_t)n;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        store_pair(c0 + 8 * j, d[4 * j], d[4 * j + 1]);
-        store_pair(c8 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
+        for (int j = 0; j < 32; ++j) {
+          store_pair(c0 + 8 * j, d[4 * j], d[4 * j + 1]);
+          store_pair(c8 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
+        }
+        if (R) rec.end<Epilogue>(t);
+        if (R && GEMM_TRACE_LEVEL >= 2) rec.end<Tile>(t);
       }
-      rec.end<Epilogue>(t);
-      if (GEMM_TRACE_LEVEL >= 2) rec.end<Tile>(t);
+    };
+    if (records) {
+      consume(Flag<true>());
+    } else {
+      consume(Flag<false>());
     }
     rec.flush();
   }
