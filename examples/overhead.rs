@@ -16,7 +16,7 @@
 //! exactly the events expected, so all of them do the same work.
 //!
 //! ```text
-//! cargo run --release --features cuda --example overhead -- [--size M N K] [--reps R]
+//! cargo run --release --features cuda --example overhead -- [--size M N K] [--reps R] [--no-lineinfo]
 //! ```
 //!
 //! Overhead per k-tile = (median time − median time off) / k-tiles one block walks in
@@ -34,8 +34,20 @@ use common::gemm::{
 use tracing_gpu::cuda::cudarc::driver::CudaContext;
 use tracing_gpu::cuda::ensure_libraries;
 
-fn parse_args() -> Result<((usize, usize, usize), usize), String> {
-    let (mut shape, mut reps) = ((4096, 4096, 4096), 50);
+/// The command line: the problem shape, the timed rounds, and whether the kernels carry
+/// line info.
+struct Args {
+    shape: (usize, usize, usize),
+    reps: usize,
+    lineinfo: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        shape: (4096, 4096, 4096),
+        reps: 50,
+        lineinfo: true,
+    };
     let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> Result<usize, String> {
         v.ok_or(format!("{what}: missing value"))?
@@ -45,29 +57,32 @@ fn parse_args() -> Result<((usize, usize, usize), usize), String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--size" => {
-                shape = (
+                a.shape = (
                     num(it.next(), "--size")?,
                     num(it.next(), "--size")?,
                     num(it.next(), "--size")?,
                 )
             }
-            "--reps" => reps = num(it.next(), "--reps")?.max(1),
-            "-h" | "--help" => return Err("usage: overhead [--size M N K] [--reps R]".into()),
+            "--reps" => a.reps = num(it.next(), "--reps")?.max(1),
+            "--no-lineinfo" => a.lineinfo = false,
+            "-h" | "--help" => {
+                return Err("usage: overhead [--size M N K] [--reps R] [--no-lineinfo]".into())
+            }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
     }
-    Ok((shape, reps))
+    Ok(a)
 }
 
 fn main() -> ExitCode {
-    let (shape, reps) = match parse_args() {
+    let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("overhead: {e}");
             return ExitCode::from(2);
         }
     };
-    match run(shape, reps) {
+    match run(&args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -77,7 +92,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(shape: (usize, usize, usize), reps: usize) -> Result<bool, Box<dyn std::error::Error>> {
+fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
+    let (shape, reps) = (args.shape, args.reps);
     ensure_libraries()?;
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
@@ -101,7 +117,7 @@ fn run(shape: (usize, usize, usize), reps: usize) -> Result<bool, Box<dyn std::e
     ];
     let gemms: Vec<Gemm> = variants
         .iter()
-        .map(|&v| Gemm::compile(&ctx, v, Out::Bf16))
+        .map(|&v| Gemm::compile(&ctx, v, Out::Bf16, args.lineinfo))
         .collect::<Result<_, _>>()?;
     let names: Vec<&str> = variants
         .iter()

@@ -435,3 +435,35 @@ fn gemm_k_loop_sass_per_variant() {
         assert!(log.contains("0 bytes spill stores"), "{name}: {log}");
     }
 }
+
+/// Line info off: the GEMM's PTX has no `.file` or `.loc`, and its machine code is the
+/// same instruction for instruction as with line info on (it only maps code to source).
+#[test]
+fn gemm_without_line_info_is_the_same_machine_code() {
+    let Some(bin) = tools() else { return };
+    for variant in [Variant::Phases, Variant::PhasesWg] {
+        let name = variant.name();
+        let build = variant.build(Out::Bf16);
+        assert!(build.lineinfo, "{name}: line info is on by default");
+        let off = tracing_gpu::cuda::compile(gemm::SOURCE, &build.clone().lineinfo(false))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .to_src();
+        for directive in [".loc", ".file"] {
+            assert!(
+                !off.lines().any(|l| l.trim_start().starts_with(directive)),
+                "{name}: {directive} with line info off"
+            );
+        }
+        let code = |ptx: &str, tag: &str| -> Vec<String> {
+            instructions(&sass(&bin, ptx, &format!("{name}-{tag}")).0)
+                .into_iter()
+                .map(|i| i.text)
+                .collect()
+        };
+        assert_eq!(
+            code(&ptx(variant, Out::Bf16), "on"),
+            code(&off, "off"),
+            "{name}: line info changed the machine code"
+        );
+    }
+}

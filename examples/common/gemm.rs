@@ -326,9 +326,14 @@ pub struct Gemm {
 }
 
 impl Gemm {
-    /// Compiles `variant` with NVRTC and loads it into `ctx`.
-    pub fn compile(ctx: &Arc<CudaContext>, variant: Variant, out: Out) -> Result<Self, CudaError> {
-        let ptx = compile(SOURCE, &variant.build(out))?;
+    /// Compiles `variant` with NVRTC (with line info if `lineinfo`) and loads it into `ctx`.
+    pub fn compile(
+        ctx: &Arc<CudaContext>,
+        variant: Variant,
+        out: Out,
+        lineinfo: bool,
+    ) -> Result<Self, CudaError> {
+        let ptx = compile(SOURCE, &variant.build(out).lineinfo(lineinfo))?;
         let module = ctx.load_module(ptx)?;
         let func = module.load_function(KERNEL)?;
         func.set_attribute(

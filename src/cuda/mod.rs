@@ -107,6 +107,13 @@ impl KernelBuild {
         self
     }
 
+    /// Turns line info on or off (on by default): off, the PTX carries no `.file` or
+    /// `.loc`; the machine code is the same.
+    pub fn lineinfo(mut self, on: bool) -> Self {
+        self.lineinfo = on;
+        self
+    }
+
     /// Supplies a header that the kernel includes as `#include "name"`, so that a
     /// binary that embeds its kernels' sources needs no files beside it. `name` is a
     /// relative path (`"util.cuh"`, `"bench/util.cuh"`) without `..`; line info names the

@@ -174,6 +174,7 @@ pub struct ProfilerBuilder {
     events: Vec<(u16, String)>,
     recalibrate_every: Option<Duration>,
     dump: Option<Arc<DumpRecorder>>,
+    lineinfo: bool,
 }
 
 impl Default for ProfilerBuilder {
@@ -188,6 +189,7 @@ impl Default for ProfilerBuilder {
             events: Vec::new(),
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
             dump: None,
+            lineinfo: true,
         }
     }
 }
@@ -264,6 +266,13 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Whether the kernels the profiler compiles (its clock calibration's) carry line
+    /// info ([`super::KernelBuild::lineinfo()`]); on by default.
+    pub fn lineinfo(mut self, on: bool) -> Self {
+        self.lineinfo = on;
+        self
+    }
+
     /// Checks the libraries and the device, calibrates the clock, and starts the
     /// collector thread.
     pub fn build(mut self) -> Result<Profiler, ProfilerError> {
@@ -288,7 +297,7 @@ impl ProfilerBuilder {
             self.registry.register(*id, name)?;
         }
         let device = Arc::new(device_info(&ctx)?);
-        let (first, recalibrate) = start_clock(&ctx, self.recalibrate_every)?;
+        let (first, recalibrate) = start_clock(&ctx, self.recalibrate_every, self.lineinfo)?;
         let archive = match &self.dump {
             Some(rec) => {
                 rec.add_registry(&self.registry)?;
@@ -625,9 +634,10 @@ impl Recalibrate for DeviceClock {
 fn start_clock(
     ctx: &Arc<CudaContext>,
     period: Option<Duration>,
+    lineinfo: bool,
 ) -> Result<(Round, Option<Recalibration>), ProfilerError> {
     let mut clock = DeviceClock {
-        calibrator: Calibrator::new(ctx)?,
+        calibrator: Calibrator::with_lineinfo(ctx, lineinfo)?,
     };
     let first = clock.round(Calibrator::INITIAL_ROUNDS)?;
     let recalibrate = period.map(|p| (Box::new(clock) as Box<dyn Recalibrate>, p));
