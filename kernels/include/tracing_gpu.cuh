@@ -375,7 +375,17 @@ class Recorder {
         SLOT_HEADER_SIZE + static_cast<unsigned long long>(trace.capacity) * RECORD_SIZE;
     rec0_ = writes ? trace.base + BUFFER_HEADER_SIZE + slot * stride + SLOT_HEADER_SIZE : 0ull;
     lim_ = writes ? trace.capacity : 0u;
-    first_ = globaltimer();
+    // Predicated like the stamps (see store_pending_and_stamp): first_ stays in registers
+    // until the flush writes it as the slot's first_ts, a long way for ptxas to be tempted
+    // to read the timer again instead.
+    first_ = 0;
+    asm volatile(
+        "{\n\t.reg .pred q;\n\t"
+        "setp.ne.u32 q, %1, 0;\n\t"
+        "@q mov.u64 %0, %%globaltimer;\n\t}"
+        : "+l"(first_)
+        : "r"(static_cast<unsigned int>(writes))
+        : "memory");
     sm_first_ = smid();
     set_pending(0u, 0u, 0u, 0u);
     // An end<T>() without its begin<T>() then spans from the recorder's start: still a
