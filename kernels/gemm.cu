@@ -228,10 +228,12 @@ __device__ __forceinline__ void store_pair(out_t* p, float lo, float hi) {
 #endif
 }
 
-// A compile-time bool as a type, to instantiate a generic lambda once per value.
-template <bool B>
-struct Flag {
-  enum : bool { value = B };
+// What a consumer warp takes from the kernel (see consume()).
+struct Consumer {
+  u32 ring, full, empty;  // shared-memory addresses: the stage ring and its barriers
+  int cw, warp, lane;     // consumer warpgroup (0 or 1), warp in the block, lane
+  int tiles, tiles_m, tiles_n, ktiles, n;
+  out_t* c;
 };
 
 // The trace a warp records into: `t`, or for a warp that does not record, none (base 0:
@@ -252,6 +254,79 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
 }
 
 }  // namespace gemm
+
+// The consumer warps' tiles: a template on R (this warp records), so that a warp that does
+// not record runs a copy with no recorder calls in it, and one that does, a copy with no
+// branch around them (the kernel picks the copy once). Without GEMM_TRACE_ONE_WARP every
+// consumer warp records and only consume<true> is used.
+template <bool R>
+__device__ __forceinline__ void consume(const gemm::Consumer& k TGPU_TRACE_PARAM) {
+  using namespace gemm;
+  const u32 ring = k.ring, full = k.full, empty = k.empty;
+  const int cw = k.cw, warp = k.warp, lane = k.lane;
+  const int tiles = k.tiles, tiles_m = k.tiles_m, tiles_n = k.tiles_n, ktiles = k.ktiles, n = k.n;
+  out_t* __restrict__ const c = k.c;
+  GEMM_RECORDER_DECL(rec, trace_if(R, tgpu_trace), Wait, Mma, Epilogue, Tile, Release);
+  int stage = 0;
+  u32 phase = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int tm, tn;
+    tile_coords(t, tiles_m, tiles_n, tm, tn);
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.f;
+    int prev = -1;
+    if (R && GEMM_TRACE_LEVEL >= 2) rec.begin<Tile>();
+    if (R) rec.begin<Wait>();
+    // The loop leaves after the last k-tile's Mma has begun, so its body holds one
+    // Mma->Wait switch and no branch choosing between Wait and Epilogue: the switch
+    // to Epilogue is after the loop.
+    for (int kt = 0;;) {
+      bar_wait(full + 8 * stage, phase);
+      const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
+      const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        // 16 bf16 = 32 bytes along K inside the swizzled 128-byte row.
+        wgmma_m64n256k16(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32));
+      }
+      wgmma_commit();
+      if (R) rec.switch_to<Wait, Mma>(kt);
+      // One k-tile of wgmma stays in flight; the one before it is done, so its
+      // stage can be handed back to the producer.
+      wgmma_wait<1>();
+      if (prev >= 0 && lane == 0) bar_arrive(empty + 8 * prev);
+      if (R && GEMM_TRACE_LEVEL >= 2 && prev >= 0) rec.instant<Release>(kt - 1);
+      prev = stage;
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+      if (++kt == ktiles) break;
+      if (R) rec.switch_to<Mma, Wait>(kt - 1);
+    }
+    if (R) rec.switch_to<Mma, Epilogue>(ktiles - 1);
+    wgmma_wait<0>();
+    fence_acc(d);
+    if (lane == 0) bar_arrive(empty + 8 * prev);
+
+    // Epilogue. wgmma's accumulator layout: register 4j+{0,1} holds row lane/4,
+    // columns 8j + 2(lane%4) + {0,1} of the warp's 16-row slice; 4j+{2,3} the row 8 below.
+    const int w = warp % 4;
+    const size_t row = (size_t)tm * BM + cw * 64 + w * 16 + lane / 4;
+    out_t* c0 = c + row * n + (size_t)tn * BN + (lane % 4) * 2;
+    out_t* c8 = c0 + 8 * (size_t)n;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      store_pair(c0 + 8 * j, d[4 * j], d[4 * j + 1]);
+      store_pair(c8 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
+    }
+    if (R) rec.end<Epilogue>(t);
+    if (R && GEMM_TRACE_LEVEL >= 2) rec.end<Tile>(t);
+  }
+  rec.flush();
+}
 
 extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     tgpu_gemm_bf16(const __grid_constant__ gemm::TensorMap tma_a,
@@ -327,77 +402,11 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     // sub-partitions 1 and 2, apart from each other and from the producer's (0), so that
     // no sub-partition issues two warps' recording.
     const bool records = !GEMM_TRACE_ONE_WARP || warp % 4 == cw + 1;
-    GEMM_RECORDER_DECL(rec, trace_if(records, tgpu_trace), Wait, Mma, Epilogue, Tile, Release);
-    // The consumer's tiles, instantiated once per value of R (this warp records), so
-    // that a warp that does not record runs a copy with no recorder calls in it, and the
-    // one that does, a copy with no branch around them. Without GEMM_TRACE_ONE_WARP
-    // `records` is a constant and only the recording copy exists.
-    auto consume = [&](auto recording) {
-      constexpr bool R = decltype(recording)::value;
-      int stage = 0;
-      u32 phase = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int tm, tn;
-        tile_coords(t, tiles_m, tiles_n, tm, tn);
-        float d[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.f;
-        int prev = -1;
-        if (R && GEMM_TRACE_LEVEL >= 2) rec.begin<Tile>();
-        if (R) rec.begin<Wait>();
-        // The loop leaves after the last k-tile's Mma has begun, so its body holds one
-        // Mma->Wait switch and no branch choosing between Wait and Epilogue: the switch
-        // to Epilogue is after the loop.
-        for (int kt = 0;;) {
-          bar_wait(full + 8 * stage, phase);
-          const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
-          const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) {
-            // 16 bf16 = 32 bytes along K inside the swizzled 128-byte row.
-            wgmma_m64n256k16(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32));
-          }
-          wgmma_commit();
-          if (R) rec.switch_to<Wait, Mma>(kt);
-          // One k-tile of wgmma stays in flight; the one before it is done, so its
-          // stage can be handed back to the producer.
-          wgmma_wait<1>();
-          if (prev >= 0 && lane == 0) bar_arrive(empty + 8 * prev);
-          if (R && GEMM_TRACE_LEVEL >= 2 && prev >= 0) rec.instant<Release>(kt - 1);
-          prev = stage;
-          if (++stage == STAGES) {
-            stage = 0;
-            phase ^= 1;
-          }
-          if (++kt == ktiles) break;
-          if (R) rec.switch_to<Mma, Wait>(kt - 1);
-        }
-        if (R) rec.switch_to<Mma, Epilogue>(ktiles - 1);
-        wgmma_wait<0>();
-        fence_acc(d);
-        if (lane == 0) bar_arrive(empty + 8 * prev);
-
-        // Epilogue. wgmma's accumulator layout: register 4j+{0,1} holds row lane/4,
-        // columns 8j + 2(lane%4) + {0,1} of the warp's 16-row slice; 4j+{2,3} the row 8 below.
-        const int w = warp % 4;
-        const size_t row = (size_t)tm * BM + cw * 64 + w * 16 + lane / 4;
-        out_t* c0 = c + row * n + (size_t)tn * BN + (lane % 4) * 2;
-        out_t* c8 = c0 + 8 * (size_t)n;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          store_pair(c0 + 8 * j, d[4 * j], d[4 * j + 1]);
-          store_pair(c8 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
-        }
-        if (R) rec.end<Epilogue>(t);
-        if (R && GEMM_TRACE_LEVEL >= 2) rec.end<Tile>(t);
-      }
-    };
+    const Consumer args = {ring, full, empty, cw, warp, lane, tiles, tiles_m, tiles_n, ktiles, n, c};
     if (records) {
-      consume(Flag<true>());
+      consume<true>(args TGPU_TRACE_ARG);
     } else {
-      consume(Flag<false>());
+      consume<false>(args TGPU_TRACE_ARG);
     }
-    rec.flush();
   }
 }
