@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --features cuda --example gemm -- [--size M N K] [--reps R]
-//!     [--variants off,phases,full] [--f32]
+//!     [--variants off,phases,phases-wg,full] [--f32] [--no-lineinfo]
 //!     [--trace gemm.perfetto-trace [--capture gemm.tgpu] [--launches 4]]
 //! ```
 //!
@@ -36,17 +36,24 @@ struct Args {
     capture: Option<std::path::PathBuf>,
     launches: u32,
     out: Out,
+    lineinfo: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         shape: (4096, 4096, 4096),
         reps: 30,
-        variants: vec![Variant::Off, Variant::Phases, Variant::Full],
+        variants: vec![
+            Variant::Off,
+            Variant::Phases,
+            Variant::PhasesWg,
+            Variant::Full,
+        ],
         trace: None,
         capture: None,
         launches: 4,
         out: Out::Bf16,
+        lineinfo: true,
     };
     let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> Result<usize, String> {
@@ -64,6 +71,7 @@ fn parse_args() -> Result<Args, String> {
             "--capture" => a.capture = Some(it.next().ok_or("--capture: missing path")?.into()),
             "--launches" => a.launches = num(it.next(), "--launches")?.max(1) as u32,
             "--f32" => a.out = Out::F32,
+            "--no-lineinfo" => a.lineinfo = false,
             "--variants" => {
                 let list = it.next().ok_or("--variants: missing list")?;
                 a.variants = list
@@ -77,7 +85,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
             }
             "-h" | "--help" => {
-                return Err("usage: gemm [--size M N K] [--reps R] [--variants off,phases,full,seed-style,flashinfer-style] [--trace T.perfetto-trace [--capture C.tgpu] [--launches N]] [--f32]".into())
+                return Err("usage: gemm [--size M N K] [--reps R] [--variants off,phases,phases-wg,full,seed-style,flashinfer-style] [--trace T.perfetto-trace [--capture C.tgpu] [--launches N]] [--f32] [--no-lineinfo]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -121,7 +129,7 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let gemms: Vec<Gemm> = args
         .variants
         .iter()
-        .map(|&v| Gemm::compile(&ctx, v, args.out))
+        .map(|&v| Gemm::compile(&ctx, v, args.out, args.lineinfo))
         .collect::<Result<_, _>>()?;
 
     // Correctness: fresh random inputs for every check, the full shape twice and two
@@ -257,7 +265,7 @@ fn profiled(args: &Args, out: &std::path::Path) -> Result<(), Box<dyn std::error
             let ctx = CudaContext::new(0)?;
             let stream = ctx.default_stream();
             let g = tracing::info_span!("compile")
-                .in_scope(|| Gemm::compile(&ctx, Variant::Phases, args.out))?;
+                .in_scope(|| Gemm::compile(&ctx, Variant::Phases, args.out, args.lineinfo))?;
             let mut p = tracing::info_span!("upload")
                 .in_scope(|| Problem::new(&stream, args.shape, args.out, 0x7ACE))?;
             let cfg = g.config(&p);
@@ -268,7 +276,8 @@ fn profiled(args: &Args, out: &std::path::Path) -> Result<(), Box<dyn std::error
                 let mut b = Profiler::builder()
                     .context(ctx.clone())
                     .events(EVENTS)
-                    .capacity(capacity);
+                    .capacity(capacity)
+                    .lineinfo(args.lineinfo);
                 if let Some(r) = &recorder {
                     b = b.dump(r.clone());
                 }

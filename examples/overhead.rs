@@ -1,10 +1,12 @@
-//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built five
+//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built six
 //! ways and timed in the same run, interleaved (CUDA events, medians after warm-up):
 //!
 //! - `off`: the production kernel, no recorder (built twice: the two copies' difference
 //!   is the noise floor of the comparison);
 //! - `phases`: our recorder, per-k-tile phases (the producer warp records a load per
 //!   k-tile; every consumer warp records wait and mma per k-tile, and the epilogue);
+//! - `phases-wg`: the same phases from one warp per consumer warpgroup (and the
+//!   producer): the four warps of a warpgroup run the same wgmma in step;
 //! - `full`: our recorder, every event (also the producer's wait apart from its load, a
 //!   tile range and a release instant per k-tile);
 //! - `seed-style`: the seed's published design at the phases' call sites;
@@ -14,7 +16,7 @@
 //! exactly the events expected, so all of them do the same work.
 //!
 //! ```text
-//! cargo run --release --features cuda --example overhead -- [--size M N K] [--reps R]
+//! cargo run --release --features cuda --example overhead -- [--size M N K] [--reps R] [--no-lineinfo]
 //! ```
 //!
 //! Overhead per k-tile = (median time − median time off) / k-tiles one block walks in
@@ -32,8 +34,20 @@ use common::gemm::{
 use tracing_gpu::cuda::cudarc::driver::CudaContext;
 use tracing_gpu::cuda::ensure_libraries;
 
-fn parse_args() -> Result<((usize, usize, usize), usize), String> {
-    let (mut shape, mut reps) = ((4096, 4096, 4096), 50);
+/// The command line: the problem shape, the timed rounds, and whether the kernels carry
+/// line info.
+struct Args {
+    shape: (usize, usize, usize),
+    reps: usize,
+    lineinfo: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        shape: (4096, 4096, 4096),
+        reps: 50,
+        lineinfo: true,
+    };
     let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> Result<usize, String> {
         v.ok_or(format!("{what}: missing value"))?
@@ -43,29 +57,32 @@ fn parse_args() -> Result<((usize, usize, usize), usize), String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--size" => {
-                shape = (
+                a.shape = (
                     num(it.next(), "--size")?,
                     num(it.next(), "--size")?,
                     num(it.next(), "--size")?,
                 )
             }
-            "--reps" => reps = num(it.next(), "--reps")?.max(1),
-            "-h" | "--help" => return Err("usage: overhead [--size M N K] [--reps R]".into()),
+            "--reps" => a.reps = num(it.next(), "--reps")?.max(1),
+            "--no-lineinfo" => a.lineinfo = false,
+            "-h" | "--help" => {
+                return Err("usage: overhead [--size M N K] [--reps R] [--no-lineinfo]".into())
+            }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
     }
-    Ok((shape, reps))
+    Ok(a)
 }
 
 fn main() -> ExitCode {
-    let (shape, reps) = match parse_args() {
+    let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("overhead: {e}");
             return ExitCode::from(2);
         }
     };
-    match run(shape, reps) {
+    match run(&args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -75,7 +92,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(shape: (usize, usize, usize), reps: usize) -> Result<bool, Box<dyn std::error::Error>> {
+fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
+    let (shape, reps) = (args.shape, args.reps);
     ensure_libraries()?;
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
@@ -91,6 +109,7 @@ fn run(shape: (usize, usize, usize), reps: usize) -> Result<bool, Box<dyn std::e
     let variants = [
         Variant::Off,
         Variant::Phases,
+        Variant::PhasesWg,
         Variant::Full,
         Variant::Seed,
         Variant::FlashInfer,
@@ -98,7 +117,7 @@ fn run(shape: (usize, usize, usize), reps: usize) -> Result<bool, Box<dyn std::e
     ];
     let gemms: Vec<Gemm> = variants
         .iter()
-        .map(|&v| Gemm::compile(&ctx, v, Out::Bf16))
+        .map(|&v| Gemm::compile(&ctx, v, Out::Bf16, args.lineinfo))
         .collect::<Result<_, _>>()?;
     let names: Vec<&str> = variants
         .iter()
@@ -180,29 +199,44 @@ fn run(shape: (usize, usize, usize), reps: usize) -> Result<bool, Box<dyn std::e
     };
     let again = names.len() - 1;
     let noise_ns = delta_ms(again).abs() * 1e6 / ktiles_seq;
-    let phases_ns = delta_ms(1) * 1e6 / ktiles_seq;
+    // The two recordings of per-k-tile phases the others are compared with.
+    let bases = [Variant::Phases, Variant::PhasesWg].map(|v| {
+        let i = variants.iter().position(|&x| x == v).expect("built");
+        (i, delta_ms(i) * 1e6 / ktiles_seq)
+    });
+    let records_per_ktile = |v: Variant| {
+        let g = gemms.iter().find(|g| g.variant == v).expect("built");
+        g.expected_records(&p) as f64 / kt_total
+    };
     println!(
-        "\n{ktiles_seq} k-tiles per block in sequence; records per k-tile (whole block): phases {}, full {}",
-        gemms[1].expected_records(&p) as f64 / kt_total,
-        gemms[2].expected_records(&p) as f64 / kt_total,
+        "\n{ktiles_seq} k-tiles per block in sequence; records per k-tile (whole block): phases {}, phases-wg {}, full {}",
+        records_per_ktile(Variant::Phases),
+        records_per_ktile(Variant::PhasesWg),
+        records_per_ktile(Variant::Full),
     );
-    println!("\n| variant | median ms | TFLOP/s | slowdown | ns per k-tile | vs phases |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "\n| variant | median ms | TFLOP/s | slowdown | ns per k-tile | vs phases | vs phases-wg |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for (i, name) in names.iter().enumerate() {
         let ms = median(&mut times[i].clone());
         let d = if i == 0 { 0.0 } else { delta_ms(i) };
         let per_ktile = d * 1e6 / ktiles_seq;
-        let ratio = match i {
-            0 | 1 => "-".to_string(),
-            _ if i == again => "-".to_string(),
-            // Below the noise floor the phases' cost is not resolved: bound the ratio.
-            _ if phases_ns < noise_ns => format!("≥ {:.0}×", per_ktile / noise_ns.max(0.1)),
-            _ => format!("{:.1}×", per_ktile / phases_ns),
+        let ratio = |(base, base_ns): (usize, f64)| match i {
+            0 => "-".to_string(),
+            _ if i == base || i == again => "-".to_string(),
+            // Below the noise floor a cost is not resolved: a ratio to it is a bound, or
+            // nothing when both are below it.
+            _ if base_ns < noise_ns && per_ktile < noise_ns => "-".to_string(),
+            _ if base_ns < noise_ns => format!("≥ {:.0}×", per_ktile / noise_ns.max(0.1)),
+            _ => format!("{:.1}×", per_ktile / base_ns),
         };
         println!(
-            "| {name} | {ms:.4} | {:.1} | {:+.2}% | {per_ktile:.1} | {ratio} |",
+            "| {name} | {ms:.4} | {:.1} | {:+.2}% | {per_ktile:.1} | {} | {} |",
             p.flops() / ms / 1e9,
             100.0 * d / off,
+            ratio(bases[0]),
+            ratio(bases[1]),
         );
     }
     let blas = median(&mut times[gemms.len()].clone());

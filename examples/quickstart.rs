@@ -1,7 +1,7 @@
 //! Quickstart: one instrumented kernel, host spans around it, one Perfetto trace.
 //!
 //! ```text
-//! cargo run --release --features cuda --example quickstart -- quickstart.perfetto-trace [--dump run.tgpu] [--launches 8]
+//! cargo run --release --features cuda --example quickstart -- quickstart.perfetto-trace [--dump run.tgpu] [--launches 8] [--no-lineinfo]
 //! ```
 //!
 //! Open the trace at <https://ui.perfetto.dev>: the host thread shows
@@ -53,11 +53,13 @@ pub struct Summary {
 }
 
 /// Runs `launches` profiled launches and writes the trace to `out` (and the
-/// capture to `dump`). The subscriber is scoped to this call.
+/// capture to `dump`); the kernels carry line info if `lineinfo`. The subscriber is
+/// scoped to this call.
 pub fn run(
     out: &Path,
     dump: Option<&Path>,
     launches: u32,
+    lineinfo: bool,
 ) -> Result<Summary, Box<dyn std::error::Error>> {
     let (perfetto, guard) = PerfettoLayer::builder()
         .file(out)
@@ -81,7 +83,8 @@ pub fn run(
                 let mut b = Profiler::builder()
                     .device(0)
                     .registry(registry())
-                    .capacity(32);
+                    .capacity(32)
+                    .lineinfo(lineinfo);
                 if let Some(r) = &recorder {
                     b = b.dump(r.clone());
                 }
@@ -93,7 +96,9 @@ pub fn run(
                 let _s = tracing::info_span!("compile", arch).entered();
                 let ptx = cuda::compile(
                     SOURCE,
-                    &KernelBuild::new("quickstart.cu", arch).define("TGPU_ENABLED=1"),
+                    &KernelBuild::new("quickstart.cu", arch)
+                        .define("TGPU_ENABLED=1")
+                        .lineinfo(lineinfo),
                 )?;
                 ctx.load_module(ptx)?.load_function("tiled_poly")?
             };
@@ -146,20 +151,24 @@ fn main() -> ExitCode {
     let mut out: Option<PathBuf> = None;
     let mut dump: Option<PathBuf> = None;
     let mut launches = 8;
+    let mut lineinfo = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--dump" => dump = args.next().map(PathBuf::from),
+            "--no-lineinfo" => lineinfo = false,
             "--launches" => launches = args.next().and_then(|v| v.parse().ok()).unwrap_or(0),
             _ if out.is_none() && !a.starts_with("--") => out = Some(a.into()),
             _ => out = None,
         }
     }
     let Some(out) = out.filter(|_| launches > 0) else {
-        eprintln!("usage: quickstart TRACE.perfetto-trace [--dump CAPTURE.tgpu] [--launches N]");
+        eprintln!(
+            "usage: quickstart TRACE.perfetto-trace [--dump CAPTURE.tgpu] [--launches N] [--no-lineinfo]"
+        );
         return ExitCode::from(2);
     };
-    match run(&out, dump.as_deref(), launches) {
+    match run(&out, dump.as_deref(), launches, lineinfo) {
         Ok(s) => {
             println!(
                 "{}: {} launches, {} device events ({} dropped), {} clock checkpoints; {} bytes",

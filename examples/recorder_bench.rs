@@ -44,6 +44,8 @@ use tracing_gpu::registry::EventRegistry;
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 const BENCH: &str = include_str!("../kernels/bench/recorder_bench.cu");
+/// The seed-style recorder the bench's seed build includes (benchmarks only).
+const BASELINES: &str = include_str!("../kernels/bench/baselines.cuh");
 const PHASES: &str = include_str!("../kernels/examples/phases.cu");
 const WARP_SPECIALIZED: &str = include_str!("../kernels/examples/warp_specialized.cu");
 const PERSISTENT: &str = include_str!("../kernels/examples/persistent.cu");
@@ -105,7 +107,7 @@ impl Gpu {
 
     /// Compiles `source` with NVRTC and loads its entry point `entry`.
     fn load(&self, source: &str, entry: &str, defines: &[String]) -> Result<CudaFunction> {
-        let mut build = KernelBuild::new(entry, self.arch);
+        let mut build = KernelBuild::new(entry, self.arch).header("baselines.cuh", BASELINES);
         for d in defines {
             build = build.define(d.clone());
         }

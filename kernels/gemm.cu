@@ -23,13 +23,16 @@
 // its own role. Producer: Load per k-tile. Consumers: Wait and Mma per k-tile, then
 // Epilogue per tile. GEMM_TRACE_LEVEL=2 ("full") splits the producer's ProdWait from
 // its Load and adds a Tile range around each tile and a Release instant per k-tile.
+// GEMM_TRACE_ONE_WARP=1 ("phases-wg") has one warp of each consumer warpgroup record
+// instead of all four (see `records` below): a quarter of the consumer records.
 // (The events below say where each stamp sits, and why.) With TGPU_ENABLED off, every
 // `rec.` line compiles to nothing and the kernel keeps its production parameters.
 //
 // GEMM_RECORDER selects who implements `rec` when TGPU_ENABLED is on, for the overhead
 // comparison (examples/overhead.rs): 0 = tgpu::Recorder (ours, the default), 1 = the
-// seed's published design, 2 = FlashInfer's published design (both below, reimplemented
-// from their descriptions: same call sites, same event count, their costs).
+// seed's published design, 2 = FlashInfer's published design (both in bench/baselines.cuh,
+// reimplemented from their descriptions: same call sites, same event count, their costs).
+// With nvcc: -I kernels/include -I kernels/bench.
 #include "tracing_gpu.cuh"
 
 #ifndef GEMM_TRACE_LEVEL
@@ -37,6 +40,9 @@
 #endif
 #ifndef GEMM_RECORDER
 #define GEMM_RECORDER 0
+#endif
+#ifndef GEMM_TRACE_ONE_WARP
+#define GEMM_TRACE_ONE_WARP 0
 #endif
 
 // The events, by warp role. Payloads: the k-tile index for per-k-tile events, the tile
@@ -64,167 +70,21 @@ typedef Load ProdIdle;
 #endif
 
 #if defined(TGPU_ENABLED) && TGPU_ENABLED && GEMM_RECORDER != 0
-namespace baseline {
-
-// The two designs we compare against, reimplemented from their published descriptions
-// behind the same interface as tgpu::Recorder, so the GEMM's call sites are the same
-// lines in every build. Both read their buffer from the same tgpu::Trace argument.
-
-template <class T, class... Ts>
-struct index_of;
-template <class T, class... Ts>
-struct index_of<T, T, Ts...> {
-  static constexpr unsigned int value = 0;
-};
-template <class T, class U, class... Ts>
-struct index_of<T, U, Ts...> {
-  static constexpr unsigned int value = 1 + index_of<T, Ts...>::value;
-};
-
-__device__ __forceinline__ unsigned long long timer64() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-__device__ __forceinline__ unsigned int timer32() {
-  unsigned int t;
-  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t)::"memory");
-  return t;
-}
-__device__ __forceinline__ unsigned int slot_index() {
-  return blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-}
-
+// The designs we compare against (baselines.cuh: reimplemented from their published
+// descriptions, for benchmarks only), behind tgpu::Recorder's interface, so that the
+// GEMM's call sites are the same lines in every build. Both take their buffer from the
+// same tgpu::Trace argument.
+#include "baselines.cuh"
 #if GEMM_RECORDER == 1
-// The seed (CuTe DSL SM profiler, PR "in-kernel SM profiler"): a per-(block, warp) append
-// buffer of 5 x int64 records {event id, start, end, smid, payload}; each warp's record
-// counter lives in global memory, padded to its own 128-byte line; start times stay in
-// registers (a compile-time open-id map); a switch shares one timer read; lane 0 writes.
-// Buffer: slot_count counters of 128 B, then slot_count x capacity records of 40 B.
-template <class... Events>
-class Recorder {
-  unsigned long long* counter_;
-  unsigned long long* records_;
-  unsigned int capacity_;
-  bool writes_;
-  unsigned long long start_[sizeof...(Events)];
-
-  template <class T>
-  __device__ __forceinline__ void record(unsigned long long start, unsigned long long end, unsigned int payload) {
-    if (writes_) {
-      unsigned long long n;
-      asm volatile("ld.global.u64 %0, [%1];" : "=l"(n) : "l"(counter_) : "memory");
-      if (n < capacity_) {
-        unsigned long long* r = records_ + n * 5;
-        unsigned int sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        r[0] = T::id;
-        r[1] = start;
-        r[2] = end;
-        r[3] = sm;
-        r[4] = payload;
-      }
-      asm volatile("st.global.u64 [%0], %1;" ::"l"(counter_), "l"(n + 1) : "memory");
-    }
-  }
-
- public:
-  __device__ __forceinline__ explicit Recorder(tgpu::Trace t) {
-    const unsigned int s = slot_index();
-    writes_ = t.base != 0 && s < t.slot_count && threadIdx.x % 32 == 0;
-    counter_ = reinterpret_cast<unsigned long long*>(t.base) + s * 16;
-    records_ = reinterpret_cast<unsigned long long*>(t.base + 128ull * t.slot_count) +
-               (unsigned long long)s * t.capacity * 5;
-    capacity_ = t.capacity;
-  }
-  template <class T>
-  __device__ __forceinline__ void begin() {
-    start_[index_of<T, Events...>::value] = timer64();
-  }
-  template <class T>
-  __device__ __forceinline__ void end(unsigned int payload = 0) {
-    const unsigned long long t = timer64();
-    record<T>(start_[index_of<T, Events...>::value], t, payload);
-  }
-  template <class A, class B>
-  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
-    const unsigned long long t = timer64();
-    record<A>(start_[index_of<A, Events...>::value], t, payload);
-    start_[index_of<B, Events...>::value] = t;
-  }
-  template <class T>
-  __device__ __forceinline__ void instant(unsigned int payload = 0) {
-    const unsigned long long t = timer64();
-    record<T>(t, t, payload);
-  }
-  __device__ __forceinline__ void flush() {}
-};
-
+#define GEMM_RECORDER_DECL(name, trace, ...) ::seed::Recorder<__VA_ARGS__> name(::seed::Buffer::packed(trace))
 #elif GEMM_RECORDER == 2
-// FlashInfer's profiler (include/flashinfer/profiler.cuh): one 8-byte entry per event
-// boundary, {tag, %globaltimer_lo}, the tag packing smid, block, event id and
-// begin/end/instant; a write pointer in registers that strides over all (block, group)
-// pairs, so entry i of every group lies together; one writer thread per group (here lane
-// 0 of each warp); __threadfence_block() around every event; no payload, no fused switch
-// (a switch is an end and a begin). Buffer: entry 0 = {blocks, groups}, then the entries.
-template <class... Events>
-class Recorder {
-  unsigned long long* ptr_;
-  unsigned int stride_;
-  unsigned int tag_;
-  bool writes_;
-
-  __device__ __forceinline__ void entry(unsigned int id, unsigned int type) {
-    if (writes_) {
-      const unsigned int t = timer32();
-      *ptr_ = ((unsigned long long)t << 32) | (tag_ | (id << 2) | type);
-      ptr_ += stride_;
-    }
-  }
-
- public:
-  __device__ __forceinline__ explicit Recorder(tgpu::Trace t) {
-    const unsigned int groups = blockDim.x / 32;
-    unsigned int sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    unsigned long long* buf = reinterpret_cast<unsigned long long*>(t.base);
-    writes_ = t.base != 0 && threadIdx.x % 32 == 0;
-    if (writes_ && blockIdx.x == 0 && threadIdx.x == 0) {
-      buf[0] = ((unsigned long long)groups << 32) | gridDim.x;
-    }
-    ptr_ = buf + 1 + blockIdx.x * groups + threadIdx.x / 32;
-    stride_ = gridDim.x * groups;
-    tag_ = (sm << 24) | ((blockIdx.x & 0xFFF) << 12);
-  }
-  template <class T>
-  __device__ __forceinline__ void begin() {
-    entry(T::id, 0);
-    __threadfence_block();
-  }
-  template <class T>
-  __device__ __forceinline__ void end(unsigned int = 0) {
-    __threadfence_block();
-    entry(T::id, 1);
-  }
-  template <class A, class B>
-  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
-    end<A>(payload);
-    begin<B>();
-  }
-  template <class T>
-  __device__ __forceinline__ void instant(unsigned int = 0) {
-    __threadfence_block();
-    entry(T::id, 2);
-    __threadfence_block();
-  }
-  __device__ __forceinline__ void flush() {}
-};
+#define GEMM_RECORDER_DECL(name, trace, ...) ::flashinfer::Recorder<__VA_ARGS__> name(trace)
 #endif
-
-}  // namespace baseline
-#define GEMM_RECORDER_DECL(name, ...) ::baseline::Recorder<__VA_ARGS__> name(tgpu_trace)
+#elif defined(TGPU_ENABLED) && TGPU_ENABLED
+#define GEMM_RECORDER_DECL(name, trace, ...) ::tgpu::Recorder<__VA_ARGS__> name(trace)
 #else
-#define GEMM_RECORDER_DECL(name, ...) TGPU_RECORDER(name, __VA_ARGS__)
+// The gate off: the trace expression (which names the absent tgpu_trace) is dropped.
+#define GEMM_RECORDER_DECL(name, trace, ...) TGPU_RECORDER(name, __VA_ARGS__)
 #endif
 
 namespace gemm {
@@ -368,6 +228,21 @@ __device__ __forceinline__ void store_pair(out_t* p, float lo, float hi) {
 #endif
 }
 
+// What a consumer warp takes from the kernel (see consume()).
+struct Consumer {
+  u32 ring, full, empty;  // shared-memory addresses: the stage ring and its barriers
+  int cw, warp, lane;     // consumer warpgroup (0 or 1), warp in the block, lane
+  int tiles, tiles_m, tiles_n, ktiles, n;
+  out_t* c;
+};
+
+// The trace a warp records into: `t`, or for a warp that does not record, none (base 0:
+// its recorder writes nothing, not even its slot header, as for a warp that exited).
+__device__ __forceinline__ tgpu::Trace trace_if(bool records, tgpu::Trace t) {
+  if (!records) t.base = 0;
+  return t;
+}
+
 // Tile t of the grid, in groups of GROUP_M tile-rows walked column by column.
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
   const int per_group = GROUP_M * tiles_n;
@@ -379,6 +254,79 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
 }
 
 }  // namespace gemm
+
+// The consumer warps' tiles: a template on R (this warp records), so that a warp that does
+// not record runs a copy with no recorder calls in it, and one that does, a copy with no
+// branch around them (the kernel picks the copy once). Without GEMM_TRACE_ONE_WARP every
+// consumer warp records and only consume<true> is used.
+template <bool R>
+__device__ __forceinline__ void consume(const gemm::Consumer& k TGPU_TRACE_PARAM) {
+  using namespace gemm;
+  const u32 ring = k.ring, full = k.full, empty = k.empty;
+  const int cw = k.cw, warp = k.warp, lane = k.lane;
+  const int tiles = k.tiles, tiles_m = k.tiles_m, tiles_n = k.tiles_n, ktiles = k.ktiles, n = k.n;
+  out_t* __restrict__ const c = k.c;
+  GEMM_RECORDER_DECL(rec, trace_if(R, tgpu_trace), Wait, Mma, Epilogue, Tile, Release);
+  int stage = 0;
+  u32 phase = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int tm, tn;
+    tile_coords(t, tiles_m, tiles_n, tm, tn);
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0.f;
+    int prev = -1;
+    if (R && GEMM_TRACE_LEVEL >= 2) rec.begin<Tile>();
+    if (R) rec.begin<Wait>();
+    // The loop leaves after the last k-tile's Mma has begun, so its body holds one
+    // Mma->Wait switch and no branch choosing between Wait and Epilogue: the switch
+    // to Epilogue is after the loop.
+    for (int kt = 0;;) {
+      bar_wait(full + 8 * stage, phase);
+      const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
+      const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        // 16 bf16 = 32 bytes along K inside the swizzled 128-byte row.
+        wgmma_m64n256k16(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32));
+      }
+      wgmma_commit();
+      if (R) rec.switch_to<Wait, Mma>(kt);
+      // One k-tile of wgmma stays in flight; the one before it is done, so its
+      // stage can be handed back to the producer.
+      wgmma_wait<1>();
+      if (prev >= 0 && lane == 0) bar_arrive(empty + 8 * prev);
+      if (R && GEMM_TRACE_LEVEL >= 2 && prev >= 0) rec.instant<Release>(kt - 1);
+      prev = stage;
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+      if (++kt == ktiles) break;
+      if (R) rec.switch_to<Mma, Wait>(kt - 1);
+    }
+    if (R) rec.switch_to<Mma, Epilogue>(ktiles - 1);
+    wgmma_wait<0>();
+    fence_acc(d);
+    if (lane == 0) bar_arrive(empty + 8 * prev);
+
+    // Epilogue. wgmma's accumulator layout: register 4j+{0,1} holds row lane/4,
+    // columns 8j + 2(lane%4) + {0,1} of the warp's 16-row slice; 4j+{2,3} the row 8 below.
+    const int w = warp % 4;
+    const size_t row = (size_t)tm * BM + cw * 64 + w * 16 + lane / 4;
+    out_t* c0 = c + row * n + (size_t)tn * BN + (lane % 4) * 2;
+    out_t* c8 = c0 + 8 * (size_t)n;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      store_pair(c0 + 8 * j, d[4 * j], d[4 * j + 1]);
+      store_pair(c8 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
+    }
+    if (R) rec.end<Epilogue>(t);
+    if (R && GEMM_TRACE_LEVEL >= 2) rec.end<Tile>(t);
+  }
+  rec.flush();
+}
 
 extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     tgpu_gemm_bf16(const __grid_constant__ gemm::TensorMap tma_a,
@@ -412,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
     // Producer: registers are returned for the consumers' accumulators.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (warp != 0) return;
-    GEMM_RECORDER_DECL(rec, ProdWait, Load);
+    GEMM_RECORDER_DECL(rec, tgpu_trace, ProdWait, Load);
     int stage = 0;
     u32 phase = 0;  // parity of the ring's current lap
     bool first_lap = true;
@@ -431,11 +379,10 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
           tma_load(a, &tma_a, kt * BK, tm * BM, full + 8 * stage);
           tma_load(a + A_BYTES, &tma_b, kt * BK, tn * BN, full + 8 * stage);
         }
-        if (last_tile && kt + 1 == ktiles) {
-          rec.end<Load>(kt);
-        } else {
-          rec.switch_to<Load, ProdIdle>(kt);
-        }
+        // The block's last copy leaves the loop with its Load open (closed below), so
+        // that the loop body has one recorder call and no branch around it.
+        if (last_tile && kt + 1 == ktiles) break;
+        rec.switch_to<Load, ProdIdle>(kt);
         if (++stage == STAGES) {
           stage = 0;
           phase ^= 1;
@@ -443,68 +390,23 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
         }
       }
     }
+    rec.end<Load>(ktiles - 1);
     rec.flush();
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = warpgroup - 1;  // which 64 rows of the tile this warpgroup owns
-    GEMM_RECORDER_DECL(rec, Wait, Mma, Epilogue, Tile, Release);
-    int stage = 0;
-    u32 phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int tm, tn;
-      tile_coords(t, tiles_m, tiles_n, tm, tn);
-      float d[128];
-#pragma unroll
-      for (int i = 0; i < 128; ++i) d[i] = 0.f;
-      int prev = -1;
-      if (GEMM_TRACE_LEVEL >= 2) rec.begin<Tile>();
-      rec.begin<Wait>();
-      for (int kt = 0; kt < ktiles; ++kt) {
-        bar_wait(full + 8 * stage, phase);
-        const u32 a = ring + stage * STAGE_BYTES + cw * (64 * BK * 2);
-        const u32 b = ring + stage * STAGE_BYTES + A_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-          // 16 bf16 = 32 bytes along K inside the swizzled 128-byte row.
-          wgmma_m64n256k16(d, smem_desc(a + kk * 32), smem_desc(b + kk * 32));
-        }
-        wgmma_commit();
-        rec.switch_to<Wait, Mma>(kt);
-        // One k-tile of wgmma stays in flight; the one before it is done, so its
-        // stage can be handed back to the producer.
-        wgmma_wait<1>();
-        if (prev >= 0 && lane == 0) bar_arrive(empty + 8 * prev);
-        if (GEMM_TRACE_LEVEL >= 2 && prev >= 0) rec.instant<Release>(kt - 1);
-        if (kt + 1 < ktiles) {
-          rec.switch_to<Mma, Wait>(kt);
-        } else {
-          rec.switch_to<Mma, Epilogue>(kt);
-        }
-        prev = stage;
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-      wgmma_wait<0>();
-      fence_acc(d);
-      if (lane == 0) bar_arrive(empty + 8 * prev);
-
-      // Epilogue. wgmma's accumulator layout: register 4j+{0,1} holds row lane/4,
-      // columns 8j + 2(lane%4) + {0,1} of the warp's 16-row slice; 4j+{2,3} the row 8 below.
-      const int w = warp % 4;
-      const size_t row = (size_t)tm * BM + cw * 64 + w * 16 + lane / 4;
-      out_t* c0 = c + row * n + (size_t)tn * BN + (lane % 4) * 2;
-      out_t* c8 = c0 + 8 * (size_t)n;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        store_pair(c0 + 8 * j, d[4 * j], d[4 * j + 1]);
-        store_pair(c8 + 8 * j, d[4 * j + 2], d[4 * j + 3]);
-      }
-      rec.end<Epilogue>(t);
-      if (GEMM_TRACE_LEVEL >= 2) rec.end<Tile>(t);
+    // Whether this warp records: every consumer warp, or with GEMM_TRACE_ONE_WARP one per
+    // warpgroup (the four wait on the same stages and run the same wgmma, so one tells
+    // their phases). That one is warp cw + 1 of the group: warps 5 and 10 of the block,
+    // which under the usual assignment of warp i to SM sub-partition i mod 4 sit on
+    // sub-partitions 1 and 2, apart from each other and from the producer's (0), so that
+    // no sub-partition issues two warps' recording.
+    const bool records = !GEMM_TRACE_ONE_WARP || warp % 4 == cw + 1;
+    const Consumer args = {ring, full, empty, cw, warp, lane, tiles, tiles_m, tiles_n, ktiles, n, c};
+    if (records) {
+      consume<true>(args TGPU_TRACE_ARG);
+    } else {
+      consume<false>(args TGPU_TRACE_ARG);
     }
-    rec.flush();
   }
 }

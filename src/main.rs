@@ -75,6 +75,10 @@ enum Command {
         /// The capture to replay (default: the one shipped in captures/).
         #[arg(long, value_name = "FILE")]
         capture: Option<PathBuf>,
+        /// Compile the live run's kernels without line info (by default they carry it,
+        /// so that Nsight Compute maps their machine code to the source).
+        #[arg(long)]
+        no_lineinfo: bool,
     },
     /// Measures each GPU's clock against the host's: offset, drift and error bound.
     #[command(after_help = EXIT_CODES)]
@@ -82,6 +86,9 @@ enum Command {
         /// Ping-pong rounds per GPU.
         #[arg(long, value_name = "N", default_value_t = 2000)]
         samples: usize,
+        /// Compile the calibration kernels without line info (by default they carry it).
+        #[arg(long)]
+        no_lineinfo: bool,
     },
     /// Converts a capture file into a Perfetto trace, or sends it over OTLP.
     #[command(after_help = EXIT_CODES)]
@@ -367,12 +374,13 @@ fn summarize(dump: &Dump, title: &str, svg: &Path) -> Result<(), Failure> {
     print_out(&summary)
 }
 
-/// Runs the profiled quickstart kernel on GPU 0: trace at `out`, capture beside it.
+/// Runs the profiled quickstart kernel on GPU 0: trace at `out`, capture beside it;
+/// its kernels carry line info if `lineinfo`.
 #[cfg(feature = "cuda")]
-fn live_demo(out: &Path) -> Result<(), Failure> {
+fn live_demo(out: &Path, lineinfo: bool) -> Result<(), Failure> {
     let capture = out.with_extension("tgpu");
     eprintln!("live run on GPU 0: the quickstart kernel, 8 profiled launches");
-    let summary = quickstart::run(out, Some(&capture), 8)
+    let summary = quickstart::run(out, Some(&capture), 8, lineinfo)
         .map_err(|e| Failure::new(Exit::Run, format!("live demo failed: {e}")))?;
     let dump = read_capture(&capture)?;
     let svg = out.with_extension("svg");
@@ -390,18 +398,18 @@ fn live_demo(out: &Path) -> Result<(), Failure> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn live_demo(_out: &Path) -> Result<(), Failure> {
+fn live_demo(_out: &Path, _lineinfo: bool) -> Result<(), Failure> {
     Err(Failure::new(Exit::NoGpu, "this build has no CUDA support"))
 }
 
-fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure> {
+fn demo(out: &Path, replay: bool, capture: Option<&Path>, lineinfo: bool) -> Result<(), Failure> {
     let reason = if replay {
         Some("--replay".to_string())
     } else {
         no_gpu_reason()
     };
     let Some(reason) = reason else {
-        return live_demo(out);
+        return live_demo(out, lineinfo);
     };
     let capture = capture.unwrap_or(Path::new(SHIPPED_CAPTURE));
     eprintln!(
@@ -449,9 +457,9 @@ fn demo(out: &Path, replay: bool, capture: Option<&Path>) -> Result<(), Failure>
 }
 
 /// Calibrates every GPU with `samples` ping-pong rounds and prints its device →
-/// host clock map.
+/// host clock map; the calibration kernels carry line info if `lineinfo`.
 #[cfg(feature = "cuda")]
-fn calibrate(samples: usize) -> Result<(), Failure> {
+fn calibrate(samples: usize, lineinfo: bool) -> Result<(), Failure> {
     use tracing_gpu::cuda::{calibrate::Calibrator, cudarc::driver::CudaContext};
     if let Some(reason) = no_gpu_reason() {
         return Err(Failure::new(
@@ -471,7 +479,8 @@ fn calibrate(samples: usize) -> Result<(), Failure> {
     for ordinal in 0..n.max(0) as usize {
         let ctx = CudaContext::new(ordinal).map_err(|e| failed(ordinal, &e))?;
         let name = ctx.name().unwrap_or_else(|_| "?".into());
-        let mut calibrator = Calibrator::new(&ctx).map_err(|e| failed(ordinal, &e))?;
+        let mut calibrator =
+            Calibrator::with_lineinfo(&ctx, lineinfo).map_err(|e| failed(ordinal, &e))?;
         let checkpoint = calibrator
             .calibrate(samples)
             .map_err(|e| failed(ordinal, &e))?;
@@ -497,7 +506,7 @@ fn calibrate(samples: usize) -> Result<(), Failure> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn calibrate(_samples: usize) -> Result<(), Failure> {
+fn calibrate(_samples: usize, _lineinfo: bool) -> Result<(), Failure> {
     Err(Failure::new(
         Exit::NoGpu,
         "cannot calibrate: this build has no CUDA support (build with --features cuda, or full)",
@@ -611,7 +620,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out,
             replay,
             capture,
-        } => demo(&out, replay, capture.as_deref()),
+            no_lineinfo,
+        } => demo(&out, replay, capture.as_deref(), !no_lineinfo),
         Command::Convert {
             capture,
             out,
@@ -622,7 +632,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out.as_deref(),
             otlp.as_deref().map(|e| (e, otlp_protocol.as_str())),
         ),
-        Command::Calibrate { samples } => calibrate(samples),
+        Command::Calibrate {
+            samples,
+            no_lineinfo,
+        } => calibrate(samples, !no_lineinfo),
         Command::Report {
             capture,
             svg,

@@ -446,6 +446,39 @@ fn calibrate_without_a_gpu_exits_6() {
     assert_exit(&o, 6, "cannot calibrate");
 }
 
+#[test]
+fn the_live_commands_take_no_lineinfo() {
+    for command in ["demo", "calibrate"] {
+        let o = run(&[command, "--help"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stdout(&o).contains("--no-lineinfo"),
+            "{command} --help: {}",
+            stdout(&o)
+        );
+    }
+    // A replay compiles nothing: the flag is accepted and changes nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let out = dir.path().join("demo.perfetto-trace");
+    let o = run(&[
+        "demo",
+        "--replay",
+        "--no-lineinfo",
+        "--capture",
+        capture.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    perfetto_check::check(&out, &["--expect-kernels", "2"]);
+    // Without a GPU, calibrate still says so (6), not bad usage (2).
+    let o = run(&["calibrate", "--no-lineinfo", "--samples", "50"]);
+    if !o.status.success() {
+        assert_exit(&o, 6, "cannot calibrate");
+    }
+}
+
 #[cfg(feature = "otlp")]
 #[path = "otlp_receiver/mod.rs"]
 mod otlp_receiver;

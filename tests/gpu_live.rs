@@ -26,7 +26,7 @@ fn live_trace_passes_the_schema_check() {
     let trace = dir.path().join("live.perfetto-trace");
     let dump = dir.path().join("live.tgpu");
     let launches = 4;
-    let s = quickstart::run(&trace, Some(&dump), launches).unwrap();
+    let s = quickstart::run(&trace, Some(&dump), launches, true).unwrap();
     assert_eq!(s.stats.delivered, launches as u64);
     assert_eq!((s.stats.failed, s.stats.skipped), (0, 0));
     assert!(s.stats.events > 0);

@@ -1,7 +1,8 @@
 //! Line info: kernels compile with `-lineinfo` by default, so ncu can map SASS to
-//! the `.cu` source (`scripts/ncu.sh`), and `KernelBuild::lineinfo = false` turns
-//! it off. Needs NVRTC (no GPU): with `TGPU_REQUIRE_TOOLS=1` its absence fails the
-//! test, otherwise the test says it skipped.
+//! the `.cu` source (`scripts/ncu.sh`), and `KernelBuild::lineinfo(false)` (the
+//! `--no-lineinfo` of the CLI's live commands and of the examples) turns it off.
+//! Needs NVRTC (no GPU): with `TGPU_REQUIRE_TOOLS=1` its absence fails the test,
+//! otherwise the test says it skipped.
 #![cfg(feature = "cuda")]
 
 use tracing_gpu::cuda::{compile, ensure_nvrtc, KernelBuild};
@@ -60,13 +61,23 @@ fn ptx_carries_file_and_loc_by_default_and_not_when_turned_off() {
         "no .loc for line 5 in {locs:?}"
     );
 
-    let off = KernelBuild {
-        lineinfo: false,
-        ..on
-    };
-    let ptx = compile(SOURCE, &off).expect("compiles").to_src();
-    assert!(
-        !ptx.contains(".loc"),
-        "line info still present with lineinfo = false:\n{ptx}"
-    );
+    // Off: no location and no file table, whether set through the field or the builder.
+    let off = KernelBuild::new("scale.cu", "sm_90").lineinfo(false);
+    assert!(!off.lineinfo);
+    for build in [
+        off,
+        KernelBuild {
+            lineinfo: false,
+            ..on
+        },
+    ] {
+        let ptx = compile(SOURCE, &build).expect("compiles").to_src();
+        for directive in [".loc", ".file"] {
+            assert!(
+                !ptx.lines().any(|l| l.trim_start().starts_with(directive)),
+                "{directive} present with line info off:\n{ptx}"
+            );
+        }
+        assert!(ptx.contains(".entry scale("), "no kernel in:\n{ptx}");
+    }
 }

@@ -112,8 +112,11 @@ mod nvrtc {
         }
     }
 
+    /// The comparison recorders the bench's seed build includes (as the examples supply them).
+    const BASELINES: &str = include_str!("../kernels/bench/baselines.cuh");
+
     fn ptx(name: &str, arch: &'static str, src: &str, defines: &[&str]) -> String {
-        let mut build = KernelBuild::new(name, arch);
+        let mut build = KernelBuild::new(name, arch).header("baselines.cuh", BASELINES);
         for d in defines {
             build = build.define(*d);
         }
@@ -208,6 +211,29 @@ mod nvrtc {
             &ptx("k", "sm_90", src, &["TGPU_ENABLED=1"]),
         );
         check_ptx("k", "sm_90", false, &ptx("k", "sm_90", src, &[]));
+    }
+
+    #[test]
+    fn a_build_supplies_its_own_headers() {
+        if !available() {
+            return;
+        }
+        // Two builds bring different files under one name: each sees its own.
+        let src = "#include \"tracing_gpu.cuh\"\n#include \"bench/value.cuh\"\n\
+                   extern \"C\" __global__ void k(unsigned* out) { *out = VALUE; }\n";
+        for value in [0x1234_5678u32, 0x0BAD_CAFE] {
+            let build = KernelBuild::new("k", "sm_90")
+                .header("bench/value.cuh", format!("#define VALUE {value}u\n"));
+            let p = compile(src, &build).expect("compiles").to_src();
+            assert!(p.contains(&value.to_string()), "{value}: not in\n{p}");
+        }
+        let bad = KernelBuild::new("k", "sm_90").header("../escape.cuh", "");
+        match compile(src, &bad) {
+            Err(CudaError::Compile { message, .. }) => {
+                assert!(message.contains("escape.cuh"), "{message}")
+            }
+            other => panic!("a header name with `..` was accepted: {other:?}"),
+        }
     }
 
     /// Compiles a kernel that must be rejected, gate on and off, and returns NVRTC's logs.

@@ -91,12 +91,21 @@ struct Loop {
     instrs: usize,
     stalls: u32,
     ranges: usize,
+    /// Timer reads (`S2UR`/`CS2R` of `SR_GLOBALTIMER*`) in the body.
+    timer_reads: usize,
 }
 
 fn measure(nvcc_path: &Path, cuobjdump: &Path, dir: &Path, defines: &[&str], unroll: u32) -> Loop {
     let src = source("kernels/bench/recorder_bench.cu");
     let unroll_flag = format!("-DTGPU_BENCH_UNROLL={unroll}");
-    let mut args = vec!["-arch=sm_90", "-cubin", unroll_flag.as_str()];
+    // The seed build includes baselines.cuh from the bench's folder.
+    let bench_dir = format!("-I{}/kernels/bench", env!("CARGO_MANIFEST_DIR"));
+    let mut args = vec![
+        "-arch=sm_90",
+        "-cubin",
+        unroll_flag.as_str(),
+        bench_dir.as_str(),
+    ];
     args.extend_from_slice(defines);
     let cubin = nvcc(nvcc_path, dir, "recorder_bench", &src, &args, "bench.cubin");
     let instrs = disassemble(cuobjdump, &cubin);
@@ -107,6 +116,10 @@ fn measure(nvcc_path: &Path, cuobjdump: &Path, dir: &Path, defines: &[&str], unr
         instrs: body.len(),
         stalls: body.iter().map(|i| i.stall).sum(),
         ranges: f / 64,
+        timer_reads: body
+            .iter()
+            .filter(|i| i.text.contains("SR_GLOBALTIMER"))
+            .count(),
     }
 }
 
@@ -117,15 +130,17 @@ fn recorder_sass_per_range_event() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let variants: [(&str, &[&str]); 5] = [
-        ("off", &[]),
-        ("floor: 2 bare timer reads", &["-DTGPU_BENCH_FLOOR=1"]),
-        ("ours: begin/end", &["-DTGPU_ENABLED=1"]),
+    // (name, defines, timer reads per range as written)
+    let variants: [(&str, &[&str], usize); 5] = [
+        ("off", &[], 0),
+        ("floor: 2 bare timer reads", &["-DTGPU_BENCH_FLOOR=1"], 2),
+        ("ours: begin/end", &["-DTGPU_ENABLED=1"], 2),
         (
             "ours: switch_to",
             &["-DTGPU_ENABLED=1", "-DTGPU_BENCH_SWITCH=1"],
+            1,
         ),
-        ("seed-style", &["-DTGPU_BENCH_SEED=1"]),
+        ("seed-style", &["-DTGPU_BENCH_SEED=1"], 2),
     ];
     println!("SASS per range event, sm_90, event loop of kernels/bench/recorder_bench.cu:");
     println!(
@@ -145,11 +160,18 @@ fn recorder_sass_per_range_event() {
             off.instrs
         );
         let mut per_range = Vec::new();
-        for (name, defines) in variants {
+        for (name, defines, reads) in variants {
             let l = measure(&nvcc_path, &cuobjdump, dir.path(), defines, unroll);
             assert_eq!(
                 l.ranges, off.ranges,
                 "{name}: another loop shape than the gated-off one"
+            );
+            // As many timer reads as the source has stamps: ptxas read none of them
+            // again (rematerialized) nor dropped one.
+            assert_eq!(
+                l.timer_reads,
+                reads * l.ranges,
+                "{name}, unroll {unroll}: timer reads in the loop"
             );
             let instrs = (l.instrs as f64 - off.instrs as f64) / l.ranges as f64;
             let stalls = (l.stalls as f64 - off.stalls as f64) / l.ranges as f64;

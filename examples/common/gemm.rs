@@ -13,12 +13,15 @@ use tracing_gpu::cuda::cudarc::driver::{
     DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
-use tracing_gpu::decode::Capture;
+use tracing_gpu::decode::{Capture, Event, EventKind};
 use tracing_gpu::format::{self, BufferHeader, KernelArg};
 use tracing_gpu::registry::EventRegistry;
 
 /// The kernel's source, embedded so one binary is all the GPU machine needs.
 pub const SOURCE: &str = include_str!("../../kernels/gemm.cu");
+/// The comparison recorders it includes for the seed-style and FlashInfer-style builds
+/// (benchmarks only, not the product's header).
+pub const BASELINES: &str = include_str!("../../kernels/bench/baselines.cuh");
 /// The kernel's (unmangled) name.
 pub const KERNEL: &str = "tgpu_gemm_bf16";
 /// Tile rows.
@@ -59,8 +62,11 @@ pub enum Variant {
     /// No recorder: the production kernel.
     Off,
     /// Our recorder, per-k-tile phases (load per k-tile for the producer, wait and mma
-    /// per k-tile and the epilogue for the consumers).
+    /// per k-tile and the epilogue for every consumer warp).
     Phases,
+    /// The same phases, recorded by one warp per consumer warpgroup (the four run the
+    /// same wgmma in step) and the producer: a quarter of the consumer records.
+    PhasesWg,
     /// Our recorder, every event: phases plus the producer's wait apart from its load,
     /// a tile range and a release instant per k-tile.
     Full,
@@ -74,9 +80,10 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the order the overhead table lists them.
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Off,
         Variant::Phases,
+        Variant::PhasesWg,
         Variant::Full,
         Variant::Seed,
         Variant::FlashInfer,
@@ -87,6 +94,7 @@ impl Variant {
         match self {
             Variant::Off => "off",
             Variant::Phases => "phases",
+            Variant::PhasesWg => "phases-wg",
             Variant::Full => "full",
             Variant::Seed => "seed-style",
             Variant::FlashInfer => "flashinfer-style",
@@ -98,10 +106,20 @@ impl Variant {
         self != Variant::Off
     }
 
+    /// Whether it records with our recorder (wire format v1).
+    pub fn ours(self) -> bool {
+        matches!(self, Variant::Phases | Variant::PhasesWg | Variant::Full)
+    }
+
     fn defines(self) -> &'static [&'static str] {
         match self {
             Variant::Off => &[],
             Variant::Phases => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1"],
+            Variant::PhasesWg => &[
+                "TGPU_ENABLED=1",
+                "GEMM_TRACE_LEVEL=1",
+                "GEMM_TRACE_ONE_WARP=1",
+            ],
             Variant::Full => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=2"],
             Variant::Seed => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "GEMM_RECORDER=1"],
             Variant::FlashInfer => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "GEMM_RECORDER=2"],
@@ -110,7 +128,7 @@ impl Variant {
 
     /// The NVRTC build of this variant (sm_90a: wgmma and setmaxnreg need it).
     pub fn build(self, out: Out) -> KernelBuild {
-        let mut b = KernelBuild::new("gemm.cu", "sm_90a");
+        let mut b = KernelBuild::new("gemm.cu", "sm_90a").header("baselines.cuh", BASELINES);
         for d in self.defines() {
             b = b.define(*d);
         }
@@ -308,9 +326,14 @@ pub struct Gemm {
 }
 
 impl Gemm {
-    /// Compiles `variant` with NVRTC and loads it into `ctx`.
-    pub fn compile(ctx: &Arc<CudaContext>, variant: Variant, out: Out) -> Result<Self, CudaError> {
-        let ptx = compile(SOURCE, &variant.build(out))?;
+    /// Compiles `variant` with NVRTC (with line info if `lineinfo`) and loads it into `ctx`.
+    pub fn compile(
+        ctx: &Arc<CudaContext>,
+        variant: Variant,
+        out: Out,
+        lineinfo: bool,
+    ) -> Result<Self, CudaError> {
+        let ptx = compile(SOURCE, &variant.build(out).lineinfo(lineinfo))?;
         let module = ctx.load_module(ptx)?;
         let func = module.load_function(KERNEL)?;
         func.set_attribute(
@@ -350,15 +373,21 @@ impl Gemm {
         let tiles = (p.m / BM * (p.n / BN)) as u64;
         let kt = (p.k / BK) as u64;
         // Per tile: the producer warp records a load per k-tile (and at level 2 its wait
-        // apart); each of the 8 consumer warps records wait and mma per k-tile and an
-        // epilogue, and at level 2 also a tile range and a release instant for every
-        // k-tile but the last.
+        // apart); each recording consumer warp (all 8, or one per warpgroup) records wait
+        // and mma per k-tile and an epilogue, and at level 2 also a tile range and a
+        // release instant for every k-tile but the last.
         let (producer, consumer) = match self.variant {
             Variant::Off => return 0,
             Variant::Full => (2 * kt, 3 * kt + 1),
-            Variant::Phases | Variant::Seed | Variant::FlashInfer => (kt, 2 * kt + 1),
+            Variant::Phases | Variant::PhasesWg | Variant::Seed | Variant::FlashInfer => {
+                (kt, 2 * kt + 1)
+            }
         };
-        tiles * (producer + 8 * consumer)
+        let consumer_warps = match self.variant {
+            Variant::PhasesWg => 2,
+            _ => 8,
+        };
+        tiles * (producer + consumer_warps * consumer)
     }
 
     /// Launches the product on `stream`. `trace` must be given exactly when the variant
@@ -648,15 +677,17 @@ impl TraceBuffer {
                     "the untraced GEMM takes no buffer".into(),
                 ))
             }
-            Variant::Phases | Variant::Full => format::buffer_size(slot_count, capacity)
-                .ok_or_else(|| CudaError::Invalid("trace buffer too large".into()))?,
+            Variant::Phases | Variant::PhasesWg | Variant::Full => {
+                format::buffer_size(slot_count, capacity)
+                    .ok_or_else(|| CudaError::Invalid("trace buffer too large".into()))?
+            }
             // 128-byte counters, then 5 × i64 records.
             Variant::Seed => slots * 128 + slots * cap * 40,
             // The {blocks, groups} entry, then two 8-byte entries per range.
             Variant::FlashInfer => 8 * (1 + 2 * slots * cap),
         };
         let mut buf = stream.alloc_zeros::<u8>(size)?;
-        if matches!(gemm.variant, Variant::Phases | Variant::Full) {
+        if gemm.variant.ours() {
             let mut header = [0u8; format::BUFFER_HEADER_SIZE];
             BufferHeader {
                 version: format::VERSION,
@@ -712,7 +743,7 @@ impl TraceBuffer {
         let slots = self.arg.slot_count as usize;
         match self.variant {
             Variant::Off => Ok(0),
-            Variant::Phases | Variant::Full => {
+            Variant::Phases | Variant::PhasesWg | Variant::Full => {
                 // The strict decoder validates every slot and record on the way.
                 let capture = Capture::decode(&b, Some(&registry()))
                     .map_err(|e| CudaError::Invalid(format!("the trace does not decode: {e}")))?;
@@ -722,6 +753,7 @@ impl TraceBuffer {
                         capture.drop_count()
                     )));
                 }
+                check_contiguous(&capture)?;
                 Ok(capture.event_count())
             }
             Variant::Seed => {
@@ -743,4 +775,48 @@ impl TraceBuffer {
             }
         }
     }
+}
+
+/// The id of the event type `name` in [`EVENTS`].
+fn event_id(name: &str) -> u16 {
+    EVENTS
+        .iter()
+        .find(|e| e.1 == name)
+        .map(|e| e.0)
+        .expect("an event of gemm.cu")
+}
+
+/// Checks that every warp's phases follow each other with neither gap nor overlap. The
+/// kernel moves from one phase to the next with `switch_to`, which ends the one and
+/// begins the other at one timer read, so each range must start at the nanosecond the
+/// range before it ended: except the first of a tile (after an epilogue), and leaving
+/// out instants and the tile ranges that enclose the others. A stamp that the compiler
+/// read again where it is used (rematerialized) instead of keeping it shows up here.
+pub fn check_contiguous(capture: &Capture) -> Result<(), CudaError> {
+    let (epilogue, tile) = (event_id("epilogue"), event_id("tile"));
+    for slot in capture.slots() {
+        let mut prev: Option<Event> = None;
+        for e in slot.events() {
+            if e.kind == EventKind::Instant || e.id == tile {
+                continue;
+            }
+            if let Some(p) = prev.filter(|p| p.id != epilogue) {
+                if e.start_ns != p.end_ns {
+                    return Err(CudaError::Invalid(format!(
+                        "block {} warp {}: event {} (payload {}) starts {} ns after event {} \
+                         (payload {}) ends, not at its end",
+                        slot.header.block_linear,
+                        slot.header.warp,
+                        e.id,
+                        e.payload,
+                        e.start_ns as i64 - p.end_ns as i64,
+                        p.id,
+                        p.payload
+                    )));
+                }
+            }
+            prev = Some(e);
+        }
+    }
+    Ok(())
 }

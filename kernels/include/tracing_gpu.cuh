@@ -214,8 +214,10 @@ struct checks {
 namespace tgpu {
 
 // Clock and place reads, available with the gate on or off (unused, they emit nothing).
-// volatile: two reads are never merged, hoisted or dropped; "memory": loads and stores
-// issued between two stamps stay between them.
+// volatile: two reads are never merged, hoisted or dropped by the front end; "memory":
+// loads and stores issued between two stamps stay between them. ptxas, though, may read
+// the timer again where a plain read's value is used (it rematerializes it); the
+// Recorder's own stamps are predicated reads, which it keeps where they are (see there).
 
 /// `%globaltimer`: device nanoseconds (64-bit), the clock every record is in.
 __device__ __forceinline__ unsigned long long globaltimer() {
@@ -321,24 +323,35 @@ class Recorder {
     return static_cast<unsigned int>(T::id) | (Kind << 16);
   }
 
+  // Every stamp is a *predicated* timer read: only a lane that writes (lim_ != 0) reads,
+  // into a register that the other lanes leave as it was. ptxas takes a plain read of
+  // %globaltimer_lo for a side-effect-free value and may rematerialize it, that is, read
+  // the timer again where the value is needed instead of keeping it: seen with ptxas 13.5
+  // (sm_90a, the GEMM of kernels/gemm.cu), where a stamp held in a uniform register and
+  // needed in a vector register by the deferred store was read anew at that store, moving
+  // the record's end by the length of the next phase. A predicated read merges with the
+  // register's old value, which a second read cannot reproduce, so it stays where it is.
+  // (tests/recorder_sass.rs and tests/gemm_kernel.rs count the reads in the SASS.)
+
   // Stores the pending record (if there is one and it fits), steps the index, then reads
-  // the timer: all in one asm block, so that everything but the stamp comes ahead of it in
-  // the PTX (ptxas does not move instructions up across a timer read; here it is free to
-  // schedule them into the user's range). idx_ == 0xFFFFFFFF (no pending record yet)
-  // fails the compare as a full slot does. The 16 is RECORD_SIZE (static_asserted above).
+  // the timer into pend_[0] (the next pending record's end) and returns it: all in one asm
+  // block, so that everything but the stamp comes ahead of it in the PTX (ptxas does not
+  // move instructions up across a timer read; here it is free to schedule them into the
+  // user's range). idx_ == 0xFFFFFFFF (no pending record yet) fails the compare as a full
+  // slot does. The 16 is RECORD_SIZE (static_asserted above).
   __device__ __forceinline__ unsigned int store_pending_and_stamp() {
-    unsigned int t;
     asm volatile(
-        "{\n\t.reg .pred p;\n\t.reg .b64 a;\n\t"
+        "{\n\t.reg .pred p, q;\n\t.reg .b64 a;\n\t"
         "mad.wide.u32 a, %1, 16, %2;\n\t"
         "setp.lt.u32 p, %1, %3;\n\t"
-        "@p st.global.cs.v4.u32 [a], {%4, %5, %6, %7};\n\t"
+        "@p st.global.cs.v4.u32 [a], {%0, %4, %5, %6};\n\t"
         "add.u32 %1, %1, 1;\n\t"
-        "mov.u32 %0, %%globaltimer_lo;\n\t}"
-        : "=r"(t), "+r"(idx_)
-        : "l"(rec0_), "r"(lim_), "r"(pend_[0]), "r"(pend_[1]), "r"(pend_[2]), "r"(pend_[3])
+        "setp.ne.u32 q, %3, 0;\n\t"
+        "@q mov.u32 %0, %%globaltimer_lo;\n\t}"
+        : "+r"(pend_[0]), "+r"(idx_)
+        : "l"(rec0_), "r"(lim_), "r"(pend_[1]), "r"(pend_[2]), "r"(pend_[3])
         : "memory");
-    return t;
+    return pend_[0];
   }
 
   __device__ __forceinline__ void set_pending(unsigned int end, unsigned int duration, unsigned int word,
@@ -362,7 +375,17 @@ class Recorder {
         SLOT_HEADER_SIZE + static_cast<unsigned long long>(trace.capacity) * RECORD_SIZE;
     rec0_ = writes ? trace.base + BUFFER_HEADER_SIZE + slot * stride + SLOT_HEADER_SIZE : 0ull;
     lim_ = writes ? trace.capacity : 0u;
-    first_ = globaltimer();
+    // Predicated like the stamps (see store_pending_and_stamp): first_ stays in registers
+    // until the flush writes it as the slot's first_ts, a long way for ptxas to be tempted
+    // to read the timer again instead.
+    first_ = 0;
+    asm volatile(
+        "{\n\t.reg .pred q;\n\t"
+        "setp.ne.u32 q, %1, 0;\n\t"
+        "@q mov.u64 %0, %%globaltimer;\n\t}"
+        : "+l"(first_)
+        : "r"(static_cast<unsigned int>(writes))
+        : "memory");
     sm_first_ = smid();
     set_pending(0u, 0u, 0u, 0u);
     // An end<T>() without its begin<T>() then spans from the recorder's start: still a
@@ -380,7 +403,14 @@ class Recorder {
   template <class T>
   __device__ __forceinline__ void begin() {
     constexpr unsigned int i = slot_of<T>();
-    start_[i] = globaltimer_lo();
+    // The stamp, predicated as store_pending_and_stamp's (see there why).
+    asm volatile(
+        "{\n\t.reg .pred q;\n\t"
+        "setp.ne.u32 q, %1, 0;\n\t"
+        "@q mov.u32 %0, %%globaltimer_lo;\n\t}"
+        : "+r"(start_[i])
+        : "r"(lim_)
+        : "memory");
     open_ |= 1u << i;
   }
 

@@ -190,11 +190,20 @@ impl Calibrator {
     /// load, compiles the kernels with NVRTC, pins the ping-pong memory, and
     /// measures the timer's step (which sets [`FitOptions::timer_step_ns`]).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Calibrator, CalibrateError> {
+        Self::with_lineinfo(ctx, true)
+    }
+
+    /// [`Calibrator::new`], with the kernels' line info on or off
+    /// ([`KernelBuild::lineinfo()`]).
+    pub fn with_lineinfo(
+        ctx: &Arc<CudaContext>,
+        lineinfo: bool,
+    ) -> Result<Calibrator, CalibrateError> {
         ensure_libraries()?;
         // A virtual architecture: the driver JIT-compiles this PTX for any newer GPU.
         let ptx = compile(
             CALIBRATE_SOURCE,
-            &KernelBuild::new("calibrate.cu", "compute_75"),
+            &KernelBuild::new("calibrate.cu", "compute_75").lineinfo(lineinfo),
         )?;
         let module = ctx.load_module(ptx)?;
         let calibrate = module.load_function("tgpu_calibrate")?;

@@ -5,7 +5,9 @@
 //! missing; every entry point here checks for them first
 //! ([`ensure_libraries`]) and returns [`CudaError::LibraryMissing`] instead.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 
 pub mod calibrate;
 
@@ -81,6 +83,9 @@ pub struct KernelBuild {
     pub defines: Vec<String>,
     /// Other NVRTC options, passed as they are.
     pub extra: Vec<String>,
+    /// Headers the kernel `#include`s besides the recorder's: (file name, contents). See
+    /// [`KernelBuild::header`].
+    pub headers: Vec<(String, String)>,
 }
 
 impl KernelBuild {
@@ -92,6 +97,7 @@ impl KernelBuild {
             lineinfo: true,
             defines: Vec::new(),
             extra: Vec::new(),
+            headers: Vec::new(),
         }
     }
 
@@ -100,16 +106,33 @@ impl KernelBuild {
         self.defines.push(d.into());
         self
     }
+
+    /// Turns line info on or off (on by default): off, the PTX carries no `.file` or
+    /// `.loc`; the machine code is the same.
+    pub fn lineinfo(mut self, on: bool) -> Self {
+        self.lineinfo = on;
+        self
+    }
+
+    /// Supplies a header that the kernel includes as `#include "name"`, so that a
+    /// binary that embeds its kernels' sources needs no files beside it. `name` is a
+    /// relative path (`"util.cuh"`, `"bench/util.cuh"`) without `..`; line info names the
+    /// file by that path under a private folder.
+    pub fn header(mut self, name: impl Into<String>, source: impl Into<String>) -> Self {
+        self.headers.push((name.into(), source.into()));
+        self
+    }
 }
 
 /// Compiles `source` to PTX with NVRTC. `#include "tracing_gpu.cuh"` resolves to
-/// the embedded header: it is written once to a private folder that is put on the
-/// include path, so line info names the header by its own file name.
+/// the embedded header, and the build's own [`KernelBuild::headers`] to theirs: each is
+/// written once to a private folder that is put on the include path, so line info names
+/// a header by its own file name.
 pub fn compile(source: &str, build: &KernelBuild) -> Result<Ptx, CudaError> {
     ensure_nvrtc()?;
-    let include = header_dir().map_err(|e| CudaError::Compile {
+    let include = include_dirs(&build.headers).map_err(|e| CudaError::Compile {
         name: build.name.clone(),
-        message: format!("cannot write the embedded header: {e}"),
+        message: format!("cannot write the kernel's headers: {e}"),
     })?;
     let mut options: Vec<String> = build.defines.iter().map(|d| format!("-D{d}")).collect();
     options.push("-std=c++17".into());
@@ -119,7 +142,10 @@ pub fn compile(source: &str, build: &KernelBuild) -> Result<Ptx, CudaError> {
     options.extend(build.extra.iter().cloned());
     let opts = CompileOptions {
         arch: Some(build.arch),
-        include_paths: vec![include.to_string_lossy().into_owned()],
+        include_paths: include
+            .iter()
+            .map(|d| d.to_string_lossy().into_owned())
+            .collect(),
         options,
         name: Some(build.name.clone()),
         ..Default::default()
@@ -135,19 +161,54 @@ pub fn compile(source: &str, build: &KernelBuild) -> Result<Ptx, CudaError> {
     })
 }
 
-/// The private include folder holding the embedded header (made once per process).
-fn header_dir() -> std::io::Result<Arc<std::path::PathBuf>> {
-    static DIR: parking_lot::Mutex<Option<Arc<std::path::PathBuf>>> = parking_lot::Mutex::new(None);
-    let mut dir = DIR.lock();
-    if let Some(d) = dir.as_ref() {
-        return Ok(d.clone());
+/// The private include folders: the one holding the recorder's header, then, if the
+/// build brings headers of its own, one holding those (named by a hash of their names
+/// and contents, so builds that bring different files under one name never see each
+/// other's). Each folder is written once per process.
+fn include_dirs(headers: &[(String, String)]) -> std::io::Result<Vec<PathBuf>> {
+    static WRITTEN: parking_lot::Mutex<Option<(PathBuf, HashSet<u64>)>> =
+        parking_lot::Mutex::new(None);
+    let mut state = WRITTEN.lock();
+    let (root, written) = match state.as_mut() {
+        Some(s) => s,
+        None => {
+            let root =
+                std::env::temp_dir().join(format!("tracing-gpu-include-{}", std::process::id()));
+            std::fs::create_dir_all(&root)?;
+            std::fs::write(root.join(HEADER_NAME), HEADER_SOURCE)?;
+            state.insert((root, HashSet::new()))
+        }
+    };
+    let mut dirs = vec![root.clone()];
+    if headers.is_empty() {
+        return Ok(dirs);
     }
-    let d = std::env::temp_dir().join(format!("tracing-gpu-include-{}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    std::fs::write(d.join(HEADER_NAME), HEADER_SOURCE)?;
-    let d = Arc::new(d);
-    *dir = Some(d.clone());
-    Ok(d)
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    headers.hash(&mut hasher);
+    let key = hasher.finish();
+    let dir = root.join(format!("h{key:016x}"));
+    if !written.contains(&key) {
+        for (name, source) in headers {
+            let rel = Path::new(name);
+            let plain = rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain || name.is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("header name {name:?} is not a relative path without `..`"),
+                ));
+            }
+            let path = dir.join(rel);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, source)?;
+        }
+        written.insert(key);
+    }
+    dirs.push(dir);
+    Ok(dirs)
 }
 
 mod archive;

@@ -177,6 +177,7 @@ pub struct ProfilerBuilder {
     rounds: (usize, usize),
     pollers: u32,
     dump: Option<Arc<DumpRecorder>>,
+    lineinfo: bool,
 }
 
 impl Default for ProfilerBuilder {
@@ -194,6 +195,7 @@ impl Default for ProfilerBuilder {
             rounds: (Calibrator::INITIAL_ROUNDS, Calibrator::PERIODIC_ROUNDS),
             pollers: Calibrator::DEFAULT_POLLERS,
             dump: None,
+            lineinfo: true,
         }
     }
 }
@@ -283,6 +285,13 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Whether the kernels the profiler compiles (its clock calibration's) carry line
+    /// info ([`super::KernelBuild::lineinfo()`]); on by default.
+    pub fn lineinfo(mut self, on: bool) -> Self {
+        self.lineinfo = on;
+        self
+    }
+
     /// Checks the libraries and the device, calibrates the clock, and starts the
     /// collector thread.
     pub fn build(mut self) -> Result<Profiler, ProfilerError> {
@@ -315,8 +324,13 @@ impl ProfilerBuilder {
                 "calibration rounds must be at least one".into(),
             ));
         }
-        let (first, recalibrate) =
-            start_clock(&ctx, self.recalibrate_every, self.rounds, self.pollers)?;
+        let (first, recalibrate) = start_clock(
+            &ctx,
+            self.recalibrate_every,
+            self.rounds,
+            self.pollers,
+            self.lineinfo,
+        )?;
         let archive = match &self.dump {
             Some(rec) => {
                 rec.add_registry(&self.registry)?;
@@ -656,8 +670,9 @@ fn start_clock(
     period: Option<Duration>,
     rounds: (usize, usize),
     pollers: u32,
+    lineinfo: bool,
 ) -> Result<(Round, Option<Recalibration>), ProfilerError> {
-    let mut calibrator = Calibrator::new(ctx)?;
+    let mut calibrator = Calibrator::with_lineinfo(ctx, lineinfo)?;
     calibrator.set_pollers(pollers)?;
     let mut clock = DeviceClock {
         calibrator,

@@ -1,0 +1,171 @@
+// baselines.cuh: the two recorders we compare ours against, for benchmarks only.
+//
+// NOT part of the product: tracing-gpu's recorder is kernels/include/tracing_gpu.cuh, and
+// nothing here is decoded by the library. These are our reimplementations of two published
+// designs, written from their descriptions (not their code), so that the benchmark kernels
+// can time them at the same call sites as ours:
+//   seed::Recorder        the seed (a CuTe DSL in-kernel SM profiler, as its PR describes it)
+//   flashinfer::Recorder  FlashInfer's profiler (include/flashinfer/profiler.cuh)
+// Both have tgpu::Recorder's interface (begin, end, switch_to, instant, flush), so a kernel's
+// `rec.` lines are the same in every build. Users: kernels/bench/recorder_bench.cu (the seed)
+// and kernels/gemm.cu (both). The hosts supply this file to NVRTC by name
+// (`KernelBuild::header("baselines.cuh", ...)`); with nvcc, add -I kernels/bench.
+//
+// Needs tracing_gpu.cuh first (for tgpu::Trace, the timer reads and detail::index_of, the
+// gate on or off). NVRTC-safe like it: no includes, and valid for NVRTC 13.0 (no
+// __builtin_offsetof in a static_assert).
+#pragma once
+
+namespace seed {
+
+/// The seed's buffers: a per-(block, warp) append buffer of 5 x int64 records and one
+/// record counter per warp in global memory, each on its own 128-byte line.
+struct Buffer {
+  unsigned long long* records;   // slot s: records + s * capacity * 5
+  unsigned long long* counters;  // slot s: counters[s * 16] (128 bytes apart)
+  unsigned int capacity;
+  unsigned int slot_count;
+
+  /// Both buffers in one allocation at `t.base`: the slot_count counters of 128 bytes,
+  /// then slot_count x capacity records of 40 bytes (the GEMM's layout). `base == 0`
+  /// records nothing, as with our recorder.
+  __device__ __forceinline__ static Buffer packed(tgpu::Trace t) {
+    Buffer b;
+    b.counters = reinterpret_cast<unsigned long long*>(t.base);
+    b.records = reinterpret_cast<unsigned long long*>(t.base + 128ull * t.slot_count);
+    b.capacity = t.capacity;
+    b.slot_count = t.base != 0 ? t.slot_count : 0u;
+    return b;
+  }
+};
+
+/// The seed's recorder: %globaltimer (64-bit) stamps, start times in registers through a
+/// compile-time open-id map, a switch sharing one timer read, and lane 0 writing, in a
+/// branch, {event id, start, end, smid, payload} at the warp's counter, which it loads
+/// from and stores back to global memory on every record.
+template <class... Events>
+class Recorder {
+  unsigned long long* records_;
+  unsigned long long* counter_;
+  unsigned int capacity_;
+  bool writes_;
+  unsigned long long start_[sizeof...(Events)];
+
+  template <class T>
+  __host__ __device__ static constexpr unsigned int slot_of() {
+    return tgpu::detail::index_of<T, Events...>::value;
+  }
+
+  template <class T>
+  __device__ __forceinline__ void record(unsigned long long start, unsigned long long end, unsigned int payload) {
+    if (writes_) {
+      unsigned long long n;
+      // The counter lives in global memory: a load and a store per event, as in the seed.
+      asm volatile("ld.global.u64 %0, [%1];" : "=l"(n) : "l"(counter_) : "memory");
+      if (n < capacity_) {
+        unsigned long long* r = records_ + n * 5;
+        const unsigned int sm = tgpu::smid();
+        r[0] = T::id;
+        r[1] = start;
+        r[2] = end;
+        r[3] = sm;
+        r[4] = payload;
+      }
+      asm volatile("st.global.u64 [%0], %1;" ::"l"(counter_), "l"(n + 1) : "memory");
+    }
+  }
+
+ public:
+  __device__ __forceinline__ explicit Recorder(Buffer b) {
+    const unsigned int slot = blockIdx.x * ((blockDim.x + 31u) >> 5) + (threadIdx.x >> 5);
+    writes_ = (threadIdx.x & 31u) == 0 && slot < b.slot_count;
+    records_ = b.records + static_cast<unsigned long long>(slot) * b.capacity * 5;
+    counter_ = b.counters + static_cast<unsigned long long>(slot) * 16;
+    capacity_ = b.capacity;
+    for (unsigned int i = 0; i < sizeof...(Events); ++i) start_[i] = 0;
+  }
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    start_[slot_of<T>()] = tgpu::globaltimer();
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int payload = 0) {
+    const unsigned long long t = tgpu::globaltimer();
+    record<T>(start_[slot_of<T>()], t, payload);
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
+    const unsigned long long t = tgpu::globaltimer();
+    record<A>(start_[slot_of<A>()], t, payload);
+    start_[slot_of<B>()] = t;
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int payload = 0) {
+    const unsigned long long t = tgpu::globaltimer();
+    record<T>(t, t, payload);
+  }
+  __device__ __forceinline__ void flush() {}
+};
+
+}  // namespace seed
+
+namespace flashinfer {
+
+/// FlashInfer's recorder: one 8-byte entry per event boundary, {tag, %globaltimer_lo}, the
+/// tag packing smid, block, event id and begin/end/instant; a write pointer in registers
+/// that strides over all (block, group) pairs, so entry i of every group lies together;
+/// one writer thread per group (here lane 0 of each warp); __threadfence_block() around
+/// every event; no payload, no fused switch (a switch is an end and a begin).
+/// Buffer at `t.base`: entry 0 = {blocks, groups}, then the entries.
+template <class... Events>
+class Recorder {
+  unsigned long long* ptr_;
+  unsigned int stride_;
+  unsigned int tag_;
+  bool writes_;
+
+  __device__ __forceinline__ void entry(unsigned int id, unsigned int type) {
+    if (writes_) {
+      const unsigned int t = tgpu::globaltimer_lo();
+      *ptr_ = ((unsigned long long)t << 32) | (tag_ | (id << 2) | type);
+      ptr_ += stride_;
+    }
+  }
+
+ public:
+  __device__ __forceinline__ explicit Recorder(tgpu::Trace t) {
+    const unsigned int groups = blockDim.x / 32;
+    unsigned long long* buf = reinterpret_cast<unsigned long long*>(t.base);
+    writes_ = t.base != 0 && threadIdx.x % 32 == 0;
+    if (writes_ && blockIdx.x == 0 && threadIdx.x == 0) {
+      buf[0] = ((unsigned long long)groups << 32) | gridDim.x;
+    }
+    ptr_ = buf + 1 + blockIdx.x * groups + threadIdx.x / 32;
+    stride_ = gridDim.x * groups;
+    tag_ = (tgpu::smid() << 24) | ((blockIdx.x & 0xFFF) << 12);
+  }
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    entry(T::id, 0);
+    __threadfence_block();
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int = 0) {
+    __threadfence_block();
+    entry(T::id, 1);
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
+    end<A>(payload);
+    begin<B>();
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int = 0) {
+    __threadfence_block();
+    entry(T::id, 2);
+    __threadfence_block();
+  }
+  __device__ __forceinline__ void flush() {}
+};
+
+}  // namespace flashinfer
