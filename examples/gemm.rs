@@ -18,7 +18,7 @@ mod common;
 use std::process::ExitCode;
 
 use common::gemm::{
-    check, median, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant, EVENTS,
+    check, median, registry, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant,
 };
 use tracing_gpu::cuda::cudarc::driver::CudaContext;
 use tracing_gpu::cuda::{ensure_libraries, gpu_profile, DumpRecorder, Profiler};
@@ -275,7 +275,7 @@ fn profiled(args: &Args, out: &std::path::Path) -> Result<(), Box<dyn std::error
                 let _s = tracing::info_span!("profiler_setup").entered();
                 let mut b = Profiler::builder()
                     .context(ctx.clone())
-                    .events(EVENTS)
+                    .registry(registry())
                     .capacity(capacity)
                     .lineinfo(args.lineinfo);
                 if let Some(r) = &recorder {

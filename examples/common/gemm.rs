@@ -51,9 +51,23 @@ pub const EVENTS: [(u16, &str); 7] = [
     (7, "release"),
 ];
 
-/// The registry of [`EVENTS`], for decoding and naming.
+/// The registry of [`EVENTS`], for decoding and naming, with what the kernel
+/// puts in each payload: the k-tile index for the per-k-tile phases (and the
+/// `release` of a stage), the tile index for `epilogue` and `tile`.
 pub fn registry() -> EventRegistry {
-    EventRegistry::from_pairs(EVENTS).expect("EVENTS has distinct ids and names")
+    let mut r = EventRegistry::from_pairs(EVENTS).expect("EVENTS has distinct ids and names");
+    for (id, payload) in [
+        (1, "k_tile"),
+        (2, "k_tile"),
+        (3, "k_tile"),
+        (4, "k_tile"),
+        (5, "tile"),
+        (6, "tile"),
+        (7, "k_tile"),
+    ] {
+        r.declare_payload(id, payload).expect("registered above");
+    }
+    r
 }
 
 /// Which instrumentation a build carries.
