@@ -126,6 +126,22 @@ fn write_sample(dir: &Path) -> PathBuf {
     path
 }
 
+/// `demo --replay` of the sample capture (written into `dir`), with `extra`
+/// arguments; returns the run and the trace's path.
+fn replay_sample(dir: &Path, extra: &[&str]) -> (Output, PathBuf) {
+    let capture = write_sample(dir);
+    let out = dir.join("demo.perfetto-trace");
+    let mut args = vec!["demo", "--replay"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
+        "--capture",
+        capture.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    (run(&args), out)
+}
+
 fn assert_exit(o: &Output, code: i32, needle: &str) {
     let err = stderr(o);
     assert_eq!(
@@ -354,17 +370,8 @@ fn convert_writes_a_trace_that_passes_the_schema_check() {
 #[test]
 fn demo_without_a_gpu_replays_a_capture_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let capture = write_sample(dir.path());
-    let out = dir.path().join("demo.perfetto-trace");
     // --replay: the same path as a machine without a GPU takes.
-    let o = run(&[
-        "demo",
-        "--replay",
-        "--capture",
-        capture.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let (o, out) = replay_sample(dir.path(), &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -459,17 +466,7 @@ fn the_live_commands_take_no_lineinfo() {
     }
     // A replay compiles nothing: the flag is accepted and changes nothing.
     let dir = tempfile::tempdir().unwrap();
-    let capture = write_sample(dir.path());
-    let out = dir.path().join("demo.perfetto-trace");
-    let o = run(&[
-        "demo",
-        "--replay",
-        "--no-lineinfo",
-        "--capture",
-        capture.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let (o, out) = replay_sample(dir.path(), &["--no-lineinfo"]);
     assert!(o.status.success(), "{}", stderr(&o));
     perfetto_check::check(&out, &["--expect-kernels", "2"]);
     // Without a GPU, calibrate still says so (6), not bad usage (2).
