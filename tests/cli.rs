@@ -418,6 +418,45 @@ fn demo_replays_the_shipped_capture() {
 }
 
 #[test]
+fn the_shipped_gemm_capture_converts_to_a_checked_trace() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-gemm.tgpu");
+    assert!(shipped.exists(), "{} is missing", shipped.display());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gemm.perfetto-trace");
+    let o = run(&[
+        "convert",
+        shipped.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Two launches of the warp-specialized GEMM at 3072³ on the H200: 237,312
+    // records each (producer loads, consumer waits and mmas per k-tile,
+    // epilogues), none dropped, on every SM; 10 host spans (the run, compile,
+    // upload, profiler setup, and per launch a step, the launch span and a
+    // synchronize); the payloads under their declared names.
+    perfetto_check::check(
+        &out,
+        &[
+            "--expect-gpus",
+            "1",
+            "--expect-kernels",
+            "2",
+            "--expect-device-slices",
+            "474624",
+            "--expect-host-slices",
+            "10",
+            "--expect-flows",
+            "2",
+            "--expect-payload",
+            "mma=k_tile",
+            "--expect-payload",
+            "epilogue=tile",
+        ],
+    );
+}
+
+#[test]
 fn a_capture_without_calibration_cannot_be_placed_on_the_host_timeline() {
     let dir = tempfile::tempdir().unwrap();
     let mut dump = sample_dump();
