@@ -264,6 +264,23 @@ fn overlapping_launches_get_lanes_and_still_nest() {
     overlapping(&dir.path().join("overlap-z.perfetto-trace"), Some(1));
 }
 
+/// Writes `batches`, finishes and commits the file; checks and returns the
+/// number of device events written.
+fn write_all<'a>(
+    mut w: TraceWriter<TraceFile>,
+    batches: impl IntoIterator<Item = &'a Arc<Batch>>,
+) -> u64 {
+    let mut events = 0;
+    for b in batches {
+        w.write_batch(b).unwrap();
+        events += b.capture.event_count();
+    }
+    let (file, stats) = w.finish().unwrap();
+    file.commit().unwrap();
+    assert_eq!(stats.device_events, events);
+    events
+}
+
 fn overlapping(path: &Path, compress: Option<u32>) {
     let path = path.to_path_buf();
     let mut w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
@@ -276,13 +293,7 @@ fn overlapping(path: &Path, compress: Option<u32>) {
     let a = batch(0, 10, 1_000_000, h0, false, None);
     let b = batch(0, 11, 1_000_250, h0 + 250, false, None);
     let c = batch(0, 12, 9_000_000, h0 + 8_000_000, true, None);
-    for x in [&a, &b, &c] {
-        w.write_batch(x).unwrap();
-    }
-    let (file, stats) = w.finish().unwrap();
-    file.commit().unwrap();
-    let events: u64 = [&a, &b, &c].iter().map(|x| x.capture.event_count()).sum();
-    assert_eq!(stats.device_events, events);
+    let events = write_all(w, [&a, &b, &c]);
     let Some(s) = perfetto_check::check(
         &path,
         &[
@@ -379,14 +390,8 @@ fn busy_warps_share_short_sequence_ids_and_still_pass() {
     ];
     for (name, n) in [("two", 2), ("four", 4)] {
         let path = dir.path().join(format!("{name}.perfetto-trace"));
-        let mut w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
-        for b in &batches[..n] {
-            w.write_batch(b).unwrap();
-        }
-        let (file, stats) = w.finish().unwrap();
-        file.commit().unwrap();
-        let events: u64 = batches[..n].iter().map(|b| b.capture.event_count()).sum();
-        assert_eq!(stats.device_events, events);
+        let w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
+        let events = write_all(w, &batches[..n]);
         let Some(s) = perfetto_check::check(
             &path,
             &[
