@@ -306,7 +306,7 @@ class Recorder {
   unsigned long long rec0_;   // address of record 0 of this warp's slot; 0 if this lane never writes
   unsigned int idx_;          // index of the pending record; 0xFFFFFFFF before the first event
   unsigned int lim_;          // capacity if this lane writes, else 0
-  unsigned int pend_[4];      // the pending record: end_lo, start_lo, id | kind << 16, payload
+  unsigned int pend_[4];      // the pending record: end_lo, duration, id | kind << 16, payload
   unsigned int start_[N];     // start time (low 32 bits) of each type's open range
   unsigned int open_;         // bit i: a range of Events[i] is open
   unsigned int sm_first_;     // %smid at construction
@@ -337,19 +337,14 @@ class Recorder {
   // the timer into pend_[0] (the next pending record's end) and returns it: all in one asm
   // block, so that everything but the stamp comes ahead of it in the PTX (ptxas does not
   // move instructions up across a timer read; here it is free to schedule them into the
-  // user's range). The record's duration is taken here too, from the pending end and
-  // start, not when the range ends: taken at end<T>(), it sat between that stamp and a
-  // begin<T>() right after it (the begin's predicated read overwrites the start register
-  // in place, so it had to wait for the subtraction, which waits for the end stamp).
-  // idx_ == 0xFFFFFFFF (no pending record yet) fails the compare as a full slot does.
-  // The 16 is RECORD_SIZE (static_asserted above).
+  // user's range). idx_ == 0xFFFFFFFF (no pending record yet) fails the compare as a full
+  // slot does. The 16 is RECORD_SIZE (static_asserted above).
   __device__ __forceinline__ unsigned int store_pending_and_stamp() {
     asm volatile(
-        "{\n\t.reg .pred p, q;\n\t.reg .b64 a;\n\t.reg .b32 d;\n\t"
+        "{\n\t.reg .pred p, q;\n\t.reg .b64 a;\n\t"
         "mad.wide.u32 a, %1, 16, %2;\n\t"
         "setp.lt.u32 p, %1, %3;\n\t"
-        "sub.u32 d, %0, %4;\n\t"
-        "@p st.global.cs.v4.u32 [a], {%0, d, %5, %6};\n\t"
+        "@p st.global.cs.v4.u32 [a], {%0, %4, %5, %6};\n\t"
         "add.u32 %1, %1, 1;\n\t"
         "setp.ne.u32 q, %3, 0;\n\t"
         "@q mov.u32 %0, %%globaltimer_lo;\n\t}"
@@ -359,10 +354,10 @@ class Recorder {
     return pend_[0];
   }
 
-  __device__ __forceinline__ void set_pending(unsigned int end, unsigned int start, unsigned int word,
+  __device__ __forceinline__ void set_pending(unsigned int end, unsigned int duration, unsigned int word,
                                               unsigned int payload) {
     pend_[0] = end;
-    pend_[1] = start;
+    pend_[1] = duration;
     pend_[2] = word;
     pend_[3] = payload;
   }
@@ -424,7 +419,7 @@ class Recorder {
   __device__ __forceinline__ void end(unsigned int payload = 0) {
     constexpr unsigned int i = slot_of<T>();
     const unsigned int t = store_pending_and_stamp();
-    set_pending(t, start_[i], word<T, KIND_RANGE>(), payload);
+    set_pending(t, t - start_[i], word<T, KIND_RANGE>(), payload);
     open_ &= ~(1u << i);
   }
 
@@ -434,7 +429,7 @@ class Recorder {
     constexpr unsigned int a = slot_of<A>();
     constexpr unsigned int b = slot_of<B>();
     const unsigned int t = store_pending_and_stamp();
-    set_pending(t, start_[a], word<A, KIND_RANGE>(), payload);
+    set_pending(t, t - start_[a], word<A, KIND_RANGE>(), payload);
     start_[b] = t;
     open_ = (open_ & ~(1u << a)) | (1u << b);
   }
@@ -444,7 +439,7 @@ class Recorder {
   __device__ __forceinline__ void instant(unsigned int payload = 0) {
     (void)slot_of<T>();
     const unsigned int t = store_pending_and_stamp();
-    set_pending(t, t, word<T, KIND_INSTANT>(), payload);
+    set_pending(t, 0u, word<T, KIND_INSTANT>(), payload);
   }
 
   /// Stores the pending record, writes the slot header (lane 0 of a recording warp) and
@@ -453,8 +448,8 @@ class Recorder {
     if (rec0_ != 0) {
       const unsigned long long last = globaltimer();
       if (idx_ < lim_) {
-        detail::store4(rec0_ + static_cast<unsigned long long>(idx_) * RECORD_SIZE, pend_[0], pend_[0] - pend_[1],
-                       pend_[2], pend_[3]);
+        detail::store4(rec0_ + static_cast<unsigned long long>(idx_) * RECORD_SIZE, pend_[0], pend_[1], pend_[2],
+                       pend_[3]);
       }
       const unsigned int events = idx_ + 1;  // wraps to 0 when there was none
       const unsigned int kept = events < lim_ ? events : lim_;
