@@ -19,8 +19,10 @@
 //! **Bench** (`kernels/bench/recorder_bench.cu`): every warp runs N ranges, each around 64
 //! dependent FMAs, on every SM at 1, 4, 16 and 64 warps per SM, event loop unrolled 1 and
 //! 4 times. Builds: the gate off (timed twice: the second is the noise floor), two bare
-//! timer reads per range (the floor any recorder pays), ours with begin/end, ours with
-//! switch_to, and the seed-style recorder. Each is warmed up, then the builds are
+//! timer reads per range (the floor any recorder pays), the bound (two stamps, one 16-byte
+//! store and one address step per range, and nothing else: the least a recorder of
+//! records does), ours with begin/end, ours with switch_to, and the seed-style recorder.
+//! Each is warmed up, then the builds are
 //! interleaved (the order rotates each repeat) and timed with CUDA events; the figures are
 //! medians. Per build: the latency a warp sees, (t − t_off) / events per warp, and the SM
 //! throughput cost, that divided by warps per SM. Outputs must match the gate-off build bit
@@ -213,16 +215,18 @@ enum Build {
     Ours,
     Switch,
     Seed,
+    Bound,
 }
 
 impl Build {
-    const ALL: [Build; 6] = [
+    const ALL: [Build; 7] = [
         Build::Off,
         Build::OffAgain,
         Build::Floor,
         Build::Ours,
         Build::Switch,
         Build::Seed,
+        Build::Bound,
     ];
 
     fn name(self) -> &'static str {
@@ -233,6 +237,7 @@ impl Build {
             Build::Ours => "ours",
             Build::Switch => "ours-switch",
             Build::Seed => "seed-style",
+            Build::Bound => "bound",
         }
     }
 
@@ -243,6 +248,7 @@ impl Build {
             Build::Ours => &["TGPU_ENABLED=1"],
             Build::Switch => &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
             Build::Seed => &["TGPU_BENCH_SEED=1"],
+            Build::Bound => &["TGPU_BENCH_BOUND=1"],
         }
     }
 }
@@ -469,7 +475,8 @@ fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
                     out,
                     events as i32,
                     traces.get(&b).map(|t| t.arg(gpu)),
-                    (b == Build::Seed).then_some(seed_arg),
+                    // The bound writes into the seed's record region (baselines.cuh).
+                    matches!(b, Build::Seed | Build::Bound).then_some(seed_arg),
                 )
             };
             for rep in 0..o.warmup + o.repeats {
@@ -566,25 +573,27 @@ fn report(gpu: &Gpu, o: &Options, cells: &[Cell]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:>6} {:>5} {:>9} | {:>7} {:>7} {:>7} {:>7} {:>8} | {:>7} {:>7} {:>8} | {:>6} {:>6} | {:>6}",
-        "unroll", "W/SM", "off ms", "noise", "floor", "ours", "switch", "seed", "ours/SM", "sw/SM", "seed/SM", "seed/o", "seed/sw", "dur ns"
+        "{:>6} {:>5} {:>9} | {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} | {:>7} {:>7} {:>8} {:>8} | {:>6} {:>6} | {:>6}",
+        "unroll", "W/SM", "off ms", "noise", "floor", "bound", "ours", "switch", "seed", "ours/SM", "sw/SM", "bound/SM", "seed/SM", "seed/o", "seed/sw", "dur ns"
     );
     for c in cells {
         let lat = |b| c.latency_ns(b, ev);
         let w = c.warps_per_sm as f64;
         let _ = writeln!(
             s,
-            "{:>6} {:>5} {:>9.4} | {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>8.2} | {:>7.3} {:>7.3} {:>8.3} | {:>6.1} {:>6.1} | {:>6.1}",
+            "{:>6} {:>5} {:>9.4} | {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>8.2} | {:>7.3} {:>7.3} {:>8.3} {:>8.3} | {:>6.1} {:>6.1} | {:>6.1}",
             c.unroll,
             c.warps_per_sm,
             c.median(Build::Off),
             lat(Build::OffAgain),
             lat(Build::Floor),
+            lat(Build::Bound),
             lat(Build::Ours),
             lat(Build::Switch),
             lat(Build::Seed),
             lat(Build::Ours) / w,
             lat(Build::Switch) / w,
+            lat(Build::Bound) / w,
             lat(Build::Seed) / w,
             lat(Build::Seed) / lat(Build::Ours),
             lat(Build::Seed) / lat(Build::Switch),

@@ -173,21 +173,23 @@ mod nvrtc {
             return;
         }
         let src = include_str!("../kernels/bench/recorder_bench.cu");
-        let builds: [&[&str]; 5] = [
+        let builds: [&[&str]; 6] = [
             &[],
             &["TGPU_BENCH_FLOOR=1"],
             &["TGPU_ENABLED=1"],
             &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
             &["TGPU_BENCH_SEED=1"],
+            &["TGPU_BENCH_BOUND=1"],
         ];
         for defines in builds {
             for unroll in ["TGPU_BENCH_UNROLL=1", "TGPU_BENCH_UNROLL=4"] {
                 let mut d = defines.to_vec();
                 d.push(unroll);
                 let p = ptx("recorder_bench", "sm_90", src, &d);
+                // Ours and the bound store 16-byte evict-first records; no other build does.
                 assert_eq!(
                     p.contains("st.global.cs.v4.u32"),
-                    defines.contains(&"TGPU_ENABLED=1"),
+                    defines.contains(&"TGPU_ENABLED=1") || defines.contains(&"TGPU_BENCH_BOUND=1"),
                     "{d:?}"
                 );
             }

@@ -1,14 +1,15 @@
 // baselines.cuh: the two recorders we compare ours against, for benchmarks only.
 //
 // NOT part of the product: tracing-gpu's recorder is kernels/include/tracing_gpu.cuh, and
-// nothing here is decoded by the library. These are our reimplementations of two published
+// nothing here is decoded by the library. Two are our reimplementations of published
 // designs, written from their descriptions (not their code), so that the benchmark kernels
-// can time them at the same call sites as ours:
+// can time them at the same call sites as ours; the third is a yardstick:
 //   seed::Recorder        the seed (a CuTe DSL in-kernel SM profiler, as its PR describes it)
 //   flashinfer::Recorder  FlashInfer's profiler (include/flashinfer/profiler.cuh)
-// Both have tgpu::Recorder's interface (begin, end, switch_to, instant, flush), so a kernel's
-// `rec.` lines are the same in every build. Users: kernels/bench/recorder_bench.cu (the seed)
-// and kernels/gemm.cu (both). The hosts supply this file to NVRTC by name
+//   bound::Recorder       the least any recorder of records does per range (see there)
+// All have tgpu::Recorder's interface (begin, end, switch_to, instant, flush), so a kernel's
+// `rec.` lines are the same in every build. Users: kernels/bench/recorder_bench.cu (the seed
+// and the bound) and kernels/gemm.cu (the seed and FlashInfer). The hosts supply this file to NVRTC by name
 // (`KernelBuild::header("baselines.cuh", ...)`); with nvcc, add -I kernels/bench.
 //
 // Needs tracing_gpu.cuh first (for tgpu::Trace, the timer reads and detail::index_of, the
@@ -169,3 +170,66 @@ class Recorder {
 };
 
 }  // namespace flashinfer
+
+namespace bound {
+
+/// Not a recorder: a lower bound on what any recorder that keeps one 16-byte record per
+/// range executes. Per range: the two stamps (plain 32-bit reads, as the bench's floor),
+/// one store of {end, start, id, payload} by lane 0, and one address step. Nothing else:
+/// no bounds check (the bench gives every warp room for all its events), no index, no
+/// slot header, no duration, nothing kept for a flush, no guard against ptxas re-reading
+/// a stamp. What ours costs beyond this is the price of what the issue asks for on top
+/// (bounded capacity with exact drop counts, headers, exact stamps). Lane 0 of warp w
+/// writes at seed::Buffer::records + w * capacity * 5 (the seed's region, which has room:
+/// 40 bytes per record), so the bench allocates nothing for it.
+template <class... Events>
+class Recorder {
+  unsigned long long ptr_;
+  unsigned int writes_;
+  unsigned int start_[sizeof...(Events)];
+
+  template <class T>
+  __host__ __device__ static constexpr unsigned int slot_of() {
+    return tgpu::detail::index_of<T, Events...>::value;
+  }
+
+  __device__ __forceinline__ void store(unsigned int end, unsigned int start, unsigned int id,
+                                        unsigned int payload) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %1, 0;\n\t"
+        "@p st.global.cs.v4.u32 [%0], {%2, %3, %4, %5};\n\t}" ::"l"(ptr_),
+        "r"(writes_), "r"(end), "r"(start), "r"(id), "r"(payload)
+        : "memory");
+    ptr_ += 16;
+  }
+
+ public:
+  __device__ __forceinline__ explicit Recorder(seed::Buffer b) {
+    const unsigned int slot = blockIdx.x * ((blockDim.x + 31u) >> 5) + (threadIdx.x >> 5);
+    writes_ = (threadIdx.x & 31u) == 0 && slot < b.slot_count;
+    ptr_ = reinterpret_cast<unsigned long long>(b.records + static_cast<unsigned long long>(slot) * b.capacity * 5);
+    for (unsigned int i = 0; i < sizeof...(Events); ++i) start_[i] = 0;
+  }
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    start_[slot_of<T>()] = tgpu::globaltimer_lo();
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int payload = 0) {
+    store(tgpu::globaltimer_lo(), start_[slot_of<T>()], T::id, payload);
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int payload = 0) {
+    const unsigned int t = tgpu::globaltimer_lo();
+    store(t, start_[slot_of<A>()], A::id, payload);
+    start_[slot_of<B>()] = t;
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int payload = 0) {
+    const unsigned int t = tgpu::globaltimer_lo();
+    store(t, t, T::id, payload);
+  }
+  __device__ __forceinline__ void flush() {}
+};
+
+}  // namespace bound

@@ -9,7 +9,9 @@
 //   TGPU_ENABLED=1 and
 //   TGPU_BENCH_SWITCH=1      ours, one switch_to per range (one timer read);
 //   TGPU_BENCH_SEED=1        the seed's published scheme, reimplemented (seed::Recorder in
-//                            baselines.cuh; compile with -I kernels/bench).
+//                            baselines.cuh; compile with -I kernels/bench);
+//   TGPU_BENCH_BOUND=1       the least a recorder of 16-byte records does per range: two
+//                            stamps, one store, one address step (bound::Recorder, there).
 // TGPU_BENCH_UNROLL (default 1) unrolls the event loop, the same in every build.
 // The work is identical in all of them, and pinned between the stamps (see pin()), so the
 // difference in time is what the recording costs.
@@ -17,9 +19,10 @@
 
 TGPU_EVENT(Work, 1);
 
-#if defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED
-// The seed's design, reimplemented from its description: shared with the GEMM's overhead
-// comparison (kernels/gemm.cu), for benchmarks only.
+#if (defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED) || (defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND)
+// The seed's design, reimplemented from its description (shared with the GEMM's overhead
+// comparison, kernels/gemm.cu), and the bound, which writes into the seed's buffer: for
+// benchmarks only.
 #include "baselines.cuh"
 #define SEED_PARAM , seed::Buffer seed_buffer
 #else
@@ -43,6 +46,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2)
     recorder_bench(float* out, float a, float b, int events TGPU_TRACE_PARAM SEED_PARAM) {
 #if defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED
   seed::Recorder<Work> rec(seed_buffer);
+#elif defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND
+  bound::Recorder<Work> rec(seed_buffer);
 #else
   TGPU_RECORDER(rec, Work);
 #endif
