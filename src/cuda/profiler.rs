@@ -9,7 +9,7 @@
 //! # let (ctx, module) = todo_context();
 //! let profiler = Profiler::builder().context(ctx.clone()).events([(1, "load"), (2, "mma")]).build()?;
 //! // Not the legacy default stream: there, a profiled launch call costs about
-//! // 50 µs more than on a stream of its own (docs/performance.md).
+//! // 8 µs more than on a stream of its own (docs/performance.md).
 //! let stream = ctx.new_stream()?;
 //! let f = module.load_function("gemm")?;
 //! let cfg = LaunchConfig { grid_dim: (132, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -30,6 +30,10 @@
 //! stream: buffers leave the pool zeroed, the device never reads the buffer
 //! header (`docs/format.md`), so the collector writes the header into the host
 //! copy, and the copy back runs on the profiler's own stream after the event.
+//! The collector thread enqueues that copy, except for launches on the legacy
+//! default stream (cudarc's `default_stream()`): there the launching thread
+//! enqueues it itself, because a legacy-stream launch call is slowed by tens of
+//! µs whenever another thread enqueues work in the context at the same time.
 //!
 //! The application never waits for profiling unless it asks: when the pool's
 //! memory limit is reached, a launch runs without a trace buffer (counted in
@@ -608,12 +612,23 @@ impl Profiler {
             host_thread: thread_name(),
         };
         let dispatch = tracing::dispatcher::get_default(|d| d.clone());
-        let completion = CudaCompletion {
+        let mut completion = CudaCompletion {
             buffer: Some(buffer),
             used: shape.bytes,
             stream: self.copy_stream.clone(),
             pool: self.pool.clone(),
+            started: None,
         };
+        if is_legacy_default(stream) {
+            // On the legacy NULL stream, the copy back is enqueued here, on the
+            // launching thread (still on the profiler's stream), instead of by the
+            // collector: while another thread enqueues work in the context, each
+            // launch call on the legacy stream took 35-55 µs longer (H200, driver
+            // 580; docs/performance.md). From here the same calls cost the launch
+            // a few µs. On other streams the collector does it, which is cheaper
+            // still for the launching thread.
+            completion.started = Some(completion.enqueue());
+        }
         self.collector.send(Job {
             launch,
             header,
@@ -729,16 +744,36 @@ struct CudaCompletion {
     used: usize,
     stream: Arc<Stream>,
     pool: Arc<Pool>,
+    /// The outcome of an [`CudaCompletion::enqueue`] made on the launching
+    /// thread (legacy stream), which `start` then reports instead of enqueuing.
+    started: Option<Result<(), ProfilerError>>,
 }
 
-impl Completion for CudaCompletion {
-    fn start(&mut self) -> Result<(), ProfilerError> {
-        let buf = self.buffer.as_mut().expect("started once");
+impl CudaCompletion {
+    /// Enqueues the copy back; on failure the buffer is discarded.
+    fn enqueue(&mut self) -> Result<(), ProfilerError> {
+        let buf = self.buffer.as_mut().expect("enqueued once");
         if let Err(e) = buf.enqueue_copy_back(self.used, &self.stream) {
             self.pool.discard(self.buffer.take().expect("present"));
             return Err(e.into());
         }
         Ok(())
+    }
+}
+
+/// Whether `stream` is the legacy default (NULL) stream: cudarc's
+/// `default_stream()`, or the `CU_STREAM_LEGACY` handle.
+fn is_legacy_default(stream: &CudaStream) -> bool {
+    let raw = stream.cu_stream() as usize;
+    raw == 0 || raw == 1
+}
+
+impl Completion for CudaCompletion {
+    fn start(&mut self) -> Result<(), ProfilerError> {
+        match self.started.take() {
+            Some(outcome) => outcome,
+            None => self.enqueue(),
+        }
     }
 
     fn finish(mut self: Box<Self>) -> Result<Vec<u8>, ProfilerError> {
