@@ -174,6 +174,12 @@ const SINKS: &[Finder] = &[
 
 /// Hands `batch` to every sink of ours in `dispatch`, then, if the subscriber
 /// asks for them, emits the plain device spans (see the module docs).
+///
+/// The plain spans are emitted with `dispatch` as the thread's default
+/// (`tracing::dispatcher::with_default`), which tracing-core cannot do from
+/// inside a `tracing::dispatcher::get_default` closure (it panics there): clone
+/// the dispatcher out first, `let d = get_default(|d| d.clone());`, then call
+/// `deliver(&d, batch)`, as the profiler's collector does.
 pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) {
     deliver_to(dispatch, &batch, SINKS);
 }
