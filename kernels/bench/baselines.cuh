@@ -38,6 +38,19 @@ struct Buffer {
     b.slot_count = t.base != 0 ? t.slot_count : 0u;
     return b;
   }
+
+  /// This warp's slot: its (block, warp) in a 1-D grid of 1-D blocks.
+  __device__ __forceinline__ static unsigned int warp_slot() {
+    return blockIdx.x * ((blockDim.x + 31u) >> 5) + (threadIdx.x >> 5);
+  }
+  /// Whether this thread writes: lane 0 of a warp that has a slot.
+  __device__ __forceinline__ bool writes(unsigned int slot) const {
+    return (threadIdx.x & 31u) == 0 && slot < slot_count;
+  }
+  /// Record 0 of `slot` (records of up to 40 bytes).
+  __device__ __forceinline__ unsigned long long* slot_records(unsigned int slot) const {
+    return records + static_cast<unsigned long long>(slot) * capacity * 5;
+  }
 };
 
 /// The seed's recorder: %globaltimer (64-bit) stamps, start times in registers through a
@@ -78,9 +91,9 @@ class Recorder {
 
  public:
   __device__ __forceinline__ explicit Recorder(Buffer b) {
-    const unsigned int slot = blockIdx.x * ((blockDim.x + 31u) >> 5) + (threadIdx.x >> 5);
-    writes_ = (threadIdx.x & 31u) == 0 && slot < b.slot_count;
-    records_ = b.records + static_cast<unsigned long long>(slot) * b.capacity * 5;
+    const unsigned int slot = Buffer::warp_slot();
+    writes_ = b.writes(slot);
+    records_ = b.slot_records(slot);
     counter_ = b.counters + static_cast<unsigned long long>(slot) * 16;
     capacity_ = b.capacity;
     for (unsigned int i = 0; i < sizeof...(Events); ++i) start_[i] = 0;
@@ -205,9 +218,9 @@ class Recorder {
 
  public:
   __device__ __forceinline__ explicit Recorder(seed::Buffer b) {
-    const unsigned int slot = blockIdx.x * ((blockDim.x + 31u) >> 5) + (threadIdx.x >> 5);
-    writes_ = (threadIdx.x & 31u) == 0 && slot < b.slot_count;
-    ptr_ = reinterpret_cast<unsigned long long>(b.records + static_cast<unsigned long long>(slot) * b.capacity * 5);
+    const unsigned int slot = seed::Buffer::warp_slot();
+    writes_ = b.writes(slot);
+    ptr_ = reinterpret_cast<unsigned long long>(b.slot_records(slot));
     for (unsigned int i = 0; i < sizeof...(Events); ++i) start_[i] = 0;
   }
   template <class T>
