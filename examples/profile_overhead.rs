@@ -191,8 +191,8 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("| gpu_profile! | {profiled:.2} |");
     println!("| added by profiling | {:.2} |", profiled - plain);
     println!(
-        "profiled launches: {} delivered, {} skipped (pool full), {} failed, {} device events; {reserved} buffers reserved",
-        stats.delivered, stats.skipped, stats.failed, stats.events
+        "profiled launches: {} delivered, {} skipped (pool full), {} failed, {} device events; {reserved} buffers reserved; pool {:.1} MB at the end",
+        stats.delivered, stats.skipped, stats.failed, stats.events, stats.pool_bytes as f64 / 1e6
     );
     Ok(())
 }

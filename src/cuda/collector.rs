@@ -29,7 +29,9 @@ use super::profiler::ProfilerError;
 
 /// The device side of one launch, as the collector sees it.
 pub(crate) trait Completion: Send {
-    /// Starts bringing the buffer back (enqueues the copy); does not wait.
+    /// Starts bringing the buffer back (enqueues the copy), or reports how that
+    /// went where the launching thread already enqueued it (the CUDA profiler's
+    /// completions); does not wait.
     fn start(&mut self) -> Result<(), ProfilerError>;
     /// Waits until the buffer is back and returns its bytes (the buffer header
     /// may be left zero: the collector writes it).
@@ -103,6 +105,9 @@ pub struct ProfilerStats {
     pub dropped_events: u64,
     /// Clock checkpoints taken (the first calibration included).
     pub calibrations: u64,
+    /// Bytes of trace buffers the pool holds now, free and in use (as much
+    /// again is pinned host memory).
+    pub pool_bytes: u64,
 }
 
 /// State shared between the profiler (the application's threads) and the collector.

@@ -246,6 +246,11 @@ impl Pool {
         self.limit
     }
 
+    /// Bytes allocated now, free and in use.
+    pub(crate) fn allocated(&self) -> usize {
+        self.state.lock().allocated
+    }
+
     /// A buffer of at least `size` bytes: the smallest free one that fits,
     /// else a new one if the limit allows (dropping free buffers that are too
     /// small to make room). `Ok(None)` when everything is in use; with `wait`,

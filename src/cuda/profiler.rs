@@ -8,8 +8,6 @@
 //! use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 //! # let (ctx, module) = todo_context();
 //! let profiler = Profiler::builder().context(ctx.clone()).events([(1, "load"), (2, "mma")]).build()?;
-//! // Not the legacy default stream: there, a profiled launch call costs about
-//! // 8 µs more than on a stream of its own (docs/performance.md).
 //! let stream = ctx.new_stream()?;
 //! let f = module.load_function("gemm")?;
 //! let cfg = LaunchConfig { grid_dim: (132, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -24,16 +22,16 @@
 //! # What a launch costs the application
 //!
 //! On the launching thread: a host span, taking a zeroed buffer from the pool
-//! (a mutex; an allocation the first time a size is seen), one clock read, the
-//! launch itself, one event record on the application's stream, and a channel
-//! send. No copy, memset or synchronisation is added to the application's
-//! stream: buffers leave the pool zeroed, the device never reads the buffer
-//! header (`docs/format.md`), so the collector writes the header into the host
-//! copy, and the copy back runs on the profiler's own stream after the event.
-//! The collector thread enqueues that copy, except for launches on the legacy
-//! default stream (cudarc's `default_stream()`): there the launching thread
-//! enqueues it itself, because a legacy-stream launch call is slowed by tens of
-//! µs whenever another thread enqueues work in the context at the same time.
+//! (a mutex; an allocation when none is free), one clock read, the launch
+//! itself, one event record on the application's stream, the copy back enqueued
+//! on the profiler's own stream (four driver calls), and a channel send. No
+//! copy, memset or synchronisation is added to the application's stream:
+//! buffers leave the pool zeroed, the device never reads the buffer header
+//! (`docs/format.md`), so the collector writes the header into the host copy,
+//! and the copy back waits for the event on the profiler's stream. It is
+//! enqueued here, not by the collector thread: from there it slowed
+//! legacy-stream launch calls by tens of µs and fell behind storms of short
+//! launches (docs/performance.md).
 //!
 //! The application never waits for profiling unless it asks: when the pool's
 //! memory limit is reached, a launch runs without a trace buffer (counted in
@@ -495,7 +493,10 @@ impl Profiler {
 
     /// Counters so far.
     pub fn stats(&self) -> ProfilerStats {
-        self.shared.stats()
+        ProfilerStats {
+            pool_bytes: self.pool.allocated() as u64,
+            ..self.shared.stats()
+        }
     }
 
     /// Runs `launch` with a trace buffer for a launch of shape `cfg` on `stream`,
@@ -612,23 +613,16 @@ impl Profiler {
             host_thread: thread_name(),
         };
         let dispatch = tracing::dispatcher::get_default(|d| d.clone());
-        let mut completion = CudaCompletion {
-            buffer: Some(buffer),
-            used: shape.bytes,
-            stream: self.copy_stream.clone(),
-            pool: self.pool.clone(),
-            started: None,
-        };
-        if is_legacy_default(stream) {
-            // On the legacy NULL stream, the copy back is enqueued here, on the
-            // launching thread (still on the profiler's stream), instead of by the
-            // collector: while another thread enqueues work in the context, each
-            // launch call on the legacy stream took 35-55 µs longer (H200, driver
-            // 580; docs/performance.md). From here the same calls cost the launch
-            // a few µs. On other streams the collector does it, which is cheaper
-            // still for the launching thread.
-            completion.started = Some(completion.enqueue());
-        }
+        // The copy back is enqueued here, on the launching thread (on the
+        // profiler's own stream), not by the collector. Enqueued by the collector,
+        // H200 (driver 580, docs/performance.md): a launch call on the legacy
+        // stream took 35-55 µs longer whenever the collector enqueued work at the
+        // same time, and in a storm of short launches the collector fell behind, so
+        // the pool allocated a new buffer for most launches (40-60 µs a call, and
+        // memory growing with the number of launches). From here the four calls
+        // cost the launch a few µs, and a buffer is back as soon as its kernel is.
+        let completion =
+            CudaCompletion::enqueued(buffer, shape.bytes, &self.copy_stream, self.pool.clone());
         self.collector.send(Job {
             launch,
             header,
@@ -738,42 +732,38 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, ProfilerError> {
 }
 
 /// A launch's buffer on its way back: copy after the launch's `done` event,
-/// on the profiler's stream, then zero for reuse.
+/// on the profiler's stream, then zero for reuse; enqueued by the launching thread.
 struct CudaCompletion {
     buffer: Option<TraceBuffer>,
     used: usize,
-    stream: Arc<Stream>,
     pool: Arc<Pool>,
-    /// The outcome of an [`CudaCompletion::enqueue`] made on the launching
-    /// thread (legacy stream), which `start` then reports instead of enqueuing.
-    started: Option<Result<(), ProfilerError>>,
+    /// How enqueuing the copy back went, for the collector's `start`.
+    enqueued: Option<Result<(), ProfilerError>>,
 }
 
 impl CudaCompletion {
-    /// Enqueues the copy back; on failure the buffer is discarded.
-    fn enqueue(&mut self) -> Result<(), ProfilerError> {
-        let buf = self.buffer.as_mut().expect("enqueued once");
-        if let Err(e) = buf.enqueue_copy_back(self.used, &self.stream) {
-            self.pool.discard(self.buffer.take().expect("present"));
-            return Err(e.into());
+    /// Enqueues the copy back of `buffer`'s first `used` bytes on `stream` now;
+    /// on failure the buffer is discarded and `start` reports the error.
+    fn enqueued(mut buffer: TraceBuffer, used: usize, stream: &Stream, pool: Arc<Pool>) -> Self {
+        let (buffer, enqueued) = match buffer.enqueue_copy_back(used, stream) {
+            Ok(()) => (Some(buffer), Ok(())),
+            Err(e) => {
+                pool.discard(buffer);
+                (None, Err(e.into()))
+            }
+        };
+        CudaCompletion {
+            buffer,
+            used,
+            pool,
+            enqueued: Some(enqueued),
         }
-        Ok(())
     }
-}
-
-/// Whether `stream` is the legacy default (NULL) stream: cudarc's
-/// `default_stream()`, or the `CU_STREAM_LEGACY` handle.
-fn is_legacy_default(stream: &CudaStream) -> bool {
-    let raw = stream.cu_stream() as usize;
-    raw == 0 || raw == 1
 }
 
 impl Completion for CudaCompletion {
     fn start(&mut self) -> Result<(), ProfilerError> {
-        match self.started.take() {
-            Some(outcome) => outcome,
-            None => self.enqueue(),
-        }
+        self.enqueued.take().expect("started once")
     }
 
     fn finish(mut self: Box<Self>) -> Result<Vec<u8>, ProfilerError> {
