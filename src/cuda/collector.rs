@@ -27,12 +27,9 @@ use crate::registry::EventRegistry;
 
 use super::profiler::ProfilerError;
 
-/// The device side of one launch, as the collector sees it.
+/// The device side of one launch, as the collector sees it: its copy back is
+/// already under way (the launching thread enqueued it).
 pub(crate) trait Completion: Send {
-    /// Starts bringing the buffer back (enqueues the copy), or reports how that
-    /// went where the launching thread already enqueued it (the CUDA profiler's
-    /// completions); does not wait.
-    fn start(&mut self) -> Result<(), ProfilerError>;
     /// Waits until the buffer is back and returns its bytes (the buffer header
     /// may be left zero: the collector writes it).
     fn finish(self: Box<Self>) -> Result<Vec<u8>, ProfilerError>;
@@ -341,7 +338,7 @@ impl Worker {
         let mut in_flight: VecDeque<Box<Job>> = VecDeque::new();
         let (mut flush, mut stopping) = (false, false);
         loop {
-            // Start everything queued, so its copies run while we decode.
+            // Take everything queued (its copies are already under way).
             loop {
                 let msg = if in_flight.is_empty() && !stopping && !flush {
                     match self.rx.recv_timeout(self.until_due()) {
@@ -357,16 +354,7 @@ impl Worker {
                     }
                 };
                 match msg {
-                    Msg::Job(mut job) => match job.completion.start() {
-                        Ok(()) => in_flight.push_back(job),
-                        Err(e) => {
-                            drop(job);
-                            self.shared.finish_one(|st| {
-                                st.stats.failed += 1;
-                                st.errors.push(e);
-                            });
-                        }
-                    },
+                    Msg::Job(job) => in_flight.push_back(job),
                     Msg::Flush => flush = true,
                     Msg::Stop => stopping = true,
                 }
@@ -562,9 +550,6 @@ mod tests {
     struct HostMade(Result<Vec<u8>, ()>);
 
     impl Completion for HostMade {
-        fn start(&mut self) -> Result<(), ProfilerError> {
-            Ok(())
-        }
         fn finish(self: Box<Self>) -> Result<Vec<u8>, ProfilerError> {
             self.0
                 .map_err(|()| ProfilerError::Invalid("copy failed".into()))

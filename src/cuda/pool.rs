@@ -173,13 +173,14 @@ impl TraceBuffer {
 
     /// Enqueues on `stream`, after `done`: the copy of the first `used` bytes into
     /// the mirror, then zeroing them on the device; records `copied` after both.
+    /// The caller has bound the context (`Profiler::launch` has, on the launching
+    /// thread, just before).
     pub(crate) fn enqueue_copy_back(
         &mut self,
         used: usize,
         stream: &Stream,
     ) -> Result<(), DriverError> {
         assert!(used <= self.size);
-        self.ctx.bind_to_thread()?;
         self.done.wait_on(stream.raw())?;
         // SAFETY: the mirror holds `size ≥ used` pinned bytes that nobody reads
         // until `copied` completes; the device range is ours.

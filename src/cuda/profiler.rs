@@ -174,7 +174,6 @@ pub struct ProfilerBuilder {
     capacity: u32,
     memory_limit: usize,
     wait_for_buffers: bool,
-    registry: EventRegistry,
     registries: Vec<EventRegistry>,
     events: Vec<(u16, String)>,
     recalibrate_every: Option<Duration>,
@@ -192,7 +191,6 @@ impl Default for ProfilerBuilder {
             capacity: DEFAULT_CAPACITY,
             memory_limit: DEFAULT_MEMORY_LIMIT,
             wait_for_buffers: false,
-            registry: EventRegistry::new(),
             registries: Vec::new(),
             events: Vec::new(),
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
@@ -316,11 +314,12 @@ impl ProfilerBuilder {
                 "capacity must be at least one record per warp".into(),
             ));
         }
+        let mut registry = EventRegistry::new();
         for r in &self.registries {
-            self.registry.merge(r)?;
+            registry.merge(r)?;
         }
         for (id, name) in &self.events {
-            self.registry.register(*id, name)?;
+            registry.register(*id, name)?;
         }
         let device = Arc::new(device_info(&ctx)?);
         if self.rounds.0 == 0 || self.rounds.1 == 0 {
@@ -337,7 +336,7 @@ impl ProfilerBuilder {
         )?;
         let archive = match &self.dump {
             Some(rec) => {
-                rec.add_registry(&self.registry)?;
+                rec.add_registry(&registry)?;
                 rec.add_device(&device);
                 let mut a = rec.archive();
                 a.calibration(&device, &first);
@@ -350,7 +349,7 @@ impl ProfilerBuilder {
         let collector = Collector::spawn(
             CollectorConfig {
                 device: device.clone(),
-                registry: Arc::new(self.registry),
+                registry: Arc::new(registry),
                 recalibrate,
                 archive,
                 on_start: Some(Box::new(move || {
@@ -734,39 +733,39 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, ProfilerError> {
 /// A launch's buffer on its way back: copy after the launch's `done` event,
 /// on the profiler's stream, then zero for reuse; enqueued by the launching thread.
 struct CudaCompletion {
+    /// `None` once finished, or if the copy back could not be enqueued.
     buffer: Option<TraceBuffer>,
     used: usize,
     pool: Arc<Pool>,
-    /// How enqueuing the copy back went, for the collector's `start`.
-    enqueued: Option<Result<(), ProfilerError>>,
+    /// Why the copy back could not be enqueued, for `finish` to report.
+    error: Option<ProfilerError>,
 }
 
 impl CudaCompletion {
     /// Enqueues the copy back of `buffer`'s first `used` bytes on `stream` now;
-    /// on failure the buffer is discarded and `start` reports the error.
+    /// on failure the buffer is discarded and `finish` reports the error.
     fn enqueued(mut buffer: TraceBuffer, used: usize, stream: &Stream, pool: Arc<Pool>) -> Self {
-        let (buffer, enqueued) = match buffer.enqueue_copy_back(used, stream) {
-            Ok(()) => (Some(buffer), Ok(())),
+        let (buffer, error) = match buffer.enqueue_copy_back(used, stream) {
+            Ok(()) => (Some(buffer), None),
             Err(e) => {
                 pool.discard(buffer);
-                (None, Err(e.into()))
+                (None, Some(e.into()))
             }
         };
         CudaCompletion {
             buffer,
             used,
             pool,
-            enqueued: Some(enqueued),
+            error,
         }
     }
 }
 
 impl Completion for CudaCompletion {
-    fn start(&mut self) -> Result<(), ProfilerError> {
-        self.enqueued.take().expect("started once")
-    }
-
     fn finish(mut self: Box<Self>) -> Result<Vec<u8>, ProfilerError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
         let buf = self.buffer.take().expect("finished once");
         match buf.copied.synchronize() {
             Ok(()) => {
