@@ -4,13 +4,14 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tracing_gpu::decode::{Capture, CaptureBuilder};
+use tracing_gpu::decode::Buffer;
+use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::registry::EventRegistry;
 
 /// A GEMM-like capture: 132 blocks × 4 warps, 4096 events per warp (2.2 M events).
 fn buffer() -> (Vec<u8>, u64) {
     const PER_WARP: u32 = 4096;
-    let mut b = CaptureBuilder::new([132, 1, 1], [128, 1, 1], PER_WARP);
+    let mut b = BufferBuilder::new([132, 1, 1], [128, 1, 1], PER_WARP);
     for block in 0..132 {
         for warp in 0..4 {
             let w = b.warp(block, warp).expect("slot exists");
@@ -34,24 +35,24 @@ fn bench(c: &mut Criterion) {
     let (bytes, events) = buffer();
     let reg = EventRegistry::from_pairs([(0, "load"), (1, "mma"), (2, "store"), (3, "tick")])
         .expect("distinct ids");
-    assert_eq!(Capture::decode(&bytes, None).unwrap().event_count(), events);
+    assert_eq!(Buffer::decode(&bytes, None).unwrap().event_count(), events);
     let mut g = c.benchmark_group("decode");
     g.throughput(Throughput::Elements(events));
     g.bench_function("validate", |b| {
         b.iter(|| {
-            Capture::decode(black_box(&bytes), None)
+            Buffer::decode(black_box(&bytes), None)
                 .unwrap()
                 .event_count()
         })
     });
     g.bench_function("validate_with_registry", |b| {
         b.iter(|| {
-            Capture::decode(black_box(&bytes), Some(&reg))
+            Buffer::decode(black_box(&bytes), Some(&reg))
                 .unwrap()
                 .event_count()
         })
     });
-    let cap = Capture::decode(&bytes, None).unwrap();
+    let cap = Buffer::decode(&bytes, None).unwrap();
     g.bench_function("iterate_events", |b| {
         b.iter(|| {
             let mut sum = 0u64;

@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tracing_gpu::bridge::{Batch, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
 use tracing_gpu::clock::Calibration;
-use tracing_gpu::decode::{Capture, CaptureBuilder, OwnedCapture};
+use tracing_gpu::decode::{Buffer, OwnedBuffer};
+use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::perfetto::{PerfettoLayer, TraceWriter};
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::prelude::*;
@@ -41,7 +42,7 @@ const EVENTS: u64 = BLOCKS as u64 * WARPS as u64 * PER_WARP as u64;
 /// (payload: the k-tile index) with small gaps, on a 32 ns timer grid (the
 /// H200's `%globaltimer` step); blocks start at staggered times on 132 SMs.
 fn capture() -> Vec<u8> {
-    let mut b = CaptureBuilder::new([BLOCKS, 1, 1], [32 * WARPS, 1, 1], PER_WARP);
+    let mut b = BufferBuilder::new([BLOCKS, 1, 1], [32 * WARPS, 1, 1], PER_WARP);
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = || {
         rng ^= rng << 13;
@@ -82,7 +83,7 @@ fn variants() -> [(&'static str, Arc<EventRegistry>); 2] {
 }
 
 fn batch(bytes: &[u8], registry: &Arc<EventRegistry>) -> Batch {
-    let capture = OwnedCapture::decode(bytes.to_vec(), Some(registry)).unwrap();
+    let capture = OwnedBuffer::decode(bytes.to_vec(), Some(registry)).unwrap();
     assert_eq!(capture.event_count(), EVENTS);
     Batch {
         device: Arc::new(DeviceInfo {
@@ -98,7 +99,7 @@ fn batch(bytes: &[u8], registry: &Arc<EventRegistry>) -> Batch {
             block: [32 * WARPS, 1, 1],
             ..Default::default()
         },
-        capture: Arc::new(capture),
+        buffer: Arc::new(capture),
         calibration: Arc::new(Calibration::exact(1_000_000_000, 5_000_000_000_000, 4.0)),
         registry: registry.clone(),
     }
@@ -121,7 +122,7 @@ impl Write for Count {
 /// Decode + write of the whole capture (zlib-compressed at `level` if
 /// given); returns the trace's size.
 fn decode_and_write(bytes: &[u8], registry: &EventRegistry, b: &Batch, level: Option<u32>) -> u64 {
-    let cap = Capture::decode(bytes, Some(registry)).unwrap();
+    let cap = Buffer::decode(bytes, Some(registry)).unwrap();
     assert_eq!(cap.event_count(), EVENTS);
     let mut w = TraceWriter::new(Count::default()).unwrap();
     if let Some(l) = level {
@@ -161,7 +162,7 @@ fn device(c: &mut Criterion) {
     let registry = &variants[0].1;
     g.bench_function(BenchmarkId::new("decode", EVENTS), |it| {
         it.iter(|| {
-            Capture::decode(&bytes, Some(registry))
+            Buffer::decode(&bytes, Some(registry))
                 .unwrap()
                 .event_count()
         })

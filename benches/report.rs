@@ -1,5 +1,5 @@
 //! Report throughput on a GEMM-like capture: collecting the events
-//! ([`Timeline::add_capture`]), the statistics ([`Timeline::report`]) and the
+//! ([`Timeline::add_buffer`]), the statistics ([`Timeline::report`]) and the
 //! SVG timeline ([`Timeline::to_svg`]), beside decoding the same buffer, so the
 //! ratios say what a report costs next to reading the capture at all.
 //! Run: `cargo bench --bench report`.
@@ -7,14 +7,15 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tracing_gpu::decode::{Capture, CaptureBuilder};
+use tracing_gpu::decode::Buffer;
+use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::report::{SvgOptions, Timeline};
 
 /// 132 blocks (one per SM) × (1 producer + 2 consumer warps), 128 k-tiles:
 /// the producer records a load per k-tile, each consumer a wait and an mma.
 fn buffer() -> (Vec<u8>, u64) {
     const KTILES: u64 = 128;
-    let mut b = CaptureBuilder::new([132, 1, 1], [96, 1, 1], 2 * KTILES as u32 + 1);
+    let mut b = BufferBuilder::new([132, 1, 1], [96, 1, 1], 2 * KTILES as u32 + 1);
     let mut events = 0;
     for block in 0..132u32 {
         let t0 = 1_000_000_000u64 + u64::from(block) * 37;
@@ -40,17 +41,17 @@ fn buffer() -> (Vec<u8>, u64) {
 
 fn bench(c: &mut Criterion) {
     let (bytes, events) = buffer();
-    let capture = Capture::decode(&bytes, None).expect("decodes");
+    let capture = Buffer::decode(&bytes, None).expect("decodes");
     let mut timeline = Timeline::new();
     timeline.set_sm_count(132);
-    timeline.add_capture(&capture);
+    timeline.add_buffer(&capture);
     assert_eq!(timeline.event_count() as u64, events);
 
     let mut g = c.benchmark_group("report");
     g.throughput(Throughput::Elements(events));
     g.bench_function("decode", |b| {
         b.iter(|| {
-            Capture::decode(black_box(&bytes), None)
+            Buffer::decode(black_box(&bytes), None)
                 .unwrap()
                 .event_count()
         })
@@ -58,7 +59,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("collect", |b| {
         b.iter(|| {
             let mut t = Timeline::new();
-            t.add_capture(black_box(&capture));
+            t.add_buffer(black_box(&capture));
             t.event_count()
         })
     });

@@ -28,7 +28,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tracing::field::{Field, Visit};
 use tracing::span;
-use tracing_gpu::bridge::DEVICE_TARGET;
+use tracing_gpu::batch::DEVICE_TARGET;
 use tracing_gpu::clock::HostClock;
 use tracing_gpu::cuda::calibrate::Calibrator;
 use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};

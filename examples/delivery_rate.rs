@@ -25,9 +25,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::Dispatch;
-use tracing_gpu::bridge::{self, Batch, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
 use tracing_gpu::clock::{Calibration, HostClock};
-use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
+use tracing_gpu::decode::OwnedBuffer;
+use tracing_gpu::deliver;
+use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::layer::SubscriberExt;
@@ -53,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (3, "store"),
         (4, "done"),
     ])?);
-    let mut b = CaptureBuilder::new([1, 1, 1], [256, 1, 1], 256);
+    let mut b = BufferBuilder::new([1, 1, 1], [256, 1, 1], 256);
     for w in 0..8 {
         b.warp(0, w)
             .expect("in the grid")
@@ -106,7 +108,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut header = *b.header();
             header.launch_id = i as u64;
             header.write_to(&mut buffer);
-            let capture = OwnedCapture::decode(buffer, Some(&registry))?;
+            let capture = OwnedBuffer::decode(buffer, Some(&registry))?;
             let batch = Arc::new(Batch {
                 device: device.clone(),
                 launch: LaunchInfo {
@@ -117,13 +119,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     parent: span.id(),
                     ..Default::default()
                 },
-                capture: Arc::new(capture),
+                buffer: Arc::new(capture),
                 calibration: Arc::new(Calibration::exact(1_000, h0 + i as u64 * step, 0.0)),
                 registry: registry.clone(),
             });
-            bridge::deliver(&dispatch, batch);
+            deliver::deliver(&dispatch, batch);
         }
-        bridge::flush(&dispatch);
+        deliver::flush(&dispatch);
         let per = t.elapsed().as_secs_f64() * 1e6 / batches as f64;
         let thread = cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID) - thread0;
         let others = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - process0).saturating_sub(thread);

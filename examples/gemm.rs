@@ -21,7 +21,7 @@ use common::gemm::{
     check, median, registry, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant,
 };
 use tracing_gpu::cuda::cudarc::driver::CudaContext;
-use tracing_gpu::cuda::{ensure_libraries, gpu_profile, DumpRecorder, Profiler};
+use tracing_gpu::cuda::{ensure_libraries, gpu_profile, CaptureRecorder, Profiler};
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -254,7 +254,7 @@ fn profiled(args: &Args, out: &std::path::Path) -> Result<(), Box<dyn std::error
         .file(out)
         .process_name("gemm")
         .build()?;
-    let recorder = args.capture.as_deref().map(DumpRecorder::new);
+    let recorder = args.capture.as_deref().map(CaptureRecorder::new);
     let subscriber = tracing_subscriber::registry()
         .with(perfetto)
         .with(recorder.as_ref().map(|r| r.layer()));

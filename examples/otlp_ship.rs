@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tracing_gpu::dump::Dump;
+use tracing_gpu::capture::Capture;
 use tracing_gpu::otlp::{Detail, OtlpLayer, Protocol};
 
 const USAGE: &str = "usage: otlp_ship ENDPOINT [--protocol grpc|http/protobuf] \
@@ -89,7 +89,7 @@ fn run(args: Args) -> Result<bool, String> {
         Some(p) => p,
         None => shipped_capture()?,
     };
-    let dump = Dump::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dump = Capture::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let batches = dump
         .batches()
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -111,7 +111,7 @@ fn run(args: Args) -> Result<bool, String> {
         path.display(),
         dump.host_spans.len(),
         batches.len(),
-        batches.iter().map(|b| b.capture.event_count()).sum::<u64>(),
+        batches.iter().map(|b| b.buffer.event_count()).sum::<u64>(),
         args.endpoint,
         stats.spans_exported,
         stats.spans_failed,

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use tracing_gpu::cuda::{self, gpu_profile, DumpRecorder, KernelBuild, Profiler, ProfilerStats};
+use tracing_gpu::cuda::{self, gpu_profile, CaptureRecorder, KernelBuild, Profiler, ProfilerStats};
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::layer::SubscriberExt;
@@ -65,7 +65,7 @@ pub fn run(
         .file(out)
         .process_name("quickstart")
         .build()?;
-    let recorder = dump.map(DumpRecorder::new);
+    let recorder = dump.map(CaptureRecorder::new);
     // Our layers take device events in bulk. An unfiltered subscriber would
     // also ask for one plain span per device event (for other layers, see
     // `tracing_gpu::bridge`); nobody here wants them.

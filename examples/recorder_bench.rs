@@ -39,8 +39,9 @@ use tracing_gpu::cuda::cudarc::driver::{
     PushKernelArg,
 };
 use tracing_gpu::cuda::{compile, ensure_libraries, KernelBuild};
-use tracing_gpu::decode::{Capture, Event, EventKind};
+use tracing_gpu::decode::Buffer;
 use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use tracing_gpu::format::{Event, EventKind};
 use tracing_gpu::registry::EventRegistry;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -293,7 +294,7 @@ fn check_bench_trace(
     warps_per_sm: u32,
     open_at_flush: bool,
 ) -> Result<(f64, Result<()>)> {
-    let capture = Capture::decode(bytes, Some(reg))?;
+    let capture = Buffer::decode(bytes, Some(reg))?;
     let slots = gpu.sms * warps_per_sm;
     ensure(capture.flushed_slot_count() == slots as usize, || {
         format!("{} of {slots} slots flushed", capture.flushed_slot_count())
@@ -681,7 +682,7 @@ fn check_overflow(gpu: &Gpu) -> Result<()> {
             let t = TraceBuffer::new(gpu, &cfg, capacity, slot_count)?;
             launch_bench(gpu, &f, cfg, &out, events as i32, Some(t.arg(gpu)), None)?;
             let bytes = t.read(gpu)?;
-            let capture = Capture::decode(&bytes, Some(&reg))?;
+            let capture = Buffer::decode(&bytes, Some(&reg))?;
             let what = format!("{} capacity {capacity}", build.name());
             ensure(capture.flushed_slot_count() == slot_count as usize, || {
                 format!("{what}: {} slots flushed", capture.flushed_slot_count())
@@ -783,7 +784,7 @@ fn run_example(
         || format!("{entry}: gate on and off compute different outputs"),
     )?;
     let bytes = trace.read(gpu)?;
-    let capture = Capture::decode(&bytes, Some(reg))?;
+    let capture = Buffer::decode(&bytes, Some(reg))?;
     ensure(capture.drop_count() == 0, || format!("{entry}: drops"))?;
     let mut warps_events = BTreeMap::new();
     for slot in capture.slots() {

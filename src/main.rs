@@ -1,6 +1,6 @@
 //! `tracing-gpu`: the command-line tool (feature `cli`).
 //!
-//! It uses only the library's public API: a capture file ([`Dump`]) in, a
+//! It uses only the library's public API: a capture file ([`Capture`]) in, a
 //! Perfetto trace, OTLP spans, a report or an SVG timeline out; and, with the
 //! `cuda` feature and a GPU, live runs. Every failure is a message on stderr
 //! and one of the exit codes below, never a panic.
@@ -14,9 +14,10 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use tracing_gpu::bridge::Batch;
-use tracing_gpu::dump::{Dump, DumpError};
-use tracing_gpu::perfetto::{TraceFile, TraceWriter, WriteStats};
+use tracing_gpu::batch::Batch;
+use tracing_gpu::capture::{Capture, CaptureError};
+use tracing_gpu::output::AtomicFile;
+use tracing_gpu::perfetto::{TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline};
 
 /// The live demo: the quickstart example's profiled kernel (its `run` writes a
@@ -167,13 +168,13 @@ impl fmt::Display for Failure {
 }
 
 /// Reads a capture, sorting what can go wrong into "cannot read" and "not a capture".
-fn read_capture(path: &Path) -> Result<Dump, Failure> {
-    Dump::read(path).map_err(|e| match e {
-        DumpError::File { source, .. } => Failure::new(
+fn read_capture(path: &Path) -> Result<Capture, Failure> {
+    Capture::read(path).map_err(|e| match e {
+        CaptureError::File { source, .. } => Failure::new(
             Exit::Input,
             format!("cannot read {}: {source}", path.display()),
         ),
-        DumpError::Io(source) => Failure::new(
+        CaptureError::Io(source) => Failure::new(
             Exit::Input,
             format!("cannot read {}: {source}", path.display()),
         ),
@@ -187,9 +188,14 @@ fn read_capture(path: &Path) -> Result<Dump, Failure> {
     })
 }
 
-/// Writes a whole output file, or says which and why not.
+/// Writes a whole output file (complete or absent), or says which and why not.
 fn write_output(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    std::fs::write(path, bytes).map_err(|e| {
+    let write = || -> io::Result<()> {
+        let mut file = AtomicFile::create(path)?;
+        file.write_all(bytes)?;
+        file.commit().map(drop)
+    };
+    write().map_err(|e| {
         Failure::new(
             Exit::Output,
             format!("cannot write {}: {e}", path.display()),
@@ -197,9 +203,9 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     })
 }
 
-/// One batch per launch ([`Dump::batches`]: each device's calibration refitted
+/// One batch per launch ([`Capture::batches`]: each device's calibration refitted
 /// from the stored samples); a capture that cannot be replayed is a bad capture.
-fn batches(dump: &Dump, path: &Path) -> Result<Vec<Arc<Batch>>, Failure> {
+fn batches(dump: &Capture, path: &Path) -> Result<Vec<Arc<Batch>>, Failure> {
     dump.batches().map_err(|e| {
         Failure::new(
             Exit::BadCapture,
@@ -222,22 +228,28 @@ fn progress(len: usize, what: &str) -> ProgressBar {
 
 /// Writes the capture's host spans and its batches into a Perfetto trace at
 /// `out`, as a live run draws them: complete or absent.
-fn write_perfetto(dump: &Dump, batches: &[Arc<Batch>], out: &Path) -> Result<WriteStats, Failure> {
-    let cannot = |e: tracing_gpu::perfetto::PerfettoError| {
+fn write_perfetto(
+    dump: &Capture,
+    batches: &[Arc<Batch>],
+    out: &Path,
+) -> Result<WriteStats, Failure> {
+    let cannot = |e: &dyn fmt::Display| {
         Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
     };
-    let file = TraceFile::create(out).map_err(cannot)?;
-    let mut writer = TraceWriter::new(file).map_err(cannot)?;
+    let file = AtomicFile::create(out).map_err(|e| cannot(&e))?;
+    let mut writer = TraceWriter::new(file).map_err(|e| cannot(&e))?;
     // The host spans first: the launch spans start the flows the kernels end.
-    writer.write_host_spans(dump).map_err(cannot)?;
+    writer
+        .write_host_spans(dump.process_name(), &dump.host_spans)
+        .map_err(|e| cannot(&e))?;
     let bar = progress(batches.len(), "converting");
     for b in batches {
-        writer.write_batch(b).map_err(cannot)?;
+        writer.write_batch(b).map_err(|e| cannot(&e))?;
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let (file, stats) = writer.finish().map_err(cannot)?;
-    file.commit().map_err(cannot)?;
+    let (file, stats) = writer.finish().map_err(|e| cannot(&e))?;
+    file.commit().map_err(|e| cannot(&e))?;
     Ok(stats)
 }
 
@@ -264,7 +276,7 @@ fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Re
 /// Sends a capture's host spans and device phases to an OTLP endpoint.
 #[cfg(feature = "otlp")]
 fn export_otlp(
-    dump: &Dump,
+    dump: &Capture,
     batches: &[Arc<Batch>],
     endpoint: &str,
     protocol: &str,
@@ -282,12 +294,11 @@ fn export_otlp(
         .build()
         .map_err(|e| failed(e.to_string()))?;
     let bar = progress(batches.len(), "exporting");
-    layer.replay(dump, batches);
+    layer.replay(&dump.host_spans, dump.realtime_offset_ns(), batches);
     bar.finish_and_clear();
     let flushed = guard.flush();
-    let stats = guard.stats();
-    let shut = guard.shutdown();
-    flushed.and(shut).map_err(|e| failed(e.to_string()))?;
+    let finished = guard.finish();
+    let stats = flushed.and(finished).map_err(|e| failed(e.to_string()))?;
     if stats.spans_failed > 0 || stats.spans_dropped > 0 || stats.export_errors > 0 {
         return Err(failed(format!(
             "{} spans exported, {} failed, {} dropped ({} export errors): is a collector listening there?",
@@ -302,7 +313,7 @@ fn export_otlp(
 }
 
 #[cfg(not(feature = "otlp"))]
-fn export_otlp(_: &Dump, _: &[Arc<Batch>], endpoint: &str, _: &str) -> Result<(), Failure> {
+fn export_otlp(_: &Capture, _: &[Arc<Batch>], endpoint: &str, _: &str) -> Result<(), Failure> {
     Err(Failure::new(
         Exit::Export,
         format!("cannot export to {endpoint}: this build has no OTLP support (build with --features otlp, or full)"),
@@ -329,7 +340,7 @@ fn no_gpu_reason() -> Option<String> {
 }
 
 /// Prints the report of a capture and draws its first GPU's timeline into `svg`.
-fn summarize(dump: &Dump, title: &str, svg: &Path) -> Result<(), Failure> {
+fn summarize(dump: &Capture, title: &str, svg: &Path) -> Result<(), Failure> {
     let mut summary = String::new();
     for (i, device) in dump.devices.iter().enumerate() {
         let mut timeline = Timeline::new();
@@ -344,7 +355,7 @@ fn summarize(dump: &Dump, title: &str, svg: &Path) -> Result<(), Failure> {
             .iter()
             .filter(|l| l.device == device.info.ordinal)
         {
-            timeline.add_capture(&l.capture.view());
+            timeline.add_buffer(&l.buffer.view());
         }
         if timeline.event_count() == 0 {
             continue;
@@ -367,7 +378,7 @@ fn summarize(dump: &Dump, title: &str, svg: &Path) -> Result<(), Failure> {
                 device.info.name,
                 launches.len()
             ));
-            first.add_capture(&launches[0].capture.view());
+            first.add_buffer(&launches[0].buffer.view());
             write_output(svg, first.to_svg(&SvgOptions::default()).as_bytes())?;
         }
     }
@@ -594,7 +605,7 @@ fn report(
             device.info.name
         ));
         for l in &launches {
-            timeline.add_capture(&l.capture.view());
+            timeline.add_buffer(&l.buffer.view());
         }
         print_out(&format!("{}\n", timeline.report()))?;
         if let Some(svg) = svg {

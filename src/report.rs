@@ -16,8 +16,9 @@
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
-use crate::decode::{Capture, Event, EventKind};
+use crate::decode::Buffer;
 use crate::format::SlotHeader;
+use crate::format::{Event, EventKind};
 use crate::registry::{unknown_event_name, EventRegistry};
 
 /// The slot (one warp) events came from: where and when it ran.
@@ -166,7 +167,7 @@ impl Timeline {
     }
 
     /// Adds a decoded capture (one launch): all its flushed slots and events.
-    pub fn add_capture(&mut self, capture: &Capture<'_>) {
+    pub fn add_buffer(&mut self, capture: &Buffer<'_>) {
         self.begin_capture();
         for slot in capture.slots() {
             self.push_slot(&slot.header, slot.events());
@@ -185,7 +186,7 @@ impl Timeline {
     }
 
     /// Starts a new capture (launch): the slots pushed next belong to it
-    /// ([`Timeline::add_capture`] does this itself).
+    /// ([`Timeline::add_buffer`] does this itself).
     /// Busy fractions are taken over each launch's own window, so that the
     /// time between launches does not count as idle.
     pub fn begin_capture(&mut self) {
@@ -1101,10 +1102,10 @@ mod tests {
 
     #[test]
     fn decoded_captures_feed_the_report() {
-        use crate::decode::CaptureBuilder;
+        use crate::format::BufferBuilder;
         let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
         // Two blocks of 64 threads (2 warps each) on SMs 3 and 4.
-        let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 4);
+        let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 4);
         b.warp(0, 0)
             .unwrap()
             .sm(3, 3)
@@ -1127,11 +1128,11 @@ mod tests {
             w.range(1, 2_000 + 100 * k, 2_050 + 100 * k, k as u32);
         }
         let bytes = b.finish();
-        let capture = Capture::decode(&bytes, Some(&registry)).unwrap();
+        let capture = Buffer::decode(&bytes, Some(&registry)).unwrap();
         let mut tl = Timeline::new();
         tl.set_names(&registry);
         tl.set_sm_count(6);
-        tl.add_capture(&capture);
+        tl.add_buffer(&capture);
         let r = tl.report();
         assert_eq!(
             (r.launches, r.events, r.dropped, r.migrated_warps),

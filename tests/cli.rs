@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use tracing_gpu::bridge::{DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{DeviceInfo, HostSpan, LaunchInfo};
+use tracing_gpu::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch};
 use tracing_gpu::clock::Sample;
-use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
-use tracing_gpu::dump::{CalibrationRound, Dump, DumpDevice, DumpLaunch, HostSpan};
+use tracing_gpu::decode::OwnedBuffer;
+use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::registry::EventRegistry;
 
 #[path = "perfetto_check/mod.rs"]
@@ -34,7 +35,7 @@ fn stdout(o: &Output) -> String {
 
 /// A small but complete capture: one 8-SM GPU, calibrated, two launches of a
 /// GEMM-like kernel (a producer and two consumer warps per block), host spans.
-fn sample_dump() -> Dump {
+fn sample_dump() -> Capture {
     let registry =
         EventRegistry::from_pairs([(1, "load"), (2, "wait"), (3, "mma"), (4, "epilogue")]).unwrap();
     // The device clock runs 5 µs behind the host's, and the samples say so.
@@ -62,7 +63,7 @@ fn sample_dump() -> Dump {
     let mut host_spans = Vec::new();
     for launch in 0..2u64 {
         let t0 = host0 + 1_000_000 + launch * 200_000 - offset;
-        let mut b = CaptureBuilder::new([8, 1, 1], [96, 1, 1], 64);
+        let mut b = BufferBuilder::new([8, 1, 1], [96, 1, 1], 64);
         b.launch_id(launch + 1);
         for block in 0..8u32 {
             let start = t0 + u64::from(block) * 300;
@@ -81,7 +82,7 @@ fn sample_dump() -> Dump {
                 c.range(4, e, e + 1_500, 0);
             }
         }
-        let capture = Arc::new(OwnedCapture::decode(b.finish(), Some(&registry)).unwrap());
+        let capture = Arc::new(OwnedBuffer::decode(b.finish(), Some(&registry)).unwrap());
         let info = LaunchInfo {
             launch_id: launch + 1,
             kernel: "gemm".into(),
@@ -103,11 +104,11 @@ fn sample_dump() -> Dump {
             launch_id: Some(launch + 1),
             fields: vec![],
         });
-        launches.push(DumpLaunch::new(0, &info, capture));
+        launches.push(CaptureLaunch::new(0, &info, capture));
     }
-    Dump {
+    Capture {
         metadata: vec![("tool".into(), "tests/cli.rs".into())],
-        devices: vec![DumpDevice {
+        devices: vec![CaptureDevice {
             info,
             calibrations: vec![CalibrationRound {
                 samples,

@@ -240,7 +240,8 @@ fn gate_off_gemm_is_the_uninstrumented_gemm() {
 /// rematerialized timer read moves it, fails; a gap after an epilogue is allowed.
 #[test]
 fn phases_must_follow_each_other_without_gaps() {
-    use tracing_gpu::decode::{Capture, CaptureBuilder};
+    use tracing_gpu::decode::Buffer;
+    use tracing_gpu::format::BufferBuilder;
     let id = |name: &str| gemm::EVENTS.iter().find(|e| e.1 == name).unwrap().0;
     let (wait, mma, epilogue, tile, release) = (
         id("wait"),
@@ -252,7 +253,7 @@ fn phases_must_follow_each_other_without_gaps() {
     // Two tiles of two k-tiles each, 100 ns per phase, 50 ns between the tiles; `shift`
     // moves the end of the second tile's first wait.
     let trace = |shift: u64| {
-        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 32);
+        let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 32);
         let w = b.warp(0, 0).unwrap();
         let mut t = 1_000;
         for tile_index in 0..2u32 {
@@ -273,9 +274,9 @@ fn phases_must_follow_each_other_without_gaps() {
         b.finish()
     };
     let good = trace(0);
-    gemm::check_contiguous(&Capture::decode(&good, None).unwrap()).expect("contiguous phases");
+    gemm::check_contiguous(&Buffer::decode(&good, None).unwrap()).expect("contiguous phases");
     let bad = trace(30);
-    let err = gemm::check_contiguous(&Capture::decode(&bad, None).unwrap())
+    let err = gemm::check_contiguous(&Buffer::decode(&bad, None).unwrap())
         .expect_err("a moved end must fail");
     assert!(err.to_string().contains("starts -30 ns after"), "{err}");
 }

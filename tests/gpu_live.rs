@@ -35,7 +35,7 @@ fn live_trace_passes_the_schema_check() {
     assert_eq!(s.trace.flows, launches as u64);
 
     // The capture reads back with every launch.
-    let back = tracing_gpu::dump::Dump::read(&dump).unwrap();
+    let back = tracing_gpu::capture::Capture::read(&dump).unwrap();
     assert_eq!(back.launches.len(), launches as usize);
     assert!(back.devices[0]
         .calibrations

@@ -1,4 +1,4 @@
-//! The header's wire-format constants against `src/format.rs`: the same names, in the same
+//! The header's wire-format constants against `src/format/mod.rs`: the same names, in the same
 //! namespaces, with the same values. Pure text and constants: runs with no features and no
 //! tools.
 
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tracing_gpu::format::{self, buffer_offsets, record_offsets, slot_offsets};
 
 const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
-const FORMAT_RS: &str = include_str!("../src/format.rs");
+const FORMAT_RS: &str = include_str!("../src/format/mod.rs");
 
 /// Every `enum : unsigned int { NAME = VALUE };` at namespace scope in the header (such lines
 /// are not indented there), keyed `NAME` or `namespace::NAME` (the enclosing `tgpu` dropped).
@@ -54,7 +54,7 @@ fn header_constants() -> BTreeMap<String, u64> {
     out
 }
 
-/// Every `pub const NAME` of src/format.rs, keyed as in the header.
+/// Every `pub const NAME` of src/format/mod.rs, keyed as in the header.
 fn format_rs_names() -> Vec<String> {
     let mut names = Vec::new();
     let mut module: Option<String> = None;
@@ -158,7 +158,7 @@ fn header_and_format_rs_define_the_same_names() {
     assert_eq!(
         header,
         format_rs_names(),
-        "the header and src/format.rs must define the same constants"
+        "the header and src/format/mod.rs must define the same constants"
     );
 }
 
@@ -168,7 +168,7 @@ fn every_name_is_checked_by_value() {
     assert_eq!(
         checked,
         format_rs_names(),
-        "a constant of src/format.rs is missing from this test's table"
+        "a constant of src/format/mod.rs is missing from this test's table"
     );
 }
 
@@ -179,7 +179,7 @@ fn header_values_match_format_rs() {
         assert_eq!(
             header.get(&name),
             Some(&value),
-            "{name}: header vs src/format.rs"
+            "{name}: header vs src/format/mod.rs"
         );
     }
 }

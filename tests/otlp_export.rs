@@ -12,9 +12,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::TracerProvider as _;
 use otlp_receiver::{Received, Receiver, Transport};
-use tracing_gpu::bridge::{Batch, BatchSink, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo};
 use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostClock, HostOffsets};
-use tracing_gpu::decode::{CaptureBuilder, EventKind, OwnedCapture};
+use tracing_gpu::decode::OwnedBuffer;
+use tracing_gpu::format::{BufferBuilder, EventKind};
 use tracing_gpu::otlp::{Detail, HostSpans, OtlpGuard, OtlpLayer, PhaseGroup, Protocol};
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::layer::SubscriberExt;
@@ -136,8 +137,8 @@ const DEVICE_BASE: u64 = 5_000_000_000_000;
 
 /// A launch of 2 blocks × 2 warps; each warp runs 3 k-tiles of load, mma and
 /// an instant, at times that differ per warp.
-fn capture() -> OwnedCapture {
-    let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 16);
+fn capture() -> OwnedBuffer {
+    let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 16);
     b.launch_id(7);
     for block in 0..2u32 {
         for warp in 0..2u32 {
@@ -155,7 +156,7 @@ fn capture() -> OwnedCapture {
         }
     }
     let registry = registry();
-    OwnedCapture::decode(b.finish(), Some(&registry)).expect("decode")
+    OwnedBuffer::decode(b.finish(), Some(&registry)).expect("decode")
 }
 
 /// load and mma declare their payload (the k-tile); tile_done does not.
@@ -195,7 +196,7 @@ fn launch_and_deliver(inside: impl FnOnce()) -> Arc<Batch> {
     let mut batch = test_batch();
     Arc::get_mut(&mut batch).unwrap().launch.parent = launch.id();
     let dispatch = tracing::dispatcher::get_default(|d| d.clone());
-    tracing_gpu::bridge::deliver(&dispatch, batch.clone());
+    tracing_gpu::deliver::deliver(&dispatch, batch.clone());
     batch
 }
 
@@ -216,7 +217,7 @@ struct Expect {
 /// Per (event id, key): extent and sorted durations, computed from the capture.
 fn expected(batch: &Batch, key: impl Fn(u32, u32) -> u32) -> HashMap<(u16, u32), Expect> {
     let mut out: HashMap<(u16, u32), Expect> = HashMap::new();
-    for slot in batch.capture.view().slots() {
+    for slot in batch.buffer.view().slots() {
         for e in slot.events() {
             let x = out
                 .entry((e.id, key(slot.header.block_linear, slot.header.warp)))
@@ -256,7 +257,7 @@ fn check_kernel<'a>(spans: &'a [Received], batch: &Batch) -> &'a Received {
         is_child_of(kernel, launch),
         "kernel span under the launch span"
     );
-    let cap = batch.capture.view();
+    let cap = batch.buffer.view();
     let first = cap.slots().map(|s| s.header.first_ts).min().unwrap();
     let last = cap.slots().map(|s| s.header.last_ts).max().unwrap();
     assert_eq!(kernel.span.start_time_unix_nano, wall(batch, first));
@@ -282,8 +283,8 @@ fn device_spans(transport: Transport, detail: Detail) -> (Vec<Received>, Arc<Bat
     let subscriber = tracing_subscriber::registry().with(layer);
     let batch = tracing::subscriber::with_default(subscriber, || launch_and_deliver(|| {}));
     guard.flush().expect("flush");
-    let events = batch.capture.event_count() as usize;
-    let warps = batch.capture.view().slots().count();
+    let events = batch.buffer.event_count() as usize;
+    let warps = batch.buffer.view().slots().count();
     // launch + kernel, plus the level's own spans.
     let want = 2 + match detail {
         Detail::Kernel => 0,
@@ -373,7 +374,7 @@ fn warp_detail_over_grpc() {
     let by_id: HashMap<&[u8], &Received> = spans.iter().map(|s| (&s.span.span_id[..], s)).collect();
     let names = registry();
     let mut seen = 0;
-    for slot in batch.capture.view().slots() {
+    for slot in batch.buffer.view().slots() {
         let h = slot.header;
         let thread = format!(
             "GPU 0 / SM {} / block {} warp {}",
@@ -408,7 +409,7 @@ fn warp_detail_over_grpc() {
             seen += 1;
         }
     }
-    assert_eq!(seen, batch.capture.event_count() as usize);
+    assert_eq!(seen, batch.buffer.event_count() as usize);
 }
 
 // --------------------------------------------------------------------------
@@ -510,7 +511,8 @@ fn skip_exports_only_device_spans() {
 
 #[test]
 fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
-    use tracing_gpu::dump::{CalibrationRound, Dump, DumpDevice, HostSpan};
+    use tracing_gpu::batch::HostSpan;
+    use tracing_gpu::capture::{CalibrationRound, Capture, CaptureDevice};
     let rx = Receiver::start(Transport::Grpc);
     let (layer, guard) = layer(&rx, Detail::Phase);
     let realtime_offset_ns = 1_700_000_000_000_000_000i64;
@@ -526,8 +528,8 @@ fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
         launch_id,
         fields: vec![("step".into(), "3".into())],
     };
-    let dump = Dump {
-        devices: vec![DumpDevice {
+    let dump = Capture {
+        devices: vec![CaptureDevice {
             info: device(),
             calibrations: vec![CalibrationRound {
                 realtime_offset_ns,
@@ -539,10 +541,14 @@ fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
             span("train_step", 0, 9_000, None, None),
             span("launch", 1_000, 8_000, Some(0), Some(7)),
         ],
-        ..Dump::default()
+        ..Capture::default()
     };
     let batch = test_batch();
-    layer.replay(&dump, std::slice::from_ref(&batch));
+    layer.replay(
+        &dump.host_spans,
+        dump.realtime_offset_ns(),
+        std::slice::from_ref(&batch),
+    );
     guard.flush().unwrap();
     let spans = rx.wait_spans(2 + 1 + 6);
     assert_eq!(spans.len(), 9);
@@ -573,7 +579,7 @@ fn test_batch() -> Arc<Batch> {
             parent: None,
             host_thread: "main".into(),
         },
-        capture: Arc::new(capture()),
+        buffer: Arc::new(capture()),
         calibration: Arc::new(calibration()),
         registry: Arc::new(registry()),
     })
@@ -618,7 +624,7 @@ fn after_shutdown_spans_and_batches_are_dropped_without_panic() {
         let stats = {
             let d = tracing::dispatcher::get_default(|d| d.clone());
             let layer = d.downcast_ref::<OtlpLayer>().unwrap();
-            guard.shutdown().expect("shutdown");
+            guard.finish().expect("finish");
             tracing::info_span!("after").in_scope(|| {});
             launch_and_deliver(|| {});
             layer.flush();
@@ -700,12 +706,9 @@ fn device_times_equal_the_perfetto_traces() {
 
     let rx = Receiver::start(Transport::Http);
     let (layer, guard) = layer(&rx, Detail::Warp);
-    layer.replay(
-        &tracing_gpu::dump::Dump::default(),
-        std::slice::from_ref(&batch),
-    );
+    layer.replay(&[], 0, std::slice::from_ref(&batch));
     guard.flush().unwrap();
-    let events = batch.capture.event_count() as usize;
+    let events = batch.buffer.event_count() as usize;
     let spans = rx.wait_spans(1 + 4 + events);
     // Perfetto stamps BOOTTIME, OTLP the wall clock: one calibration, one offset.
     let offset = batch.calibration.latest().host_offsets.realtime_ns;

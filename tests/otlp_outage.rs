@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use otlp_receiver::{BlackHole, Receiver, Transport, PATIENCE};
 use tracing::{Event, Level, Subscriber};
-use tracing_gpu::bridge::{Batch, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
 use tracing_gpu::clock::{Calibration, HostClock};
-use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
+use tracing_gpu::decode::OwnedBuffer;
+use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::otlp::{Detail, OtlpGuard, OtlpLayer, OtlpStats, Protocol};
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
@@ -60,7 +61,7 @@ fn build(transport: Transport, endpoint: String) -> (OtlpLayer, OtlpGuard) {
 
 fn batch(launch_id: u64, parent: Option<tracing::span::Id>) -> Arc<Batch> {
     let base = 1_000_000_000;
-    let mut b = CaptureBuilder::new([4, 1, 1], [64, 1, 1], 32);
+    let mut b = BufferBuilder::new([4, 1, 1], [64, 1, 1], 32);
     b.launch_id(launch_id);
     for block in 0..4 {
         for warp in 0..2 {
@@ -83,7 +84,7 @@ fn batch(launch_id: u64, parent: Option<tracing::span::Id>) -> Arc<Batch> {
             parent,
             ..LaunchInfo::default()
         },
-        capture: Arc::new(OwnedCapture::decode(b.finish(), Some(&registry)).unwrap()),
+        buffer: Arc::new(OwnedBuffer::decode(b.finish(), Some(&registry)).unwrap()),
         calibration: Arc::new(Calibration::exact(base, HostClock::Boottime.now_ns(), 0.0)),
         registry: Arc::new(registry),
     })
@@ -115,7 +116,7 @@ fn load(spans: usize, batches: u64) -> Duration {
         let _e = launch.enter();
         let b = batch(id, launch.id());
         timed("a batch hand-over", &mut || {
-            tracing_gpu::bridge::deliver(&dispatch, b.clone())
+            tracing_gpu::deliver::deliver(&dispatch, b.clone())
         });
     }
     worst

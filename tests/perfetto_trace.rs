@@ -8,10 +8,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tracing::Dispatch;
-use tracing_gpu::bridge::{Batch, BatchSink, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo};
 use tracing_gpu::clock::{Calibration, HostClock};
-use tracing_gpu::decode::{CaptureBuilder, OwnedCapture};
-use tracing_gpu::perfetto::{PerfettoLayer, TraceFile, TraceWriter};
+use tracing_gpu::decode::OwnedBuffer;
+use tracing_gpu::format::BufferBuilder;
+use tracing_gpu::output::AtomicFile;
+use tracing_gpu::perfetto::{PerfettoLayer, TraceWriter};
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::prelude::*;
 
@@ -61,7 +63,7 @@ fn batch(
     overflow: bool,
     parent: Option<tracing::span::Id>,
 ) -> Arc<Batch> {
-    let mut b = CaptureBuilder::new([4, 1, 1], [64, 1, 1], 8);
+    let mut b = BufferBuilder::new([4, 1, 1], [64, 1, 1], 8);
     b.launch_id(launch_id);
     b.warp(0, 0)
         .unwrap()
@@ -89,7 +91,7 @@ fn batch(
     for i in 0..n {
         w.range(MMA, d0 + 50 * i, d0 + 50 * i + 40, i as u32);
     }
-    let capture = OwnedCapture::decode(b.finish(), None).unwrap();
+    let capture = OwnedBuffer::decode(b.finish(), None).unwrap();
     Arc::new(Batch {
         device: Arc::new(DeviceInfo {
             ordinal,
@@ -111,16 +113,20 @@ fn batch(
             parent,
             host_thread: "main".into(),
         },
-        capture: Arc::new(capture),
+        buffer: Arc::new(capture),
         calibration: Arc::new(Calibration::exact(d0, h0, 3.0)),
         registry: registry(),
     })
 }
 
-fn tmp_path(path: &Path) -> std::path::PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".tmp");
-    s.into()
+/// The other files in `path`'s folder: the output's temporary file while it
+/// is being written.
+fn others(path: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != path)
+        .collect()
 }
 
 #[test]
@@ -193,15 +199,15 @@ fn host_and_device(compress: Option<u32>) {
         tracing::trace_span!(target: "tracing_gpu::device", "gpu.event").in_scope(|| {});
         sink().flush();
         assert!(!path.exists(), "the trace appears only when finished");
-        assert!(tmp_path(&path).exists());
+        assert_eq!(others(&path).len(), 1, "one temporary file");
         drop(main);
     });
     let stats = guard.finish().unwrap();
     assert!(path.exists());
-    assert!(!tmp_path(&path).exists(), "no temporary file is left");
+    assert!(others(&path).is_empty(), "no temporary file is left");
 
-    let device_events: u64 = batches.iter().map(|b| b.capture.event_count()).sum();
-    let dropped: u64 = batches.iter().map(|b| b.capture.drop_count()).sum();
+    let device_events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
+    let dropped: u64 = batches.iter().map(|b| b.buffer.drop_count()).sum();
     assert_eq!(dropped, 4, "two launches on GPU 0 drop 2 records each");
     assert_eq!(stats.device_events, device_events);
     assert_eq!(stats.kernels, 4);
@@ -239,7 +245,7 @@ fn host_and_device(compress: Option<u32>) {
         .iter()
         .flat_map(|b| {
             let ids: Vec<u16> = b
-                .capture
+                .buffer
                 .view()
                 .slots()
                 .flat_map(|slot| slot.events().map(|e| e.id).collect::<Vec<_>>())
@@ -267,13 +273,13 @@ fn overlapping_launches_get_lanes_and_still_nest() {
 /// Writes `batches`, finishes and commits the file; checks and returns the
 /// number of device events written.
 fn write_all<'a>(
-    mut w: TraceWriter<TraceFile>,
+    mut w: TraceWriter<AtomicFile>,
     batches: impl IntoIterator<Item = &'a Arc<Batch>>,
 ) -> u64 {
     let mut events = 0;
     for b in batches {
         w.write_batch(b).unwrap();
-        events += b.capture.event_count();
+        events += b.buffer.event_count();
     }
     let (file, stats) = w.finish().unwrap();
     file.commit().unwrap();
@@ -283,7 +289,7 @@ fn write_all<'a>(
 
 fn overlapping(path: &Path, compress: Option<u32>) {
     let path = path.to_path_buf();
-    let mut w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
+    let mut w = TraceWriter::new(AtomicFile::create(&path).unwrap()).unwrap();
     if let Some(level) = compress {
         w = w.compress(level);
     }
@@ -323,12 +329,12 @@ fn a_trace_that_cannot_be_created_is_an_error_and_leaves_nothing() {
     let err = PerfettoLayer::builder().file(&path).build().unwrap_err();
     assert!(err.to_string().contains("missing-dir"), "{err}");
     assert!(PerfettoLayer::builder().build().is_err(), "no file given");
-    // An uncommitted TraceFile removes its temporary file.
+    // An uncommitted AtomicFile removes its temporary file.
     let path = dir.path().join("abandoned.perfetto-trace");
-    let f = TraceFile::create(&path).unwrap();
-    assert!(tmp_path(&path).exists());
+    let f = AtomicFile::create(&path).unwrap();
+    assert_eq!(others(&path).len(), 1, "one temporary file");
     drop(f);
-    assert!(!tmp_path(&path).exists() && !path.exists());
+    assert!(others(&path).is_empty() && !path.exists());
 }
 
 #[test]
@@ -342,7 +348,7 @@ fn the_checker_rejects_broken_traces() {
 /// A launch of 20 blocks × 8 warps on 20 SMs, `per_warp` back-to-back ranges
 /// each (payload: the index), device times from `d0` mapped to host `h0`.
 fn busy(launch_id: u64, per_warp: u32, d0: u64, h0: u64) -> Arc<Batch> {
-    let mut b = CaptureBuilder::new([20, 1, 1], [256, 1, 1], per_warp);
+    let mut b = BufferBuilder::new([20, 1, 1], [256, 1, 1], per_warp);
     b.launch_id(launch_id);
     for block in 0..20 {
         for warp in 0..8 {
@@ -368,7 +374,7 @@ fn busy(launch_id: u64, per_warp: u32, d0: u64, h0: u64) -> Arc<Batch> {
             block: [256, 1, 1],
             ..Default::default()
         },
-        capture: Arc::new(OwnedCapture::decode(b.finish(), None).unwrap()),
+        buffer: Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap()),
         calibration: Arc::new(Calibration::exact(d0, h0, -2.0)),
         registry: registry(),
     })
@@ -390,7 +396,7 @@ fn busy_warps_share_short_sequence_ids_and_still_pass() {
     ];
     for (name, n) in [("two", 2), ("four", 4)] {
         let path = dir.path().join(format!("{name}.perfetto-trace"));
-        let w = TraceWriter::new(TraceFile::create(&path).unwrap()).unwrap();
+        let w = TraceWriter::new(AtomicFile::create(&path).unwrap()).unwrap();
         let events = write_all(w, &batches[..n]);
         let Some(s) = perfetto_check::check(
             &path,

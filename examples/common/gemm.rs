@@ -13,8 +13,9 @@ use tracing_gpu::cuda::cudarc::driver::{
     DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
-use tracing_gpu::decode::{Capture, Event, EventKind};
+use tracing_gpu::decode::Buffer;
 use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use tracing_gpu::format::{Event, EventKind};
 use tracing_gpu::registry::EventRegistry;
 
 /// The kernel's source, embedded so one binary is all the GPU machine needs.
@@ -759,7 +760,7 @@ impl TraceBuffer {
             Variant::Off => Ok(0),
             Variant::Phases | Variant::PhasesWg | Variant::Full => {
                 // The strict decoder validates every slot and record on the way.
-                let capture = Capture::decode(&b, Some(&registry()))
+                let capture = Buffer::decode(&b, Some(&registry()))
                     .map_err(|e| CudaError::Invalid(format!("the trace does not decode: {e}")))?;
                 if capture.drop_count() != 0 {
                     return Err(CudaError::Invalid(format!(
@@ -806,7 +807,7 @@ fn event_id(name: &str) -> u16 {
 /// range before it ended: except the first of a tile (after an epilogue), and leaving
 /// out instants and the tile ranges that enclose the others. A stamp that the compiler
 /// read again where it is used (rematerialized) instead of keeping it shows up here.
-pub fn check_contiguous(capture: &Capture) -> Result<(), CudaError> {
+pub fn check_contiguous(capture: &Buffer) -> Result<(), CudaError> {
     let (epilogue, tile) = (event_id("epilogue"), event_id("tile"));
     for slot in capture.slots() {
         let mut prev: Option<Event> = None;

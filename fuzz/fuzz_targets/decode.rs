@@ -3,13 +3,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracing_gpu::decode::{Capture, EventKind};
+use tracing_gpu::decode::{Buffer, EventKind};
 use tracing_gpu::registry::EventRegistry;
 
 fuzz_target!(|data: &[u8]| {
     let reg = EventRegistry::from_pairs([(0, "a"), (1, "b"), (2, "c")]).unwrap();
     for r in [None, Some(&reg)] {
-        let Ok(cap) = Capture::decode(data, r) else {
+        let Ok(cap) = Buffer::decode(data, r) else {
             continue;
         };
         let mut events = 0u64;

@@ -36,10 +36,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use super::{compile, ensure_libraries, CudaError, KernelBuild};
+use super::compile::{compile, ensure_libraries, KernelBuild};
+use super::error::CalibrateError;
 use crate::clock::{
     Checkpoint, ClockError, ClockMap, FitOptions, HostClock, HostOffsets, Sample,
     GLOBALTIMER_STEP_NS,
@@ -47,35 +48,6 @@ use crate::clock::{
 
 /// The calibration kernels' source, embedded.
 pub const CALIBRATE_SOURCE: &str = include_str!("../../kernels/calibrate.cu");
-
-/// Errors of device clock calibration.
-#[derive(Debug, thiserror::Error)]
-pub enum CalibrateError {
-    /// The CUDA side failed (libraries, driver, compilation).
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    /// The samples could not be fitted.
-    #[error("clock fit: {0}")]
-    Fit(#[from] ClockError),
-    /// The GPU did not answer a round in time (a GPU too busy to start a
-    /// one-thread kernel, or a kernel that failed to launch).
-    #[error("the calibration kernel did not answer round {round} within {} ms", timeout.as_millis())]
-    Timeout {
-        /// The round that went unanswered.
-        round: usize,
-        /// How long the host waited.
-        timeout: Duration,
-    },
-    /// A request that cannot be served.
-    #[error("{0}")]
-    Invalid(&'static str),
-}
-
-impl From<DriverError> for CalibrateError {
-    fn from(e: DriverError) -> Self {
-        CalibrateError::Cuda(CudaError::Driver(e))
-    }
-}
 
 /// Pinned host memory mapped into the device's address space.
 struct MappedHost {

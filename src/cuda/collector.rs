@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tracing::Dispatch;
 
-use crate::bridge::{self, Batch, DeviceInfo, LaunchInfo};
+use crate::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
-use crate::decode::OwnedCapture;
+use crate::decode::OwnedBuffer;
+use crate::deliver;
 use crate::format::BufferHeader;
 use crate::registry::EventRegistry;
 
-use super::profiler::ProfilerError;
+use super::error::ProfilerError;
 
 /// The device side of one launch, as the collector sees it: its copy back is
 /// already under way (the launching thread enqueued it).
@@ -121,8 +122,8 @@ struct SharedState {
     finished: u64,
     /// Errors since the last flush; the first is returned by `flush`.
     errors: Vec<ProfilerError>,
-    /// Dispatchers delivered to since the last flush, one per set of sinks.
-    dispatches: Vec<Dispatch>,
+    /// The sinks delivered to since the last flush, each once.
+    sinks: Vec<Arc<dyn BatchSink>>,
     calibration: Arc<Calibration>,
 }
 
@@ -136,7 +137,7 @@ impl Shared {
             sent: 0,
             finished: 0,
             errors: Vec::new(),
-            dispatches: Vec::new(),
+            sinks: Vec::new(),
             calibration: Arc::new(calibration),
         };
         Arc::new(Shared {
@@ -178,19 +179,19 @@ impl Shared {
     /// sinks of every dispatcher delivered to, and returns the first error since
     /// the last flush.
     fn wait_and_flush(&self) -> Result<(), ProfilerError> {
-        let (dispatches, errors) = {
+        let (sinks, errors) = {
             let mut st = self.state.lock();
             let target = st.sent;
             while st.finished < target {
                 self.progress.wait(&mut st);
             }
             (
-                std::mem::take(&mut st.dispatches),
+                std::mem::take(&mut st.sinks),
                 std::mem::take(&mut st.errors),
             )
         };
-        for d in &dispatches {
-            bridge::flush(d);
+        for sink in &sinks {
+            sink.flush();
         }
         match errors.into_iter().next() {
             Some(e) => Err(e),
@@ -309,7 +310,7 @@ const HOLD_LIMIT_BYTES: usize = 256 << 20;
 /// than extrapolated past the last one.
 struct Held {
     launch: LaunchInfo,
-    capture: OwnedCapture,
+    capture: OwnedBuffer,
     dispatch: Dispatch,
     span: tracing::Span,
     /// Device time span of its events (first and last timer reads of its warps).
@@ -462,7 +463,7 @@ impl Worker {
                 )));
             }
             header.write_to(&mut bytes);
-            OwnedCapture::decode(bytes, Some(&self.registry))
+            OwnedBuffer::decode(bytes, Some(&self.registry))
                 .map_err(|source| ProfilerError::Decode { launch_id, source })
         });
         let capture = match capture {
@@ -506,23 +507,26 @@ impl Worker {
         let batch = Arc::new(Batch {
             device: self.device.clone(),
             launch,
-            capture: Arc::new(capture),
+            buffer: Arc::new(capture),
             calibration: Arc::new(self.calibration.slice(first_device_ns, last_device_ns)),
             registry: self.registry.clone(),
         });
         if let Some(a) = self.archive.as_mut() {
             a.record(&batch);
         }
-        bridge::deliver(&dispatch, batch);
+        deliver::deliver(&dispatch, batch);
         // Only now may the launch span close (and its id be reused).
         drop(span);
-        let key = bridge::sink_key(&dispatch);
+        let mut sinks = Vec::new();
+        deliver::for_each_sink(&dispatch, |s| sinks.push(s.clone()));
         self.shared.finish_one(|st| {
             st.stats.delivered += 1;
             st.stats.events += events;
             st.stats.dropped_events += dropped;
-            if key.is_some() && !st.dispatches.iter().any(|d| bridge::sink_key(d) == key) {
-                st.dispatches.push(dispatch);
+            for sink in sinks {
+                if !st.sinks.iter().any(|s| Arc::ptr_eq(s, &sink)) {
+                    st.sinks.push(sink);
+                }
             }
         });
     }
@@ -539,10 +543,10 @@ mod tests {
     //! The collector without a GPU: host-made buffers stand in for the device,
     //! which is also how a second device is simulated.
     use super::*;
-    use crate::bridge::tests::Recorder;
     use crate::clock::{ClockMap, HostOffsets};
-    use crate::decode::CaptureBuilder;
+    use crate::format::BufferBuilder;
     use crate::format::BufferHeader;
+    use crate::test_support::Recorder;
     use tracing_subscriber::layer::SubscriberExt;
 
     /// Gives back bytes made on the host; the header is left zero, as the
@@ -613,7 +617,7 @@ mod tests {
     /// made as the profiler makes it, inside a launch span.
     fn job(device: u32, t0: u64, bytes: Option<Vec<u8>>) -> Job {
         let launch_id = crate::cuda::next_launch_id();
-        let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 8);
+        let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 8);
         for (block, warp) in [(0, 0), (1, 1)] {
             b.warp(block, warp)
                 .unwrap()
@@ -723,7 +727,7 @@ mod tests {
             c.send(job(0, 1_000_000, None));
             let mut bad = job(0, 1_100_000, None);
             // A slot magic that is neither zero nor "SLOT".
-            let mut bytes = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 8).finish();
+            let mut bytes = BufferBuilder::new([2, 1, 1], [64, 1, 1], 8).finish();
             bytes[crate::format::BUFFER_HEADER_SIZE] = 0xAB;
             bad.completion = Box::new(HostMade(Ok(bytes)));
             c.send(bad);

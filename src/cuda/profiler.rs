@@ -51,106 +51,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, DriverError, LaunchConfig};
+use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig};
 
-use super::archive::DumpRecorder;
-use super::calibrate::{CalibrateError, Calibrator};
-pub use super::collector::ProfilerStats;
+use super::calibrate::Calibrator;
+use super::collector::ProfilerStats;
 use super::collector::{
     Collector, CollectorConfig, Completion, Job, Recalibrate, Recalibration, Round, Shared,
 };
+use super::error::{CalibrateError, ProfilerError};
 use super::pool::{Pool, Stream, TraceBuffer};
-use super::CudaError;
-use crate::bridge::{DeviceInfo, LaunchInfo};
+use super::recorder::CaptureRecorder;
+use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
-use crate::decode::DecodeError;
 use crate::format::{self, BufferHeader, KernelArg};
-use crate::registry::{EventRegistry, RegistryError};
+use crate::registry::EventRegistry;
 
 // SAFETY: `KernelArg` is `repr(C)`, 16 bytes of plain integers, the layout of
 // `tgpu::Trace` in the header: it can be copied into the parameter bank as is.
 unsafe impl DeviceRepr for KernelArg {}
-
-/// Errors from profiling.
-#[derive(Debug, thiserror::Error)]
-pub enum ProfilerError {
-    /// A CUDA library is missing, or a driver call failed.
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    /// No GPU with that ordinal.
-    #[error("no GPU with ordinal {ordinal}: this machine has {count}")]
-    NoDevice {
-        /// The ordinal asked for.
-        ordinal: usize,
-        /// GPUs present.
-        count: usize,
-    },
-    /// The stream belongs to another context than the profiler's.
-    #[error("the stream belongs to another CUDA context (device {stream_device}) than this profiler's (device {profiler_device})")]
-    WrongContext {
-        /// The profiler's device.
-        profiler_device: usize,
-        /// The stream's device.
-        stream_device: usize,
-    },
-    /// A launch shape with an empty dimension.
-    #[error("launch shape has an empty dimension: grid {grid:?}, block {block:?}")]
-    EmptyLaunch {
-        /// Grid in blocks.
-        grid: [u32; 3],
-        /// Block in threads.
-        block: [u32; 3],
-    },
-    /// The trace buffer for this launch exceeds the pool's memory limit.
-    #[error("the trace buffer for this launch needs {needed} bytes ({slots} warps × {capacity} records); the profiler's limit is {limit} bytes (ProfilerBuilder::memory_limit, ::capacity)")]
-    BufferTooLarge {
-        /// Bytes needed.
-        needed: u128,
-        /// Warp slots in the launch.
-        slots: u64,
-        /// Records per slot.
-        capacity: u32,
-        /// The pool's limit.
-        limit: usize,
-    },
-    /// A launch's buffer did not decode.
-    #[error("launch {launch_id}: the trace buffer did not decode: {source}")]
-    Decode {
-        /// The launch.
-        launch_id: u64,
-        /// Why.
-        source: DecodeError,
-    },
-    /// Event names conflict.
-    #[error(transparent)]
-    Registry(#[from] RegistryError),
-    /// The clock could not be calibrated (or a checkpoint did not follow the last).
-    #[error("clock calibration failed: {0}")]
-    Calibration(#[from] CalibrateError),
-    /// The capture dump could not be written.
-    #[error("capture dump {path}: {message}")]
-    Dump {
-        /// The file.
-        path: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
-    /// The collector thread could not be started.
-    #[error("cannot start the collector thread: {0}")]
-    Thread(std::io::Error),
-    /// The collector thread is gone (a sink panicked).
-    #[error("the collector thread has stopped (a sink panicked); launches since were not traced")]
-    CollectorGone,
-    /// Anything else wrong with a request.
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl From<DriverError> for ProfilerError {
-    fn from(e: DriverError) -> Self {
-        ProfilerError::Cuda(CudaError::Driver(e))
-    }
-}
 
 /// The next launch id: one counter for the whole process, so that launches of
 /// several profilers (several GPUs) never share an id in one trace.
@@ -179,7 +97,7 @@ pub struct ProfilerBuilder {
     recalibrate_every: Option<Duration>,
     rounds: (usize, usize),
     pollers: u32,
-    dump: Option<Arc<DumpRecorder>>,
+    dump: Option<Arc<CaptureRecorder>>,
     lineinfo: bool,
 }
 
@@ -276,13 +194,13 @@ impl ProfilerBuilder {
     /// Also record the run (devices, calibrations, launches) into a capture
     /// file at `path`, written when the profiler is dropped. For the host spans
     /// too, and for one file from several profilers, use [`ProfilerBuilder::dump`].
-    pub fn dump_to(self, path: impl Into<PathBuf>) -> Self {
-        self.dump(DumpRecorder::new(path))
+    pub fn capture_to(self, path: impl Into<PathBuf>) -> Self {
+        self.dump(CaptureRecorder::new(path))
     }
 
     /// Also record the run into `recorder` (shared by several profilers, and
-    /// with its [`DumpRecorder::layer`] for the host spans).
-    pub fn dump(mut self, recorder: Arc<DumpRecorder>) -> Self {
+    /// with its [`CaptureRecorder::layer`] for the host spans).
+    pub fn dump(mut self, recorder: Arc<CaptureRecorder>) -> Self {
         self.dump = Some(recorder);
         self
     }

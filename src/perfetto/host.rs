@@ -12,7 +12,7 @@ use super::proto::{
     field, Enc, EventType, Open, ProcessDescriptor, ThreadDescriptor, TracePacket, TrackDescriptor,
 };
 use super::tracks::{descriptor, sequence_start, Ids, GPU_PID_BASE};
-use crate::dump::{Dump, HostSpan};
+use crate::batch::HostSpan;
 
 /// The pid of the host process of a replayed capture: a capture does not store
 /// the recorded process's pid, and this one is below the GPUs' and above
@@ -214,20 +214,7 @@ pub(crate) fn annotation(args: &mut Enc, name: &str, value: impl FnOnce(&mut Enc
     args.close(a);
 }
 
-/// The name of the recorded process: the program of the capture's `command`
-/// note, or `"host"`.
-fn recorded_process_name(dump: &Dump) -> String {
-    dump.metadata
-        .iter()
-        .find(|(k, _)| k == "command")
-        .and_then(|(_, cmd)| cmd.split_whitespace().next())
-        .and_then(|prog| prog.rsplit('/').next())
-        .filter(|p| !p.is_empty())
-        .unwrap_or("host")
-        .to_string()
-}
-
-/// A capture's host spans as slices on their threads' tracks: the process
+/// Recorded host spans (a capture's) as slices on their threads' tracks: the process
 /// descriptor first, then each thread's packets. `flow` is called for each
 /// span that wraps a launch (with the launch id) and returns its flow id.
 ///
@@ -242,13 +229,17 @@ fn recorded_process_name(dump: &Dump) -> String {
 ///   recorder sets the end at the last exit): it lasts until they end.
 ///
 /// Returns the encoded packets and the number of slices.
-pub(crate) fn replay(ids: &Ids, dump: &Dump, flow: &mut dyn FnMut(u64) -> u64) -> (Enc, u64) {
-    let spans = &dump.host_spans;
+pub(crate) fn replay(
+    ids: &Ids,
+    process_name: &str,
+    spans: &[HostSpan],
+    flow: &mut dyn FnMut(u64) -> u64,
+) -> (Enc, u64) {
     let mut out = Enc::default();
     if spans.is_empty() {
         return (out, 0);
     }
-    out.packet(&process(ids, REPLAY_PID, recorded_process_name(dump)));
+    out.packet(&process(ids, REPLAY_PID, process_name.to_string()));
     // Ends, with still-open spans extended over their descendants (a child
     // always comes after its parent in a dump, so one backward pass does it).
     let mut end: Vec<u64> = spans.iter().map(|s| s.end_ns).collect();
@@ -399,24 +390,20 @@ mod tests {
         let mut launch = span("launch", 7, 120, 150, Some(1));
         launch.launch_id = Some(4);
         launch.fields = vec![("gpu.launch_id".into(), "4".into())];
-        let dump = Dump {
-            metadata: vec![("command".into(), "./bin/quickstart out.trace".into())],
-            host_spans: vec![
-                // Still open when the capture was written: no duration.
-                span("root", 7, 100, 100, None),
-                span("a", 7, 110, 200, Some(0)),
-                launch,
-                // Starts inside a and ends after it: cut at a's end.
-                span("c", 7, 180, 260, Some(0)),
-                span("d", 7, 300, 310, Some(0)),
-                span("worker", 8, 150, 170, None),
-                // Its own zero-length slice: no descendants.
-                span("mark", 8, 180, 180, None),
-            ],
-            ..Dump::default()
-        };
+        let spans = vec![
+            // Still open when the capture was written: no duration.
+            span("root", 7, 100, 100, None),
+            span("a", 7, 110, 200, Some(0)),
+            launch,
+            // Starts inside a and ends after it: cut at a's end.
+            span("c", 7, 180, 260, Some(0)),
+            span("d", 7, 300, 310, Some(0)),
+            span("worker", 8, 150, 170, None),
+            // Its own zero-length slice: no descendants.
+            span("mark", 8, 180, 180, None),
+        ];
         let mut w = TraceWriter::new(Vec::new()).unwrap();
-        w.write_host_spans(&dump).unwrap();
+        w.write_host_spans("quickstart", &spans).unwrap();
         let (bytes, stats) = w.finish().unwrap();
         assert_eq!(stats.host_slices, 7);
         let slices = host_slices(&bytes);
@@ -440,7 +427,7 @@ mod tests {
             .map(|(n, s, e, _, _)| (n.as_str(), *s, *e))
             .collect();
         assert_eq!(worker, [("worker", 150, 170), ("mark", 180, 180)]);
-        // The process is named after the recorded command.
+        // The process has the name it was given.
         let trace = proto::Trace::decode(&bytes[..]).unwrap();
         let processes: HashSet<_> = trace
             .packet

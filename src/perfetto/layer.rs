@@ -8,10 +8,11 @@
 //! Device side: [`BatchSink::on_batch`] queues the batch (an `Arc`) on a
 //! bounded channel to the writer thread, which encodes it there.
 //!
-//! Memory is bounded: each thread keeps at most [`PerfettoBuilder::queued_chunks`]
+//! Memory is bounded: each thread keeps at most [`PerfettoLayerBuilder::queued_chunks`]
 //! full chunks waiting for the writer (then it waits for the writer to catch
-//! up), and the batch queue holds at most [`PerfettoBuilder::batch_queue`] batches.
+//! up), and the batch queue holds at most [`PerfettoLayerBuilder::batch_queue`] batches.
 
+use std::any::TypeId;
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
 use std::fmt::Write as _;
@@ -33,17 +34,19 @@ use tracing_subscriber::Layer;
 use super::host::{annotation, process, HostThread};
 use super::proto::{field, Enc};
 use super::tracks::Ids;
-use super::writer::{start_flow, Core, TraceFile, TraceWriter, WriteStats};
+use super::writer::{start_flow, Core, TraceWriter, WriteStats};
 use super::PerfettoError;
-use crate::bridge::{Batch, BatchSink, DEVICE_TARGET};
+use crate::batch::{Batch, BatchSink, DEVICE_TARGET};
 use crate::clock::HostClock;
+use crate::deliver::SinkHandle;
+use crate::output::AtomicFile;
 
 /// The field that marks a launch span: its value is the launch id, and the
 /// span's first slice starts a flow arrow to that launch's kernel slice.
 pub const LAUNCH_ID_FIELD: &str = "gpu.launch_id";
 
 /// Builds a [`PerfettoLayer`] and its [`PerfettoGuard`].
-pub struct PerfettoBuilder {
+pub struct PerfettoLayerBuilder {
     path: Option<PathBuf>,
     writer: Option<Box<dyn Write + Send>>,
     process_name: Option<String>,
@@ -53,9 +56,9 @@ pub struct PerfettoBuilder {
     compress: Option<u32>,
 }
 
-impl Default for PerfettoBuilder {
+impl Default for PerfettoLayerBuilder {
     fn default() -> Self {
-        PerfettoBuilder {
+        PerfettoLayerBuilder {
             path: None,
             writer: None,
             process_name: None,
@@ -67,7 +70,7 @@ impl Default for PerfettoBuilder {
     }
 }
 
-impl PerfettoBuilder {
+impl PerfettoLayerBuilder {
     /// The trace file to write (`.perfetto-trace` by convention). It appears
     /// only when the guard finishes; until then the data goes to `<file>.tmp`.
     pub fn file(mut self, path: impl AsRef<Path>) -> Self {
@@ -117,13 +120,20 @@ impl PerfettoBuilder {
         self
     }
 
-    /// Creates `<file>.tmp`, writes the trace's preamble, starts the writer thread.
+    /// Opens the output (a file appears at its path, whole, when the guard
+    /// finishes), writes the trace's preamble, starts the writer thread.
     pub fn build(self) -> Result<(PerfettoLayer, PerfettoGuard), PerfettoError> {
-        let out = match (self.writer, &self.path) {
-            (Some(w), _) => Output::Stream(w),
-            (None, Some(path)) => Output::File(TraceFile::create(path)?),
-            (None, None) => return Err(PerfettoError::NoFile),
-        };
+        let out =
+            match (self.writer, &self.path) {
+                (Some(w), _) => Output::Stream(w),
+                (None, Some(path)) => Output::File(AtomicFile::create(path).map_err(|source| {
+                    PerfettoError::Create {
+                        path: path.clone(),
+                        source,
+                    }
+                })?),
+                (None, None) => return Err(PerfettoError::NoFile),
+            };
         let ids = Arc::new(Ids::new());
         let flow_origins = Arc::new(Mutex::new(HashSet::new()));
         let mut core = Core::new(ids.clone(), flow_origins.clone());
@@ -154,6 +164,7 @@ impl PerfettoBuilder {
             .map_err(PerfettoError::Thread)?;
         Ok((
             PerfettoLayer {
+                sink: SinkHandle::new(shared.clone())?,
                 shared: shared.clone(),
             },
             PerfettoGuard {
@@ -164,9 +175,9 @@ impl PerfettoBuilder {
     }
 }
 
-impl std::fmt::Debug for PerfettoBuilder {
+impl std::fmt::Debug for PerfettoLayerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PerfettoBuilder")
+        f.debug_struct("PerfettoLayerBuilder")
             .field("path", &self.path)
             .field("writer", &self.writer.as_ref().map(|_| "dyn Write"))
             .field("process_name", &self.process_name)
@@ -180,7 +191,7 @@ impl std::fmt::Debug for PerfettoBuilder {
 
 /// Where the writer thread writes.
 enum Output {
-    File(TraceFile),
+    File(AtomicFile),
     Stream(Box<dyn Write + Send>),
 }
 
@@ -188,7 +199,7 @@ impl Output {
     /// Makes the output final: renames the file into place.
     fn commit(self) -> Result<(), PerfettoError> {
         match self {
-            Output::File(f) => f.commit().map(drop),
+            Output::File(f) => Ok(f.commit().map(drop)?),
             Output::Stream(mut w) => Ok(w.flush()?),
         }
     }
@@ -241,12 +252,13 @@ fn exe_name() -> String {
 #[derive(Debug)]
 pub struct PerfettoLayer {
     shared: Arc<Shared>,
+    sink: SinkHandle,
 }
 
 impl PerfettoLayer {
     /// Starts building a layer.
-    pub fn builder() -> PerfettoBuilder {
-        PerfettoBuilder::default()
+    pub fn builder() -> PerfettoLayerBuilder {
+        PerfettoLayerBuilder::default()
     }
 }
 
@@ -529,6 +541,14 @@ impl<S> Layer<S> for PerfettoLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
+    unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
+        if id == TypeId::of::<Self>() {
+            return Some(self as *const Self as *const ());
+        }
+        // Safety: forwarded from our own `downcast_raw`.
+        unsafe { self.sink.downcast_raw(id) }
+    }
+
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         if attrs.metadata().target() == DEVICE_TARGET
             || attrs.values().is_empty()
@@ -624,11 +644,21 @@ where
     }
 }
 
+impl BatchSink for Shared {
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        if !self.closed.load(Ordering::Acquire) {
+            let _ = self.tx.send(Msg::Batch(batch.clone()));
+        }
+    }
+
+    fn flush(&self) {
+        Shared::flush(self);
+    }
+}
+
 impl BatchSink for PerfettoLayer {
     fn on_batch(&self, batch: &Arc<Batch>) {
-        if !self.shared.closed.load(Ordering::Acquire) {
-            let _ = self.shared.tx.send(Msg::Batch(batch.clone()));
-        }
+        self.shared.on_batch(batch);
     }
 
     fn flush(&self) {
@@ -740,7 +770,7 @@ fn run_writer(
     }
     collect(shared, &mut w, true, true, &mut failed);
     if let Some(e) = failed {
-        return Err(e); // The TraceFile is dropped uncommitted: no file.
+        return Err(e); // The AtomicFile is dropped uncommitted: no file.
     }
     let (out, stats) = w.finish()?;
     out.commit()?;

@@ -3,15 +3,15 @@
 //!
 //! - [`PerfettoLayer`] is a `tracing-subscriber` layer. Host spans become
 //!   slices on their threads' tracks; device batches (through
-//!   [`crate::bridge::BatchSink`]) become slices on GPU → SM → warp tracks,
+//!   [`crate::batch::BatchSink`]) become slices on GPU → SM → warp tracks,
 //!   with a kernel slice per launch and a flow arrow from the launch span to
 //!   it. A writer thread streams the file to disk in bounded memory;
 //!   [`PerfettoGuard`] finishes it.
 //! - [`TraceWriter`] is the synchronous core, for writing batches without a
-//!   subscriber (the CLI's `convert`), into [`TraceFile`] or any `io::Write`;
+//!   subscriber (the CLI's `convert`), into a [`crate::output::AtomicFile`] or
+//!   any `io::Write`;
 //!   it also draws a capture's recorded host spans as the layer draws live
 //!   ones ([`TraceWriter::write_host_spans`]).
-//! - [`proto`] holds the protobuf messages, with Perfetto's field numbers.
 //!
 //! # What the trace holds
 //!
@@ -32,30 +32,32 @@
 //!   that launch id ends it.
 //! - Dropped records: a cumulative "dropped events" counter under the GPU, and
 //!   a `dropped` argument on the kernel slice.
-//! - Spans and events of target [`crate::bridge::DEVICE_TARGET`] are ignored:
+//! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
 
 mod host;
 mod layer;
-pub mod proto;
+pub(crate) mod proto;
 mod tracks;
 mod writer;
 
 use std::path::PathBuf;
 
-pub use layer::{PerfettoBuilder, PerfettoGuard, PerfettoLayer, LAUNCH_ID_FIELD};
-pub use writer::{TraceFile, TraceWriter, WriteStats};
+pub use layer::{PerfettoGuard, PerfettoLayer, PerfettoLayerBuilder, LAUNCH_ID_FIELD};
+pub use writer::{TraceWriter, WriteStats};
 
 /// Why a trace could not be written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PerfettoError {
     /// The output path has no file name.
     #[error("not a file path: {0}")]
     BadPath(PathBuf),
-    /// The temporary file could not be created.
+    /// The output file could not be created (in its folder, as a temporary
+    /// file), or it exists and is not a regular file.
     #[error("cannot create {path}: {source}")]
     Create {
-        /// The temporary file's path.
+        /// The output's path.
         path: PathBuf,
         /// The cause.
         source: std::io::Error,
@@ -69,7 +71,10 @@ pub enum PerfettoError {
     /// The writer thread panicked (a bug): the trace is lost.
     #[error("the trace writer thread panicked")]
     WriterPanicked,
+    /// The process has too many batch sinks alive.
+    #[error(transparent)]
+    Sink(#[from] crate::deliver::TooManySinks),
     /// The builder was given no output file.
-    #[error("no output file: call PerfettoBuilder::file")]
+    #[error("no output file: call PerfettoLayerBuilder::file")]
     NoFile,
 }

@@ -14,7 +14,8 @@
 //! Every field is proto2 `optional`: presence matters to Perfetto (a packet
 //! without `timestamp` is not a packet at time 0).
 
-/// A whole trace file: a stream of `packet` fields.
+/// A whole trace file: a stream of `packet` fields (what the tests read back).
+#[cfg(test)]
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Trace {
     /// The packets, in file order.
@@ -52,8 +53,6 @@ pub struct TracePacket {
 /// `TracePacket.sequence_flags`: the sequence's interning, defaults and
 /// incremental clocks start afresh with this packet.
 pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
-/// `TracePacket.sequence_flags`: this packet uses the sequence's incremental state.
-pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 
 /// The payload of a [`TracePacket`] (the `data` oneof; only the members we use).
 #[derive(Clone, PartialEq, prost::Oneof)]
@@ -178,8 +177,6 @@ pub struct TrackDescriptor {
 
 /// `TrackDescriptor.child_ordering`: children ordered by `sibling_order_rank`.
 pub const CHILD_ORDERING_EXPLICIT: i32 = 3;
-/// `TrackDescriptor.process_ordering`: processes ordered by `sibling_order_rank`.
-pub const PROCESS_ORDERING_EXPLICIT: i32 = 1;
 
 /// A process.
 #[derive(Clone, PartialEq, prost::Message)]

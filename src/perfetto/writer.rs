@@ -1,6 +1,5 @@
 //! [`TraceWriter`]: device batches (and a capture's host spans) → TrackEvent
-//! packets, written to any `io::Write`; and [`TraceFile`], the file that is
-//! complete or absent.
+//! packets, written to any `io::Write`.
 //!
 //! This is the synchronous core. [`super::PerfettoLayer`] runs one on its
 //! writer thread; the CLI's `convert` uses one directly.
@@ -13,9 +12,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -27,10 +24,9 @@ use super::proto::{
 };
 use super::tracks::{sequence_start, DeviceTracks, Ids, Lane, ShortSeqs, Warp, MISC_SEQUENCE};
 use super::PerfettoError;
-use crate::bridge::Batch;
+use crate::batch::{Batch, HostSpan};
 use crate::clock::HostClock;
-use crate::decode::EventKind;
-use crate::dump::Dump;
+use crate::format::EventKind;
 use crate::registry::{unknown_event_name, EventRegistry};
 
 /// Output is handed to the underlying writer in pieces of about this size.
@@ -255,7 +251,7 @@ impl Core {
         } = self;
         let gpu = tracks.gpu(ids, b.device.ordinal, &b.device.name, enc);
         names.use_registry(&b.registry);
-        let cap = b.capture.view();
+        let cap = b.buffer.view();
         let cal = &*b.calibration;
         let (mut first, mut last) = (u64::MAX, 0u64);
         for slot in cap.slots() {
@@ -368,7 +364,7 @@ impl Core {
                 ..arg("block")
             },
             DebugAnnotation {
-                uint_value: Some(b.capture.event_count()),
+                uint_value: Some(b.buffer.event_count()),
                 ..arg("events")
             },
             DebugAnnotation {
@@ -687,9 +683,10 @@ fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
 /// ([`TraceWriter::write_host_spans`]), as a Perfetto trace into `W`.
 ///
 /// ```no_run
-/// use tracing_gpu::perfetto::{TraceFile, TraceWriter};
-/// # fn batches() -> Vec<std::sync::Arc<tracing_gpu::bridge::Batch>> { vec![] }
-/// let mut w = TraceWriter::new(TraceFile::create("gemm.perfetto-trace")?)?;
+/// use tracing_gpu::output::AtomicFile;
+/// use tracing_gpu::perfetto::TraceWriter;
+/// # fn batches() -> Vec<std::sync::Arc<tracing_gpu::batch::Batch>> { vec![] }
+/// let mut w = TraceWriter::new(AtomicFile::create("gemm.perfetto-trace")?)?;
 /// for b in batches() {
 ///     w.write_batch(&b)?;
 /// }
@@ -763,12 +760,18 @@ impl<W: Write> TraceWriter<W> {
     /// span whose end overlaps the end of the slice enclosing it is cut
     /// there, and a span recorded with no duration whose descendants on its
     /// thread end later (it was still open when the capture was written)
-    /// lasts until they end. `docs/dump.md` has the details.
-    pub fn write_host_spans(&mut self, dump: &Dump) -> Result<(), PerfettoError> {
+    /// lasts until they end. `docs/capture.md` has the details.
+    pub fn write_host_spans(
+        &mut self,
+        process_name: &str,
+        spans: &[HostSpan],
+    ) -> Result<(), PerfettoError> {
         let core = &mut self.core;
         let origins = &core.flow_origins;
         let (packets, slices) =
-            super::host::replay(&core.ids, dump, &mut |launch| start_flow(origins, launch));
+            super::host::replay(&core.ids, process_name, spans, &mut |launch| {
+                start_flow(origins, launch)
+            });
         core.stats.host_slices += slices;
         self.write_raw(&packets.buf)
     }
@@ -854,95 +857,20 @@ fn write_packets(
     Ok(written as u64)
 }
 
-/// A trace file that is either complete or absent: written as `<path>.tmp` in
-/// the same folder, renamed to `<path>` by [`TraceFile::commit`]. Dropped
-/// without a commit, it removes the temporary file.
-#[derive(Debug)]
-pub struct TraceFile {
-    file: Option<File>,
-    tmp: PathBuf,
-    path: PathBuf,
-}
-
-impl TraceFile {
-    /// Creates `<path>.tmp` (replacing any stale one).
-    pub fn create(path: impl AsRef<Path>) -> Result<TraceFile, PerfettoError> {
-        let path = path.as_ref().to_path_buf();
-        let mut name = path
-            .file_name()
-            .ok_or_else(|| PerfettoError::BadPath(path.clone()))?
-            .to_os_string();
-        name.push(".tmp");
-        let tmp = path.with_file_name(name);
-        let file = File::create(&tmp).map_err(|e| PerfettoError::Create {
-            path: tmp.clone(),
-            source: e,
-        })?;
-        Ok(TraceFile {
-            file: Some(file),
-            tmp,
-            path,
-        })
-    }
-
-    /// The final path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Flushes to disk and renames the file into place; returns its path.
-    pub fn commit(mut self) -> Result<PathBuf, PerfettoError> {
-        let file = self.file.take().expect("a TraceFile is committed once");
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&self.tmp, &self.path)?;
-        Ok(std::mem::take(&mut self.path))
-    }
-}
-
-impl Write for TraceFile {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match &mut self.file {
-            Some(f) => f.write(buf),
-            None => Err(io::ErrorKind::BrokenPipe.into()),
-        }
-    }
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        match &mut self.file {
-            Some(f) => f.write_all(buf),
-            None => Err(io::ErrorKind::BrokenPipe.into()),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match &mut self.file {
-            Some(f) => f.flush(),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for TraceFile {
-    fn drop(&mut self) {
-        if self.file.take().is_some() {
-            // Not committed: leave nothing half-written behind.
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::{DeviceInfo, LaunchInfo};
+    use crate::batch::{DeviceInfo, LaunchInfo};
     use crate::clock::Calibration;
-    use crate::decode::{CaptureBuilder, OwnedCapture};
+    use crate::decode::OwnedBuffer;
+    use crate::format::BufferBuilder;
     use crate::perfetto::proto;
     use prost::Message;
 
     /// The hot path's hand-built packets, read back with the prost messages.
     #[test]
     fn hot_packets_decode_as_perfetto_messages() {
-        let mut cb = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 4);
+        let mut cb = BufferBuilder::new([1, 1, 1], [32, 1, 1], 4);
         cb.warp(0, 0)
             .unwrap()
             .sm(5, 5)
@@ -961,7 +889,7 @@ mod tests {
                 kernel: "k".into(),
                 ..Default::default()
             },
-            capture: Arc::new(OwnedCapture::decode(cb.finish(), None).unwrap()),
+            buffer: Arc::new(OwnedBuffer::decode(cb.finish(), None).unwrap()),
             calibration: Arc::new(Calibration::exact(0, 1_000_000, 0.0)),
             registry: Arc::new(reg),
         };

@@ -1,6 +1,6 @@
-//! Bytes → [`Capture`]: the strict reader of wire format v1 (`docs/format.md`).
+//! Bytes → [`Buffer`]: the strict reader of wire format v1 (`docs/format.md`).
 //!
-//! [`Capture::decode`] validates everything the format promises in one pass over
+//! [`Buffer::decode`] validates everything the format promises in one pass over
 //! the buffer and allocates only the list of flushed slots; afterwards nothing is
 //! checked again, and [`Slot::events`] rebuilds full 64-bit times on the fly with
 //! no allocation. Every way the bytes can be wrong is a [`DecodeError`] variant
@@ -8,241 +8,28 @@
 //!
 //! Slots whose header is still zero were never flushed (their warp did not run the
 //! recorder, or a slot past the grid): such a slot must be zero throughout and is
-//! simply absent from [`Capture::slots`]. A zero header over non-zero record
+//! simply absent from [`Buffer::slots`]. A zero header over non-zero record
 //! bytes means a warp wrote records but never flushed, and is an error
 //! ([`DecodeError::UnflushedSlotNotEmpty`]): its records cannot be placed in time.
 //!
-//! [`OwnedCapture`] owns its bytes and crosses threads; [`CaptureBuilder`] writes
+//! [`OwnedBuffer`] owns its bytes and crosses threads; [`BufferBuilder`] writes
 //! valid buffers on the host, for tests and for producers that are not the CUDA
 //! header.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::format::{
-    self, buffer_offsets as bo, slot_offsets as so, BufferHeader, Record, SlotHeader,
-    BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE, RECORD_SIZE, SLOT_HEADER_SIZE,
-    SLOT_MAGIC, VERSION,
+    self, buffer_offsets as bo, slot_offsets as so, BufferHeader, Event, EventKind, Record,
+    SlotHeader, BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE, RECORD_SIZE,
+    SLOT_HEADER_SIZE, SLOT_MAGIC, VERSION,
 };
 use crate::registry::EventRegistry;
 
-/// Every way a buffer can fail [`Capture::decode`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    /// Fewer bytes than the header says the buffer holds (or than the header itself).
-    #[error("trace buffer truncated: {len} bytes, the header needs {needed}")]
-    Truncated {
-        /// Bytes given.
-        len: usize,
-        /// Bytes needed.
-        needed: u64,
-    },
-    /// The first four bytes are not `"TGPU"`.
-    #[error("not a trace buffer: magic {found:#010x}, expected {BUFFER_MAGIC:#010x} (\"TGPU\")")]
-    BadMagic {
-        /// The magic found.
-        found: u32,
-    },
-    /// A version this reader does not know.
-    #[error("unsupported trace format version {found} (this reader reads {VERSION})")]
-    UnsupportedVersion {
-        /// The version found.
-        found: u16,
-    },
-    /// A buffer-header field that must have one value has another.
-    #[error("buffer header field {field} is {found}, expected {expected}")]
-    BadHeaderField {
-        /// The field's name, as in `docs/format.md`.
-        field: &'static str,
-        /// The value found.
-        found: u64,
-        /// The value v1 requires.
-        expected: u64,
-    },
-    /// A grid or block dimension is zero: no launch has that shape.
-    #[error("launch shape has an empty dimension: grid {grid:?}, block {block:?}")]
-    EmptyLaunch {
-        /// Grid dimensions.
-        grid: [u32; 3],
-        /// Block dimensions.
-        block: [u32; 3],
-    },
-    /// `slot_count` slots of `slot_capacity` records do not fit in memory at all.
-    #[error("buffer size overflows: {slot_count} slots of {capacity} records")]
-    SizeOverflow {
-        /// Slots claimed.
-        slot_count: u32,
-        /// Records per slot claimed.
-        capacity: u32,
-    },
-    /// A slot header magic that is neither zero nor `"SLOT"`.
-    #[error(
-        "slot {slot}: bad slot magic {found:#010x}, expected 0 or {SLOT_MAGIC:#010x} (\"SLOT\")"
-    )]
-    BadSlotMagic {
-        /// Slot index.
-        slot: u32,
-        /// The magic found.
-        found: u32,
-    },
-    /// A never-flushed slot (zero magic) with non-zero bytes in it.
-    #[error("slot {slot}: never flushed (zero magic) but holds data at byte {offset} of the slot")]
-    UnflushedSlotNotEmpty {
-        /// Slot index.
-        slot: u32,
-        /// Offset of the first non-zero 16-byte group within the slot.
-        offset: usize,
-    },
-    /// `record_count` exceeds `slot_capacity`.
-    #[error("slot {slot}: record_count {count} exceeds the slot capacity {capacity}")]
-    CountOverCapacity {
-        /// Slot index.
-        slot: u32,
-        /// Records claimed.
-        count: u32,
-        /// Capacity.
-        capacity: u32,
-    },
-    /// A flushed slot whose index lies past the last warp of the grid.
-    #[error("slot {slot}: flushed, but the grid has only {warps} warps")]
-    SlotOutsideGrid {
-        /// Slot index.
-        slot: u32,
-        /// Warps in the launch (blocks × warps per block).
-        warps: u64,
-    },
-    /// The slot's block or warp is not the one its index says.
-    #[error(
-        "slot {slot}: header says block {found_block} {found_xyz:?} warp {found_warp}, \
-         its index means block {expected_block} {expected_xyz:?} warp {expected_warp}"
-    )]
-    Misplaced {
-        /// Slot index.
-        slot: u32,
-        /// `block_linear` the index implies.
-        expected_block: u32,
-        /// `blockIdx` the index implies.
-        expected_xyz: [u32; 3],
-        /// Warp the index implies.
-        expected_warp: u32,
-        /// `block_linear` in the header.
-        found_block: u32,
-        /// `blockIdx` in the header.
-        found_xyz: [u32; 3],
-        /// Warp in the header.
-        found_warp: u32,
-    },
-    /// `last_ts` before `first_ts` in a slot header.
-    #[error("slot {slot}: time runs backwards, last_ts {last_ts} < first_ts {first_ts}")]
-    SlotTimesBackwards {
-        /// Slot index.
-        slot: u32,
-        /// First timer read.
-        first_ts: u64,
-        /// Flush time.
-        last_ts: u64,
-    },
-    /// A record kind other than range (0) or instant (1).
-    #[error("slot {slot} record {record}: unknown kind {kind}")]
-    UnknownKind {
-        /// Slot index.
-        slot: u32,
-        /// Record index within the slot.
-        record: u32,
-        /// The kind found.
-        kind: u16,
-    },
-    /// An instant whose duration is not zero.
-    #[error("slot {slot} record {record}: instant with non-zero duration {duration} ns")]
-    InstantWithDuration {
-        /// Slot index.
-        slot: u32,
-        /// Record index within the slot.
-        record: u32,
-        /// The duration found.
-        duration: u32,
-    },
-    /// An event id the registry given to the decoder does not hold.
-    #[error("slot {slot} record {record}: event id {id} is not in the registry")]
-    UnknownEventId {
-        /// Slot index.
-        slot: u32,
-        /// Record index within the slot.
-        record: u32,
-        /// The id found.
-        id: u16,
-    },
-    /// A record ends before the previous record (or, for the first, before `first_ts`).
-    #[error("slot {slot} record {record}: time runs backwards, it ends {by_ns} ns before the previous end")]
-    TimeBackwards {
-        /// Slot index.
-        slot: u32,
-        /// Record index within the slot.
-        record: u32,
-        /// How far back.
-        by_ns: u64,
-    },
-    /// A range that starts before the slot's `first_ts`: an end before its begin.
-    #[error("slot {slot} record {record}: ends at {end} after {duration} ns, so it began before first_ts {first_ts}")]
-    StartBeforeFirst {
-        /// Slot index.
-        slot: u32,
-        /// Record index within the slot.
-        record: u32,
-        /// The record's end (device ns).
-        end: u64,
-        /// The record's duration.
-        duration: u32,
-        /// The slot's first timer read.
-        first_ts: u64,
-    },
-    /// A record that ends after the slot's `last_ts`.
-    #[error("slot {slot} record {record}: ends at {end}, after last_ts {last_ts}")]
-    EndAfterLast {
-        /// Slot index.
-        slot: u32,
-        /// Record index within the slot.
-        record: u32,
-        /// The record's end (device ns, as reconstructed).
-        end: u128,
-        /// The slot's flush time.
-        last_ts: u64,
-    },
-}
+mod error;
+pub use error::DecodeError;
 
-/// Range or instant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventKind {
-    /// A closed range `[start_ns, end_ns]`.
-    Range,
-    /// An instant at `end_ns` (`start_ns == end_ns`).
-    Instant,
-}
-
-/// One decoded event, in device nanoseconds (`%globaltimer`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Event {
-    /// The user's event type id (see [`EventRegistry`]).
-    pub id: u16,
-    /// Range or instant.
-    pub kind: EventKind,
-    /// Start (equals `end_ns` for an instant).
-    pub start_ns: u64,
-    /// End, or the instant's time.
-    pub end_ns: u64,
-    /// User payload.
-    pub payload: u32,
-}
-
-impl Event {
-    /// `end_ns − start_ns`.
-    pub fn duration_ns(&self) -> u64 {
-        self.end_ns - self.start_ns
-    }
-}
-
-/// What [`Capture::decode`] learned, kept so that [`OwnedCapture::view`] need not
+/// What [`Buffer::decode`] learned, kept so that [`OwnedBuffer::view`] need not
 /// validate again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Index {
@@ -259,14 +46,14 @@ struct Index {
 
 /// A validated trace buffer, borrowed: zero-copy over the bytes it was decoded from.
 #[derive(Clone)]
-pub struct Capture<'a> {
+pub struct Buffer<'a> {
     bytes: &'a [u8],
     index: Cow<'a, Index>,
 }
 
-impl fmt::Debug for Capture<'_> {
+impl fmt::Debug for Buffer<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Capture")
+        f.debug_struct("Buffer")
             .field("header", &self.index.header)
             .field("flushed_slots", &self.index.flushed.len())
             .field("events", &self.index.events)
@@ -406,14 +193,14 @@ fn first_nonzero(b: &[u8]) -> Option<usize> {
         .map(|i| i * 16)
 }
 
-impl<'a> Capture<'a> {
+impl<'a> Buffer<'a> {
     /// Decodes and validates a whole buffer (see `docs/format.md`, "What a strict
     /// reader rejects"). With a registry, every record's event id must be in it.
     /// Bytes past the buffer's size (`64 + slot_count × stride`) are not read.
     pub fn decode(
         bytes: &'a [u8],
         registry: Option<&EventRegistry>,
-    ) -> Result<Capture<'a>, DecodeError> {
+    ) -> Result<Buffer<'a>, DecodeError> {
         let (header, size) = read_buffer_header(bytes)?;
         let capacity = header.slot_capacity;
         let stride = format::slot_stride(capacity);
@@ -486,7 +273,7 @@ impl<'a> Capture<'a> {
             });
             flushed.push(i);
         }
-        Ok(Capture {
+        Ok(Buffer {
             bytes: &bytes[..size],
             index: Cow::Owned(Index {
                 header,
@@ -548,9 +335,9 @@ impl<'a> Capture<'a> {
         self.index.time_range
     }
 
-    /// Copies the buffer into an [`OwnedCapture`] (no re-validation).
-    pub fn to_owned_capture(&self) -> OwnedCapture {
-        OwnedCapture {
+    /// Copies the buffer into an [`OwnedBuffer`] (no re-validation).
+    pub fn to_owned_capture(&self) -> OwnedBuffer {
+        OwnedBuffer {
             bytes: self.bytes.to_vec(),
             index: self.index.clone().into_owned(),
         }
@@ -739,34 +526,34 @@ impl Iterator for Events<'_> {
 impl ExactSizeIterator for Events<'_> {}
 
 /// A validated capture that owns its bytes: `Send + Sync`, what crosses threads
-/// (inside [`crate::bridge::Batch`]).
+/// (inside [`crate::batch::Batch`]).
 #[derive(Clone, PartialEq, Eq)]
-pub struct OwnedCapture {
+pub struct OwnedBuffer {
     bytes: Vec<u8>,
     index: Index,
 }
 
-impl fmt::Debug for OwnedCapture {
+impl fmt::Debug for OwnedBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.view().fmt(f)
     }
 }
 
-impl OwnedCapture {
-    /// Decodes and validates `bytes` as [`Capture::decode`] does, keeping them.
+impl OwnedBuffer {
+    /// Decodes and validates `bytes` as [`Buffer::decode`] does, keeping them.
     /// Trailing bytes past the buffer's size are cut off.
     pub fn decode(
         mut bytes: Vec<u8>,
         registry: Option<&EventRegistry>,
-    ) -> Result<OwnedCapture, DecodeError> {
-        let index = Capture::decode(&bytes, registry)?.index.into_owned();
+    ) -> Result<OwnedBuffer, DecodeError> {
+        let index = Buffer::decode(&bytes, registry)?.index.into_owned();
         bytes.truncate(index.size);
-        Ok(OwnedCapture { bytes, index })
+        Ok(OwnedBuffer { bytes, index })
     }
 
     /// A borrowed view; nothing is validated again.
-    pub fn view(&self) -> Capture<'_> {
-        Capture {
+    pub fn view(&self) -> Buffer<'_> {
+        Buffer {
             bytes: &self.bytes,
             index: Cow::Borrowed(&self.index),
         }
@@ -797,231 +584,18 @@ impl OwnedCapture {
         self.index.drops
     }
 
-    /// See [`Capture::time_range`].
+    /// See [`Buffer::time_range`].
     pub fn time_range(&self) -> Option<(u64, u64)> {
         self.index.time_range
-    }
-}
-
-/// Writes valid v1 buffers on the host, event by event: for tests, and for
-/// producers other than the CUDA header (a simulator, a converter).
-///
-/// ```
-/// use tracing_gpu::decode::{Capture, CaptureBuilder};
-/// let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 8);
-/// b.warp(1, 0).unwrap().range(7, 1_000, 1_500, 0).instant(8, 1_600, 42);
-/// let bytes = b.finish();
-/// let cap = Capture::decode(&bytes, None).unwrap();
-/// let slot = cap.slots().next().unwrap();
-/// assert_eq!(slot.index, 2); // block 1 × 2 warps per block + warp 0
-/// assert_eq!(slot.events().map(|e| e.end_ns).collect::<Vec<_>>(), [1_500, 1_600]);
-/// ```
-#[derive(Debug, Clone)]
-pub struct CaptureBuilder {
-    header: BufferHeader,
-    slots: BTreeMap<u32, SlotBuilder>,
-}
-
-/// One warp's slot in a [`CaptureBuilder`]. Events are written in the order they
-/// are pushed (push them in the order they end, as the device does); those past
-/// the capacity are counted as dropped. Unless set, `first_ts` is the earliest
-/// start and `last_ts` the latest end of all pushed events, dropped ones included.
-#[derive(Debug, Clone, Default)]
-pub struct SlotBuilder {
-    events: Vec<Event>,
-    first_ts: Option<u64>,
-    last_ts: Option<u64>,
-    sm: (u32, u32),
-    cluster_rank: u32,
-    open_at_flush: bool,
-}
-
-impl CaptureBuilder {
-    /// A buffer for a launch of `grid` blocks of `block` threads, with one slot
-    /// per warp (`slot_count` = blocks × warps per block, saturating) and
-    /// `capacity` records per slot.
-    pub fn new(grid: [u32; 3], block: [u32; 3], capacity: u32) -> Self {
-        let threads: u128 = block.iter().map(|&d| d as u128).product();
-        let wpb = u32::try_from(threads.div_ceil(32)).unwrap_or(u32::MAX);
-        let blocks: u128 = grid.iter().map(|&d| d as u128).product();
-        let slots = u32::try_from(blocks * wpb as u128).unwrap_or(u32::MAX);
-        CaptureBuilder {
-            header: BufferHeader {
-                version: VERSION,
-                slot_capacity: capacity,
-                slot_count: slots,
-                warps_per_block: wpb,
-                launch_id: 0,
-                grid,
-                block,
-                flags: 0,
-            },
-            slots: BTreeMap::new(),
-        }
-    }
-
-    /// Sets the launch id written in the header.
-    pub fn launch_id(&mut self, id: u64) -> &mut Self {
-        self.header.launch_id = id;
-        self
-    }
-
-    /// Overrides the number of slots (fewer than the warps: the rest record nothing).
-    pub fn slot_count(&mut self, n: u32) -> &mut Self {
-        self.header.slot_count = n;
-        self.slots.retain(|&i, _| i < n);
-        self
-    }
-
-    /// The header as it will be written.
-    pub fn header(&self) -> &BufferHeader {
-        &self.header
-    }
-
-    /// The slot of warp `warp` of block `block_linear` (created, and so flushed,
-    /// on first use); `None` if that warp has no slot.
-    pub fn warp(&mut self, block_linear: u32, warp: u32) -> Option<&mut SlotBuilder> {
-        let h = &self.header;
-        if warp >= h.warps_per_block {
-            return None;
-        }
-        let index = (block_linear as u64 * h.warps_per_block as u64 + warp as u64)
-            .try_into()
-            .ok()
-            .filter(|&i: &u32| i < h.slot_count)?;
-        Some(self.slots.entry(index).or_insert_with(|| SlotBuilder {
-            cluster_rank: format::NO_CLUSTER,
-            ..SlotBuilder::default()
-        }))
-    }
-
-    /// Writes the buffer. It decodes if the events of each slot were pushed in
-    /// the order they end, are less than 2³² ns apart, and ranges are shorter.
-    ///
-    /// # Panics
-    /// If the buffer's size overflows `usize` (no allocation could hold it anyway).
-    pub fn finish(&self) -> Vec<u8> {
-        let h = &self.header;
-        let size = format::buffer_size(h.slot_count, h.slot_capacity)
-            .expect("buffer size overflows usize");
-        let stride = format::slot_stride(h.slot_capacity);
-        let mut out = vec![0u8; size];
-        h.write_to(&mut out);
-        let [gx, gy, _] = h.grid.map(|d| d.max(1));
-        for (&i, s) in &self.slots {
-            let bl = i / h.warps_per_block;
-            let kept = s.events.len().min(h.slot_capacity as usize);
-            let first = s
-                .first_ts
-                .unwrap_or_else(|| s.events.iter().map(|e| e.start_ns).min().unwrap_or(0));
-            let last = s
-                .last_ts
-                .unwrap_or_else(|| s.events.iter().map(|e| e.end_ns).max().unwrap_or(first));
-            let mut flags = 0;
-            if s.sm.0 != s.sm.1 {
-                flags |= format::SLOT_FLAG_MIGRATED;
-            }
-            if s.open_at_flush {
-                flags |= format::SLOT_FLAG_OPEN_AT_FLUSH;
-            }
-            let off = BUFFER_HEADER_SIZE + i as usize * stride;
-            SlotHeader {
-                magic: SLOT_MAGIC,
-                flags,
-                first_ts: first,
-                last_ts: last,
-                sm_first: s.sm.0,
-                sm_last: s.sm.1,
-                block_linear: bl,
-                block: [bl % gx, bl / gx % gy, bl / gx / gy],
-                warp: i % h.warps_per_block,
-                cluster_rank: s.cluster_rank,
-                record_count: kept as u32,
-                drop_count: u32::try_from(s.events.len() - kept).unwrap_or(u32::MAX),
-            }
-            .write_to(&mut out[off..]);
-            for (n, e) in s.events[..kept].iter().enumerate() {
-                Record {
-                    end_lo: e.end_ns as u32,
-                    duration: e.end_ns.wrapping_sub(e.start_ns) as u32,
-                    event_id: e.id,
-                    kind: match e.kind {
-                        EventKind::Range => KIND_RANGE,
-                        EventKind::Instant => KIND_INSTANT,
-                    },
-                    payload: e.payload,
-                }
-                .write_to(&mut out[off + SLOT_HEADER_SIZE + n * RECORD_SIZE..]);
-            }
-        }
-        out
-    }
-}
-
-impl SlotBuilder {
-    /// Pushes a range `[start_ns, end_ns]`.
-    pub fn range(&mut self, id: u16, start_ns: u64, end_ns: u64, payload: u32) -> &mut Self {
-        self.push(Event {
-            id,
-            kind: EventKind::Range,
-            start_ns,
-            end_ns,
-            payload,
-        })
-    }
-
-    /// Pushes an instant at `at_ns`.
-    pub fn instant(&mut self, id: u16, at_ns: u64, payload: u32) -> &mut Self {
-        self.push(Event {
-            id,
-            kind: EventKind::Instant,
-            start_ns: at_ns,
-            end_ns: at_ns,
-            payload,
-        })
-    }
-
-    /// Pushes an event.
-    pub fn push(&mut self, e: Event) -> &mut Self {
-        self.events.push(e);
-        self
-    }
-
-    /// Sets `%smid` at the first event and at flush (they differ: migrated).
-    pub fn sm(&mut self, first: u32, last: u32) -> &mut Self {
-        self.sm = (first, last);
-        self
-    }
-
-    /// Sets the cluster rank (default [`format::NO_CLUSTER`]).
-    pub fn cluster_rank(&mut self, rank: u32) -> &mut Self {
-        self.cluster_rank = rank;
-        self
-    }
-
-    /// Sets `first_ts` explicitly.
-    pub fn first_ts(&mut self, t: u64) -> &mut Self {
-        self.first_ts = Some(t);
-        self
-    }
-
-    /// Sets `last_ts` explicitly.
-    pub fn last_ts(&mut self, t: u64) -> &mut Self {
-        self.last_ts = Some(t);
-        self
-    }
-
-    /// Marks that a range was open at flush.
-    pub fn open_at_flush(&mut self, open: bool) -> &mut Self {
-        self.open_at_flush = open;
-        self
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::BufferBuilder;
     use crate::format::{buffer_offsets, record_offsets, slot_offsets};
+    use std::collections::BTreeMap;
 
     fn put(b: &mut [u8], at: usize, v: &[u8]) {
         b[at..at + v.len()].copy_from_slice(v);
@@ -1070,7 +644,7 @@ mod tests {
         put(&mut b, r + 12, &0xABCDu32.to_le_bytes());
 
         let reg = EventRegistry::from_pairs([(3, "load"), (4, "mark")]).unwrap();
-        let cap = Capture::decode(&b, Some(&reg)).unwrap();
+        let cap = Buffer::decode(&b, Some(&reg)).unwrap();
         assert_eq!(cap.header().launch_id, 77);
         assert_eq!(cap.header().grid, [1, 1, 1]);
         assert_eq!((cap.event_count(), cap.drop_count()), (2, 3));
@@ -1103,7 +677,7 @@ mod tests {
             ]
         );
         // The same bytes through the builder.
-        let mut builder = CaptureBuilder::new([1, 1, 1], [64, 1, 1], 2);
+        let mut builder = BufferBuilder::new([1, 1, 1], [64, 1, 1], 2);
         builder.launch_id(77);
         let w = builder.warp(0, 1).unwrap();
         w.sm(5, 5).first_ts(0x1_FFFF_FF00).last_ts(0x2_0000_0200);
@@ -1117,7 +691,7 @@ mod tests {
         // Unknown id with a registry; fine without.
         let small = EventRegistry::from_pairs([(3, "load")]).unwrap();
         assert_eq!(
-            Capture::decode(&b, Some(&small)).unwrap_err(),
+            Buffer::decode(&b, Some(&small)).unwrap_err(),
             DecodeError::UnknownEventId {
                 slot: 1,
                 record: 1,
@@ -1128,7 +702,7 @@ mod tests {
 
     /// A valid buffer: grid 2×1×1, 96 threads (3 warps), capacity 4, slots 1 and 4 flushed.
     fn sample() -> Vec<u8> {
-        let mut b = CaptureBuilder::new([2, 1, 1], [96, 1, 1], 4);
+        let mut b = BufferBuilder::new([2, 1, 1], [96, 1, 1], 4);
         b.warp(0, 1)
             .unwrap()
             .first_ts(1000)
@@ -1146,7 +720,7 @@ mod tests {
     fn with(f: impl FnOnce(&mut Vec<u8>)) -> DecodeError {
         let mut b = sample();
         f(&mut b);
-        Capture::decode(&b, None).unwrap_err()
+        Buffer::decode(&b, None).unwrap_err()
     }
 
     fn set32(b: &mut [u8], at: usize, v: u32) {
@@ -1156,7 +730,7 @@ mod tests {
     #[test]
     fn sample_is_valid() {
         let b = sample();
-        let cap = Capture::decode(&b, None).unwrap();
+        let cap = Buffer::decode(&b, None).unwrap();
         let idx: Vec<u32> = cap.slots().map(|s| s.index).collect();
         assert_eq!(idx, [1, 4]);
         assert_eq!(cap.event_count(), 4);
@@ -1164,11 +738,11 @@ mod tests {
         let s = cap.slot(4).unwrap();
         assert_eq!(s.header.block_linear, 1);
         assert_eq!(s.header.block, [1, 0, 0]);
-        // Trailing bytes are not read, and OwnedCapture drops them.
+        // Trailing bytes are not read, and OwnedBuffer drops them.
         let mut longer = b.clone();
         longer.extend_from_slice(&[0xFF; 7]);
-        assert_eq!(Capture::decode(&longer, None).unwrap().bytes(), &b[..]);
-        let owned = OwnedCapture::decode(longer, None).unwrap();
+        assert_eq!(Buffer::decode(&longer, None).unwrap().bytes(), &b[..]);
+        let owned = OwnedBuffer::decode(longer, None).unwrap();
         assert_eq!(owned.bytes(), &b[..]);
         assert_eq!(owned, cap.to_owned_capture());
         let a: Vec<Event> = owned.view().slots().flat_map(|s| s.events()).collect();
@@ -1381,18 +955,18 @@ mod tests {
 
     #[test]
     fn end_overflowing_u64_is_an_error_not_a_panic() {
-        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 1);
+        let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 1);
         b.warp(0, 0)
             .unwrap()
             .first_ts(u64::MAX - 10)
             .last_ts(u64::MAX)
             .instant(0, u64::MAX - 5, 0);
         let mut bytes = b.finish();
-        assert!(Capture::decode(&bytes, None).is_ok());
+        assert!(Buffer::decode(&bytes, None).is_ok());
         // end_lo 3 past first_ts's low bits would wrap u64.
         put(&mut bytes, 64 + 64, &3u32.to_le_bytes());
         assert!(matches!(
-            Capture::decode(&bytes, None),
+            Buffer::decode(&bytes, None),
             Err(DecodeError::EndAfterLast { .. })
         ));
     }
@@ -1400,33 +974,33 @@ mod tests {
     #[test]
     fn huge_launch_shapes_do_not_overflow() {
         // Found by the fuzz target: block dimensions whose product overflows u64.
-        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 0).finish();
+        let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 0).finish();
         for (k, v) in [u32::MAX, u32::MAX, u32::MAX].iter().enumerate() {
             put(&mut b, buffer_offsets::BLOCK + 4 * k, &v.to_le_bytes());
         }
         assert!(matches!(
-            Capture::decode(&b, None),
+            Buffer::decode(&b, None),
             Err(DecodeError::BadHeaderField {
                 field: "warps_per_block",
                 expected: u64::MAX,
                 ..
             })
         ));
-        let b = CaptureBuilder::new([u32::MAX; 3], [u32::MAX; 3], 0);
+        let b = BufferBuilder::new([u32::MAX; 3], [u32::MAX; 3], 0);
         assert_eq!(b.header().slot_count, u32::MAX);
     }
 
     #[test]
     fn drops_and_empty_slots() {
-        let mut b = CaptureBuilder::new([1, 1, 1], [32, 1, 1], 0);
+        let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 0);
         b.warp(0, 0).unwrap().instant(1, 10, 0).instant(1, 20, 0);
         let bytes = b.finish();
-        let cap = Capture::decode(&bytes, None).unwrap();
+        let cap = Buffer::decode(&bytes, None).unwrap();
         assert_eq!((cap.event_count(), cap.drop_count()), (0, 2));
         assert_eq!(cap.slots().next().unwrap().header.last_ts, 20);
         // A launch where nothing flushed.
-        let bytes = CaptureBuilder::new([3, 2, 1], [33, 2, 1], 3).finish();
-        let cap = Capture::decode(&bytes, None).unwrap();
+        let bytes = BufferBuilder::new([3, 2, 1], [33, 2, 1], 3).finish();
+        let cap = Buffer::decode(&bytes, None).unwrap();
         assert_eq!(cap.header().warps_per_block, 3);
         assert_eq!(cap.header().slot_count, 18);
         assert_eq!(cap.slots().count(), 0);
@@ -1435,7 +1009,7 @@ mod tests {
 
     #[test]
     fn builder_refuses_warps_without_slots() {
-        let mut b = CaptureBuilder::new([2, 1, 1], [64, 1, 1], 1);
+        let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 1);
         assert!(b.warp(0, 2).is_none());
         assert!(b.warp(2, 0).is_none());
         b.slot_count(3);
@@ -1446,8 +1020,8 @@ mod tests {
     #[test]
     fn owned_capture_is_send_sync() {
         fn check<T: Send + Sync + Clone>() {}
-        check::<OwnedCapture>();
-        check::<Capture<'static>>();
+        check::<OwnedBuffer>();
+        check::<Buffer<'static>>();
     }
 
     mod props {
@@ -1509,7 +1083,7 @@ mod tests {
             cap: u32,
             specs: &[SlotSpec],
         ) -> (Vec<u8>, BTreeMap<u32, Vec<Event>>) {
-            let mut b = CaptureBuilder::new(grid, block, cap);
+            let mut b = BufferBuilder::new(grid, block, cap);
             let wpb = b.header().warps_per_block;
             let mut want = BTreeMap::new();
             for s in specs {
@@ -1552,7 +1126,7 @@ mod tests {
         }
 
         /// Everything a decoded capture promises, checked by iterating it all.
-        fn check_invariants(cap: &Capture<'_>) {
+        fn check_invariants(cap: &Buffer<'_>) {
             let mut events = 0;
             let mut drops = 0;
             for s in cap.slots() {
@@ -1580,7 +1154,7 @@ mod tests {
             fn valid_buffers_round_trip((grid, block, cap, specs) in launch()) {
                 let (bytes, want) = build(grid, block, cap, &specs);
                 let reg = EventRegistry::from_pairs((0..8).map(|i| (i, "e"))).unwrap();
-                let c = Capture::decode(&bytes, Some(&reg)).unwrap();
+                let c = Buffer::decode(&bytes, Some(&reg)).unwrap();
                 check_invariants(&c);
                 let got: BTreeMap<u32, Vec<Event>> =
                     c.slots().map(|s| (s.index, s.events().collect())).collect();
@@ -1619,7 +1193,7 @@ mod tests {
                 }
                 let reg = EventRegistry::from_pairs((0..5).map(|i| (i, "e"))).unwrap();
                 for r in [None, Some(&reg)] {
-                    if let Ok(c) = Capture::decode(&bytes, r) {
+                    if let Ok(c) = Buffer::decode(&bytes, r) {
                         check_invariants(&c);
                         let _ = c.to_owned_capture();
                     }
@@ -1636,11 +1210,11 @@ mod tests {
                 let mut bytes = bytes;
                 if header && bytes.len() >= 64 {
                     // Give random bodies a valid header so the slot checks are reached.
-                    let mut b = CaptureBuilder::new([1, 1, 1], [32 * slots.max(1), 1, 1], cap);
+                    let mut b = BufferBuilder::new([1, 1, 1], [32 * slots.max(1), 1, 1], cap);
                     b.slot_count(slots);
                     b.header().write_to(&mut bytes);
                 }
-                if let Ok(c) = Capture::decode(&bytes, None) {
+                if let Ok(c) = Buffer::decode(&bytes, None) {
                     check_invariants(&c);
                 }
             }

@@ -1,17 +1,17 @@
-//! [`DumpRecorder`]: records a live run into a capture file (`crate::dump`, `.tgpu`)
+//! [`CaptureRecorder`]: records a live run into a capture file (`crate::capture`, `.tgpu`)
 //! that `tracing-gpu convert` / `report` and the tests replay without a GPU.
 //!
 //! One recorder can serve several profilers (one per GPU): each adds its device,
 //! its calibration rounds (raw samples) and its launches (raw trace buffers).
-//! Its [`DumpRecorder::layer`] records the host spans too, so a replay shows host
+//! Its [`CaptureRecorder::layer`] records the host spans too, so a replay shows host
 //! and device together. The file is written, atomically, when a profiler that
-//! uses the recorder is dropped, and by [`DumpRecorder::write`].
+//! uses the recorder is dropped, and by [`CaptureRecorder::write`].
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use tracing_gpu::cuda::{DumpRecorder, Profiler};
+//! use tracing_gpu::cuda::{CaptureRecorder, Profiler};
 //! use tracing_subscriber::{layer::SubscriberExt, EnvFilter};
-//! let dump = DumpRecorder::new("run.tgpu");
+//! let dump = CaptureRecorder::new("run.tgpu");
 //! let subscriber = tracing_subscriber::registry()
 //!     .with(EnvFilter::new("trace,tracing_gpu::device=off")) // no plain device spans
 //!     .with(dump.layer());
@@ -32,22 +32,23 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
 use super::collector::{Archive, Round};
-use super::profiler::ProfilerError;
-use crate::bridge::{Batch, DeviceInfo, DEVICE_TARGET};
+use super::error::ProfilerError;
+use crate::batch::HostSpan;
+use crate::batch::{Batch, DeviceInfo, DEVICE_TARGET};
+use crate::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch};
 use crate::clock::HostClock;
-use crate::dump::{CalibrationRound, Dump, DumpDevice, DumpLaunch, HostSpan};
 use crate::registry::EventRegistry;
 
-/// Collects a run into a [`Dump`] and writes it to a file.
+/// Collects a run into a [`Capture`] and writes it to a file.
 #[derive(Debug)]
-pub struct DumpRecorder {
+pub struct CaptureRecorder {
     path: PathBuf,
-    dump: Mutex<Dump>,
+    dump: Mutex<Capture>,
 }
 
-impl DumpRecorder {
+impl CaptureRecorder {
     /// A recorder that will write `path`.
-    pub fn new(path: impl Into<PathBuf>) -> Arc<DumpRecorder> {
+    pub fn new(path: impl Into<PathBuf>) -> Arc<CaptureRecorder> {
         let metadata = vec![
             (
                 "tool".to_string(),
@@ -58,9 +59,9 @@ impl DumpRecorder {
                 std::env::args().collect::<Vec<_>>().join(" "),
             ),
         ];
-        Arc::new(DumpRecorder {
+        Arc::new(CaptureRecorder {
             path: path.into(),
-            dump: Mutex::new(Dump {
+            dump: Mutex::new(Capture {
                 metadata,
                 ..Default::default()
             }),
@@ -81,15 +82,12 @@ impl DumpRecorder {
     pub fn write(&self) -> Result<(), ProfilerError> {
         // Written from a snapshot, so launches are not held up by the disk.
         let snapshot = self.dump.lock().clone();
-        snapshot.write(&self.path).map_err(|e| ProfilerError::Dump {
-            path: self.path.clone(),
-            message: e.to_string(),
-        })
+        snapshot.write(&self.path).map_err(ProfilerError::Capture)
     }
 
     /// A `tracing` layer that records the host spans into the capture.
-    pub fn layer(self: &Arc<Self>) -> DumpLayer {
-        DumpLayer {
+    pub fn layer(self: &Arc<Self>) -> CaptureLayer {
+        CaptureLayer {
             recorder: self.clone(),
         }
     }
@@ -103,7 +101,7 @@ impl DumpRecorder {
     pub(crate) fn add_device(&self, device: &DeviceInfo) {
         let mut d = self.dump.lock();
         if !d.devices.iter().any(|x| x.info.ordinal == device.ordinal) {
-            d.devices.push(DumpDevice {
+            d.devices.push(CaptureDevice {
                 info: device.clone(),
                 calibrations: Vec::new(),
             });
@@ -138,7 +136,7 @@ impl DumpRecorder {
     }
 }
 
-struct RecorderArchive(Arc<DumpRecorder>);
+struct RecorderArchive(Arc<CaptureRecorder>);
 
 impl Archive for RecorderArchive {
     fn calibration(&mut self, device: &DeviceInfo, round: &Round) {
@@ -146,7 +144,7 @@ impl Archive for RecorderArchive {
     }
 
     fn record(&mut self, batch: &Batch) {
-        let launch = DumpLaunch::new(batch.device.ordinal, &batch.launch, batch.capture.clone());
+        let launch = CaptureLaunch::new(batch.device.ordinal, &batch.launch, batch.buffer.clone());
         self.0.dump.lock().launches.push(launch);
     }
 
@@ -155,7 +153,7 @@ impl Archive for RecorderArchive {
     }
 }
 
-/// Records host spans into a [`DumpRecorder`]: see [`DumpRecorder::layer`].
+/// Records host spans into a [`CaptureRecorder`]: see [`CaptureRecorder::layer`].
 ///
 /// Device spans (target [`DEVICE_TARGET`]) are left out: the capture holds the
 /// device events themselves. A span's start is its first enter (its creation if it is never entered) and
@@ -163,11 +161,11 @@ impl Archive for RecorderArchive {
 /// fields are kept as strings; the span that carries `gpu.launch_id` is linked
 /// to its launch.
 #[derive(Debug, Clone)]
-pub struct DumpLayer {
-    recorder: Arc<DumpRecorder>,
+pub struct CaptureLayer {
+    recorder: Arc<CaptureRecorder>,
 }
 
-/// A span's index in [`Dump::host_spans`], and whether it was entered yet.
+/// A span's index in [`Capture::host_spans`], and whether it was entered yet.
 struct Index {
     at: usize,
     entered: bool,
@@ -195,7 +193,9 @@ fn os_thread_id() -> u64 {
     unsafe { libc::gettid() as u64 }
 }
 
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for DumpLayer {
+impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S>
+    for CaptureLayer
+{
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
         // Device events are in the capture already, as raw buffers; their
         // plain spans (crate::bridge) are not host spans.
@@ -290,15 +290,15 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::tests::batch;
     use crate::clock::{Checkpoint, ClockMap, HostOffsets, Sample};
+    use crate::test_support::batch;
     use tracing_subscriber::layer::SubscriberExt;
 
     #[test]
     fn a_recorded_run_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.tgpu");
-        let rec = DumpRecorder::new(&path);
+        let rec = CaptureRecorder::new(&path);
         let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(rec.layer()));
         let launch_span = tracing::dispatcher::with_default(&dispatch, || {
             let outer = tracing::info_span!("step", i = 3u64);
@@ -328,11 +328,11 @@ mod tests {
             a.finish().unwrap();
         }
         drop(launch_span);
-        let back = Dump::read(&path).unwrap();
+        let back = Capture::read(&path).unwrap();
         assert_eq!(back.devices.len(), 2);
         assert_eq!(back.devices[1].calibrations[0].samples.len(), 1);
         assert_eq!(back.launches.len(), 2);
-        assert_eq!(back.launches[0].capture.event_count(), 7);
+        assert_eq!(back.launches[0].buffer.event_count(), 7);
         assert_eq!(back.registry.name(2), Some("mma"));
         assert_eq!(back.host_spans.len(), 2);
         let (step, sim) = (&back.host_spans[0], &back.host_spans[1]);

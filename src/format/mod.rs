@@ -17,6 +17,9 @@
 //! One slot belongs to one (block, warp): `slot = block_linear × warps_per_block + warp`.
 //! Only lane 0 of the warp writes it, so no atomics are needed.
 
+mod builder;
+pub use builder::{BufferBuilder, SlotBuilder};
+
 /// `"TGPU"` read as a little-endian `u32`: the first four bytes of every buffer.
 pub const BUFFER_MAGIC: u32 = u32::from_le_bytes(*b"TGPU");
 /// `"SLOT"` read as a little-endian `u32`: written by the device when a slot is flushed.
@@ -298,6 +301,37 @@ impl Record {
             kind: u16_at(o::KIND),
             payload: u32_at(o::PAYLOAD),
         }
+    }
+}
+
+/// Range or instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A closed range `[start_ns, end_ns]`.
+    Range,
+    /// An instant at `end_ns` (`start_ns == end_ns`).
+    Instant,
+}
+
+/// One decoded event, in device nanoseconds (`%globaltimer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Event {
+    /// The user's event type id (see [`EventRegistry`]).
+    pub id: u16,
+    /// Range or instant.
+    pub kind: EventKind,
+    /// Start (equals `end_ns` for an instant).
+    pub start_ns: u64,
+    /// End, or the instant's time.
+    pub end_ns: u64,
+    /// User payload.
+    pub payload: u32,
+}
+
+impl Event {
+    /// `end_ns − start_ns`.
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
     }
 }
 

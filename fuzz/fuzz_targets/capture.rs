@@ -3,13 +3,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracing_gpu::dump::Dump;
+use tracing_gpu::capture::Capture;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(d) = Dump::from_reader(data) {
+    if let Ok(d) = Capture::from_reader(data) {
         d.validate().expect("a dump that reads validates");
         let mut again = Vec::new();
         d.to_writer(&mut again).expect("writes to memory");
-        assert_eq!(Dump::from_reader(&again[..]).expect("reads back"), d);
+        assert_eq!(Capture::from_reader(&again[..]).expect("reads back"), d);
     }
 });

@@ -1,0 +1,274 @@
+//! The capture file (`.tgpu`): everything needed to replay a profiled run without
+//! the GPU — devices, raw clock calibration samples, the event registry, every
+//! launch with its raw trace buffer, and the host spans recorded around them.
+//! The CLI's `convert`, `report` and `demo` read it, and so do the tests.
+//!
+//! The layout is in `docs/capture.md`: a small uncompressed header (magic, version,
+//! body length) and a zlib-compressed body of little-endian, length-prefixed
+//! fields. Reading is strict and never panics: every trace buffer is decoded
+//! (structure only; the registry names ids, it does not filter them), device
+//! references, span parents and times are checked, and each fault is a
+//! [`CaptureError`].
+//!
+//! Clock samples are stored raw, as measured; a reader refits them, so a better
+//! fit later improves old captures too.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::batch::{DeviceInfo, HostSpan, LaunchInfo};
+use crate::clock::{ClockError, HostClock, HostOffsets, Sample};
+use crate::decode::{DecodeError, OwnedBuffer};
+use crate::registry::{EventRegistry, RegistryError};
+
+mod codec;
+mod replay;
+#[cfg(test)]
+mod tests;
+
+/// The first 8 bytes of every capture file.
+pub const CAPTURE_MAGIC: [u8; 8] = *b"TGPUDUMP";
+/// The version this crate writes. It also reads
+/// [`CAPTURE_OLDEST_VERSION`] and every version in between.
+pub const CAPTURE_VERSION: u32 = 2;
+/// The oldest version this crate reads: version 1 has no payload names in its
+/// registry (`docs/capture.md`).
+pub const CAPTURE_OLDEST_VERSION: u32 = 1;
+/// Bytes before the compressed body: magic, version, body length.
+pub const CAPTURE_HEADER_SIZE: usize = 20;
+
+/// Why a capture file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// Opening, reading or writing the file failed.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// Reading from or writing to a stream failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// Not a capture file.
+    #[error("not a tracing-gpu capture: magic {found:?}")]
+    BadMagic {
+        /// The first bytes found.
+        found: Vec<u8>,
+    },
+    /// A version this reader does not know.
+    #[error("unsupported capture version {found} (this reader reads {CAPTURE_OLDEST_VERSION} to {CAPTURE_VERSION})")]
+    UnsupportedVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// The file ends inside its header or its body.
+    #[error("capture truncated: {what}")]
+    Truncated {
+        /// Where it ended.
+        what: String,
+    },
+    /// The compressed body does not inflate.
+    #[error("capture body is not a valid zlib stream: {0}")]
+    CorruptStream(io::Error),
+    /// The body does not parse.
+    #[error("capture body corrupt at byte {offset}: {what}")]
+    Corrupt {
+        /// Offset within the uncompressed body.
+        offset: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// The registry holds one id twice with two names.
+    #[error("capture registry: {0}")]
+    Registry(#[from] RegistryError),
+    /// Two devices with one ordinal.
+    #[error("device ordinal {ordinal} appears twice")]
+    DuplicateDevice {
+        /// The ordinal.
+        ordinal: u32,
+    },
+    /// A launch on a device the file does not describe.
+    #[error("launch {launch}: device ordinal {ordinal} is not in the capture")]
+    UnknownDevice {
+        /// Index of the launch.
+        launch: usize,
+        /// The ordinal it names.
+        ordinal: u32,
+    },
+    /// A launch's trace buffer does not decode.
+    #[error("launch {launch}: {source}")]
+    Decode {
+        /// Index of the launch.
+        launch: usize,
+        /// The decoder's error.
+        source: DecodeError,
+    },
+    /// A launch's metadata disagrees with its buffer header.
+    #[error("launch {launch}: {field} differs from the trace buffer's header")]
+    LaunchMismatch {
+        /// Index of the launch.
+        launch: usize,
+        /// The field: `launch_id`, `grid` or `block`.
+        field: &'static str,
+    },
+    /// A device's calibration samples do not fit a clock map.
+    #[error("device {device}, calibration round {round}: {source}")]
+    Clock {
+        /// Device ordinal.
+        device: u32,
+        /// Index of the calibration round.
+        round: usize,
+        /// The fit's error.
+        source: ClockError,
+    },
+    /// A launch on a device that has no calibration round.
+    #[error("launch {launch}: device {device} has no calibration")]
+    NoCalibration {
+        /// Index of the launch.
+        launch: usize,
+        /// Device ordinal.
+        device: u32,
+    },
+    /// A count or string too long for the format's 32-bit lengths.
+    #[error("capture too large: a count or string exceeds 2^32 - 1")]
+    TooLarge,
+    /// A host span that is not well formed.
+    #[error("host span {span}: {what}")]
+    BadSpan {
+        /// Index of the span.
+        span: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+}
+
+/// One calibration of a device: the raw samples, on the trace clock
+/// ([`crate::clock::HostClock::Boottime`]), and the other host clocks' offsets
+/// from it, measured right after.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CalibrationRound {
+    /// Host (BOOTTIME) before, device `%globaltimer`, host after.
+    pub samples: Vec<Sample>,
+    /// `CLOCK_REALTIME − CLOCK_BOOTTIME` (ns).
+    pub realtime_offset_ns: i64,
+    /// `CLOCK_MONOTONIC − CLOCK_BOOTTIME` (ns).
+    pub monotonic_offset_ns: i64,
+    /// `CLOCK_MONOTONIC_RAW − CLOCK_BOOTTIME` (ns).
+    pub monotonic_raw_offset_ns: i64,
+    /// How far each offset may be off (ns).
+    pub offset_uncertainty_ns: u64,
+    /// The device timer's step (ns) the live fit assumed (the calibrator
+    /// measures it); the refit uses the same. 0: not measured, the
+    /// [`FitOptions`] default applies.
+    pub timer_step_ns: u64,
+}
+
+/// A GPU and its calibrations, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaptureDevice {
+    /// What is known of the GPU.
+    pub info: DeviceInfo,
+    /// Calibration rounds in time order (the first before the first launch).
+    pub calibrations: Vec<CalibrationRound>,
+}
+
+/// One profiled launch: [`LaunchInfo`] without its span id (which means nothing
+/// outside the process), the device, and the validated trace buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureLaunch {
+    /// Ordinal of the device (one of [`Capture::devices`]).
+    pub device: u32,
+    /// The host's id for the launch (the buffer header has the same).
+    pub launch_id: u64,
+    /// Kernel name.
+    pub kernel: String,
+    /// Trace-clock time just before the launch call (ns).
+    pub host_launch_ns: u64,
+    /// Trace-clock time just after completion was observed (ns).
+    pub host_complete_ns: u64,
+    /// Grid dimensions in blocks.
+    pub grid: [u32; 3],
+    /// Block dimensions in threads.
+    pub block: [u32; 3],
+    /// Name of the launching host thread.
+    pub host_thread: String,
+    /// The decoded trace buffer.
+    pub buffer: Arc<OwnedBuffer>,
+}
+
+impl CaptureLaunch {
+    /// A launch record from the live [`LaunchInfo`] (its `parent` is dropped).
+    pub fn new(device: u32, info: &LaunchInfo, buffer: Arc<OwnedBuffer>) -> CaptureLaunch {
+        CaptureLaunch {
+            device,
+            launch_id: info.launch_id,
+            kernel: info.kernel.clone(),
+            host_launch_ns: info.host_launch_ns,
+            host_complete_ns: info.host_complete_ns,
+            grid: info.grid,
+            block: info.block,
+            host_thread: info.host_thread.clone(),
+            buffer,
+        }
+    }
+
+    /// The [`LaunchInfo`] a replay hands on (`parent` is `None`: link replayed
+    /// launches to host spans through [`HostSpan::launch_id`]).
+    pub fn info(&self) -> LaunchInfo {
+        LaunchInfo {
+            launch_id: self.launch_id,
+            kernel: self.kernel.clone(),
+            host_launch_ns: self.host_launch_ns,
+            host_complete_ns: self.host_complete_ns,
+            grid: self.grid,
+            block: self.block,
+            parent: None,
+            host_thread: self.host_thread.clone(),
+        }
+    }
+}
+
+/// A whole capture file, in memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capture {
+    /// Free-form key/value notes (tool version, command line, host name).
+    pub metadata: Vec<(String, String)>,
+    /// The GPUs, each with its calibrations.
+    pub devices: Vec<CaptureDevice>,
+    /// Event id → name.
+    pub registry: EventRegistry,
+    /// The launches, in launch order.
+    pub launches: Vec<CaptureLaunch>,
+    /// Host spans, in creation order.
+    pub host_spans: Vec<HostSpan>,
+}
+
+impl Capture {
+    /// The name of the recorded process: the program of the `command` note
+    /// (the recorder writes it), or `"host"`.
+    pub fn process_name(&self) -> &str {
+        self.metadata
+            .iter()
+            .find(|(k, _)| k == "command")
+            .and_then(|(_, cmd)| cmd.split_whitespace().next())
+            .and_then(|prog| prog.rsplit('/').next())
+            .filter(|p| !p.is_empty())
+            .unwrap_or("host")
+    }
+
+    /// `CLOCK_REALTIME − CLOCK_BOOTTIME` (ns) as measured with the run's first
+    /// calibration: what moves its trace-clock times to wall time. A capture
+    /// with no calibration gets this machine's offset now.
+    pub fn realtime_offset_ns(&self) -> i64 {
+        self.devices
+            .iter()
+            .find_map(|d| d.calibrations.first())
+            .map_or_else(
+                || HostOffsets::measure().of(HostClock::Realtime),
+                |c| c.realtime_offset_ns,
+            )
+    }
+}

@@ -1,0 +1,545 @@
+//! The capture file's tests: round trips, old versions, every error.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use flate2::write::ZlibEncoder;
+use flate2::Compression;
+
+use super::*;
+use crate::format::BufferBuilder;
+
+fn capture(launch_id: u64, grid: [u32; 3], block: [u32; 3]) -> Arc<OwnedBuffer> {
+    let mut b = BufferBuilder::new(grid, block, 16);
+    b.launch_id(launch_id);
+    for warp in 0..b.header().warps_per_block {
+        let w = b.warp(0, warp).unwrap();
+        w.sm(3, 3);
+        for k in 0..20u64 {
+            let t = 1_000_000 + k * 100 + warp as u64;
+            w.range((k % 3) as u16, t, t + 60, k as u32);
+        }
+    }
+    Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap())
+}
+
+fn sample() -> Capture {
+    let dev = |ordinal| CaptureDevice {
+        info: DeviceInfo {
+            ordinal,
+            name: "NVIDIA H200".into(),
+            uuid: format!("GPU-0000000{ordinal}-aaaa-bbbb-cccc-dddddddddddd"),
+            sm_count: 132,
+            driver_version: "580.159.04".into(),
+            compute_capability: (9, 0),
+        },
+        calibrations: vec![
+            CalibrationRound {
+                samples: (0..8)
+                    .map(|i| Sample {
+                        host_before: 5_000 + i * 1000,
+                        device: 1_000_000 + i * 1000,
+                        host_after: 5_700 + i * 1000,
+                    })
+                    .collect(),
+                realtime_offset_ns: 1_764_000_000_000_000_000,
+                monotonic_offset_ns: -12,
+                monotonic_raw_offset_ns: -340,
+                offset_uncertainty_ns: 20,
+                timer_step_ns: 32,
+            },
+            CalibrationRound::default(),
+        ],
+    };
+    let launch = |device, id, grid, block| CaptureLaunch {
+        device,
+        launch_id: id,
+        kernel: "gemm_ws".into(),
+        host_launch_ns: 4_000 + id,
+        host_complete_ns: 90_000 + id,
+        grid,
+        block,
+        host_thread: "main".into(),
+        buffer: capture(id, grid, block),
+    };
+    Capture {
+        metadata: vec![("tool".into(), "tracing-gpu 0.1.0".into())],
+        devices: vec![dev(0), dev(1)],
+        registry: {
+            let mut r = EventRegistry::from_pairs([(0, "load"), (1, "mma")]).unwrap();
+            r.register_with(2, "store", Some("gemm"), Some("epilogue store"))
+                .unwrap();
+            r.declare_payload(1, "k_tile").unwrap();
+            r
+        },
+        launches: vec![
+            launch(0, 1, [1, 1, 1], [128, 1, 1]),
+            launch(1, 2, [2, 1, 1], [64, 1, 1]),
+        ],
+        host_spans: vec![
+            HostSpan {
+                name: "step".into(),
+                target: "app".into(),
+                thread_name: "main".into(),
+                thread_id: 77,
+                start_ns: 3_000,
+                end_ns: 100_000,
+                parent: None,
+                launch_id: None,
+                fields: vec![("batch".into(), "3".into())],
+            },
+            HostSpan {
+                name: "gemm_ws".into(),
+                target: "tracing_gpu".into(),
+                thread_name: "main".into(),
+                thread_id: 77,
+                start_ns: 4_000,
+                end_ns: 90_001,
+                parent: Some(0),
+                launch_id: Some(1),
+                fields: vec![],
+            },
+        ],
+    }
+}
+
+fn bytes_of(d: &Capture) -> Vec<u8> {
+    let mut v = Vec::new();
+    d.to_writer(&mut v).unwrap();
+    v
+}
+
+/// A file around an arbitrary body, to reach the body parser with bad bodies.
+fn wrap(body: &[u8]) -> Vec<u8> {
+    let mut v = CAPTURE_MAGIC.to_vec();
+    v.extend_from_slice(&CAPTURE_VERSION.to_le_bytes());
+    v.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    let mut z = ZlibEncoder::new(v, Compression::default());
+    z.write_all(body).unwrap();
+    z.finish().unwrap()
+}
+
+#[test]
+fn round_trips_through_a_file() {
+    let d = sample();
+    d.validate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.tgpu");
+    d.write(&path).unwrap();
+    assert_eq!(Capture::read(&path).unwrap(), d);
+    // Overwrite in place; no temporary file is left behind.
+    let mut d2 = d.clone();
+    d2.launches.pop();
+    d2.write(&path).unwrap();
+    assert_eq!(Capture::read(&path).unwrap(), d2);
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["run.tgpu"]);
+    // The launch info comes back without its span id.
+    let info = d.launches[1].info();
+    assert_eq!(
+        (info.launch_id, info.grid, info.parent.is_none()),
+        (2, [2, 1, 1], true)
+    );
+    assert_eq!(
+        CaptureLaunch::new(1, &info, d.launches[1].buffer.clone()),
+        d.launches[1]
+    );
+    assert_eq!(
+        Capture::from_reader(&bytes_of(&Capture::default())[..]).unwrap(),
+        Capture::default()
+    );
+}
+
+#[test]
+fn version_1_captures_still_read() {
+    // The shipped capture is a version 1 file: its registry has no payload
+    // names. It reads, and writes back (as the current version) unchanged.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-quickstart.tgpu");
+    let bytes = fs::read(&path).unwrap();
+    assert_eq!(bytes[8..12], 1u32.to_le_bytes());
+    let d = Capture::from_reader(&bytes[..]).unwrap();
+    assert_eq!(d.registry.name(1), Some("load"));
+    assert!(d.registry.iter().all(|(_, e)| e.payload.is_none()));
+    let again = bytes_of(&d);
+    assert_eq!(again[8..12], CAPTURE_VERSION.to_le_bytes());
+    assert_eq!(Capture::from_reader(&again[..]).unwrap(), d);
+}
+
+#[test]
+fn failed_write_leaves_the_old_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = sample()
+        .write(dir.path().join("missing/run.tgpu"))
+        .unwrap_err();
+    assert!(matches!(e, CaptureError::File { .. }), "{e}");
+    // A directory in the way of the rename: the write fails, nothing is left.
+    let target = dir.path().join("busy");
+    fs::create_dir(&target).unwrap();
+    fs::write(target.join("x"), b"x").unwrap();
+    assert!(sample().write(&target).is_err());
+    let names: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["busy"]);
+}
+
+#[test]
+fn header_errors() {
+    let good = bytes_of(&sample());
+    let read = |b: &[u8]| Capture::from_reader(b).unwrap_err();
+    assert!(matches!(
+        read(b"PK\x03\x04 not ours"),
+        CaptureError::BadMagic { .. }
+    ));
+    assert!(matches!(read(b"TGPU"), CaptureError::Truncated { .. }));
+    assert!(matches!(read(&good[..15]), CaptureError::Truncated { .. }));
+    for bad in [0, CAPTURE_VERSION + 1] {
+        let mut v = good.clone();
+        v[8..12].copy_from_slice(&bad.to_le_bytes());
+        assert!(matches!(
+            read(&v),
+            CaptureError::UnsupportedVersion { found } if found == bad
+        ));
+    }
+    let e = read(&good[..good.len() - 10]);
+    assert!(
+        matches!(
+            e,
+            CaptureError::Truncated { .. } | CaptureError::CorruptStream(_)
+        ),
+        "{e}"
+    );
+    let mut v = good.clone();
+    let mid = v.len() / 2;
+    v[mid] ^= 0x55;
+    let e = read(&v);
+    assert!(
+        matches!(
+            e,
+            CaptureError::CorruptStream(_)
+                | CaptureError::Truncated { .. }
+                | CaptureError::Corrupt { .. }
+        ),
+        "{e}"
+    );
+    let mut v = good.clone();
+    v.push(0);
+    assert!(matches!(
+        read(&v),
+        CaptureError::Corrupt {
+            what: "bytes after the compressed body",
+            ..
+        }
+    ));
+    let mut v = good.clone();
+    v[12] += 1; // body length one more than the body
+    assert!(matches!(read(&v), CaptureError::Truncated { .. }));
+    let mut v = good;
+    v[12] -= 1;
+    assert!(matches!(
+        read(&v),
+        CaptureError::Corrupt {
+            what: "body longer than its declared length",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn body_errors() {
+    let d = sample();
+    let body = d.encode_body().unwrap();
+    let read = |b: &[u8]| Capture::from_reader(&wrap(b)[..]).unwrap_err();
+    // A broken trace buffer names its launch: break the second buffer's version.
+    let second = body
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| w == b"TGPU")
+        .nth(1)
+        .unwrap()
+        .0;
+    let mut b = body.clone();
+    b[second + 4] = 9;
+    match read(&b) {
+        CaptureError::Decode { launch: 1, source } => {
+            assert_eq!(source, DecodeError::UnsupportedVersion { found: 9 })
+        }
+        e => panic!("{e}"),
+    }
+    let mut b = body.clone();
+    b.push(0);
+    assert!(matches!(
+        read(&b),
+        CaptureError::Corrupt {
+            what: "bytes after the last section",
+            ..
+        }
+    ));
+    assert!(matches!(
+        read(&body[..body.len() - 1]),
+        CaptureError::Truncated { .. }
+    ));
+    // metadata count 0xFFFFFFFF: refused before allocating.
+    let mut b = body.clone();
+    b[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(read(&b), CaptureError::Corrupt { offset: 0, .. }));
+    // Bad UTF-8 in the first metadata key ("tool", after two u32s).
+    let mut b = body.clone();
+    b[8] = 0xFF;
+    assert!(matches!(
+        read(&b),
+        CaptureError::Corrupt {
+            offset: 8,
+            what: "string is not UTF-8"
+        }
+    ));
+}
+
+#[test]
+fn consistency_errors() {
+    let check = |d: Capture, want: fn(&CaptureError) -> bool| {
+        let e = d.validate().unwrap_err();
+        assert!(want(&e), "{e}");
+        let e = Capture::from_reader(&bytes_of(&d)[..]).unwrap_err();
+        assert!(want(&e), "{e}");
+    };
+    let mut d = sample();
+    d.devices[1].info.ordinal = 0;
+    check(d, |e| {
+        matches!(e, CaptureError::DuplicateDevice { ordinal: 0 })
+    });
+    let mut d = sample();
+    d.launches[1].device = 5;
+    check(d, |e| {
+        matches!(
+            e,
+            CaptureError::UnknownDevice {
+                launch: 1,
+                ordinal: 5
+            }
+        )
+    });
+    let mut d = sample();
+    d.launches[0].launch_id = 9;
+    check(d, |e| {
+        matches!(
+            e,
+            CaptureError::LaunchMismatch {
+                launch: 0,
+                field: "launch_id"
+            }
+        )
+    });
+    let mut d = sample();
+    d.launches[1].grid = [1, 2, 1];
+    check(d, |e| {
+        matches!(
+            e,
+            CaptureError::LaunchMismatch {
+                launch: 1,
+                field: "grid"
+            }
+        )
+    });
+    let mut d = sample();
+    d.host_spans[0].parent = Some(1);
+    check(d, |e| matches!(e, CaptureError::BadSpan { span: 0, .. }));
+    let mut d = sample();
+    d.host_spans[1].end_ns = 3_999;
+    check(d, |e| {
+        matches!(
+            e,
+            CaptureError::BadSpan {
+                span: 1,
+                what: "ends before it starts"
+            }
+        )
+    });
+}
+
+#[test]
+fn batches_replay_every_launch() {
+    let d = sample();
+    // Round 1 of each device has no samples: it cannot fit.
+    let e = d.batches().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CaptureError::Clock {
+                device: 0,
+                round: 1,
+                source: ClockError::NotEnoughSamples { .. }
+            }
+        ),
+        "{e}"
+    );
+    let mut d = sample();
+    for dev in &mut d.devices {
+        dev.calibrations.truncate(1);
+    }
+    let batches = d.batches().unwrap();
+    assert_eq!(batches.len(), 2);
+    for (b, l) in batches.iter().zip(&d.launches) {
+        assert_eq!(b.device.ordinal, l.device);
+        assert_eq!(b.launch.launch_id, l.launch_id);
+        assert!(Arc::ptr_eq(&b.buffer, &l.buffer));
+        assert!(Arc::ptr_eq(&b.registry, &batches[0].registry));
+        assert_eq!(b.registry.name(1), Some("mma"));
+        // Samples map device 1_000_000 + i·1000 to host 5_000 + i·1000 (+350 mid round trip).
+        let host = b
+            .calibration
+            .to_host(crate::clock::HostClock::Boottime, 1_003_000);
+        assert!(host.abs_diff(8_350) <= 400, "{host}");
+    }
+    d.devices[1].calibrations.clear();
+    assert!(matches!(
+        d.batches().unwrap_err(),
+        CaptureError::NoCalibration {
+            launch: 1,
+            device: 1
+        }
+    ));
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_dump() -> impl Strategy<Value = Capture> {
+        let text = "[a-z\u{e9}\u{4e2d}]{0,6}";
+        let span = (
+            text,
+            text,
+            any::<u64>(),
+            0u64..1000,
+            0u64..1000,
+            any::<Option<u64>>(),
+            prop::collection::vec((text, text), 0..3),
+        );
+        (
+            prop::collection::vec((text, text), 0..3),
+            0usize..3,
+            prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 0..5),
+            prop::collection::vec(
+                (
+                    any::<u16>(),
+                    text,
+                    prop::option::of(text),
+                    prop::option::of(text),
+                ),
+                0..5,
+            ),
+            0usize..3,
+            prop::collection::vec(span, 0..4),
+        )
+            .prop_map(|(metadata, ndev, samples, reg, nlaunch, spans)| {
+                let samples: Vec<Sample> = samples
+                    .into_iter()
+                    .map(|(a, b, c)| Sample {
+                        host_before: a,
+                        device: b,
+                        host_after: c,
+                    })
+                    .collect();
+                let devices: Vec<CaptureDevice> = (0..ndev as u32)
+                    .map(|o| CaptureDevice {
+                        info: DeviceInfo {
+                            ordinal: o * 3,
+                            ..DeviceInfo::default()
+                        },
+                        calibrations: vec![CalibrationRound {
+                            samples: samples.clone(),
+                            ..Default::default()
+                        }],
+                    })
+                    .collect();
+                let mut registry = EventRegistry::new();
+                for (id, name, cat, payload) in reg {
+                    let _ = registry.register_with(id, &name, cat.as_deref(), None);
+                    if let Some(p) = payload {
+                        let _ = registry.declare_payload(id, &p);
+                    }
+                }
+                let launches = if devices.is_empty() { 0 } else { nlaunch };
+                let launches = (0..launches as u64)
+                    .map(|i| CaptureLaunch {
+                        device: 0,
+                        launch_id: i,
+                        kernel: format!("k{i}"),
+                        host_launch_ns: i,
+                        host_complete_ns: i + 1,
+                        grid: [1, 1, 1],
+                        block: [32 * (i as u32 + 1), 1, 1],
+                        host_thread: String::new(),
+                        buffer: capture(i, [1, 1, 1], [32 * (i as u32 + 1), 1, 1]),
+                    })
+                    .collect();
+                let host_spans = spans
+                    .into_iter()
+                    .enumerate()
+                    .map(
+                        |(i, (name, target, tid, start, len, launch_id, fields))| HostSpan {
+                            name,
+                            target,
+                            thread_name: "t".into(),
+                            thread_id: tid,
+                            start_ns: start,
+                            end_ns: start + len,
+                            parent: i.checked_sub(1).map(|p| p as u32),
+                            launch_id,
+                            fields,
+                        },
+                    )
+                    .collect();
+                Capture {
+                    metadata,
+                    devices,
+                    registry,
+                    launches,
+                    host_spans,
+                }
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn dumps_round_trip(d in arb_dump()) {
+            d.validate().unwrap();
+            prop_assert_eq!(Capture::from_reader(&bytes_of(&d)[..]).unwrap(), d);
+        }
+
+        #[test]
+        fn mutated_dumps_never_panic(
+            d in arb_dump(),
+            body_edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+            file_edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+            cut in prop::option::weighted(0.2, any::<prop::sample::Index>()),
+        ) {
+            // Edits of the body reach the parser; edits of the file, the inflater.
+            let mut body = d.encode_body().unwrap();
+            if !body.is_empty() {
+                for (at, x) in &body_edits {
+                    let i = at.index(body.len());
+                    body[i] ^= x;
+                }
+            }
+            let _ = Capture::from_reader(&wrap(&body)[..]);
+            let mut file = bytes_of(&d);
+            for (at, x) in &file_edits {
+                let i = at.index(file.len());
+                file[i] ^= x;
+            }
+            if let Some(c) = cut {
+                file.truncate(c.index(file.len() + 1));
+            }
+            let _ = Capture::from_reader(&file[..]);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The errors of the live path: one per boundary, each keeping its source.
+
+use std::time::Duration;
+
+use cudarc::driver::DriverError;
+
+use crate::capture::CaptureError;
+use crate::clock::ClockError;
+use crate::decode::DecodeError;
+use crate::registry::RegistryError;
+
+/// Errors from the CUDA side.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// libcuda or libnvrtc could not be loaded.
+    #[error("{0} could not be loaded: no NVIDIA driver or CUDA toolkit on this machine (or not on the library path)")]
+    LibraryMissing(&'static str),
+    /// A driver call failed.
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// NVRTC rejected a kernel.
+    #[error("NVRTC could not compile {name}: {message}")]
+    Compile {
+        /// The program's name.
+        name: String,
+        /// NVRTC's log, or the failure.
+        message: String,
+    },
+}
+
+/// Errors of device clock calibration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CalibrateError {
+    /// The CUDA side failed (libraries, driver, compilation).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// The samples could not be fitted.
+    #[error("clock fit: {0}")]
+    Fit(#[from] ClockError),
+    /// The GPU did not answer a round in time (a GPU too busy to start a
+    /// one-thread kernel, or a kernel that failed to launch).
+    #[error("the calibration kernel did not answer round {round} within {} ms", timeout.as_millis())]
+    Timeout {
+        /// The round that went unanswered.
+        round: usize,
+        /// How long the host waited.
+        timeout: Duration,
+    },
+    /// A request that cannot be served.
+    #[error("{0}")]
+    Invalid(&'static str),
+}
+
+impl From<DriverError> for CalibrateError {
+    fn from(e: DriverError) -> Self {
+        CalibrateError::Cuda(CudaError::Driver(e))
+    }
+}
+
+/// Errors from profiling.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfilerError {
+    /// A CUDA library is missing, or a driver call failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// No GPU with that ordinal.
+    #[error("no GPU with ordinal {ordinal}: this machine has {count}")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// GPUs present.
+        count: usize,
+    },
+    /// The stream belongs to another context than the profiler's.
+    #[error("the stream belongs to another CUDA context (device {stream_device}) than this profiler's (device {profiler_device})")]
+    WrongContext {
+        /// The profiler's device.
+        profiler_device: usize,
+        /// The stream's device.
+        stream_device: usize,
+    },
+    /// A launch shape with an empty dimension.
+    #[error("launch shape has an empty dimension: grid {grid:?}, block {block:?}")]
+    EmptyLaunch {
+        /// Grid in blocks.
+        grid: [u32; 3],
+        /// Block in threads.
+        block: [u32; 3],
+    },
+    /// The trace buffer for this launch exceeds the pool's memory limit.
+    #[error("the trace buffer for this launch needs {needed} bytes ({slots} warps × {capacity} records); the profiler's limit is {limit} bytes (ProfilerBuilder::memory_limit, ::capacity)")]
+    BufferTooLarge {
+        /// Bytes needed.
+        needed: u128,
+        /// Warp slots in the launch.
+        slots: u64,
+        /// Records per slot.
+        capacity: u32,
+        /// The pool's limit.
+        limit: usize,
+    },
+    /// A launch's buffer did not decode.
+    #[error("launch {launch_id}: the trace buffer did not decode: {source}")]
+    Decode {
+        /// The launch.
+        launch_id: u64,
+        /// Why.
+        source: DecodeError,
+    },
+    /// Event names conflict.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The clock could not be calibrated (or a checkpoint did not follow the last).
+    #[error("clock calibration failed: {0}")]
+    Calibration(#[from] CalibrateError),
+    /// The capture file could not be written.
+    #[error("capture file: {0}")]
+    Capture(#[from] CaptureError),
+    /// The collector thread could not be started.
+    #[error("cannot start the collector thread: {0}")]
+    Thread(std::io::Error),
+    /// The collector thread is gone (a sink panicked).
+    #[error("the collector thread has stopped (a sink panicked); launches since were not traced")]
+    CollectorGone,
+    /// Anything else wrong with a request.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<DriverError> for ProfilerError {
+    fn from(e: DriverError) -> Self {
+        ProfilerError::Cuda(CudaError::Driver(e))
+    }
+}

@@ -1,0 +1,188 @@
+//! Every way a trace buffer can be wrong.
+
+use crate::format::{BUFFER_MAGIC, SLOT_MAGIC, VERSION};
+
+/// Every way a buffer can fail [`super::Buffer::decode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Fewer bytes than the header says the buffer holds (or than the header itself).
+    #[error("trace buffer truncated: {len} bytes, the header needs {needed}")]
+    Truncated {
+        /// Bytes given.
+        len: usize,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// The first four bytes are not `"TGPU"`.
+    #[error("not a trace buffer: magic {found:#010x}, expected {BUFFER_MAGIC:#010x} (\"TGPU\")")]
+    BadMagic {
+        /// The magic found.
+        found: u32,
+    },
+    /// A version this reader does not know.
+    #[error("unsupported trace format version {found} (this reader reads {VERSION})")]
+    UnsupportedVersion {
+        /// The version found.
+        found: u16,
+    },
+    /// A buffer-header field that must have one value has another.
+    #[error("buffer header field {field} is {found}, expected {expected}")]
+    BadHeaderField {
+        /// The field's name, as in `docs/format.md`.
+        field: &'static str,
+        /// The value found.
+        found: u64,
+        /// The value v1 requires.
+        expected: u64,
+    },
+    /// A grid or block dimension is zero: no launch has that shape.
+    #[error("launch shape has an empty dimension: grid {grid:?}, block {block:?}")]
+    EmptyLaunch {
+        /// Grid dimensions.
+        grid: [u32; 3],
+        /// Block dimensions.
+        block: [u32; 3],
+    },
+    /// `slot_count` slots of `slot_capacity` records do not fit in memory at all.
+    #[error("buffer size overflows: {slot_count} slots of {capacity} records")]
+    SizeOverflow {
+        /// Slots claimed.
+        slot_count: u32,
+        /// Records per slot claimed.
+        capacity: u32,
+    },
+    /// A slot header magic that is neither zero nor `"SLOT"`.
+    #[error(
+        "slot {slot}: bad slot magic {found:#010x}, expected 0 or {SLOT_MAGIC:#010x} (\"SLOT\")"
+    )]
+    BadSlotMagic {
+        /// Slot index.
+        slot: u32,
+        /// The magic found.
+        found: u32,
+    },
+    /// A never-flushed slot (zero magic) with non-zero bytes in it.
+    #[error("slot {slot}: never flushed (zero magic) but holds data at byte {offset} of the slot")]
+    UnflushedSlotNotEmpty {
+        /// Slot index.
+        slot: u32,
+        /// Offset of the first non-zero 16-byte group within the slot.
+        offset: usize,
+    },
+    /// `record_count` exceeds `slot_capacity`.
+    #[error("slot {slot}: record_count {count} exceeds the slot capacity {capacity}")]
+    CountOverCapacity {
+        /// Slot index.
+        slot: u32,
+        /// Records claimed.
+        count: u32,
+        /// Capacity.
+        capacity: u32,
+    },
+    /// A flushed slot whose index lies past the last warp of the grid.
+    #[error("slot {slot}: flushed, but the grid has only {warps} warps")]
+    SlotOutsideGrid {
+        /// Slot index.
+        slot: u32,
+        /// Warps in the launch (blocks × warps per block).
+        warps: u64,
+    },
+    /// The slot's block or warp is not the one its index says.
+    #[error(
+        "slot {slot}: header says block {found_block} {found_xyz:?} warp {found_warp}, \
+         its index means block {expected_block} {expected_xyz:?} warp {expected_warp}"
+    )]
+    Misplaced {
+        /// Slot index.
+        slot: u32,
+        /// `block_linear` the index implies.
+        expected_block: u32,
+        /// `blockIdx` the index implies.
+        expected_xyz: [u32; 3],
+        /// Warp the index implies.
+        expected_warp: u32,
+        /// `block_linear` in the header.
+        found_block: u32,
+        /// `blockIdx` in the header.
+        found_xyz: [u32; 3],
+        /// Warp in the header.
+        found_warp: u32,
+    },
+    /// `last_ts` before `first_ts` in a slot header.
+    #[error("slot {slot}: time runs backwards, last_ts {last_ts} < first_ts {first_ts}")]
+    SlotTimesBackwards {
+        /// Slot index.
+        slot: u32,
+        /// First timer read.
+        first_ts: u64,
+        /// Flush time.
+        last_ts: u64,
+    },
+    /// A record kind other than range (0) or instant (1).
+    #[error("slot {slot} record {record}: unknown kind {kind}")]
+    UnknownKind {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The kind found.
+        kind: u16,
+    },
+    /// An instant whose duration is not zero.
+    #[error("slot {slot} record {record}: instant with non-zero duration {duration} ns")]
+    InstantWithDuration {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The duration found.
+        duration: u32,
+    },
+    /// An event id the registry given to the decoder does not hold.
+    #[error("slot {slot} record {record}: event id {id} is not in the registry")]
+    UnknownEventId {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The id found.
+        id: u16,
+    },
+    /// A record ends before the previous record (or, for the first, before `first_ts`).
+    #[error("slot {slot} record {record}: time runs backwards, it ends {by_ns} ns before the previous end")]
+    TimeBackwards {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// How far back.
+        by_ns: u64,
+    },
+    /// A range that starts before the slot's `first_ts`: an end before its begin.
+    #[error("slot {slot} record {record}: ends at {end} after {duration} ns, so it began before first_ts {first_ts}")]
+    StartBeforeFirst {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The record's end (device ns).
+        end: u64,
+        /// The record's duration.
+        duration: u32,
+        /// The slot's first timer read.
+        first_ts: u64,
+    },
+    /// A record that ends after the slot's `last_ts`.
+    #[error("slot {slot} record {record}: ends at {end}, after last_ts {last_ts}")]
+    EndAfterLast {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The record's end (device ns, as reconstructed).
+        end: u128,
+        /// The slot's flush time.
+        last_ts: u64,
+    },
+}

@@ -1,0 +1,224 @@
+//! The host-side encoder: valid v1 buffers written event by event.
+
+use std::collections::BTreeMap;
+
+use super::{
+    BufferHeader, Event, EventKind, Record, SlotHeader, BUFFER_HEADER_SIZE, KIND_INSTANT,
+    KIND_RANGE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC, VERSION,
+};
+
+/// Writes valid v1 buffers on the host, event by event: for tests, and for
+/// producers other than the CUDA header (a simulator, a converter).
+///
+/// ```
+/// use tracing_gpu::decode::Buffer;
+/// use tracing_gpu::format::BufferBuilder;
+/// let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 8);
+/// b.warp(1, 0).unwrap().range(7, 1_000, 1_500, 0).instant(8, 1_600, 42);
+/// let bytes = b.finish();
+/// let cap = Buffer::decode(&bytes, None).unwrap();
+/// let slot = cap.slots().next().unwrap();
+/// assert_eq!(slot.index, 2); // block 1 × 2 warps per block + warp 0
+/// assert_eq!(slot.events().map(|e| e.end_ns).collect::<Vec<_>>(), [1_500, 1_600]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct BufferBuilder {
+    header: BufferHeader,
+    slots: BTreeMap<u32, SlotBuilder>,
+}
+
+/// One warp's slot in a [`BufferBuilder`]. Events are written in the order they
+/// are pushed (push them in the order they end, as the device does); those past
+/// the capacity are counted as dropped. Unless set, `first_ts` is the earliest
+/// start and `last_ts` the latest end of all pushed events, dropped ones included.
+#[derive(Debug, Clone, Default)]
+pub struct SlotBuilder {
+    events: Vec<Event>,
+    first_ts: Option<u64>,
+    last_ts: Option<u64>,
+    sm: (u32, u32),
+    cluster_rank: u32,
+    open_at_flush: bool,
+}
+
+impl BufferBuilder {
+    /// A buffer for a launch of `grid` blocks of `block` threads, with one slot
+    /// per warp (`slot_count` = blocks × warps per block, saturating) and
+    /// `capacity` records per slot.
+    pub fn new(grid: [u32; 3], block: [u32; 3], capacity: u32) -> Self {
+        let threads: u128 = block.iter().map(|&d| d as u128).product();
+        let wpb = u32::try_from(threads.div_ceil(32)).unwrap_or(u32::MAX);
+        let blocks: u128 = grid.iter().map(|&d| d as u128).product();
+        let slots = u32::try_from(blocks * wpb as u128).unwrap_or(u32::MAX);
+        BufferBuilder {
+            header: BufferHeader {
+                version: VERSION,
+                slot_capacity: capacity,
+                slot_count: slots,
+                warps_per_block: wpb,
+                launch_id: 0,
+                grid,
+                block,
+                flags: 0,
+            },
+            slots: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the launch id written in the header.
+    pub fn launch_id(&mut self, id: u64) -> &mut Self {
+        self.header.launch_id = id;
+        self
+    }
+
+    /// Overrides the number of slots (fewer than the warps: the rest record nothing).
+    pub fn slot_count(&mut self, n: u32) -> &mut Self {
+        self.header.slot_count = n;
+        self.slots.retain(|&i, _| i < n);
+        self
+    }
+
+    /// The header as it will be written.
+    pub fn header(&self) -> &BufferHeader {
+        &self.header
+    }
+
+    /// The slot of warp `warp` of block `block_linear` (created, and so flushed,
+    /// on first use); `None` if that warp has no slot.
+    pub fn warp(&mut self, block_linear: u32, warp: u32) -> Option<&mut SlotBuilder> {
+        let h = &self.header;
+        if warp >= h.warps_per_block {
+            return None;
+        }
+        let index = (block_linear as u64 * h.warps_per_block as u64 + warp as u64)
+            .try_into()
+            .ok()
+            .filter(|&i: &u32| i < h.slot_count)?;
+        Some(self.slots.entry(index).or_insert_with(|| SlotBuilder {
+            cluster_rank: super::NO_CLUSTER,
+            ..SlotBuilder::default()
+        }))
+    }
+
+    /// Writes the buffer. It decodes if the events of each slot were pushed in
+    /// the order they end, are less than 2³² ns apart, and ranges are shorter.
+    ///
+    /// # Panics
+    /// If the buffer's size overflows `usize` (no allocation could hold it anyway).
+    pub fn finish(&self) -> Vec<u8> {
+        let h = &self.header;
+        let size =
+            super::buffer_size(h.slot_count, h.slot_capacity).expect("buffer size overflows usize");
+        let stride = super::slot_stride(h.slot_capacity);
+        let mut out = vec![0u8; size];
+        h.write_to(&mut out);
+        let [gx, gy, _] = h.grid.map(|d| d.max(1));
+        for (&i, s) in &self.slots {
+            let bl = i / h.warps_per_block;
+            let kept = s.events.len().min(h.slot_capacity as usize);
+            let first = s
+                .first_ts
+                .unwrap_or_else(|| s.events.iter().map(|e| e.start_ns).min().unwrap_or(0));
+            let last = s
+                .last_ts
+                .unwrap_or_else(|| s.events.iter().map(|e| e.end_ns).max().unwrap_or(first));
+            let mut flags = 0;
+            if s.sm.0 != s.sm.1 {
+                flags |= super::SLOT_FLAG_MIGRATED;
+            }
+            if s.open_at_flush {
+                flags |= super::SLOT_FLAG_OPEN_AT_FLUSH;
+            }
+            let off = BUFFER_HEADER_SIZE + i as usize * stride;
+            SlotHeader {
+                magic: SLOT_MAGIC,
+                flags,
+                first_ts: first,
+                last_ts: last,
+                sm_first: s.sm.0,
+                sm_last: s.sm.1,
+                block_linear: bl,
+                block: [bl % gx, bl / gx % gy, bl / gx / gy],
+                warp: i % h.warps_per_block,
+                cluster_rank: s.cluster_rank,
+                record_count: kept as u32,
+                drop_count: u32::try_from(s.events.len() - kept).unwrap_or(u32::MAX),
+            }
+            .write_to(&mut out[off..]);
+            for (n, e) in s.events[..kept].iter().enumerate() {
+                Record {
+                    end_lo: e.end_ns as u32,
+                    duration: e.end_ns.wrapping_sub(e.start_ns) as u32,
+                    event_id: e.id,
+                    kind: match e.kind {
+                        EventKind::Range => KIND_RANGE,
+                        EventKind::Instant => KIND_INSTANT,
+                    },
+                    payload: e.payload,
+                }
+                .write_to(&mut out[off + SLOT_HEADER_SIZE + n * RECORD_SIZE..]);
+            }
+        }
+        out
+    }
+}
+
+impl SlotBuilder {
+    /// Pushes a range `[start_ns, end_ns]`.
+    pub fn range(&mut self, id: u16, start_ns: u64, end_ns: u64, payload: u32) -> &mut Self {
+        self.push(Event {
+            id,
+            kind: EventKind::Range,
+            start_ns,
+            end_ns,
+            payload,
+        })
+    }
+
+    /// Pushes an instant at `at_ns`.
+    pub fn instant(&mut self, id: u16, at_ns: u64, payload: u32) -> &mut Self {
+        self.push(Event {
+            id,
+            kind: EventKind::Instant,
+            start_ns: at_ns,
+            end_ns: at_ns,
+            payload,
+        })
+    }
+
+    /// Pushes an event.
+    pub fn push(&mut self, e: Event) -> &mut Self {
+        self.events.push(e);
+        self
+    }
+
+    /// Sets `%smid` at the first event and at flush (they differ: migrated).
+    pub fn sm(&mut self, first: u32, last: u32) -> &mut Self {
+        self.sm = (first, last);
+        self
+    }
+
+    /// Sets the cluster rank (default [`super::NO_CLUSTER`]).
+    pub fn cluster_rank(&mut self, rank: u32) -> &mut Self {
+        self.cluster_rank = rank;
+        self
+    }
+
+    /// Sets `first_ts` explicitly.
+    pub fn first_ts(&mut self, t: u64) -> &mut Self {
+        self.first_ts = Some(t);
+        self
+    }
+
+    /// Sets `last_ts` explicitly.
+    pub fn last_ts(&mut self, t: u64) -> &mut Self {
+        self.last_ts = Some(t);
+        self
+    }
+
+    /// Marks that a range was open at flush.
+    pub fn open_at_flush(&mut self, open: bool) -> &mut Self {
+        self.open_at_flush = open;
+        self
+    }
+}

@@ -1,0 +1,315 @@
+//! The conversion thread: device batches in, spans out, at the layer's level of detail.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use opentelemetry::trace::{Span as _, SpanBuilder, SpanKind, TraceContextExt, Tracer as _};
+use opentelemetry::{Array, Context as OtelContext, KeyValue, StringValue, Value};
+
+use super::export::*;
+use super::layer::*;
+use super::*;
+use crate::batch::{thread_name, Batch, DeviceInfo};
+use crate::clock::HostClock;
+use crate::format::EventKind;
+use crate::format::NO_CLUSTER;
+
+// --------------------------------------------------------------------------
+// The conversion thread: batches in, spans out.
+
+pub(crate) fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
+    let _patient = Patient::new();
+    while let Ok(Job::Batch(batch, parent)) = jobs.recv() {
+        if inner.shared.stopped.load(Ordering::Acquire) {
+            // Shut down with the queue full (so `Job::Stop` may not be in it):
+            // count what is left and leave.
+            let left = 1 + jobs
+                .try_iter()
+                .filter(|j| matches!(j, Job::Batch(..)))
+                .count();
+            inner
+                .shared
+                .batches_dropped
+                .fetch_add(left as u64, Ordering::Relaxed);
+            break;
+        }
+        emit_batch(&inner, &batch, &parent);
+        inner.shared.log_pending();
+        inner.progress.lock().done += 1;
+        inner.progress_cv.notify_all();
+    }
+    inner.progress.lock().exited = true;
+    inner.progress_cv.notify_all();
+}
+
+/// Durations of one group of events, and its extent (device ns).
+pub(crate) struct Group {
+    pub(crate) first_start: u64,
+    pub(crate) last_end: u64,
+    pub(crate) total: u64,
+    pub(crate) durations: Vec<u64>,
+}
+
+impl Group {
+    pub(crate) fn new() -> Group {
+        Group {
+            first_start: u64::MAX,
+            last_end: 0,
+            total: 0,
+            durations: Vec::new(),
+        }
+    }
+
+    pub(crate) fn add(&mut self, start: u64, end: u64) {
+        self.first_start = self.first_start.min(start);
+        self.last_end = self.last_end.max(end);
+        self.total += end - start;
+        self.durations.push(end - start);
+    }
+
+    /// count, total, p50 and p99 (nearest rank), under `prefix`.
+    pub(crate) fn summary(&mut self, prefix: &str, out: &mut Vec<KeyValue>) {
+        self.durations.sort_unstable();
+        let n = self.durations.len() as u64;
+        let rank = |p: f64| crate::report::nearest_rank(&self.durations, p) as i64;
+        out.push(KeyValue::new(format!("{prefix}.count"), n as i64));
+        out.push(KeyValue::new(
+            format!("{prefix}.total_ns"),
+            self.total as i64,
+        ));
+        out.push(KeyValue::new(format!("{prefix}.p50_ns"), rank(50.0)));
+        out.push(KeyValue::new(format!("{prefix}.p99_ns"), rank(99.0)));
+    }
+}
+
+/// Event names and declared payload names by id, each looked up once per batch.
+pub(crate) struct Names<'a> {
+    pub(crate) batch: &'a Batch,
+    pub(crate) cache: HashMap<u16, (Arc<str>, Option<Arc<str>>)>,
+}
+
+impl Names<'_> {
+    fn entry(&mut self, id: u16) -> &(Arc<str>, Option<Arc<str>>) {
+        let registry = &self.batch.registry;
+        self.cache
+            .entry(id)
+            .or_insert_with(|| match registry.info(id) {
+                Some(info) => (info.name.clone(), info.payload.clone()),
+                None => (Arc::from(registry.display_name(id).as_ref()), None),
+            })
+    }
+
+    fn get(&mut self, id: u16) -> Arc<str> {
+        self.entry(id).0.clone()
+    }
+
+    /// The payload's declared name ([`crate::registry::EventRegistry::with_payload`]).
+    fn payload(&mut self, id: u16) -> Option<Arc<str>> {
+        self.entry(id).1.clone()
+    }
+}
+
+pub(crate) fn device_attributes(dev: &DeviceInfo) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("hw.type", "gpu"),
+        KeyValue::new("hw.id", dev.uuid.clone()),
+        KeyValue::new("hw.name", format!("GPU {}", dev.ordinal)),
+        KeyValue::new("hw.model", dev.name.clone()),
+        KeyValue::new("hw.vendor", "NVIDIA"),
+        KeyValue::new("hw.driver_version", dev.driver_version.clone()),
+        KeyValue::new("gpu.device", i64::from(dev.ordinal)),
+        KeyValue::new("gpu.sm_count", i64::from(dev.sm_count)),
+        KeyValue::new(
+            "gpu.compute_capability",
+            format!("{}.{}", dev.compute_capability.0, dev.compute_capability.1),
+        ),
+    ]
+}
+
+pub(crate) fn dims(d: [u32; 3]) -> Value {
+    Value::Array(Array::I64(d.iter().map(|&x| i64::from(x)).collect()))
+}
+
+pub(crate) fn string(s: &Arc<str>) -> StringValue {
+    StringValue::from(s.clone())
+}
+
+/// Turns one batch into spans under `parent`, at the layer's level of detail.
+pub(crate) fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
+    let capture = batch.buffer.view();
+    let calibration = &batch.calibration;
+    let wall = |device_ns: u64| {
+        UNIX_EPOCH + Duration::from_nanos(calibration.to_host(HostClock::Realtime, device_ns))
+    };
+    let dev = &batch.device;
+    let launch = &batch.launch;
+    let mut names = Names {
+        batch,
+        cache: HashMap::new(),
+    };
+
+    // The kernel's extent on the device: first timer read to last flush.
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    let mut sms = std::collections::HashSet::new();
+    for slot in capture.slots() {
+        first = first.min(slot.header.first_ts);
+        last = last.max(slot.header.last_ts);
+        sms.insert(slot.header.sm_first);
+    }
+    let (start, end) = if first <= last {
+        (wall(first), wall(last))
+    } else {
+        // Nothing flushed: the host's view of the launch, moved to wall time.
+        let offset = calibration.latest().host_offsets.of(HostClock::Realtime);
+        let host = |ns: u64| {
+            let t = (i128::from(ns) + i128::from(offset)).max(0) as u64;
+            UNIX_EPOCH + Duration::from_nanos(t)
+        };
+        (host(launch.host_launch_ns), host(launch.host_complete_ns))
+    };
+    let gpu: Arc<str> = Arc::from(format!("GPU {}", dev.ordinal));
+    let hw_id = StringValue::from(dev.uuid.clone());
+
+    let mut attributes = device_attributes(dev);
+    attributes.extend([
+        KeyValue::new("thread.name", string(&gpu)),
+        KeyValue::new("gpu.launch_id", launch.launch_id as i64),
+        KeyValue::new("gpu.grid", dims(launch.grid)),
+        KeyValue::new("gpu.block", dims(launch.block)),
+        KeyValue::new("gpu.events", capture.event_count() as i64),
+        KeyValue::new("gpu.dropped", capture.drop_count() as i64),
+        KeyValue::new("gpu.warps", capture.flushed_slot_count() as i64),
+        KeyValue::new("gpu.sms", sms.len() as i64),
+        KeyValue::new(
+            "gpu.clock.bound_ns",
+            calibration.bound_ns_on(HostClock::Realtime, if first <= last { first } else { 0 })
+                as i64,
+        ),
+    ]);
+    if !launch.host_thread.is_empty() {
+        attributes.push(KeyValue::new("gpu.host_thread", launch.host_thread.clone()));
+    }
+    if inner.detail == Detail::Kernel {
+        let mut by_type: BTreeMap<u16, Group> = BTreeMap::new();
+        for slot in capture.slots() {
+            for e in slot.events() {
+                by_type
+                    .entry(e.id)
+                    .or_insert_with(Group::new)
+                    .add(e.start_ns, e.end_ns);
+            }
+        }
+        for (id, mut group) in by_type {
+            group.summary(&format!("gpu.phase.{}", names.get(id)), &mut attributes);
+        }
+    }
+    let kernel = inner.tracer.build_with_context(
+        SpanBuilder::from_name(launch.kernel.clone())
+            .with_kind(SpanKind::Internal)
+            .with_start_time(start)
+            .with_attributes(attributes),
+        parent,
+    );
+    let kernel_cx = parent.with_span(kernel);
+
+    match inner.detail {
+        Detail::Kernel => {}
+        Detail::Phase => {
+            let mut groups: BTreeMap<(u16, u32), Group> = BTreeMap::new();
+            for slot in capture.slots() {
+                let role = match inner.phase_group {
+                    PhaseGroup::WarpRole => slot.header.warp,
+                    PhaseGroup::Block => slot.header.block_linear,
+                };
+                for e in slot.events() {
+                    groups
+                        .entry((e.id, role))
+                        .or_insert_with(Group::new)
+                        .add(e.start_ns, e.end_ns);
+                }
+            }
+            for ((id, role), mut group) in groups {
+                let (role_key, thread) = match inner.phase_group {
+                    PhaseGroup::WarpRole => ("gpu.warp", format!("{gpu} / warp {role}")),
+                    PhaseGroup::Block => ("gpu.block", format!("{gpu} / block {role}")),
+                };
+                let mut attributes = vec![
+                    KeyValue::new("hw.id", hw_id.clone()),
+                    KeyValue::new("thread.name", thread),
+                    KeyValue::new("gpu.event.id", i64::from(id)),
+                    KeyValue::new(role_key, i64::from(role)),
+                ];
+                group.summary("gpu.phase", &mut attributes);
+                let span = inner.tracer.build_with_context(
+                    SpanBuilder::from_name(names.get(id).to_string())
+                        .with_kind(SpanKind::Internal)
+                        .with_start_time(wall(group.first_start))
+                        .with_attributes(attributes),
+                    &kernel_cx,
+                );
+                let mut span = span;
+                span.end_with_timestamp(wall(group.last_end));
+            }
+        }
+        Detail::Warp => {
+            for slot in capture.slots() {
+                let h = &slot.header;
+                let thread: Arc<str> = Arc::from(thread_name(dev.ordinal, &slot));
+                let mut attributes = vec![
+                    KeyValue::new("hw.id", hw_id.clone()),
+                    KeyValue::new("thread.name", string(&thread)),
+                    KeyValue::new("gpu.sm", i64::from(h.sm_first)),
+                    KeyValue::new("gpu.block", i64::from(h.block_linear)),
+                    KeyValue::new("gpu.block.index", dims(h.block)),
+                    KeyValue::new("gpu.warp", i64::from(h.warp)),
+                    KeyValue::new("gpu.events", i64::from(slot.event_count())),
+                    KeyValue::new("gpu.dropped", i64::from(slot.drop_count())),
+                ];
+                if h.cluster_rank != NO_CLUSTER {
+                    attributes.push(KeyValue::new("gpu.cluster_rank", i64::from(h.cluster_rank)));
+                }
+                if slot.migrated() {
+                    attributes.push(KeyValue::new("gpu.sm_last", i64::from(h.sm_last)));
+                }
+                if slot.open_at_flush() {
+                    attributes.push(KeyValue::new("gpu.open_at_flush", true));
+                }
+                let warp = inner.tracer.build_with_context(
+                    SpanBuilder::from_name(format!("block {} warp {}", h.block_linear, h.warp))
+                        .with_kind(SpanKind::Internal)
+                        .with_start_time(wall(h.first_ts))
+                        .with_attributes(attributes),
+                    &kernel_cx,
+                );
+                let warp_cx = kernel_cx.with_span(warp);
+                for e in slot.events() {
+                    let mut attributes = vec![
+                        KeyValue::new("hw.id", hw_id.clone()),
+                        KeyValue::new("thread.name", string(&thread)),
+                        KeyValue::new("gpu.event.id", i64::from(e.id)),
+                        KeyValue::new("gpu.payload", i64::from(e.payload)),
+                    ];
+                    if let Some(p) = names.payload(e.id) {
+                        attributes.push(KeyValue::new("gpu.payload.name", string(&p)));
+                    }
+                    if e.kind == EventKind::Instant {
+                        attributes.push(KeyValue::new("gpu.event.kind", "instant"));
+                    }
+                    let mut span = inner.tracer.build_with_context(
+                        SpanBuilder::from_name(names.get(e.id).to_string())
+                            .with_kind(SpanKind::Internal)
+                            .with_start_time(wall(e.start_ns))
+                            .with_attributes(attributes),
+                        &warp_cx,
+                    );
+                    span.end_with_timestamp(wall(e.end_ns));
+                }
+                warp_cx.span().end_with_timestamp(wall(h.last_ts));
+            }
+        }
+    }
+    kernel_cx.span().end_with_timestamp(end);
+}

@@ -1,0 +1,284 @@
+//! The export plumbing: our counting span processor and exporter in front of the SDK's, and the I/O runtime.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use opentelemetry::Context as OtelContext;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::Resource;
+use parking_lot::{Condvar, Mutex};
+use tracing::dispatcher::WeakDispatch;
+
+use super::*;
+
+/// A tokio runtime that is shut down without blocking: dropping a runtime
+/// inside another runtime's async context would panic.
+pub(crate) struct IoRuntime(pub(crate) Option<tokio::runtime::Runtime>);
+
+impl Drop for IoRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+// --------------------------------------------------------------------------
+// Counting, the bounded queue and the one warning.
+
+/// State shared by the layer, the conversion thread and the SDK's export thread.
+pub(crate) struct Shared {
+    pub(crate) max_queue: u64,
+    /// Spans handed to the SDK and not yet taken by an export.
+    pub(crate) in_queue: AtomicU64,
+    pub(crate) room: Mutex<()>,
+    pub(crate) room_cv: Condvar,
+    pub(crate) exported: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) batches_dropped: AtomicU64,
+    pub(crate) export_errors: AtomicU64,
+    pub(crate) queue_peak: AtomicU64,
+    /// Set by the first failure (which warns); cleared when export recovers.
+    pub(crate) degraded: AtomicBool,
+    /// `dropped` at the last successful export.
+    pub(crate) dropped_at_export: AtomicU64,
+    /// The subscriber this layer sits in: warnings go there, from any thread.
+    pub(crate) dispatch: OnceLock<WeakDispatch>,
+    /// Set when the guard shuts down: conversion stops waiting for room.
+    pub(crate) stopped: AtomicBool,
+    /// The warning of [`Shared::warn_once`], until a thread of ours logs it.
+    pub(crate) pending_warning: Mutex<Option<String>>,
+}
+
+thread_local! {
+    /// Set on the conversion thread: there, a full queue means waiting for room
+    /// (it is our thread), not dropping.
+    static PATIENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes the current thread wait for room in the span queue (as the conversion
+/// thread does) for as long as it lives.
+pub(crate) struct Patient(pub(crate) bool);
+
+impl Patient {
+    pub(crate) fn new() -> Patient {
+        Patient(PATIENT.with(|p| p.replace(true)))
+    }
+}
+
+impl Drop for Patient {
+    fn drop(&mut self) {
+        PATIENT.with(|p| p.set(self.0));
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(max_queue: usize) -> Shared {
+        Shared {
+            max_queue: max_queue as u64,
+            in_queue: AtomicU64::new(0),
+            room: Mutex::new(()),
+            room_cv: Condvar::new(),
+            exported: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            batches_dropped: AtomicU64::new(0),
+            export_errors: AtomicU64::new(0),
+            queue_peak: AtomicU64::new(0),
+            degraded: AtomicBool::new(false),
+            dropped_at_export: AtomicU64::new(0),
+            dispatch: OnceLock::new(),
+            stopped: AtomicBool::new(false),
+            pending_warning: Mutex::new(None),
+        }
+    }
+
+    /// Room left for host spans while device spans wait: an eighth of the queue.
+    fn patient_limit(&self) -> u64 {
+        self.max_queue - (self.max_queue / 8).max(1).min(self.max_queue - 1)
+    }
+
+    /// Takes one place in the queue, or counts a drop. Never blocks, except on
+    /// the conversion thread, which waits for room (and gives up at shutdown).
+    pub(crate) fn admit(&self) -> bool {
+        if PATIENT.with(|p| p.get()) {
+            let limit = self.patient_limit();
+            let mut guard = self.room.lock();
+            while self.in_queue.load(Ordering::Acquire) >= limit {
+                if self.stopped.load(Ordering::Acquire) {
+                    drop(guard);
+                    return self.refuse("the OTLP layer was shut down with spans still to convert");
+                }
+                // Exports and the shutdown notify under `room`: no lost wake-up.
+                self.room_cv.wait(&mut guard);
+            }
+        }
+        let before = self.in_queue.fetch_add(1, Ordering::AcqRel);
+        if before >= self.max_queue {
+            self.in_queue.fetch_sub(1, Ordering::AcqRel);
+            return self.refuse("the OTLP export queue is full");
+        }
+        self.queue_peak.fetch_max(before + 1, Ordering::Relaxed);
+        true
+    }
+
+    fn refuse(&self, why: &str) -> bool {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.warn_once(why);
+        false
+    }
+
+    pub(crate) fn leave_queue(&self, n: u64) {
+        self.in_queue.fetch_sub(n, Ordering::AcqRel);
+        let _guard = self.room.lock();
+        self.room_cv.notify_all();
+    }
+
+    pub(crate) fn exported(&self, n: u64) {
+        self.exported.fetch_add(n, Ordering::Relaxed);
+        self.log_pending();
+        // Recovered: an export went through and nothing was dropped since the
+        // previous one (under steady load the queue need never be empty).
+        let dropped = self.dropped.load(Ordering::Relaxed);
+        let before = self.dropped_at_export.swap(dropped, Ordering::AcqRel);
+        if dropped == before && self.degraded.swap(false, Ordering::AcqRel) {
+            let failed = self.failed.load(Ordering::Relaxed);
+            self.emit(|| {
+                tracing::info!(
+                    spans_failed = failed,
+                    spans_dropped = dropped,
+                    "OTLP export recovered"
+                )
+            });
+        }
+    }
+
+    fn failed(&self, n: u64, error: &OTelSdkError) {
+        self.failed.fetch_add(n, Ordering::Relaxed);
+        self.export_errors.fetch_add(1, Ordering::Relaxed);
+        self.warn_once(&format!("OTLP export failed: {error}"));
+        self.log_pending();
+    }
+
+    /// The one warning of an outage. It is only noted here and logged by
+    /// [`Shared::log_pending`] on a thread of ours: when a span closes in the
+    /// application, we are inside a `tracing` callback, where `tracing` drops
+    /// nested events.
+    pub(crate) fn warn_once(&self, what: &str) {
+        if !self.degraded.swap(true, Ordering::AcqRel) {
+            *self.pending_warning.lock() = Some(what.to_string());
+        }
+    }
+
+    /// Logs the warning noted by [`Shared::warn_once`], if any.
+    pub(crate) fn log_pending(&self) {
+        let Some(what) = self.pending_warning.lock().take() else {
+            return;
+        };
+        let max_queue = self.max_queue;
+        self.emit(|| {
+            tracing::warn!(
+                max_queue,
+                "{what}; up to {max_queue} spans wait and later ones are dropped; \
+                 further failures are counted (OtlpGuard::stats), not logged, \
+                 until export recovers"
+            )
+        });
+    }
+
+    fn emit(&self, event: impl FnOnce()) {
+        match self.dispatch.get().and_then(WeakDispatch::upgrade) {
+            Some(d) => tracing::dispatcher::with_default(&d, event),
+            None => event(),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> OtlpStats {
+        OtlpStats {
+            spans_exported: self.exported.load(Ordering::Relaxed),
+            spans_failed: self.failed.load(Ordering::Relaxed),
+            spans_dropped: self.dropped.load(Ordering::Relaxed),
+            batches_dropped: self.batches_dropped.load(Ordering::Relaxed),
+            export_errors: self.export_errors.load(Ordering::Relaxed),
+            queue_peak: self.queue_peak.load(Ordering::Relaxed),
+            queue_capacity: self.max_queue,
+        }
+    }
+}
+
+/// The SDK's batch processor behind our admission: we count every span and
+/// drop before the SDK's channel could fill.
+#[derive(Debug)]
+pub(crate) struct CountingProcessor {
+    pub(crate) inner: BatchSpanProcessor,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl SpanProcessor for CountingProcessor {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &OtelContext) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.shared.admit() {
+            self.inner.on_end(span);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter behind our counters: a failed export is counted and warned
+/// about once, and reported to the SDK as done, so the SDK logs nothing.
+#[derive(Debug)]
+pub(crate) struct CountingExporter<E> {
+    pub(crate) inner: E,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len() as u64;
+        self.shared.leave_queue(n);
+        self.shared.log_pending();
+        match self.inner.export(batch).await {
+            Ok(()) => self.shared.exported(n),
+            Err(e) => self.shared.failed(n, &e),
+        }
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}

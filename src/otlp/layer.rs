@@ -1,0 +1,501 @@
+//! [`OtlpLayer`]: host spans as OpenTelemetry spans, batches handed to the conversion thread, and [`OtlpGuard`].
+
+use std::any::TypeId;
+use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use opentelemetry::trace::{SpanBuilder, SpanKind, TraceContextExt, Tracer as _};
+use opentelemetry::{Context as OtelContext, KeyValue};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use parking_lot::{Condvar, Mutex, ReentrantMutex};
+use tracing::dispatcher::WeakDispatch;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Dispatch, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
+
+use super::builder::*;
+use super::export::*;
+use super::*;
+use crate::batch::{Batch, BatchSink, DEVICE_TARGET};
+use crate::deliver::SinkHandle;
+
+// --------------------------------------------------------------------------
+// The layer.
+
+pub(crate) const MODE_UNKNOWN: u8 = 0;
+pub(crate) const MODE_STANDALONE: u8 = 1;
+pub(crate) const MODE_JOINED: u8 = 2;
+
+/// Looks a span up in the subscriber the layer was added to (monomorphized in
+/// [`Layer::on_layer`], where that subscriber's type is known).
+pub(crate) type Lookup = fn(&Inner, &Dispatch, &Id) -> Option<OtelContext>;
+
+pub(crate) struct Inner {
+    pub(crate) tracer: SdkTracer,
+    pub(crate) provider: SdkTracerProvider,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) detail: Detail,
+    pub(crate) phase_group: PhaseGroup,
+    pub(crate) host_spans: HostSpans,
+    /// [`HostSpans::Auto`]'s finding: `MODE_*`.
+    pub(crate) mode: AtomicU8,
+    /// Serializes the creation of a host span's OpenTelemetry span, so that two
+    /// threads never create two for one span (reentrant: creating a span may
+    /// emit tracing events).
+    pub(crate) materialize: ReentrantMutex<()>,
+    pub(crate) lookup: OnceLock<Lookup>,
+    pub(crate) jobs: SyncSender<Job>,
+    pub(crate) progress: Mutex<Progress>,
+    pub(crate) progress_cv: Condvar,
+    pub(crate) runtime: Mutex<IoRuntime>,
+    /// Bounds flushes and the shutdown.
+    pub(crate) shutdown_timeout: Duration,
+}
+
+#[derive(Default)]
+pub(crate) struct Progress {
+    pub(crate) submitted: u64,
+    pub(crate) done: u64,
+    pub(crate) exited: bool,
+}
+
+pub(crate) enum Job {
+    Batch(Arc<Batch>, OtelContext),
+    Stop,
+}
+
+/// The `tracing` layer and [`BatchSink`] that ships spans over OTLP. See the
+/// [module docs](self). Built by [`OtlpLayer::builder`].
+pub struct OtlpLayer {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) sink: SinkHandle,
+}
+
+impl fmt::Debug for OtlpLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OtlpLayer")
+            .field("detail", &self.inner.detail)
+            .field("phase_group", &self.inner.phase_group)
+            .field("host_spans", &self.inner.host_spans)
+            .field("stats", &self.inner.shared.stats())
+            .finish()
+    }
+}
+
+impl OtlpLayer {
+    /// A builder with the defaults: [`Detail::Phase`], the protocol and endpoint
+    /// from the `OTEL_EXPORTER_OTLP_*` variables.
+    pub fn builder() -> OtlpLayerBuilder {
+        OtlpLayerBuilder::default()
+    }
+
+    /// What happened to the spans so far.
+    pub fn stats(&self) -> OtlpStats {
+        self.inner.shared.stats()
+    }
+}
+
+/// Keeps the exporter alive; dropping it flushes and shuts it down, waiting at
+/// most the builder's `shutdown_timeout`.
+pub struct OtlpGuard {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) done: bool,
+}
+
+impl fmt::Debug for OtlpGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OtlpGuard")
+            .field("shutdown_timeout", &self.inner.shutdown_timeout)
+            .field("stats", &self.inner.shared.stats())
+            .finish()
+    }
+}
+
+impl OtlpGuard {
+    /// What happened to the spans so far.
+    pub fn stats(&self) -> OtlpStats {
+        self.inner.shared.stats()
+    }
+
+    /// Converts the batches handed over so far and exports every finished span;
+    /// waits at most `shutdown_timeout` for the conversion and 5 s for the export.
+    pub fn flush(&self) -> Result<(), OtlpError> {
+        let deadline = Instant::now() + self.inner.shutdown_timeout;
+        let drained = self.inner.drain(deadline);
+        self.inner.shared.log_pending();
+        if !drained {
+            return Err(OtlpError::Unfinished("flush"));
+        }
+        self.inner
+            .provider
+            .force_flush()
+            .map_err(|source| OtlpError::Sdk {
+                what: "flush",
+                source,
+            })
+    }
+
+    /// Flushes and shuts the exporter down within `shutdown_timeout`, and
+    /// reports what happened to the spans. Spans that close later are not
+    /// exported; batches handed over later are dropped and counted.
+    pub fn finish(mut self) -> Result<OtlpStats, OtlpError> {
+        self.shutdown_now()?;
+        Ok(self.stats())
+    }
+
+    fn shutdown_now(&mut self) -> Result<(), OtlpError> {
+        if std::mem::replace(&mut self.done, true) {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.shutdown_timeout;
+        let drained = inner.drain(deadline);
+        inner.shared.stopped.store(true, Ordering::Release);
+        {
+            let _guard = inner.shared.room.lock();
+            inner.shared.room_cv.notify_all();
+        }
+        // If the channel is full the thread sees `stopped` after its current job.
+        let _ = inner.jobs.try_send(Job::Stop);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let result = inner.provider.shutdown_with_timeout(left);
+        inner.shared.log_pending();
+        // The exporter is done with the runtime, or has given up on it.
+        drop(std::mem::replace(
+            &mut *inner.runtime.lock(),
+            IoRuntime(None),
+        ));
+        match (drained, result) {
+            (true, Ok(())) => Ok(()),
+            (false, _) => Err(OtlpError::Unfinished("finish")),
+            (true, Err(source)) => Err(OtlpError::Sdk {
+                what: "finish",
+                source,
+            }),
+        }
+    }
+}
+
+impl Drop for OtlpGuard {
+    fn drop(&mut self) {
+        // Bounded by `shutdown_timeout`; what did not make it is in the stats.
+        let _ = self.shutdown_now();
+    }
+}
+
+impl Inner {
+    fn exports_host_spans(&self) -> bool {
+        match self.host_spans {
+            HostSpans::Export => true,
+            HostSpans::Skip => false,
+            HostSpans::Auto => self.mode.load(Ordering::Acquire) != MODE_JOINED,
+        }
+    }
+
+    /// The context `tracing-opentelemetry` holds for span `id`, if a
+    /// `tracing_opentelemetry` layer is in the subscriber and knows the span.
+    /// `reliable`: every layer has seen the span's creation, so an answer of
+    /// "none" means there is no such layer.
+    fn joined_context(&self, id: &Id, reliable: bool) -> Option<OtelContext> {
+        if self.host_spans == HostSpans::Export
+            || self.mode.load(Ordering::Acquire) == MODE_STANDALONE
+        {
+            return None;
+        }
+        let dispatch = self.shared.dispatch.get()?.upgrade()?;
+        let cx = tracing_opentelemetry::get_otel_context(id, &dispatch)
+            .filter(|cx| cx.span().span_context().is_valid());
+        if cx.is_some() {
+            self.mode.store(MODE_JOINED, Ordering::Release);
+        } else if reliable {
+            let _ = self.mode.compare_exchange(
+                MODE_UNKNOWN,
+                MODE_STANDALONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+        cx
+    }
+
+    /// The OpenTelemetry context of host span `span`, creating our
+    /// OpenTelemetry span for it if we export it. `None` for spans we ignore.
+    fn materialize<S>(&self, span: &SpanRef<'_, S>, reliable: bool) -> Option<OtelContext>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        let _serial = self.materialize.lock();
+        let (start, parent) = {
+            let ext = span.extensions();
+            let host = ext.get::<HostSpan>()?;
+            if let Some(cx) = &host.cx {
+                return Some(cx.clone());
+            }
+            (host.start, host.parent.clone())
+        };
+        let (cx, owned) = if let Some(cx) = self.joined_context(&span.id(), reliable) {
+            (cx, false)
+        } else if self.exports_host_spans() {
+            let parent = parent.unwrap_or_default();
+            let builder = SpanBuilder::from_name(span.name())
+                .with_kind(SpanKind::Internal)
+                .with_start_time(start);
+            let otel = self.tracer.build_with_context(builder, &parent);
+            (parent.with_span(otel), true)
+        } else {
+            // Not exported by anyone we know of: its children hang under its parent.
+            return parent;
+        };
+        let mut ext = span.extensions_mut();
+        let host = ext.get_mut::<HostSpan>()?;
+        host.cx = Some(cx.clone());
+        host.owned = owned;
+        Some(cx)
+    }
+
+    /// The parent context for a batch's spans: the launch span's. The profiler
+    /// keeps that span open until [`BatchSink::on_batch`] returns (see
+    /// [`crate::bridge`]), so its id is looked up now, on the caller's thread.
+    fn launch_context(&self, batch: &Batch) -> OtelContext {
+        let (Some(id), Some(lookup), Some(dispatch)) = (
+            &batch.launch.parent,
+            self.lookup.get(),
+            self.shared.dispatch.get().and_then(WeakDispatch::upgrade),
+        ) else {
+            return OtelContext::new();
+        };
+        lookup(self, &dispatch, id).unwrap_or_default()
+    }
+
+    /// Waits until every batch handed over so far is converted, or `deadline`.
+    fn drain(&self, deadline: Instant) -> bool {
+        let mut p = self.progress.lock();
+        let target = p.submitted;
+        while p.done < target && !p.exited {
+            if self.progress_cv.wait_until(&mut p, deadline).timed_out() {
+                return p.done >= target;
+            }
+        }
+        true
+    }
+}
+
+pub(crate) fn lookup_launch<S>(inner: &Inner, dispatch: &Dispatch, id: &Id) -> Option<OtelContext>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    let span = dispatch.downcast_ref::<S>()?.span(id)?;
+    inner.materialize(&span, true)
+}
+
+/// What the layer keeps in each host span's extensions.
+pub(crate) struct HostSpan {
+    pub(crate) start: SystemTime,
+    pub(crate) attributes: Vec<KeyValue>,
+    /// The parent's context, taken when the span opened (the parent may close first).
+    pub(crate) parent: Option<OtelContext>,
+    /// Set once materialized: our span's context, or `tracing-opentelemetry`'s.
+    pub(crate) cx: Option<OtelContext>,
+    /// Whether `cx` holds a span we created and must end.
+    pub(crate) owned: bool,
+}
+
+impl HostSpan {
+    fn set(&mut self, kv: KeyValue) {
+        match self.attributes.iter_mut().find(|a| a.key == kv.key) {
+            Some(old) => *old = kv,
+            None => self.attributes.push(kv),
+        }
+    }
+}
+
+impl Visit for HostSpan {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.set(KeyValue::new(field.name(), value));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.set(KeyValue::new(field.name(), value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.set(match i64::try_from(value) {
+            Ok(v) => KeyValue::new(field.name(), v),
+            Err(_) => KeyValue::new(field.name(), value.to_string()),
+        });
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.set(KeyValue::new(field.name(), value));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.set(KeyValue::new(field.name(), value.to_string()));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.set(KeyValue::new(field.name(), format!("{value:?}")));
+    }
+}
+
+/// Crates whose spans are never exported: the exporter's own, whose spans
+/// would feed it its own traffic, and the bridge's per-event fallback.
+pub(crate) fn ignored_target(target: &str) -> bool {
+    let krate = target.split("::").next().unwrap_or(target);
+    matches!(
+        krate,
+        "h2" | "hyper"
+            | "hyper_util"
+            | "tonic"
+            | "tower"
+            | "tower_http"
+            | "reqwest"
+            | "opentelemetry"
+            | "opentelemetry_sdk"
+            | "opentelemetry_otlp"
+            | "opentelemetry_http"
+    ) || target == DEVICE_TARGET
+}
+
+pub(crate) fn wall_now() -> SystemTime {
+    SystemTime::now()
+}
+
+impl<S> Layer<S> for OtlpLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
+        if id == TypeId::of::<Self>() {
+            return Some(self as *const Self as *const ());
+        }
+        // Safety: forwarded from our own `downcast_raw`.
+        unsafe { self.sink.downcast_raw(id) }
+    }
+
+    fn on_register_dispatch(&self, dispatch: &Dispatch) {
+        let _ = self.inner.shared.dispatch.set(dispatch.downgrade());
+    }
+
+    fn on_layer(&mut self, _subscriber: &mut S) {
+        let _ = self.inner.lookup.set(lookup_launch::<S>);
+    }
+
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let meta = attrs.metadata();
+        if ignored_target(meta.target()) {
+            return;
+        }
+        let Some(span) = ctx.span(id) else { return };
+        // Every layer has seen the parent's creation by now: a reliable time to
+        // ask for (or create) its context.
+        let parent = span.parent().and_then(|p| self.inner.materialize(&p, true));
+        let mut host = HostSpan {
+            start: wall_now(),
+            attributes: Vec::with_capacity(meta.fields().len() + 3),
+            parent,
+            cx: None,
+            owned: false,
+        };
+        if let Some(name) = std::thread::current().name() {
+            host.attributes
+                .push(KeyValue::new("thread.name", name.to_string()));
+        }
+        if let Some(file) = meta.file() {
+            host.attributes.push(KeyValue::new("code.file.path", file));
+        }
+        if let Some(line) = meta.line() {
+            host.attributes
+                .push(KeyValue::new("code.line.number", i64::from(line)));
+        }
+        attrs.record(&mut host);
+        span.extensions_mut().insert(host);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            if let Some(host) = span.extensions_mut().get_mut::<HostSpan>() {
+                values.record(host);
+            }
+        }
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        // Entered: every layer has seen the span, so this is where Auto decides.
+        if self.inner.host_spans != HostSpans::Auto
+            || self.inner.mode.load(Ordering::Acquire) != MODE_UNKNOWN
+        {
+            return;
+        }
+        if let Some(span) = ctx.span(id) {
+            self.inner.materialize(&span, true);
+        }
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        if span.extensions().get::<HostSpan>().is_none() {
+            return;
+        }
+        if self.inner.exports_host_spans() {
+            // Not reliable: a tracing-opentelemetry layer below us may have
+            // closed the span already.
+            self.inner.materialize(&span, false);
+        }
+        let Some(host) = span.extensions_mut().remove::<HostSpan>() else {
+            return;
+        };
+        if let (true, Some(cx)) = (host.owned, &host.cx) {
+            let otel = cx.span();
+            otel.set_attributes(host.attributes);
+            otel.end_with_timestamp(wall_now());
+        }
+    }
+}
+
+impl BatchSink for OtlpLayer {
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        self.inner.on_batch(batch);
+    }
+
+    fn flush(&self) {
+        BatchSink::flush(&*self.inner);
+    }
+}
+
+impl BatchSink for Inner {
+    /// Finds the launch span's context, then hands the batch to the conversion
+    /// thread; never blocks: a full batch queue drops the batch (counted).
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        let inner = self;
+        if inner.shared.stopped.load(Ordering::Acquire) {
+            inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let parent = inner.launch_context(batch);
+        let mut p = inner.progress.lock();
+        match inner.jobs.try_send(Job::Batch(batch.clone(), parent)) {
+            Ok(()) => p.submitted += 1,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                drop(p);
+                inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
+                inner
+                    .shared
+                    .warn_once("the OTLP device batch queue is full");
+            }
+        }
+    }
+
+    /// Converts what was handed over and exports it; bounded as
+    /// [`OtlpGuard::flush`] is (the builder's `shutdown_timeout`, plus 5 s).
+    fn flush(&self) {
+        let inner = self;
+        inner.drain(Instant::now() + inner.shutdown_timeout);
+        let _ = inner.provider.force_flush();
+    }
+}

@@ -1,0 +1,224 @@
+//! OpenTelemetry export over OTLP (feature `otlp`): host spans and device phases
+//! as OpenTelemetry spans, with their true start and end times, shipped to
+//! Jaeger, Grafana Tempo or any OpenTelemetry collector over gRPC or
+//! http/protobuf. `docs/otlp.md` shows the commands.
+//!
+//! [`OtlpLayer`] is two things at once:
+//! - a `tracing-subscriber` [`Layer`]: each host span becomes an OpenTelemetry
+//!   span stamped with wall time (`CLOCK_REALTIME`) when it opens and closes;
+//! - a [`BatchSink`]: each device [`Batch`] becomes spans with explicit times
+//!   ([`SpanBuilder::with_start_time`], [`opentelemetry::trace::Span::end_with_timestamp`]),
+//!   mapped from `%globaltimer` by [`crate::clock::Calibration::to_host`] on
+//!   [`HostClock::Realtime`], under the host span that launched the kernel.
+//!
+//! # Two modes
+//!
+//! - **Standalone** (no `tracing-opentelemetry` in the subscriber): this layer
+//!   exports the host spans itself, and the device spans hang under them.
+//! - **Joined** (the application already has a `tracing_opentelemetry` layer):
+//!   that layer owns the host spans and exports them through the application's
+//!   own provider; this layer exports only the device spans, parented to the
+//!   launch span's OpenTelemetry context, which it reads with
+//!   [`tracing_opentelemetry::get_otel_context`]. The device spans thus join the
+//!   application's trace (same trace id, the launch span as parent) and no host
+//!   span is exported twice. Point both exporters at the same collector.
+//!
+//! [`HostSpans::Auto`] (the default) picks the mode by itself: the first time a
+//! span is entered or gets a child, it asks whether `tracing-opentelemetry`
+//! knows that span. Until then (a root span closed without ever being entered)
+//! it cannot tell, and exports the span itself; [`HostSpans::Skip`] or
+//! [`HostSpans::Export`] fix the mode explicitly.
+//!
+//! # Levels of detail ([`Detail`])
+//!
+//! Per-warp detail swamps a tracing backend, so the default is [`Detail::Phase`]:
+//! - [`Detail::Kernel`]: one span per launch, with summary attributes per event
+//!   type (`gpu.phase.<name>.count`, `.total_ns`, `.p50_ns`, `.p99_ns`);
+//! - [`Detail::Phase`]: the kernel span and, under it, one span per event type
+//!   and warp role (warp index within the block; or per block, see
+//!   [`PhaseGroup`]) covering that group's first start to last end, with
+//!   `gpu.phase.count`, `gpu.phase.total_ns`, `gpu.phase.p50_ns`, `gpu.phase.p99_ns`;
+//! - [`Detail::Warp`]: the kernel span, one span per (block, warp) and one per
+//!   event (instants are spans of zero length).
+//!
+//! # Attributes
+//!
+//! The resource carries `service.name` (from [`OtlpLayerBuilder::service_name`],
+//! else `OTEL_SERVICE_NAME`, else the SDK's default) and `OTEL_RESOURCE_ATTRIBUTES`.
+//! A process may drive several GPUs, so the GPU is described on the kernel span,
+//! with OpenTelemetry's hardware conventions where they exist: `hw.type = "gpu"`,
+//! `hw.id` (the UUID), `hw.name`, `hw.model`, `hw.vendor`, `hw.driver_version`;
+//! and `gpu.sm_count`, `gpu.compute_capability`, `gpu.device` (the ordinal),
+//! `gpu.launch_id`, `gpu.grid`, `gpu.block`, `gpu.events`, `gpu.dropped`,
+//! `gpu.clock.bound_ns` (the calibration's error bound). Every device span has
+//! `hw.id` and `thread.name`, the synthetic thread it belongs to
+//! (`GPU 0 / SM 12 / block 7 warp 3`); host spans have the real `thread.name`
+//! and `code.file.path` / `code.line.number`.
+//!
+//! # Transport and bounds
+//!
+//! `opentelemetry-otlp` over gRPC (tonic, on a private one-thread tokio runtime)
+//! or http/protobuf (a blocking client on the SDK's export thread), configured by
+//! the standard `OTEL_EXPORTER_OTLP_*` variables unless the builder says
+//! otherwise, and by `OTEL_BSP_*` for batching. An endpoint that is down or slow
+//! never blocks the application:
+//! - closing a host span and [`BatchSink::on_batch`] never wait: they hand the
+//!   span or batch to a bounded queue, and drop (and count) when it is full;
+//! - at most `max_queue_size` finished spans wait for export (plus one export
+//!   batch in flight), and at most `batch_queue` device batches wait for
+//!   conversion: memory stays bounded whatever the endpoint does;
+//! - [`BatchSink::flush`] and [`OtlpGuard::flush`] wait at most
+//!   `shutdown_timeout` for the conversion, plus at most 5 s (the SDK's fixed
+//!   flush timeout) for the export; dropping the [`OtlpGuard`] waits at most
+//!   `shutdown_timeout` (default 5 s) in all;
+//! - the first failure (an export error, or a span dropped because the queue is
+//!   full) logs one `tracing` warning under target `tracing_gpu::otlp`; later
+//!   failures are only counted ([`OtlpStats`]) until an export succeeds with no
+//!   drop since the previous one, which logs one `info` line. The SDK's own
+//!   internal logs are compiled out;
+//! - the exporter reconnects by itself: spans sent after the endpoint comes back
+//!   arrive.
+//!
+//! A capture file ([`Capture`]) is shipped with [`OtlpLayer::replay`], host spans
+//! and device spans with their recorded times (`examples/otlp_ship.rs`).
+//!
+//! Spans of the exporter's own crates (`hyper`, `h2`, `tonic`, `tower`,
+//! `reqwest`, `opentelemetry*`) are never exported: exporting them would feed
+//! the exporter its own traffic. Nor are the bridge's per-event fallback spans
+//! (target `tracing_gpu::device`): this layer takes whole batches instead.
+
+use std::str::FromStr;
+
+mod builder;
+mod device;
+mod export;
+mod layer;
+mod replay;
+#[cfg(test)]
+mod tests;
+
+pub use builder::OtlpLayerBuilder;
+pub use layer::{OtlpGuard, OtlpLayer};
+
+/// How much of each launch becomes spans. See the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Detail {
+    /// One span per launch, with summary attributes.
+    Kernel,
+    /// One span per event type and warp role (or block), aggregated. The default.
+    #[default]
+    Phase,
+    /// Every event, under one span per (block, warp).
+    Warp,
+}
+
+/// What one [`Detail::Phase`] span aggregates over, besides the event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PhaseGroup {
+    /// The warp index within the block, across all blocks: in a warp-specialized
+    /// kernel, the warp's role (producer, consumer...). The default.
+    #[default]
+    WarpRole,
+    /// The block.
+    Block,
+}
+
+/// The OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// OTLP/gRPC (default port 4317).
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (default port 4318); the
+    /// specification's default.
+    HttpProtobuf,
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+
+    /// Parses the values of `OTEL_EXPORTER_OTLP_PROTOCOL`: `grpc` or `http/protobuf`.
+    fn from_str(s: &str) -> Result<Protocol, String> {
+        match s.trim() {
+            "grpc" => Ok(Protocol::Grpc),
+            "http/protobuf" => Ok(Protocol::HttpProtobuf),
+            "http/json" => Err("http/json is not supported; use grpc or http/protobuf".into()),
+            other => Err(format!(
+                "unknown OTLP protocol {other:?}; expected grpc or http/protobuf"
+            )),
+        }
+    }
+}
+
+/// Who exports the host spans. See the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum HostSpans {
+    /// This layer exports them unless a `tracing_opentelemetry` layer in the
+    /// same subscriber does. The default.
+    #[default]
+    Auto,
+    /// This layer always exports them.
+    Export,
+    /// This layer never exports them (only device spans).
+    Skip,
+}
+
+/// Why [`OtlpLayerBuilder::build`], [`OtlpGuard::flush`] or
+/// [`OtlpGuard::finish`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OtlpError {
+    /// A setting (from the builder or the environment) is not valid.
+    #[error("invalid OTLP setting {setting}: {reason}")]
+    Config {
+        /// The builder method or environment variable.
+        setting: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The OTLP exporter refused its configuration.
+    #[error("cannot build the OTLP exporter: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    /// A thread or the gRPC runtime could not be started.
+    #[error("cannot start the OTLP {what}: {source}")]
+    Start {
+        /// Which thread or runtime.
+        what: &'static str,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// Device batches were still being converted when the flush or finish
+    /// ran out of time; their spans may be lost.
+    #[error("OTLP {0}: device batches still converting at the timeout")]
+    Unfinished(&'static str),
+    /// The OpenTelemetry SDK could not flush or shut down its exporter.
+    #[error("OTLP {what}: {source}")]
+    Sdk {
+        /// `"flush"` or `"finish"`.
+        what: &'static str,
+        /// The SDK's error.
+        source: opentelemetry_sdk::error::OTelSdkError,
+    },
+    /// The process has too many batch sinks alive.
+    #[error(transparent)]
+    Sink(#[from] crate::deliver::TooManySinks),
+}
+
+/// Counters of what happened to the spans, for [`OtlpGuard::stats`] and
+/// [`OtlpLayer::stats`]. Failures are counted here rather than logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OtlpStats {
+    /// Spans the endpoint accepted.
+    pub spans_exported: u64,
+    /// Spans whose export failed (endpoint down, slow past the timeout, or refusing).
+    pub spans_failed: u64,
+    /// Spans dropped before export: the queue was full.
+    pub spans_dropped: u64,
+    /// Device batches dropped: the batch queue was full, or the layer was shut down.
+    pub batches_dropped: u64,
+    /// Export calls that failed.
+    pub export_errors: u64,
+    /// The most spans that ever waited for export at once (at most `max_queue_size`).
+    pub queue_peak: u64,
+    /// The queue's bound, `max_queue_size`.
+    pub queue_capacity: u64,
+}
