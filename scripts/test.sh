@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/test-env.sh)"
 cargo fmt --all -- --check
+scripts/check-layout.sh --self-test
+scripts/check-layout.sh
 cargo clippy --all-targets --all-features -- -D warnings
 cargo test --all-features
 cargo test --no-default-features --lib
