@@ -12,11 +12,30 @@ use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracer
 use opentelemetry_sdk::Resource;
 use parking_lot::{Condvar, Mutex, ReentrantMutex};
 
-use super::device::*;
-use super::export::*;
-use super::layer::*;
-use super::*;
+use super::device::worker;
+use super::export::CountingExporter;
+use super::export::CountingProcessor;
+use super::export::IoRuntime;
+use super::export::Shared;
+use super::layer::Inner;
+use super::layer::OtlpGuard;
+use super::layer::OtlpLayer;
+use super::layer::Progress;
+use super::layer::MODE_UNKNOWN;
+use super::Detail;
+use super::HostSpans;
+use super::OtlpError;
+use super::PhaseGroup;
+use super::Protocol;
 use crate::deliver::SinkHandle;
+
+impl OtlpLayer {
+    /// A builder with the defaults: [`Detail::Phase`], the protocol and endpoint
+    /// from the `OTEL_EXPORTER_OTLP_*` variables.
+    pub fn builder() -> OtlpLayerBuilder {
+        OtlpLayerBuilder::default()
+    }
+}
 
 /// Configures an [`OtlpLayer`]; from [`OtlpLayer::builder`].
 #[derive(Debug, Clone)]

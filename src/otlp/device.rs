@@ -9,9 +9,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use opentelemetry::trace::{Span as _, SpanBuilder, SpanKind, TraceContextExt, Tracer as _};
 use opentelemetry::{Array, Context as OtelContext, KeyValue, StringValue, Value};
 
-use super::export::*;
-use super::layer::*;
-use super::*;
+use super::export::Patient;
+use super::layer::Inner;
+use super::layer::Job;
+use super::Detail;
+use super::PhaseGroup;
 use crate::batch::{thread_name, Batch, DeviceInfo};
 use crate::clock::HostClock;
 use crate::format::EventKind;

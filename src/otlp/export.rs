@@ -5,14 +5,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use super::OtlpStats;
 use opentelemetry::Context as OtelContext;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
 use parking_lot::{Condvar, Mutex};
 use tracing::dispatcher::WeakDispatch;
-
-use super::*;
 
 /// A tokio runtime that is shut down without blocking: dropping a runtime
 /// inside another runtime's async context would panic.

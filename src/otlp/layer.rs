@@ -18,9 +18,13 @@ use tracing::{Dispatch, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
-use super::builder::*;
-use super::export::*;
-use super::*;
+use super::export::IoRuntime;
+use super::export::Shared;
+use super::Detail;
+use super::HostSpans;
+use super::OtlpError;
+use super::OtlpStats;
+use super::PhaseGroup;
 use crate::batch::{Batch, BatchSink, DEVICE_TARGET};
 use crate::deliver::SinkHandle;
 
@@ -88,12 +92,6 @@ impl fmt::Debug for OtlpLayer {
 }
 
 impl OtlpLayer {
-    /// A builder with the defaults: [`Detail::Phase`], the protocol and endpoint
-    /// from the `OTEL_EXPORTER_OTLP_*` variables.
-    pub fn builder() -> OtlpLayerBuilder {
-        OtlpLayerBuilder::default()
-    }
-
     /// What happened to the spans so far.
     pub fn stats(&self) -> OtlpStats {
         self.inner.shared.stats()

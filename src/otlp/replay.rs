@@ -8,8 +8,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use opentelemetry::trace::{SpanBuilder, SpanKind, TraceContextExt, Tracer as _};
 use opentelemetry::{Context as OtelContext, KeyValue};
 
-use super::export::*;
-use super::layer::*;
+use super::export::Patient;
+use super::layer::Job;
+use super::layer::OtlpLayer;
 use crate::batch::{Batch, HostSpan};
 
 impl OtlpLayer {

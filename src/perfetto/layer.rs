@@ -31,10 +31,11 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
+use super::encode::{start_flow, Core, WriteStats};
 use super::host::{annotation, process, HostThread};
 use super::proto::{field, Enc};
 use super::tracks::Ids;
-use super::writer::{start_flow, Core, TraceWriter, WriteStats};
+use super::writer::TraceWriter;
 use super::PerfettoError;
 use crate::batch::{Batch, BatchSink, DEVICE_TARGET};
 use crate::clock::HostClock;

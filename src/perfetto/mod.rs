@@ -35,6 +35,7 @@
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
 
+mod encode;
 mod host;
 mod layer;
 pub(crate) mod proto;
@@ -43,8 +44,9 @@ mod writer;
 
 use std::path::PathBuf;
 
+pub use encode::WriteStats;
 pub use layer::{PerfettoGuard, PerfettoLayer, PerfettoLayerBuilder, LAUNCH_ID_FIELD};
-pub use writer::{TraceWriter, WriteStats};
+pub use writer::TraceWriter;
 
 /// Why a trace could not be written.
 #[derive(Debug, thiserror::Error)]

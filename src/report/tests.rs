@@ -1,0 +1,388 @@
+//! The report's tests: statistics and the SVG from known captures.
+
+use super::svg::*;
+use super::*;
+use crate::format::SLOT_MAGIC;
+
+fn slot(sm: u32, first_ts: u64, last_ts: u64) -> SlotHeader {
+    SlotHeader {
+        magic: SLOT_MAGIC,
+        first_ts,
+        last_ts,
+        sm_first: sm,
+        sm_last: sm,
+        ..Default::default()
+    }
+}
+
+fn range(id: u16, start_ns: u64, end_ns: u64) -> Event {
+    Event {
+        id,
+        kind: EventKind::Range,
+        start_ns,
+        end_ns,
+        payload: 0,
+    }
+}
+
+fn instant(id: u16, at: u64) -> Event {
+    Event {
+        id,
+        kind: EventKind::Instant,
+        payload: 0,
+        start_ns: at,
+        end_ns: at,
+    }
+}
+
+#[test]
+fn percentiles_use_nearest_rank() {
+    let v: Vec<u64> = (1..=100).collect();
+    assert_eq!(nearest_rank(&v, 50.0), 50);
+    assert_eq!(nearest_rank(&v, 99.0), 99);
+    assert_eq!(nearest_rank(&[7], 99.0), 7);
+    assert_eq!(nearest_rank(&[], 50.0), 0);
+    let v: Vec<u64> = (1..=1000).collect();
+    assert_eq!(nearest_rank(&v, 99.0), 990);
+}
+
+#[test]
+fn union_merges_overlaps_and_touching() {
+    let mut v = vec![(10, 20), (0, 5), (15, 30), (30, 31), (40, 40)];
+    assert_eq!(union_length(&mut v), 5 + 21);
+    assert_eq!(union_length(&mut []), 0);
+}
+
+#[test]
+fn report_counts_types_and_busy_sms() {
+    let mut tl = Timeline::new();
+    tl.set_name(1, "load");
+    tl.set_sm_count(4);
+    // SM 0: two warps whose ranges overlap: busy [0, 300) of a 1000 ns window.
+    tl.push_slot(
+        &slot(0, 0, 1000),
+        [range(1, 0, 100), range(2, 100, 200), instant(3, 150)],
+    );
+    tl.push_slot(&slot(0, 50, 400), [range(1, 50, 150), range(2, 200, 300)]);
+    // SM 2: one warp, busy 500 ns.
+    tl.push_slot(&slot(2, 400, 900), [range(2, 400, 900)]);
+    let r = tl.report();
+    assert_eq!(r.events, 6);
+    assert_eq!(r.launches, 1);
+    assert_eq!(r.window_ns, 1000);
+    assert_eq!(r.types.len(), 3);
+    let load = &r.types[0];
+    assert_eq!(
+        (load.id, load.name.as_str(), load.count, load.total_ns),
+        (1, "load", 2, 200)
+    );
+    assert_eq!(
+        (load.p50_ns, load.p99_ns, load.min_ns, load.max_ns),
+        (100, 100, 100, 100)
+    );
+    let t2 = &r.types[1];
+    assert_eq!(t2.name, "event 2");
+    assert_eq!(
+        (t2.count, t2.total_ns, t2.p50_ns, t2.p99_ns),
+        (3, 700, 100, 500)
+    );
+    assert!((t2.mean_ns - 700.0 / 3.0).abs() < 1e-9);
+    let t3 = &r.types[2];
+    assert_eq!((t3.count, t3.instants, t3.total_ns), (1, 1, 0));
+    assert_eq!(r.sms.len(), 4);
+    assert_eq!(
+        (r.sms[0].warps, r.sms[0].events, r.sms[0].busy_ns),
+        (2, 5, 300)
+    );
+    assert!((r.sms[0].busy_fraction - 0.3).abs() < 1e-12);
+    assert_eq!((r.sms[1].warps, r.sms[1].busy_ns), (0, 0));
+    assert!((r.sms[2].busy_fraction - 0.5).abs() < 1e-12);
+    let text = r.to_string();
+    assert!(text.contains("load"), "{text}");
+    assert!(text.contains("SM   0  30.0%"), "{text}");
+    assert!(text.contains("2 of 4 SMs recorded nothing"), "{text}");
+}
+
+#[test]
+fn decoded_captures_feed_the_report() {
+    use crate::format::BufferBuilder;
+    let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
+    // Two blocks of 64 threads (2 warps each) on SMs 3 and 4.
+    let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 4);
+    b.warp(0, 0)
+        .unwrap()
+        .sm(3, 3)
+        .range(1, 1_000, 1_400, 0)
+        .range(2, 1_400, 2_000, 0);
+    b.warp(0, 1)
+        .unwrap()
+        .sm(3, 3)
+        .range(2, 1_200, 1_500, 0)
+        .instant(1, 1_600, 9);
+    b.warp(1, 0)
+        .unwrap()
+        .sm(4, 5)
+        .first_ts(1_000)
+        .last_ts(3_000)
+        .range(2, 2_000, 2_500, 0);
+    // Capacity 4: the fifth record is dropped.
+    let w = b.warp(1, 1).unwrap().sm(4, 4);
+    for k in 0..5 {
+        w.range(1, 2_000 + 100 * k, 2_050 + 100 * k, k as u32);
+    }
+    let bytes = b.finish();
+    let capture = Buffer::decode(&bytes, Some(&registry)).unwrap();
+    let mut tl = Timeline::new();
+    tl.set_names(&registry);
+    tl.set_sm_count(6);
+    tl.add_buffer(&capture);
+    let r = tl.report();
+    assert_eq!(
+        (r.launches, r.events, r.dropped, r.migrated_warps),
+        (1, 9, 1, 1)
+    );
+    assert_eq!(r.window_ns, 2_000);
+    let names: Vec<_> = r.types.iter().map(|t| (t.name.as_str(), t.count)).collect();
+    assert_eq!(names, [("load", 6), ("mma", 3)]);
+    // SM 3: [1000, 2000) busy; SM 4: [2000, 2500) plus nothing else outside it.
+    assert_eq!(r.sms[3].busy_ns, 1_000);
+    assert_eq!(r.sms[4].busy_ns, 500);
+    assert!((r.sms[3].busy_fraction - 0.5).abs() < 1e-12);
+    assert_eq!((r.sms[4].warps, r.sms[5].warps), (2, 0));
+    let svg = tl.to_svg(&SvgOptions::default());
+    let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+    assert!(!svg_events(&doc).is_empty());
+}
+
+#[test]
+fn busy_time_is_per_launch() {
+    // Two launches, 1 ms apart: the gap between them is not idle time.
+    let mut tl = Timeline::new();
+    tl.begin_capture();
+    tl.push_slot(&slot(0, 0, 100), [range(1, 0, 100)]);
+    tl.begin_capture();
+    tl.push_slot(
+        &slot(0, 1_000_000, 1_000_100),
+        [range(1, 1_000_000, 1_000_050)],
+    );
+    let r = tl.report();
+    assert_eq!((r.launches, r.window_ns), (2, 200));
+    assert_eq!(r.sms[0].busy_ns, 150);
+    assert!((r.sms[0].busy_fraction - 0.75).abs() < 1e-12);
+}
+
+#[test]
+fn empty_timeline_reports_and_draws() {
+    let tl = Timeline::new();
+    let r = tl.report();
+    assert_eq!((r.events, r.window_ns, r.sms.len()), (0, 0, 0));
+    let _ = r.to_string();
+    let svg = tl.to_svg(&SvgOptions::default());
+    roxmltree::Document::parse(&svg).expect("valid XML");
+}
+
+#[test]
+fn flatten_shows_the_innermost_range() {
+    let events = [
+        range(1, 0, 100),
+        range(2, 10, 20),
+        range(3, 30, 40),
+        range(4, 100, 150),
+    ];
+    let (mut scratch, mut out) = (Vec::new(), Vec::new());
+    flatten(&events, &mut scratch, &mut out);
+    assert_eq!(
+        out,
+        vec![
+            (0, 10, 1),
+            (10, 20, 2),
+            (20, 30, 1),
+            (30, 40, 3),
+            (40, 100, 1),
+            (100, 150, 4)
+        ]
+    );
+    // Partial overlap (begin A, begin B, end A, end B) loses no time and never panics.
+    out.clear();
+    flatten(&[range(1, 0, 10), range(2, 5, 15)], &mut scratch, &mut out);
+    assert_eq!(out, vec![(0, 5, 1), (5, 15, 2)]);
+}
+
+#[test]
+fn lanes_stack_concurrent_warps_and_reuse_free_ones() {
+    let s = |sm, a, b| SlotRec {
+        capture: 0,
+        sm,
+        first_ts: a,
+        last_ts: b,
+        ev_start: 0,
+        ev_end: 0,
+    };
+    let slots = [
+        s(0, 0, 10),
+        s(0, 5, 20),
+        s(0, 10, 30),
+        s(1, 0, 5),
+        s(0, 12, 13),
+    ];
+    let lay = layout(&slots, 8);
+    assert_eq!(lay.lanes_per_sm, 3);
+    assert_eq!(lay.lane_of_slot, vec![0, 1, 0, 3, 2]);
+    // A cap of one lane: everything shares it.
+    let lay = layout(&slots, 1);
+    assert_eq!(lay.lanes_per_sm, 1);
+    assert_eq!(lay.lane_of_slot, vec![0, 0, 0, 1, 0]);
+}
+
+fn svg_events(doc: &roxmltree::Document) -> Vec<(String, f64, f64, f64, f64)> {
+    let group = doc
+        .descendants()
+        .find(|n| n.attribute("class") == Some("events"))
+        .expect("an events group");
+    group
+        .children()
+        .filter(|n| n.has_tag_name("rect"))
+        .map(|n| {
+            let num = |a: &str| n.attribute(a).unwrap().parse::<f64>().unwrap();
+            (
+                n.attribute("class").unwrap().to_string(),
+                num("x"),
+                num("y"),
+                num("width"),
+                num("height"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn svg_draws_each_event_at_its_place() {
+    let mut tl = Timeline::new();
+    tl.set_title("gemm <bf16> & co");
+    tl.set_name(1, "wait");
+    tl.set_name(2, "mma");
+    // 1600 px over 6400 ns with 6400 bins: one bin per ns, events on bin edges.
+    tl.push_slot(
+        &slot(0, 0, 6400),
+        [range(1, 0, 1600), range(2, 1600, 3200), instant(1, 4000)],
+    );
+    tl.push_slot(&slot(1, 3200, 6400), [range(2, 3200, 6400)]);
+    let svg = tl.to_svg(&SvgOptions::default());
+    let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg");
+    let (w, h): (f64, f64) = (
+        root.attribute("width").unwrap().parse().unwrap(),
+        root.attribute("height").unwrap().parse().unwrap(),
+    );
+    let rects = svg_events(&doc);
+    assert_eq!(rects.len(), 4, "{rects:?}");
+    // wait: first quarter of the plot; mma: second quarter, same lane.
+    let (c, x, y, rw, rh) = &rects[0];
+    assert_eq!(c, "t0");
+    assert!(
+        (x - MARGIN_LEFT).abs() < 0.01 && (rw - 400.0).abs() < 0.01,
+        "{rects:?}"
+    );
+    assert_eq!((rects[1].0.as_str(), rects[1].2), ("t1", *y));
+    assert!((rects[1].1 - (MARGIN_LEFT + 400.0)).abs() < 0.01);
+    // SM 1's warp: a lower row, the second half.
+    assert!(rects[2].2 > *y && (rects[2].1 - (MARGIN_LEFT + 800.0)).abs() < 0.01);
+    assert!((rects[2].3 - 800.0).abs() < 0.01);
+    // The instant: a 1 px mark at 1000 px.
+    assert_eq!(rects[3].0, "t0 i");
+    assert!((rects[3].1 - (MARGIN_LEFT + 999.5)).abs() < 0.01);
+    for (_, x, y, rw, rh2) in &rects {
+        assert!(*x >= 0.0 && x + rw <= w && *y >= 0.0 && y + rh2 <= h);
+        assert_eq!(rh2, rh);
+    }
+    // The title is escaped and the legend names both types; tooltips are on.
+    assert!(doc
+        .descendants()
+        .any(|n| n.text() == Some("gemm <bf16> & co")));
+    assert!(doc
+        .descendants()
+        .any(|n| n.text().is_some_and(|t| t.starts_with("mma: 2 ×"))));
+    assert_eq!(
+        doc.descendants()
+            .filter(|n| n.has_tag_name("title"))
+            .count(),
+        4
+    );
+}
+
+#[test]
+fn svg_size_is_bounded_for_huge_captures() {
+    // 132 SMs × 4 warps × 1000 sub-pixel events: 528 k events.
+    let mut tl = Timeline::new();
+    tl.set_sm_count(132);
+    for sm in 0..132u32 {
+        for w in 0..4u64 {
+            let events = (0..1000u64).map(|k| {
+                let t = k * 500 + w * 7;
+                range((k % 3) as u16, t, t + 200 + (k % 5) * 50)
+            });
+            tl.push_slot(&slot(sm, 0, 500_000), events);
+        }
+    }
+    let options = SvgOptions {
+        max_rects: 50_000,
+        ..Default::default()
+    };
+    let svg = tl.to_svg(&options);
+    let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+    let rects = svg_events(&doc);
+    assert!(
+        !rects.is_empty() && rects.len() <= 50_000,
+        "{} rects",
+        rects.len()
+    );
+    assert!(svg.len() < 5_000_000, "{} bytes", svg.len());
+    // No tooltips past the limit.
+    assert_eq!(
+        doc.descendants()
+            .filter(|n| n.has_tag_name("title"))
+            .count(),
+        0
+    );
+    // Each lane's runs stay in the plot and do not overlap.
+    let right = MARGIN_LEFT + f64::from(options.width);
+    let mut by_row: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+    for (_, x, y, w, _) in &rects {
+        assert!(
+            *x >= MARGIN_LEFT - 0.01 && x + w <= right + 0.01,
+            "x {x} w {w}"
+        );
+        by_row
+            .entry((y * 100.0) as u64)
+            .or_default()
+            .push((*x, x + w));
+    }
+    for runs in by_row.values() {
+        for pair in runs.windows(2) {
+            assert!(pair[0].1 <= pair[1].0 + 0.02, "{pair:?}");
+        }
+    }
+    assert!(!svg.contains("not drawn"));
+    // A budget too small even at the coarsest bins: cut, and said so.
+    let svg = tl.to_svg(&SvgOptions {
+        max_rects: 100,
+        ..Default::default()
+    });
+    let doc = roxmltree::Document::parse(&svg).expect("valid XML");
+    assert_eq!(svg_events(&doc).len(), 100);
+    assert!(svg.contains("marks not drawn (over the rectangle budget)"));
+}
+
+#[test]
+fn durations_format_with_three_digits() {
+    assert_eq!(format_ns(532.0), "532 ns");
+    assert_eq!(format_ns(1234.0), "1.23 µs");
+    assert_eq!(format_ns(12_345.0), "12.3 µs");
+    assert_eq!(format_ns(4_560_000.0), "4.56 ms");
+    assert_eq!(format_ns(2.5e9), "2.50 s");
+    assert_eq!(trim_float(2.5), "2.5");
+    assert_eq!(trim_float(3.0), "3");
+    assert_eq!(nice_step(0.7), 1.0);
+    assert_eq!(nice_step(130.0), 200.0);
+}
