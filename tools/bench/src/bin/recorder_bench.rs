@@ -45,12 +45,12 @@ use tracing_gpu::registry::EventRegistry;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
-const BENCH: &str = include_str!("../kernels/bench/recorder_bench.cu");
+const BENCH: &str = include_str!("../../kernels/recorder_bench.cu");
 /// The seed-style recorder the bench's seed build includes (benchmarks only).
-const BASELINES: &str = include_str!("../kernels/bench/baselines.cuh");
-const PHASES: &str = include_str!("../kernels/examples/phases.cu");
-const WARP_SPECIALIZED: &str = include_str!("../kernels/examples/warp_specialized.cu");
-const PERSISTENT: &str = include_str!("../kernels/examples/persistent.cu");
+const BASELINES: &str = include_str!("../../kernels/baselines.cuh");
+const PHASES: &str = include_str!("../../../../kernels/examples/phases.cu");
+const WARP_SPECIALIZED: &str = include_str!("../../../../kernels/examples/warp_specialized.cu");
+const PERSISTENT: &str = include_str!("../../../../kernels/examples/persistent.cu");
 
 /// The kernel argument, as `tgpu::Trace` (16 bytes, passed by value).
 #[repr(transparent)]

@@ -12,12 +12,10 @@
 //! Prints one line per check and a table of TFLOP/s (median of interleaved repeats,
 //! CUDA events, after warm-up). Exits non-zero if any check fails.
 
-#[allow(dead_code)] // each example uses its own part of the shared code
-mod common;
 
 use std::process::ExitCode;
 
-use common::gemm::{
+use tracing_gpu_bench::gemm::{
     check, median, registry, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant,
 };
 use tracing_gpu::cuda::cudarc::driver::CudaContext;
@@ -270,7 +268,7 @@ fn profiled(args: &Args, out: &std::path::Path) -> Result<(), Box<dyn std::error
                 .in_scope(|| Problem::new(&stream, args.shape, args.out, 0x7ACE))?;
             let cfg = g.config(&p);
             // Records per warp: as TraceBuffer sizes it.
-            let capacity = (g.tiles_per_block(&p) * (3 * (p.k / common::gemm::BK) + 2)) as u32;
+            let capacity = (g.tiles_per_block(&p) * (3 * (p.k / tracing_gpu_bench::gemm::BK) + 2)) as u32;
             let profiler = {
                 let _s = tracing::info_span!("profiler_setup").entered();
                 let mut b = Profiler::builder()

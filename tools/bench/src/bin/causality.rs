@@ -37,7 +37,7 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
+const SOURCE: &str = include_str!("../../../../kernels/examples/quickstart.cu");
 const EVENTS: [(u16, &str); 4] = [(1, "load"), (2, "compute"), (3, "store"), (4, "done")];
 
 /// What the layer learns: per launch id, the launch time and the device events' extent.

@@ -18,10 +18,10 @@ use tracing_gpu::format::{self, BufferHeader, KernelArg};
 use tracing_gpu::registry::EventRegistry;
 
 /// The kernel's source, embedded so one binary is all the GPU machine needs.
-pub const SOURCE: &str = include_str!("../../kernels/gemm.cu");
+pub const SOURCE: &str = include_str!("../kernels/gemm.cu");
 /// The comparison recorders it includes for the seed-style and FlashInfer-style builds
 /// (benchmarks only, not the product's header).
-pub const BASELINES: &str = include_str!("../../kernels/bench/baselines.cuh");
+pub const BASELINES: &str = include_str!("../kernels/baselines.cuh");
 /// The kernel's (unmangled) name.
 pub const KERNEL: &str = "tgpu_gemm_bf16";
 /// Tile rows.

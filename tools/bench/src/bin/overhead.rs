@@ -22,12 +22,10 @@
 //! Overhead per k-tile = (median time − median time off) / k-tiles one block walks in
 //! sequence (tiles per block × K/64): the cost a k-tile's critical path sees.
 
-#[allow(dead_code)] // each example uses its own part of the shared code
-mod common;
 
 use std::process::ExitCode;
 
-use common::gemm::{
+use tracing_gpu_bench::gemm::{
     check, median, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant, BK, BM,
     BN,
 };

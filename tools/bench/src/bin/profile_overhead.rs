@@ -31,7 +31,7 @@ use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::EnvFilter;
 
-const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
+const SOURCE: &str = include_str!("../../../../kernels/examples/quickstart.cu");
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
