@@ -5,6 +5,9 @@
 //! identical to the same kernel with its instrumentation lines deleted.
 
 mod cuda_tools;
+#[cfg(feature = "cuda")]
+#[path = "cuda_tools/nvrtc.rs"]
+mod nvrtc_tools;
 
 use cuda_tools::{nvcc, skip, tool};
 
@@ -100,26 +103,11 @@ fn check_ptx(name: &str, arch: &str, on: bool, ptx: &str) {
 #[cfg(feature = "cuda")]
 mod nvrtc {
     use super::*;
-    use tracing_gpu::cuda::{compile, ensure_nvrtc, CudaError, KernelBuild};
-
-    fn available() -> bool {
-        match ensure_nvrtc() {
-            Ok(()) => true,
-            Err(e) => {
-                skip(&format!("NVRTC is not available: {e}"));
-                false
-            }
-        }
-    }
+    use crate::nvrtc_tools::available;
+    use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
 
     fn ptx(name: &str, arch: &'static str, src: &str, defines: &[&str]) -> String {
-        let mut build = KernelBuild::new(name, arch);
-        for d in defines {
-            build = build.define(*d);
-        }
-        compile(src, &build)
-            .unwrap_or_else(|e| panic!("{name} {arch} {defines:?}: {e}"))
-            .to_src()
+        crate::nvrtc_tools::ptx(src, KernelBuild::new(name, arch), defines)
     }
 
     #[test]

@@ -5,31 +5,17 @@
 
 #[path = "../../../tests/cuda_tools/mod.rs"]
 mod cuda_tools;
+#[path = "../../../tests/cuda_tools/nvrtc.rs"]
+mod nvrtc_tools;
 
-use cuda_tools::skip;
-use tracing_gpu::cuda::{compile, ensure_nvrtc, KernelBuild};
-
-fn available() -> bool {
-    match ensure_nvrtc() {
-        Ok(()) => true,
-        Err(e) => {
-            skip(&format!("NVRTC is not available: {e}"));
-            false
-        }
-    }
-}
-
-/// The comparison recorders the bench's seed build includes (as the benchmarks supply them).
-const BASELINES: &str = include_str!("../kernels/baselines.cuh");
+use nvrtc_tools::available;
+use tracing_gpu::cuda::KernelBuild;
+use tracing_gpu_bench::kernels::{BASELINES, RECORDER_BENCH};
 
 fn ptx(name: &str, arch: &'static str, src: &str, defines: &[&str]) -> String {
-    let mut build = KernelBuild::new(name, arch).header("baselines.cuh", BASELINES);
-    for d in defines {
-        build = build.define(*d);
-    }
-    compile(src, &build)
-        .unwrap_or_else(|e| panic!("{name} {arch} {defines:?}: {e}"))
-        .to_src()
+    // The comparison recorders the bench's seed build includes (as the benchmarks supply them).
+    let build = KernelBuild::new(name, arch).header("baselines.cuh", BASELINES);
+    nvrtc_tools::ptx(src, build, defines)
 }
 
 #[test]
@@ -37,7 +23,7 @@ fn bench_kernel_compiles_in_every_build() {
     if !available() {
         return;
     }
-    let src = include_str!("../kernels/recorder_bench.cu");
+    let src = RECORDER_BENCH;
     let builds: [&[&str]; 6] = [
         &[],
         &["TGPU_BENCH_FLOOR=1"],
