@@ -41,12 +41,6 @@ pub enum CudaError {
         /// NVRTC's log, or the failure.
         message: String,
     },
-    /// cuBLAS failed.
-    #[error("cuBLAS error: {0:?}")]
-    Cublas(cudarc::cublas::result::CublasError),
-    /// Anything else that is wrong with a request (sizes, arguments).
-    #[error("{0}")]
-    Invalid(String),
 }
 
 /// Checks that libcuda and libnvrtc can be loaded, before cudarc would panic on them.
