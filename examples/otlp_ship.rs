@@ -89,8 +89,8 @@ fn run(args: Args) -> Result<bool, String> {
         Some(p) => p,
         None => shipped_capture()?,
     };
-    let dump = Capture::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let batches = dump
+    let capture = Capture::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let batches = capture
         .batches()
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let (layer, guard) = OtlpLayer::builder()
@@ -102,14 +102,17 @@ fn run(args: Args) -> Result<bool, String> {
         .shutdown_timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| e.to_string())?;
-    layer.replay(&dump, &batches);
-    let flushed = guard.flush();
-    let stats = guard.stats();
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    let flushed = guard.flush().and(guard.finish());
+    let stats = match &flushed {
+        Ok(stats) => *stats,
+        Err(_) => layer.stats(),
+    };
     println!(
         "{}: {} host spans, {} launches ({} device events) → {}: {} spans exported, \
          {} failed, {} dropped",
         path.display(),
-        dump.host_spans.len(),
+        capture.host_spans.len(),
         batches.len(),
         batches.iter().map(|b| b.buffer.event_count()).sum::<u64>(),
         args.endpoint,

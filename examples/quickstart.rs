@@ -20,14 +20,19 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use tracing_gpu::cuda::{self, gpu_profile, CaptureRecorder, KernelBuild, Profiler, ProfilerStats};
+use tracing_gpu::cuda::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
+use tracing_gpu::cuda::{
+    self, gpu_profile, CaptureRecorder, KernelBuild, Profiler, ProfilerError, ProfilerStats,
+};
+use tracing_gpu::format::KernelArg;
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::EnvFilter;
 
-/// The example kernel (also used by `examples/causality.rs`).
+/// The example kernel (also used by the benchmarks' `causality` and `profile_overhead`).
 pub const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
 /// Its event types, as `TGPU_EVENT` declares them.
 pub const EVENTS: [(u16, &str); 4] = [(1, "load"), (2, "compute"), (3, "store"), (4, "done")];
@@ -41,6 +46,52 @@ pub fn registry() -> EventRegistry {
         .and_then(|r| r.with_payload(3, "tile"))
         .and_then(|r| r.with_payload(4, "tiles"))
         .expect("EVENTS has distinct ids")
+}
+
+/// The kernel `tiled_poly` of [`SOURCE`], compiled with the recorder on and loaded.
+pub struct Kernel(CudaFunction);
+
+impl Kernel {
+    /// Compiles [`SOURCE`] for the profiler's GPU (with line info if `lineinfo`) and
+    /// loads it there.
+    pub fn load(profiler: &Profiler, lineinfo: bool) -> Result<Self, ProfilerError> {
+        let ptx = cuda::compile(
+            SOURCE,
+            &KernelBuild::new("quickstart.cu", profiler.arch())
+                .define("TGPU_ENABLED=1")
+                .lineinfo(lineinfo),
+        )?;
+        let module = profiler.context().load_module(ptx)?;
+        Ok(Kernel(module.load_function("tiled_poly")?))
+    }
+
+    /// Enqueues one launch on `stream`: each block walks `tiles` tiles of `x`, and each
+    /// thread writes into `y` a polynomial of degree `work` of its element (`n` elements
+    /// in all). The recorder writes into `trace` (nothing if its `base` is 0).
+    ///
+    /// # Safety
+    ///
+    /// `x` and `y` hold at least `n` elements, `cfg` gives each block 4 bytes of dynamic
+    /// shared memory per thread, and `stream` belongs to the kernel's context.
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        cfg: LaunchConfig,
+        (x, y): (&CudaSlice<f32>, &mut CudaSlice<f32>),
+        [n, tiles, work]: [u32; 3],
+        trace: &KernelArg,
+    ) -> Result<(), DriverError> {
+        stream
+            .launch_builder(&self.0)
+            .arg(x)
+            .arg(y)
+            .arg(&n)
+            .arg(&tiles)
+            .arg(&work)
+            .arg(trace)
+            .launch(cfg)?;
+        Ok(())
+    }
 }
 
 /// What one run produced.
@@ -90,19 +141,9 @@ pub fn run(
                 }
                 b.build()?
             };
-            let ctx = profiler.context().clone();
-            let arch = profiler.arch();
-            let kernel = {
-                let _s = tracing::info_span!("compile", arch).entered();
-                let ptx = cuda::compile(
-                    SOURCE,
-                    &KernelBuild::new("quickstart.cu", arch)
-                        .define("TGPU_ENABLED=1")
-                        .lineinfo(lineinfo),
-                )?;
-                ctx.load_module(ptx)?.load_function("tiled_poly")?
-            };
-            let stream = ctx.default_stream();
+            let kernel = tracing::info_span!("compile", arch = profiler.arch())
+                .in_scope(|| Kernel::load(&profiler, lineinfo))?;
+            let stream = profiler.context().default_stream();
             let (blocks, threads, tiles, work) =
                 (2 * profiler.device().sm_count, 256u32, 8u32, 256u32);
             let n = blocks * threads * tiles;
@@ -120,16 +161,9 @@ pub fn run(
             };
             for step in 0..launches {
                 let _s = tracing::info_span!("step", step).entered();
+                // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
                 gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
-                    stream
-                        .launch_builder(&kernel)
-                        .arg(&x)
-                        .arg(&mut y)
-                        .arg(&n)
-                        .arg(&tiles)
-                        .arg(&work)
-                        .arg(&trace)
-                        .launch(cfg)
+                    kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], &trace)
                 })?;
                 tracing::info_span!("synchronize").in_scope(|| stream.synchronize())?;
             }

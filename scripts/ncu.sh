@@ -4,7 +4,7 @@
 #   scripts/ncu.sh [-k KERNEL_REGEX] [-o OUT] [-s SKIP] [--] COMMAND [ARGS...]
 #
 # Runs COMMAND under `ncu` and profiles one launch of the kernels whose name
-# matches KERNEL_REGEX (default `tgpu_gemm`, the GEMM of examples/gemm.rs) after
+# matches KERNEL_REGEX (default `tgpu_gemm`, the GEMM of the `gemm` benchmark) after
 # skipping SKIP matching launches (default 1: the warm-up), with every section
 # (`--set full`) and the source files imported into the report
 # (`--import-source yes`), so the report opens anywhere with its source. Writes
@@ -12,15 +12,15 @@
 # of the CUDA view and where the SASS of our recorder's calls lands.
 #
 # Why it works: every kernel is compiled with `-lineinfo` by default
-# (`KernelBuild::lineinfo`; `tracing-gpu demo --no-lineinfo` and the examples'
-# `--no-lineinfo` turn it off), so the PTX carries `.file`/`.loc` and the SASS
+# (`KernelBuild::lineinfo`; `tracing-gpu demo --no-lineinfo` and the quickstart's and
+# benchmarks' `--no-lineinfo` turn it off), so the PTX carries `.file`/`.loc` and the SASS
 # keeps the line table. Our kernels are compiled at run time by NVRTC, under
 # their bare file name (`gemm.cu`): `--source-folders` tells ncu where those
-# names live (kernels/ and kernels/include/ of this checkout).
+# names live (kernels/, kernels/include/ and tools/bench/kernels/ of this checkout).
 #
 # Examples (on the GPU machine; the binaries come from `cargo build --release
-# --features full --examples --bins`):
-#   scripts/ncu.sh -- target/release/examples/gemm
+# --features full --bins` and `cargo build --release -p tracing-gpu-bench`):
+#   scripts/ncu.sh -- target/release/gemm
 #   scripts/ncu.sh -k 'regex:.' -s 0 -o target/ncu/demo -- target/release/tracing-gpu demo
 # Open the report in the Nsight Compute UI (`ncu-ui OUT.ncu-rep`), page
 # "Source", view "Source and SASS".
@@ -55,7 +55,7 @@ args=(--set full --import-source yes --kernel-name "$kernel" --launch-skip "$ski
 # Older ncu releases lack --source-folders; then the sources must be found at
 # the paths the line table gives (run from kernels/).
 if ncu --help 2>/dev/null | grep -q -- '--source-folders'; then
-  args+=(--source-folders "$top/kernels,$top/kernels/include")
+  args+=(--source-folders "$top/kernels,$top/kernels/include,$top/tools/bench/kernels")
 fi
 echo "+ ncu ${args[*]} $*" >&2
 ncu "${args[@]}" "$@"

@@ -241,7 +241,8 @@ impl SinkHandle {
     /// As for `Layer::downcast_raw`: the pointer is valid while `self` is,
     /// and only this module reads it, as the marker type `id` names.
     pub unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
-        (id == MARKERS[self.slot.0]()).then(|| &self.sink as *const Arc<dyn BatchSink> as *const ())
+        (id == MARKERS[self.slot.0]())
+            .then_some(&self.sink as *const Arc<dyn BatchSink> as *const ())
     }
 }
 

@@ -1,6 +1,7 @@
 //! Line info: kernels compile with `-lineinfo` by default, so ncu can map SASS to
 //! the `.cu` source (`scripts/ncu.sh`), and `KernelBuild::lineinfo(false)` (the
-//! `--no-lineinfo` of the CLI's live commands and of the examples) turns it off.
+//! `--no-lineinfo` of the CLI's live commands, the quickstart and the benchmarks) turns
+//! it off.
 //! Needs NVRTC (no GPU): with `TGPU_REQUIRE_TOOLS=1` its absence fails the test,
 //! otherwise the test says it skipped.
 #![cfg(feature = "cuda")]

@@ -5,6 +5,9 @@
 //! identical to the same kernel with its instrumentation lines deleted.
 
 mod cuda_tools;
+#[cfg(feature = "cuda")]
+#[path = "cuda_tools/nvrtc.rs"]
+mod nvrtc_tools;
 
 use cuda_tools::{nvcc, skip, tool};
 
@@ -100,29 +103,11 @@ fn check_ptx(name: &str, arch: &str, on: bool, ptx: &str) {
 #[cfg(feature = "cuda")]
 mod nvrtc {
     use super::*;
-    use tracing_gpu::cuda::{compile, ensure_nvrtc, CudaError, KernelBuild};
-
-    fn available() -> bool {
-        match ensure_nvrtc() {
-            Ok(()) => true,
-            Err(e) => {
-                skip(&format!("NVRTC is not available: {e}"));
-                false
-            }
-        }
-    }
-
-    /// The comparison recorders the bench's seed build includes (as the examples supply them).
-    const BASELINES: &str = include_str!("../kernels/bench/baselines.cuh");
+    use crate::nvrtc_tools::available;
+    use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
 
     fn ptx(name: &str, arch: &'static str, src: &str, defines: &[&str]) -> String {
-        let mut build = KernelBuild::new(name, arch).header("baselines.cuh", BASELINES);
-        for d in defines {
-            build = build.define(*d);
-        }
-        compile(src, &build)
-            .unwrap_or_else(|e| panic!("{name} {arch} {defines:?}: {e}"))
-            .to_src()
+        crate::nvrtc_tools::ptx(src, KernelBuild::new(name, arch), defines)
     }
 
     #[test]
@@ -162,35 +147,6 @@ mod nvrtc {
                     ptx(name, arch, src, &["TGPU_ENABLED=1"]),
                     stripped,
                     "{name} {arch}: gate on"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn bench_kernel_compiles_in_every_build() {
-        if !available() {
-            return;
-        }
-        let src = include_str!("../kernels/bench/recorder_bench.cu");
-        let builds: [&[&str]; 6] = [
-            &[],
-            &["TGPU_BENCH_FLOOR=1"],
-            &["TGPU_ENABLED=1"],
-            &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
-            &["TGPU_BENCH_SEED=1"],
-            &["TGPU_BENCH_BOUND=1"],
-        ];
-        for defines in builds {
-            for unroll in ["TGPU_BENCH_UNROLL=1", "TGPU_BENCH_UNROLL=4"] {
-                let mut d = defines.to_vec();
-                d.push(unroll);
-                let p = ptx("recorder_bench", "sm_90", src, &d);
-                // Ours and the bound store 16-byte evict-first records; no other build does.
-                assert_eq!(
-                    p.contains("st.global.cs.v4.u32"),
-                    defines.contains(&"TGPU_ENABLED=1") || defines.contains(&"TGPU_BENCH_BOUND=1"),
-                    "{d:?}"
                 );
             }
         }

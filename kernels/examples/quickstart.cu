@@ -1,5 +1,5 @@
-// quickstart.cu: a small instrumented kernel for examples/quickstart.rs and
-// examples/causality.rs. Each block walks `tiles` tiles of `x`: it loads a tile into
+// quickstart.cu: a small instrumented kernel for examples/quickstart.rs and the
+// benchmarks (tools/bench). Each block walks `tiles` tiles of `x`: it loads a tile into
 // shared memory, evaluates a polynomial of degree `work` on each element, and stores
 // the result. Every warp records the three phases of every tile (payload: the tile
 // index) and an instant when it is done.

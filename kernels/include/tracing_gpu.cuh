@@ -327,11 +327,11 @@ class Recorder {
   // into a register that the other lanes leave as it was. ptxas takes a plain read of
   // %globaltimer_lo for a side-effect-free value and may rematerialize it, that is, read
   // the timer again where the value is needed instead of keeping it: seen with ptxas 13.5
-  // (sm_90a, the GEMM of kernels/gemm.cu), where a stamp held in a uniform register and
-  // needed in a vector register by the deferred store was read anew at that store, moving
-  // the record's end by the length of the next phase. A predicated read merges with the
-  // register's old value, which a second read cannot reproduce, so it stays where it is.
-  // (tests/recorder_sass.rs and tests/gemm_kernel.rs count the reads in the SASS.)
+  // (sm_90a, the GEMM of tools/bench/kernels/gemm.cu), where a stamp held in a uniform
+  // register and needed in a vector register by the deferred store was read anew at that
+  // store, moving the record's end by the length of the next phase. A predicated read
+  // merges with the register's old value, which a second read cannot reproduce, so it
+  // stays where it is. (tools/bench/tests/: recorder_sass.rs, gemm_kernel.rs count them.)
 
   // Stores the pending record (if there is one and it fits), steps the index, then reads
   // the timer into pend_[0] (the next pending record's end) and returns it: all in one asm

@@ -7,12 +7,17 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The recorder header's folder, for `-I`.
+/// The recorder header's folder, for `-I`: `kernels/include` of the crate, or of the
+/// workspace above it (the benchmarks, `tools/bench`, include this module too).
 pub fn include_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/include")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|dir| dir.join("kernels/include"))
+        .find(|dir| dir.join("tracing_gpu.cuh").is_file())
+        .expect("kernels/include/tracing_gpu.cuh above the crate")
 }
 
-/// A file of the source tree, read.
+/// A file of the crate's source tree, read.
 pub fn source(rel: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

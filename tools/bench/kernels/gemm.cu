@@ -1,5 +1,5 @@
 // gemm.cu: a warp-specialized, multi-stage bf16 GEMM for sm_90a (Hopper), compiled
-// at run time by NVRTC (examples/common/gemm.rs) or by nvcc.
+// at run time by NVRTC (tools/bench/src/gemm.rs) or by nvcc.
 //
 //   C[m][n] = sum_k A[m][k] * B[n][k]      (fp32 accumulation)
 //
@@ -29,10 +29,10 @@
 // `rec.` line compiles to nothing and the kernel keeps its production parameters.
 //
 // GEMM_RECORDER selects who implements `rec` when TGPU_ENABLED is on, for the overhead
-// comparison (examples/overhead.rs): 0 = tgpu::Recorder (ours, the default), 1 = the
-// seed's published design, 2 = FlashInfer's published design (both in bench/baselines.cuh,
+// comparison (tools/bench/src/bin/overhead.rs): 0 = tgpu::Recorder (ours, the default), 1 = the
+// seed's published design, 2 = FlashInfer's published design (both in baselines.cuh,
 // reimplemented from their descriptions: same call sites, same event count, their costs).
-// With nvcc: -I kernels/include -I kernels/bench.
+// With nvcc: -I kernels/include -I tools/bench/kernels.
 #include "tracing_gpu.cuh"
 
 #ifndef GEMM_TRACE_LEVEL

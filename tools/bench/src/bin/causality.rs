@@ -3,7 +3,7 @@
 //! and the host time read just after the `synchronize` that waited for it.
 //!
 //! ```text
-//! cargo run --release --features cuda --example causality -- [--launches 1000] [--out summary.md] \
+//! cargo run --release -p tracing-gpu-bench --bin causality -- [--launches 1000] [--out summary.md] \
 //!     [--periodic-rounds 128] [--pollers 1]
 //! ```
 //!
@@ -21,24 +21,24 @@
 //! and exits non-zero on any violation. Without a GPU it says so and exits 2.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Parser;
 use parking_lot::Mutex;
 use tracing::field::{Field, Visit};
 use tracing::span;
 use tracing_gpu::batch::DEVICE_TARGET;
 use tracing_gpu::clock::HostClock;
 use tracing_gpu::cuda::calibrate::Calibrator;
-use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use tracing_gpu::cuda::{self, gpu_profile, KernelBuild, Profiler, ProfilerError};
+use tracing_gpu::cuda::cudarc::driver::LaunchConfig;
+use tracing_gpu::cuda::{self, gpu_profile, Profiler, ProfilerError};
+use tracing_gpu_bench::quickstart::{Kernel, EVENTS};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
-
-const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
-const EVENTS: [(u16, &str); 4] = [(1, "load"), (2, "compute"), (3, "store"), (4, "done")];
 
 /// What the layer learns: per launch id, the launch time and the device events' extent.
 #[derive(Default)]
@@ -114,42 +114,23 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
     }
 }
 
+/// Every device event, on the host's clock, between its launch call and the
+/// synchronize after it.
+#[derive(Parser, Debug)]
+#[command(name = "causality")]
 struct Args {
+    /// Profiled launches, each followed by a synchronize.
+    #[arg(long, default_value_t = 1000)]
     launches: usize,
-    out: Option<std::path::PathBuf>,
+    /// Also write the summary here.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Rounds of each periodic recalibration.
+    #[arg(long, default_value_t = Calibrator::PERIODIC_ROUNDS)]
     periodic_rounds: usize,
+    /// GPU pollers of the calibration.
+    #[arg(long, default_value_t = Calibrator::DEFAULT_POLLERS)]
     pollers: u32,
-}
-
-fn args() -> Result<Args, String> {
-    let mut a = Args {
-        launches: 1000,
-        out: None,
-        periodic_rounds: Calibrator::PERIODIC_ROUNDS,
-        pollers: Calibrator::DEFAULT_POLLERS,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--launches" => {
-                a.launches = value()?.parse().map_err(|e| format!("--launches: {e}"))?
-            }
-            "--out" => a.out = Some(value()?.into()),
-            "--periodic-rounds" => {
-                a.periodic_rounds = value()?
-                    .parse()
-                    .map_err(|e| format!("--periodic-rounds: {e}"))?
-            }
-            "--pollers" => a.pollers = value()?.parse().map_err(|e| format!("--pollers: {e}"))?,
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?} (use --launches N, --out FILE, --periodic-rounds N, --pollers P)"
-                ))
-            }
-        }
-    }
-    Ok(a)
 }
 
 /// Quantiles of a sorted slice, nearest rank.
@@ -161,14 +142,7 @@ fn q(sorted: &[i64], p: f64) -> i64 {
 }
 
 fn main() -> ExitCode {
-    let args = match args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("causality: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&args) {
+    match run(&Args::parse()) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
         Err(ProfilerError::Cuda(e @ cuda::CudaError::LibraryMissing(_))) => {
@@ -196,14 +170,8 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
         .calibration_rounds(Calibrator::INITIAL_ROUNDS, args.periodic_rounds)
         .calibration_pollers(args.pollers)
         .build()?;
-    let ctx = profiler.context().clone();
-    let ptx = cuda::compile(
-        SOURCE,
-        &KernelBuild::new("quickstart.cu", profiler.arch()).define("TGPU_ENABLED=1"),
-    )?;
-    let module = ctx.load_module(ptx)?;
-    let kernel = module.load_function("tiled_poly")?;
-    let stream = ctx.default_stream();
+    let kernel = Kernel::load(&profiler, true)?;
+    let stream = profiler.context().default_stream();
 
     // Shapes and lengths cycle; so do idle gaps, so that launches land at
     // every distance from a clock checkpoint.
@@ -230,16 +198,9 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
             shared_mem_bytes: b * 4,
         };
         let n = g * b * t;
+        // SAFETY: x and y hold max_n ≥ n elements; 4 bytes of shared memory per thread.
         gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
-            stream
-                .launch_builder(&kernel)
-                .arg(&x)
-                .arg(&mut y)
-                .arg(&n)
-                .arg(&t)
-                .arg(&w)
-                .arg(&trace)
-                .launch(cfg)
+            kernel.launch(&stream, cfg, (&x, &mut y), [n, t, w], &trace)
         })?;
         stream.synchronize()?;
         after.push(HostClock::Boottime.now_ns());

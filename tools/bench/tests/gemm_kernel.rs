@@ -1,4 +1,4 @@
-//! The GEMM kernel (`kernels/gemm.cu`) on the CPU: it compiles under NVRTC for
+//! The GEMM kernel (`tools/bench/kernels/gemm.cu`) on the CPU: it compiles under NVRTC for
 //! sm_90a with the recorder gate off and on, its PTX carries line info, and the
 //! machine code (ptxas + cuobjdump) holds the instructions the design relies on:
 //! HGMMA (wgmma), UTMALDG (TMA loads), no local-memory spills, and exactly the PTX's
@@ -6,18 +6,11 @@
 //!
 //! Needs NVRTC, ptxas and cuobjdump (the PyPI CUDA wheels, `scripts/test-env.sh`); the
 //! test skips with a reason when they are missing, or fails if TGPU_REQUIRE_TOOLS=1.
-#![cfg(feature = "cuda")]
-
-// Only the build recipes (`Variant::build`, `SOURCE`, `KERNEL`) and the trace check
-// (`check_contiguous`) are used here; the launch code is for the examples.
-#[allow(dead_code)]
-#[path = "../examples/common/gemm.rs"]
-mod gemm;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use gemm::{Out, Variant};
+use tracing_gpu_bench::gemm::{self, Out, Variant};
 
 /// Returns the CUDA bin folder, or `None` (after printing why) if the test must skip.
 fn tools() -> Option<PathBuf> {
@@ -234,7 +227,7 @@ fn gate_off_gemm_is_the_uninstrumented_gemm() {
     );
 }
 
-/// The examples' check that a warp's phases tile time exactly, on made-up traces: the
+/// The benchmarks' check that a warp's phases tile time exactly, on made-up traces: the
 /// consumer's pattern (wait, mma per k-tile, then the epilogue; a release instant and a
 /// tile range around them, as in the full build) passes; an end stamp that moved, as a
 /// rematerialized timer read moves it, fails; a gap after an epilogue is allowed.

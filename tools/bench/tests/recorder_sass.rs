@@ -1,4 +1,4 @@
-//! What the recorder costs in SASS: the benchmark kernel (`kernels/bench/recorder_bench.cu`)
+//! What the recorder costs in SASS: the benchmark kernel (`tools/bench/kernels/recorder_bench.cu`)
 //! assembled by the wheel's ptxas for sm_90 in each of its builds, disassembled with
 //! cuobjdump, and the instructions of its event loop counted, gate on against gate off.
 //! Each range is 64 dependent FMAs between its two stamps, so the loop body's FMA count
@@ -8,6 +8,7 @@
 //! instruction's control bits, summed over the loop body: a static estimate of the cycles
 //! one warp alone on its scheduler spends per pass (variable-latency waits excluded).
 
+#[path = "../../../tests/cuda_tools/mod.rs"]
 mod cuda_tools;
 
 use std::path::Path;
@@ -96,10 +97,10 @@ struct Loop {
 }
 
 fn measure(nvcc_path: &Path, cuobjdump: &Path, dir: &Path, defines: &[&str], unroll: u32) -> Loop {
-    let src = source("kernels/bench/recorder_bench.cu");
+    let src = source("kernels/recorder_bench.cu");
     let unroll_flag = format!("-DTGPU_BENCH_UNROLL={unroll}");
     // The seed build includes baselines.cuh from the bench's folder.
-    let bench_dir = format!("-I{}/kernels/bench", env!("CARGO_MANIFEST_DIR"));
+    let bench_dir = format!("-I{}/kernels", env!("CARGO_MANIFEST_DIR"));
     let mut args = vec![
         "-arch=sm_90",
         "-cubin",
@@ -143,7 +144,7 @@ fn recorder_sass_per_range_event() {
         ),
         ("seed-style", &["-DTGPU_BENCH_SEED=1"], 2),
     ];
-    println!("SASS per range event, sm_90, event loop of kernels/bench/recorder_bench.cu:");
+    println!("SASS per range event, sm_90, event loop of tools/bench/kernels/recorder_bench.cu:");
     println!(
         "{:<28} {:>6} {:>14} {:>18}",
         "build", "unroll", "instr/range", "stall cyc/range"

@@ -3,7 +3,7 @@
 //! one block, built with the recorder on; the plain launch passes a null trace).
 //!
 //! ```text
-//! cargo run --release --features cuda --example profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0] \
+//! cargo run --release -p tracing-gpu-bench --bin profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0] \
 //!     [--subscriber perfetto|registry|none] [--stream default|new]
 //! ```
 //!
@@ -24,60 +24,60 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use tracing_gpu::cuda::{self, gpu_profile, KernelBuild, Profiler, ProfilerError};
+use clap::{Parser, ValueEnum};
+use tracing_gpu::cuda::cudarc::driver::LaunchConfig;
+use tracing_gpu::cuda::{gpu_profile, Profiler};
 use tracing_gpu::format::KernelArg;
 use tracing_gpu::perfetto::PerfettoLayer;
+use tracing_gpu_bench::cli;
+use tracing_gpu_bench::quickstart::{self, Kernel};
+use tracing_gpu_bench::stats::upper_median;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::EnvFilter;
 
-const SOURCE: &str = include_str!("../kernels/examples/quickstart.cu");
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// What receives the spans and batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Subscriber {
+    /// A `PerfettoLayer` writing to a temporary file.
+    Perfetto,
+    /// A bare registry.
+    Registry,
+    /// No subscriber at all.
+    None,
 }
 
-/// What the run measures.
+/// The stream launched on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Stream {
+    /// The legacy default stream.
+    Default,
+    /// A stream of its own.
+    New,
+}
+
+/// What `gpu_profile!` costs the launching thread.
+#[derive(Parser, Debug)]
+#[command(name = "profile_overhead")]
 struct Args {
+    /// Timed rounds (after one of warm-up); the figures are medians over rounds.
+    #[arg(long, default_value_t = 30, value_parser = cli::positive::<usize>)]
     rounds: usize,
+    /// Back-to-back launch calls of each variant per round.
+    #[arg(long, default_value_t = 200, value_parser = cli::positive::<usize>)]
     launches: usize,
+    /// Trace buffers to allocate before the loop (`Profiler::reserve`).
+    #[arg(long, default_value_t = 0)]
     reserve: usize,
-    subscriber: String,
-    own_stream: bool,
+    /// What receives the spans and batches.
+    #[arg(long, value_enum, default_value_t = Subscriber::Perfetto)]
+    subscriber: Subscriber,
+    /// The stream launched on.
+    #[arg(long, value_enum, default_value_t = Stream::Default)]
+    stream: Stream,
 }
 
 fn main() -> ExitCode {
-    let mut a = Args {
-        rounds: 30,
-        launches: 200,
-        reserve: 0,
-        subscriber: "perfetto".into(),
-        own_stream: false,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let v = args.next().unwrap_or_default();
-        let n = v.parse::<usize>().ok();
-        match (flag.as_str(), v.as_str(), n) {
-            ("--rounds", _, Some(n)) if n > 0 => a.rounds = n,
-            ("--launches", _, Some(n)) if n > 0 => a.launches = n,
-            ("--reserve", _, Some(n)) => a.reserve = n,
-            ("--subscriber", "perfetto" | "registry" | "none", _) => a.subscriber = v,
-            ("--stream", "default" | "new", _) => a.own_stream = v == "new",
-            _ => {
-                eprintln!("usage: profile_overhead [--rounds N] [--launches N] [--reserve N] [--subscriber perfetto|registry|none] [--stream default|new]");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    match run(&a) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("profile_overhead: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit("profile_overhead", run(&Args::parse()).map(|()| true))
 }
 
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -86,36 +86,31 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&dir)?;
     // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::bridge).
     let filter = || EnvFilter::new("trace,tracing_gpu::device=off");
-    let (dispatch, guard) = match a.subscriber.as_str() {
-        "perfetto" => {
+    let (dispatch, guard) = match a.subscriber {
+        Subscriber::Perfetto => {
             let (layer, guard) = PerfettoLayer::builder()
                 .file(dir.join("overhead.perfetto-trace"))
                 .build()?;
             let s = tracing_subscriber::registry().with(filter()).with(layer);
             (tracing::Dispatch::new(s), Some(guard))
         }
-        "registry" => (
+        Subscriber::Registry => (
             tracing::Dispatch::new(tracing_subscriber::registry().with(filter())),
             None,
         ),
-        _ => (tracing::Dispatch::none(), None),
+        Subscriber::None => (tracing::Dispatch::none(), None),
     };
     let _default = tracing::dispatcher::set_default(&dispatch);
 
     let profiler = Profiler::builder()
         .device(0)
-        .events([(1, "load"), (2, "compute"), (3, "store"), (4, "done")])
+        .events(quickstart::EVENTS)
         .build()?;
-    let ctx = profiler.context().clone();
-    let ptx = cuda::compile(
-        SOURCE,
-        &KernelBuild::new("quickstart.cu", profiler.arch()).define("TGPU_ENABLED=1"),
-    )?;
-    let kernel = ctx.load_module(ptx)?.load_function("tiled_poly")?;
-    let stream = if a.own_stream {
-        ctx.new_stream()?
-    } else {
-        ctx.default_stream()
+    let kernel = Kernel::load(&profiler, true)?;
+    let ctx = profiler.context();
+    let stream = match a.stream {
+        Stream::New => ctx.new_stream()?,
+        Stream::Default => ctx.default_stream(),
     };
     let (n, tiles, work) = (256u32, 1u32, 16u32);
     let x = stream.clone_htod(&vec![0.5f32; n as usize])?;
@@ -135,32 +130,15 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             let profiled = (k + round) % 2 == 1;
             let t = Instant::now();
             for _ in 0..launches {
+                // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
+                let mut launch = |trace: &KernelArg| unsafe {
+                    kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], trace)
+                };
                 if profiled {
-                    gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
-                        stream
-                            .launch_builder(&kernel)
-                            .arg(&x)
-                            .arg(&mut y)
-                            .arg(&n)
-                            .arg(&tiles)
-                            .arg(&work)
-                            .arg(&trace)
-                            .launch(cfg)
-                    })?;
+                    gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| launch(&trace))?;
                 } else {
-                    let off = KernelArg::default();
-                    unsafe {
-                        stream
-                            .launch_builder(&kernel)
-                            .arg(&x)
-                            .arg(&mut y)
-                            .arg(&n)
-                            .arg(&tiles)
-                            .arg(&work)
-                            .arg(&off)
-                            .launch(cfg)
-                    }
-                    .map_err(ProfilerError::from)?;
+                    // A null trace: the recorder records nothing.
+                    launch(&KernelArg::default())?;
                 }
             }
             let dt = t.elapsed().as_secs_f64() * 1e6 / launches as f64;
@@ -178,12 +156,18 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let _ = std::fs::remove_dir_all(&dir);
 
-    let plain = median(&mut per_call[0]);
-    let profiled = median(&mut per_call[1]);
+    let plain = upper_median(&mut per_call[0]);
+    let profiled = upper_median(&mut per_call[1]);
     println!(
         "subscriber {}, {} stream",
-        a.subscriber,
-        if a.own_stream { "own" } else { "default" }
+        a.subscriber
+            .to_possible_value()
+            .expect("not skipped")
+            .get_name(),
+        match a.stream {
+            Stream::New => "own",
+            Stream::Default => "default",
+        }
     );
     println!("| launch call | µs per call (median of {rounds} rounds × {launches}) |");
     println!("|---|---:|");

@@ -7,22 +7,23 @@
 
 use std::sync::Arc;
 
-use tracing_gpu::cuda::cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use tracing_gpu::cuda::cudarc::driver::{
-    result::DriverError, sys, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream,
-    DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
-use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
+use tracing_gpu::cuda::{compile, KernelBuild};
 use tracing_gpu::decode::Buffer;
-use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use tracing_gpu::format::KernelArg;
 use tracing_gpu::format::{Event, EventKind};
 use tracing_gpu::registry::EventRegistry;
 
-/// The kernel's source, embedded so one binary is all the GPU machine needs.
-pub const SOURCE: &str = include_str!("../../kernels/gemm.cu");
-/// The comparison recorders it includes for the seed-style and FlashInfer-style builds
-/// (benchmarks only, not the product's header).
-pub const BASELINES: &str = include_str!("../../kernels/bench/baselines.cuh");
+use crate::device::{self, Timer};
+use crate::kernels::BASELINES;
+use crate::{BenchError, Result};
+
+/// The kernel's source.
+pub const SOURCE: &str = crate::kernels::GEMM;
 /// The kernel's (unmangled) name.
 pub const KERNEL: &str = "tgpu_gemm_bf16";
 /// Tile rows.
@@ -71,8 +72,11 @@ pub fn registry() -> EventRegistry {
     r
 }
 
-/// Which instrumentation a build carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The tolerance of the checks against cuBLAS: ‖C − ref‖ / ‖ref‖ for bf16 inputs.
+pub const TOLERANCE: f64 = 1e-2;
+
+/// Which instrumentation a build carries (on the command line, by [`Variant::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Variant {
     /// No recorder: the production kernel.
     Off,
@@ -87,9 +91,11 @@ pub enum Variant {
     Full,
     /// The seed's design at the phases' call sites: per-warp counters in global memory,
     /// padded to 128 B, and 5 × i64 records.
+    #[value(name = "seed-style")]
     Seed,
     /// FlashInfer's design at the phases' call sites: an 8-byte (tag, time) entry per
     /// begin and per end, interleaved across warps, fenced.
+    #[value(name = "flashinfer-style")]
     FlashInfer,
 }
 
@@ -183,7 +189,7 @@ unsafe impl DeviceRepr for TensorMap {}
 
 /// Encodes the tensor map of a row-major `rows × cols` bf16 matrix at `ptr`, read in
 /// boxes of `box_rows × BK` with the 128-byte swizzle that wgmma's descriptors expect.
-fn tensor_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<TensorMap, CudaError> {
+fn tensor_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<TensorMap> {
     let mut map = TensorMap([0; 16]);
     let dims: [u64; 2] = [cols as u64, rows as u64];
     let strides: [u64; 1] = [cols as u64 * 2];
@@ -206,7 +212,7 @@ fn tensor_map(ptr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<Tenso
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
-    r.result().map_err(CudaError::Driver)?;
+    r.result()?;
     Ok(map)
 }
 
@@ -262,14 +268,14 @@ impl Problem {
         (m, n, k): (usize, usize, usize),
         out: Out,
         seed: u64,
-    ) -> Result<Self, CudaError> {
+    ) -> Result<Self> {
         if m == 0 || n == 0 || k == 0 || m % BM != 0 || n % BN != 0 || k % BK != 0 {
-            return Err(CudaError::Invalid(format!(
+            return Err(BenchError::Invalid(format!(
                 "GEMM shape {m}×{n}×{k}: M must be a positive multiple of {BM}, N of {BN}, K of {BK}"
             )));
         }
         if m.max(n).max(k) > i32::MAX as usize / 2 {
-            return Err(CudaError::Invalid(format!(
+            return Err(BenchError::Invalid(format!(
                 "GEMM shape {m}×{n}×{k} is too large"
             )));
         }
@@ -300,22 +306,17 @@ impl Problem {
 
     /// Fills C with all-ones bits: NaN in both bf16 and fp32, so an element the kernel
     /// fails to write cannot pass the check.
-    pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+    pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         let (ptr, _guard) = self.c.device_ptr(stream);
         // SAFETY: `ptr` spans `self.c.len()` bytes, on this stream.
         unsafe {
-            tracing_gpu::cuda::cudarc::driver::result::memset_d8_async(
-                ptr,
-                0xFF,
-                self.c.len(),
-                stream.cu_stream(),
-            )
+            cudarc::driver::result::memset_d8_async(ptr, 0xFF, self.c.len(), stream.cu_stream())
         }?;
         Ok(())
     }
 
     /// C as f32 values, after the stream is done.
-    pub fn c_values(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>, CudaError> {
+    pub fn c_values(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>> {
         let bytes = stream.clone_dtoh(&self.c)?;
         Ok(match self.out {
             Out::Bf16 => bytes
@@ -347,7 +348,7 @@ impl Gemm {
         variant: Variant,
         out: Out,
         lineinfo: bool,
-    ) -> Result<Self, CudaError> {
+    ) -> Result<Self> {
         let ptx = compile(SOURCE, &variant.build(out).lineinfo(lineinfo))?;
         let module = ctx.load_module(ptx)?;
         let func = module.load_function(KERNEL)?;
@@ -355,9 +356,7 @@ impl Gemm {
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             SMEM_BYTES as i32,
         )?;
-        let sm_count = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-            as u32;
+        let sm_count = device::sm_count(ctx)?;
         Ok(Gemm {
             func,
             variant,
@@ -380,6 +379,12 @@ impl Gemm {
     pub fn tiles_per_block(&self, p: &Problem) -> usize {
         let tiles = p.m / BM * (p.n / BN);
         tiles.div_ceil(self.config(p).grid_dim.0 as usize)
+    }
+
+    /// Records per warp a trace of a launch on `p` needs room for: at most 3 per k-tile
+    /// (wait, mma, release) and 2 per tile (epilogue, tile), for each tile the block walks.
+    pub fn capacity(&self, p: &Problem) -> u32 {
+        (self.tiles_per_block(p) * (3 * (p.k / BK) + 2)) as u32
     }
 
     /// Records a launch of this variant writes on `p`, all warps together: the count
@@ -412,15 +417,15 @@ impl Gemm {
         stream: &Arc<CudaStream>,
         p: &mut Problem,
         trace: Option<&KernelArg>,
-    ) -> Result<(), CudaError> {
+    ) -> Result<()> {
         if p.out != self.out {
-            return Err(CudaError::Invalid(format!(
+            return Err(BenchError::Invalid(format!(
                 "the problem's C is {:?}, the kernel writes {:?}",
                 p.out, self.out
             )));
         }
         if trace.is_some() != self.variant.traced() {
-            return Err(CudaError::Invalid(format!(
+            return Err(BenchError::Invalid(format!(
                 "variant {} {} a trace argument",
                 self.variant.name(),
                 if self.variant.traced() {
@@ -432,7 +437,6 @@ impl Gemm {
         }
         let cfg = self.config(p);
         let (m, n, k) = (p.m as i32, p.n as i32, p.k as i32);
-        let trace_arg = trace.map(|t| TraceArg(*t));
         let mut launch = stream.launch_builder(&self.func);
         launch
             .arg(&p.maps[0])
@@ -441,7 +445,7 @@ impl Gemm {
             .arg(&m)
             .arg(&n)
             .arg(&k);
-        if let Some(t) = trace_arg.as_ref() {
+        if let Some(t) = trace {
             launch.arg(t);
         }
         // SAFETY: the arguments match the kernel's parameter list for this variant
@@ -452,12 +456,6 @@ impl Gemm {
     }
 }
 
-/// `tgpu::Trace` passed by value.
-#[repr(C)]
-struct TraceArg(KernelArg);
-// SAFETY: `KernelArg` is `repr(C)`, 16 bytes, the layout of `tgpu::Trace`.
-unsafe impl DeviceRepr for TraceArg {}
-
 /// cuBLAS on the same problem, for the reference and the speed comparison.
 pub struct Reference {
     blas: CudaBlas,
@@ -466,8 +464,8 @@ pub struct Reference {
 
 impl Reference {
     /// A cuBLAS handle on `stream`.
-    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, CudaError> {
-        let blas = CudaBlas::new(stream.clone()).map_err(CudaError::Cublas)?;
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self> {
+        let blas = CudaBlas::new(stream.clone())?;
         Ok(Reference {
             blas,
             stream: stream.clone(),
@@ -475,9 +473,9 @@ impl Reference {
     }
 
     /// `c = A·B` of `p` by cuBLAS, with C of type `out` (M×N row-major, like ours).
-    pub fn gemm(&self, p: &Problem, c: &mut CudaSlice<u8>, out: Out) -> Result<(), CudaError> {
+    pub fn gemm(&self, p: &Problem, c: &mut CudaSlice<u8>, out: Out) -> Result<()> {
         if c.len() != p.m * p.n * out.size() {
-            return Err(CudaError::Invalid(
+            return Err(BenchError::Invalid(
                 "reference output has the wrong size".into(),
             ));
         }
@@ -517,7 +515,25 @@ impl Reference {
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(CudaError::Cublas)
+        .map_err(BenchError::Cublas)
+    }
+
+    /// The fp32 product of `p` by cuBLAS, on the host: the reference of [`check`].
+    pub fn values(&self, p: &Problem) -> Result<Vec<f32>> {
+        let mut c = self.output(p, Out::F32)?;
+        self.gemm(p, &mut c, Out::F32)?;
+        Ok(self
+            .stream
+            .clone_dtoh(&c)?
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// A C for [`Reference::gemm`] on `p`, of type `out`.
+    pub fn output(&self, p: &Problem, out: Out) -> Result<CudaSlice<u8>> {
+        // SAFETY: written by cuBLAS before anything reads it.
+        Ok(unsafe { self.stream.alloc::<u8>(p.m * p.n * out.size()) }?)
     }
 }
 
@@ -536,61 +552,49 @@ pub fn relative_error(x: &[f32], r: &[f32]) -> (f64, usize) {
     ((num / den).sqrt(), bad)
 }
 
-/// Checks `gemm` against the cuBLAS fp32 result on `p`: poisons C, runs, compares.
-/// Returns the relative error; errs if any element was left unwritten or is not finite.
+/// One launch checked by [`check`].
+#[derive(Debug, Clone, Copy)]
+pub struct Checked {
+    /// ‖C − ref‖ / ‖ref‖.
+    pub err: f64,
+    /// What the trace buffer holds (records, or begin/end pairs), if the variant is traced.
+    pub recorded: Option<u64>,
+    /// What it must hold ([`Gemm::expected_records`]).
+    pub want: u64,
+}
+
+impl Checked {
+    /// Within [`TOLERANCE`], and, if traced, exactly the records expected.
+    pub fn pass(&self) -> bool {
+        self.err <= TOLERANCE && self.recorded.is_none_or(|r| r == self.want)
+    }
+}
+
+/// Checks `gemm` against the cuBLAS fp32 result on `p` (`reference`): poisons C, runs
+/// it with its trace buffer (`None` for the untraced variant), compares, and counts what
+/// the launch recorded. Errs if any element was left unwritten or is not finite.
 pub fn check(
     gemm: &Gemm,
     reference: &[f32],
     stream: &Arc<CudaStream>,
     p: &mut Problem,
-    trace: Option<&KernelArg>,
-) -> Result<f64, CudaError> {
+    trace: Option<&TraceBuffer>,
+) -> Result<Checked> {
     p.poison(stream)?;
-    gemm.launch(stream, p, trace)?;
+    gemm.launch(stream, p, trace.map(|t| &t.arg))?;
     stream.synchronize()?;
     let (err, bad) = relative_error(&p.c_values(stream)?, reference);
     if bad != 0 {
-        return Err(CudaError::Invalid(format!(
+        return Err(BenchError::Invalid(format!(
             "{}: {bad} elements of C unwritten or not finite",
             gemm.variant.name()
         )));
     }
-    Ok(err)
-}
-
-/// A pair of timing events around one piece of stream work.
-pub struct Timer {
-    start: CudaEvent,
-    end: CudaEvent,
-}
-
-impl Timer {
-    /// Two timing events in `ctx`.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        Ok(Timer {
-            start: ctx.new_event(flags)?,
-            end: ctx.new_event(flags)?,
-        })
-    }
-
-    /// Records the start, runs `f` (which enqueues work on `stream`), records the end.
-    pub fn around(
-        &self,
-        stream: &Arc<CudaStream>,
-        f: impl FnOnce() -> Result<(), CudaError>,
-    ) -> Result<(), CudaError> {
-        self.start.record(stream)?;
-        f()?;
-        self.end.record(stream)?;
-        Ok(())
-    }
-
-    /// Milliseconds between the two events (waits for the end).
-    pub fn ms(&self) -> Result<f32, DriverError> {
-        self.end.synchronize()?;
-        self.start.elapsed_ms(&self.end)
-    }
+    Ok(Checked {
+        err,
+        recorded: trace.map(|t| t.recorded(stream)).transpose()?,
+        want: gemm.expected_records(p),
+    })
 }
 
 /// Times every kernel of `gemms` (with its trace buffer, if traced) and `extra`
@@ -612,9 +616,9 @@ pub fn time_interleaved(
     gemms: &[Gemm],
     traces: &mut [Option<TraceBuffer>],
     p: &mut Problem,
-    mut extra: impl FnMut(&Problem) -> Result<(), CudaError>,
+    mut extra: impl FnMut(&Problem) -> Result<()>,
     (warmup, reps): (usize, usize),
-) -> Result<Vec<Vec<f64>>, CudaError> {
+) -> Result<Vec<Vec<f64>>> {
     let reset = traces
         .iter()
         .flatten()
@@ -624,9 +628,7 @@ pub fn time_interleaved(
     let mut scratch = stream.alloc_zeros::<u8>(reset.max(1))?;
     let kinds = gemms.len() + 1;
     let rounds = warmup + reps;
-    let timers: Vec<Timer> = (0..kinds * rounds)
-        .map(|_| Timer::new(ctx))
-        .collect::<Result<_, _>>()?;
+    let timers = Timer::many(ctx, kinds * rounds)?;
     for round in 0..rounds {
         for step in 0..kinds {
             let i = (round + step) % kinds;
@@ -647,23 +649,10 @@ pub fn time_interleaved(
     let mut times = vec![Vec::with_capacity(reps); kinds];
     for round in warmup..rounds {
         for (i, list) in times.iter_mut().enumerate() {
-            list.push(timers[round * kinds + i].ms()? as f64);
+            list.push(timers[round * kinds + i].ms()?);
         }
     }
     Ok(times)
-}
-
-/// The median of `v` (sorts it).
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// A device buffer for one traced variant, in that variant's own layout, and the
@@ -679,44 +668,25 @@ pub struct TraceBuffer {
 impl TraceBuffer {
     /// A zeroed buffer sized for `gemm` on `p` (with the wire-format header for our
     /// recorder). Errs for the untraced variant.
-    pub fn new(stream: &Arc<CudaStream>, gemm: &Gemm, p: &Problem) -> Result<Self, CudaError> {
+    pub fn new(stream: &Arc<CudaStream>, gemm: &Gemm, p: &Problem) -> Result<Self> {
         let cfg = gemm.config(p);
         let slot_count = cfg.grid_dim.0 * WARPS_PER_BLOCK;
-        // Records per warp: at most 3 per k-tile (wait, mma, release) and 2 per tile
-        // (epilogue, tile), for each tile the block walks.
-        let capacity = (gemm.tiles_per_block(p) * (3 * (p.k / BK) + 2)) as u32;
+        let capacity = gemm.capacity(p);
         let (slots, cap) = (slot_count as usize, capacity as usize);
-        let size = match gemm.variant {
+        let buf = match gemm.variant {
             Variant::Off => {
-                return Err(CudaError::Invalid(
+                return Err(BenchError::Invalid(
                     "the untraced GEMM takes no buffer".into(),
                 ))
             }
             Variant::Phases | Variant::PhasesWg | Variant::Full => {
-                format::buffer_size(slot_count, capacity)
-                    .ok_or_else(|| CudaError::Invalid("trace buffer too large".into()))?
+                device::trace_buffer(stream, &cfg, capacity, slot_count)?
             }
             // 128-byte counters, then 5 × i64 records.
-            Variant::Seed => slots * 128 + slots * cap * 40,
+            Variant::Seed => stream.alloc_zeros::<u8>(slots * 128 + slots * cap * 40)?,
             // The {blocks, groups} entry, then two 8-byte entries per range.
-            Variant::FlashInfer => 8 * (1 + 2 * slots * cap),
+            Variant::FlashInfer => stream.alloc_zeros::<u8>(8 * (1 + 2 * slots * cap))?,
         };
-        let mut buf = stream.alloc_zeros::<u8>(size)?;
-        if gemm.variant.ours() {
-            let mut header = [0u8; format::BUFFER_HEADER_SIZE];
-            BufferHeader {
-                version: format::VERSION,
-                slot_capacity: capacity,
-                slot_count,
-                warps_per_block: WARPS_PER_BLOCK,
-                launch_id: 1,
-                grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
-                block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
-                flags: 0,
-            }
-            .write_to(&mut header);
-            stream.memcpy_htod(&header, &mut buf.slice_mut(..header.len()))?;
-        }
         let base = buf.device_ptr(stream).0;
         Ok(TraceBuffer {
             buf,
@@ -729,6 +699,22 @@ impl TraceBuffer {
         })
     }
 
+    /// The buffer of `gemm` on `p` if the variant is traced, `None` for the untraced one.
+    pub fn of(stream: &Arc<CudaStream>, gemm: &Gemm, p: &Problem) -> Result<Option<Self>> {
+        gemm.variant
+            .traced()
+            .then(|| TraceBuffer::new(stream, gemm, p))
+            .transpose()
+    }
+
+    /// [`TraceBuffer::of`] each of `gemms`.
+    pub fn all(stream: &Arc<CudaStream>, gemms: &[Gemm], p: &Problem) -> Result<Vec<Option<Self>>> {
+        gemms
+            .iter()
+            .map(|g| TraceBuffer::of(stream, g, p))
+            .collect()
+    }
+
     /// Bytes that must be zero again before each launch: the seed design's counters
     /// (it reads them back); the other designs only write.
     pub fn reset_bytes(&self) -> usize {
@@ -739,19 +725,19 @@ impl TraceBuffer {
     }
 
     /// Zeroes the first `bytes` bytes of the buffer.
-    pub fn zero_prefix(&mut self, stream: &Arc<CudaStream>, bytes: usize) -> Result<(), CudaError> {
+    pub fn zero_prefix(&mut self, stream: &Arc<CudaStream>, bytes: usize) -> Result<()> {
         stream.memset_zeros(&mut self.buf.slice_mut(..bytes))?;
         Ok(())
     }
 
     /// The buffer's bytes, after the stream is done.
-    pub fn bytes(&self, stream: &Arc<CudaStream>) -> Result<Vec<u8>, CudaError> {
+    pub fn bytes(&self, stream: &Arc<CudaStream>) -> Result<Vec<u8>> {
         Ok(stream.clone_dtoh(&self.buf)?)
     }
 
     /// Counts what the last launch recorded, read in the variant's own layout: records
     /// (our recorder, the seed) or begin/end pairs (FlashInfer). Errs on drops.
-    pub fn recorded(&self, stream: &Arc<CudaStream>) -> Result<u64, CudaError> {
+    pub fn recorded(&self, stream: &Arc<CudaStream>) -> Result<u64> {
         let b = self.bytes(stream)?;
         let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
@@ -761,9 +747,9 @@ impl TraceBuffer {
             Variant::Phases | Variant::PhasesWg | Variant::Full => {
                 // The strict decoder validates every slot and record on the way.
                 let capture = Buffer::decode(&b, Some(&registry()))
-                    .map_err(|e| CudaError::Invalid(format!("the trace does not decode: {e}")))?;
+                    .map_err(|e| BenchError::Invalid(format!("the trace does not decode: {e}")))?;
                 if capture.drop_count() != 0 {
-                    return Err(CudaError::Invalid(format!(
+                    return Err(BenchError::Invalid(format!(
                         "{} records dropped",
                         capture.drop_count()
                     )));
@@ -774,7 +760,7 @@ impl TraceBuffer {
             Variant::Seed => {
                 let counts: Vec<u64> = (0..slots).map(|s| u64_at(s * 128)).collect();
                 if let Some(c) = counts.iter().find(|&&c| c > self.arg.capacity as u64) {
-                    return Err(CudaError::Invalid(format!(
+                    return Err(BenchError::Invalid(format!(
                         "a seed counter reached {c}, over capacity"
                     )));
                 }
@@ -807,7 +793,7 @@ fn event_id(name: &str) -> u16 {
 /// range before it ended: except the first of a tile (after an epilogue), and leaving
 /// out instants and the tile ranges that enclose the others. A stamp that the compiler
 /// read again where it is used (rematerialized) instead of keeping it shows up here.
-pub fn check_contiguous(capture: &Buffer) -> Result<(), CudaError> {
+pub fn check_contiguous(capture: &Buffer) -> Result<()> {
     let (epilogue, tile) = (event_id("epilogue"), event_id("tile"));
     for slot in capture.slots() {
         let mut prev: Option<Event> = None;
@@ -817,7 +803,7 @@ pub fn check_contiguous(capture: &Buffer) -> Result<(), CudaError> {
             }
             if let Some(p) = prev.filter(|p| p.id != epilogue) {
                 if e.start_ns != p.end_ns {
-                    return Err(CudaError::Invalid(format!(
+                    return Err(BenchError::Invalid(format!(
                         "block {} warp {}: event {} (payload {}) starts {} ns after event {} \
                          (payload {}) ends, not at its end",
                         slot.header.block_linear,

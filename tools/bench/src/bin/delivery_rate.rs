@@ -4,11 +4,11 @@
 //! without a `PerfettoLayer` and with the plain device spans on or off. No GPU.
 //!
 //! ```text
-//! cargo run --release --example delivery_rate -- [--batches 3000] [--same-times]
+//! cargo run --release -p tracing-gpu-bench --bin delivery_rate -- [--batches 3000] [--same-times]
 //! ```
 //!
 //! Each batch is one block of 8 warps, 4 events each (32 events, a 33 KB
-//! buffer at 256 records per warp), like `examples/profile_overhead.rs`'s
+//! buffer at 256 records per warp), like `profile_overhead`'s
 //! launches, one launch every 10 µs on the device. If the collector needs
 //! longer per launch than the application needs to make one, launches queue
 //! up and hold their trace buffers, and the pool grows (see `Profiler::reserve`).
@@ -18,12 +18,14 @@
 //! Perfetto layer's writer), which a machine shared with other work does not
 //! inflate. `--same-times` puts every launch at the same device times instead:
 //! launches that all overlap, so the Perfetto writer gives each warp one more
-//! lane per launch (what an earlier version of this example measured by
+//! lane per launch (what an earlier version of this benchmark measured by
 //! accident).
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::Parser;
 use tracing::Dispatch;
 use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
 use tracing_gpu::clock::{Calibration, HostClock};
@@ -32,23 +34,31 @@ use tracing_gpu::deliver;
 use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_gpu::registry::EventRegistry;
+use tracing_gpu_bench::cli;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::EnvFilter;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut batches = 3000usize;
-    let mut same_times = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        if a == "--same-times" {
-            same_times = true;
-            continue;
-        }
-        match (a.as_str(), args.next().and_then(|v| v.parse().ok())) {
-            ("--batches", Some(n)) if n > 0 => batches = n,
-            _ => return Err("usage: delivery_rate [--batches N] [--same-times]".into()),
-        }
-    }
+/// How fast the collector's work per launch (decode, deliver) goes, without a GPU.
+#[derive(Parser, Debug)]
+#[command(name = "delivery_rate")]
+struct Args {
+    /// Launches delivered per configuration.
+    #[arg(long, default_value_t = 3000, value_parser = cli::positive::<usize>)]
+    batches: usize,
+    /// Put every launch at the same device times (all overlapping).
+    #[arg(long)]
+    same_times: bool,
+}
+
+fn main() -> ExitCode {
+    cli::exit("delivery_rate", run(&Args::parse()).map(|()| true))
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let Args {
+        batches,
+        same_times,
+    } = *args;
     let registry = Arc::new(EventRegistry::from_pairs([
         (1, "load"),
         (2, "compute"),

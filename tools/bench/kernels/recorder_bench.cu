@@ -1,4 +1,4 @@
-// recorder_bench.cu: the recorder's cost, for examples/recorder_bench.rs.
+// recorder_bench.cu: the recorder's cost, for tools/bench/src/bin/recorder_bench.rs.
 //
 // Every warp runs `events` ranges, each around 64 dependent FMAs. One source, five builds:
 //   (no define)              the gate off: the production kernel;
@@ -9,7 +9,7 @@
 //   TGPU_ENABLED=1 and
 //   TGPU_BENCH_SWITCH=1      ours, one switch_to per range (one timer read);
 //   TGPU_BENCH_SEED=1        the seed's published scheme, reimplemented (seed::Recorder in
-//                            baselines.cuh; compile with -I kernels/bench);
+//                            baselines.cuh; compile with -I tools/bench/kernels);
 //   TGPU_BENCH_BOUND=1       the least a recorder of 16-byte records does per range: two
 //                            stamps, one store, one address step (bound::Recorder, there).
 // TGPU_BENCH_UNROLL (default 1) unrolls the event loop, the same in every build.
@@ -21,7 +21,7 @@ TGPU_EVENT(Work, 1);
 
 #if (defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED) || (defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND)
 // The seed's design, reimplemented from its description (shared with the GEMM's overhead
-// comparison, kernels/gemm.cu), and the bound, which writes into the seed's buffer: for
+// comparison, gemm.cu), and the bound, which writes into the seed's buffer: for
 // benchmarks only.
 #include "baselines.cuh"
 #define SEED_PARAM , seed::Buffer seed_buffer

@@ -8,9 +8,10 @@
 //   flashinfer::Recorder  FlashInfer's profiler (include/flashinfer/profiler.cuh)
 //   bound::Recorder       the least any recorder of records does per range (see there)
 // All have tgpu::Recorder's interface (begin, end, switch_to, instant, flush), so a kernel's
-// `rec.` lines are the same in every build. Users: kernels/bench/recorder_bench.cu (the seed
-// and the bound) and kernels/gemm.cu (the seed and FlashInfer). The hosts supply this file to NVRTC by name
-// (`KernelBuild::header("baselines.cuh", ...)`); with nvcc, add -I kernels/bench.
+// `rec.` lines are the same in every build. Users, beside this file: recorder_bench.cu
+// (the seed and the bound) and gemm.cu (the seed and FlashInfer). The hosts supply this
+// file to NVRTC by name (`KernelBuild::header("baselines.cuh", ...)`); with nvcc, add
+// -I tools/bench/kernels.
 //
 // Needs tracing_gpu.cuh first (for tgpu::Trace, the timer reads and detail::index_of, the
 // gate on or off). NVRTC-safe like it: no includes, and valid for NVRTC 13.0 (no

@@ -3,9 +3,9 @@
 //! exactly.
 //!
 //! ```sh
-//! cargo build --release --features cuda --example recorder_bench
-//! recorder_bench [--events N] [--repeats R] [--warmup W] [--json PATH] [--check-only]
-//! compute-sanitizer --tool memcheck --error-exitcode 1 recorder_bench --check-only
+//! cargo build --release -p tracing-gpu-bench --bin recorder_bench
+//! target/release/recorder_bench [--events N] [--repeats R] [--warmup W] [--json PATH] [--check-only]
+//! compute-sanitizer --tool memcheck --error-exitcode 1 target/release/recorder_bench --check-only
 //! ```
 //!
 //! **Checks** (always first; alone with `--check-only`, the memcheck run):
@@ -16,7 +16,7 @@
 //!   the gate on and off: the same outputs (and the CPU's), and the traces decode to exactly
 //!   the events each warp's role records.
 //!
-//! **Bench** (`kernels/bench/recorder_bench.cu`): every warp runs N ranges, each around 64
+//! **Bench** (`tools/bench/kernels/recorder_bench.cu`): every warp runs N ranges, each around 64
 //! dependent FMAs, on every SM at 1, 4, 16 and 64 warps per SM, event loop unrolled 1 and
 //! 4 times. Builds: the gate off (timed twice: the second is the noise floor), two bare
 //! timer reads per range (the floor any recorder pays), the bound (two stamps, one 16-byte
@@ -32,33 +32,27 @@
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 
-use tracing_gpu::cuda::cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+use clap::Parser;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
     PushKernelArg,
 };
-use tracing_gpu::cuda::{compile, ensure_libraries, KernelBuild};
+use tracing_gpu::cuda::{compile, KernelBuild};
 use tracing_gpu::decode::Buffer;
-use tracing_gpu::format::{self, BufferHeader, KernelArg};
+use tracing_gpu::format::KernelArg;
 use tracing_gpu::format::{Event, EventKind};
 use tracing_gpu::registry::EventRegistry;
+use tracing_gpu_bench::kernels::{
+    BASELINES, PERSISTENT, PHASES, RECORDER_BENCH as BENCH, WARP_SPECIALIZED,
+};
+use tracing_gpu_bench::stats::median;
+use tracing_gpu_bench::{cli, device, device::Timer};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
-
-const BENCH: &str = include_str!("../kernels/bench/recorder_bench.cu");
-/// The seed-style recorder the bench's seed build includes (benchmarks only).
-const BASELINES: &str = include_str!("../kernels/bench/baselines.cuh");
-const PHASES: &str = include_str!("../kernels/examples/phases.cu");
-const WARP_SPECIALIZED: &str = include_str!("../kernels/examples/warp_specialized.cu");
-const PERSISTENT: &str = include_str!("../kernels/examples/persistent.cu");
-
-/// The kernel argument, as `tgpu::Trace` (16 bytes, passed by value).
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-struct Trace(KernelArg);
-// SAFETY: KernelArg is repr(C) plain data with the layout of tgpu::Trace.
-unsafe impl DeviceRepr for Trace {}
 
 /// The seed-style recorder's argument (`seed::Buffer` in the bench kernel).
 #[repr(C)]
@@ -90,19 +84,15 @@ struct Gpu {
 
 impl Gpu {
     fn new() -> Result<Gpu> {
-        ensure_libraries()?;
-        let ctx = CudaContext::new(0)?;
+        let ctx = device::open(0)?;
         // One stream and explicit synchronization: no per-launch tracking events between
         // the timing events.
         // SAFETY: every buffer is used on this one stream only.
         unsafe { ctx.disable_event_tracking() };
-        let (major, minor) = ctx.compute_capability()?;
-        let sms =
-            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Gpu {
             stream: ctx.default_stream(),
-            arch: Box::leak(format!("sm_{major}{minor}").into_boxed_str()),
-            sms: sms as u32,
+            arch: device::arch(&ctx)?,
+            sms: device::sm_count(&ctx)?,
             name: ctx.name()?,
             ctx,
         })
@@ -132,36 +122,19 @@ struct TraceBuffer {
 
 impl TraceBuffer {
     fn new(gpu: &Gpu, cfg: &LaunchConfig, capacity: u32, slot_count: u32) -> Result<TraceBuffer> {
-        let size = format::buffer_size(slot_count, capacity).ok_or("trace buffer too large")?;
-        let mut dev = gpu.stream.alloc_zeros::<u8>(size)?;
-        let (g, b) = (cfg.grid_dim, cfg.block_dim);
-        let header = BufferHeader {
-            version: format::VERSION,
-            slot_capacity: capacity,
-            slot_count,
-            warps_per_block: (b.0 * b.1 * b.2).div_ceil(32),
-            launch_id: 1,
-            grid: [g.0, g.1, g.2],
-            block: [b.0, b.1, b.2],
-            flags: 0,
-        };
-        let mut bytes = [0u8; format::BUFFER_HEADER_SIZE];
-        header.write_to(&mut bytes);
-        gpu.stream
-            .memcpy_htod(&bytes, &mut dev.slice_mut(0..format::BUFFER_HEADER_SIZE))?;
         Ok(TraceBuffer {
-            dev,
+            dev: device::trace_buffer(&gpu.stream, cfg, capacity, slot_count)?,
             capacity,
             slot_count,
         })
     }
 
-    fn arg(&self, gpu: &Gpu) -> Trace {
-        Trace(KernelArg {
+    fn arg(&self, gpu: &Gpu) -> KernelArg {
+        KernelArg {
             base: gpu.ptr(&self.dev),
             capacity: self.capacity,
             slot_count: self.slot_count,
-        })
+        }
     }
 
     fn read(&self, gpu: &Gpu) -> Result<Vec<u8>> {
@@ -267,7 +240,7 @@ fn launch_bench(
     cfg: LaunchConfig,
     out: &CudaSlice<f32>,
     events: i32,
-    trace: Option<Trace>,
+    trace: Option<KernelArg>,
     seed: Option<SeedBuffer>,
 ) -> Result<()> {
     let mut l = gpu.stream.launch_builder(f);
@@ -354,20 +327,9 @@ struct Cell {
     findings: Vec<String>,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 impl Cell {
     fn median(&self, b: Build) -> f64 {
-        median(&self.times[&b])
+        median(&mut self.times[&b].clone())
     }
 
     /// (t_build − t_off) per event per warp, in ns.
@@ -376,38 +338,26 @@ impl Cell {
     }
 }
 
+/// The device recorder's cost beside the seed-style one and the bound, and whether
+/// what it writes decodes exactly.
+#[derive(Parser, Debug)]
+#[command(name = "recorder_bench")]
 struct Options {
+    /// Ranges per warp.
+    #[arg(long, default_value_t = 4096, value_parser = cli::positive::<u32>)]
     events: u32,
+    /// Timed repeats per cell (interleaved); the figures are medians.
+    #[arg(long, default_value_t = 21, value_parser = cli::positive::<u32>)]
     repeats: u32,
+    /// Untimed repeats first.
+    #[arg(long, default_value_t = 3)]
     warmup: u32,
-    json: Option<String>,
+    /// Also write every figure and sample as JSON here.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Run the checks only (the compute-sanitizer run).
+    #[arg(long)]
     check_only: bool,
-}
-
-fn options() -> Result<Options> {
-    let mut o = Options {
-        events: 4096,
-        repeats: 21,
-        warmup: 3,
-        json: None,
-        check_only: false,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        match a.as_str() {
-            "--events" => o.events = value("--events")?.parse()?,
-            "--repeats" => o.repeats = value("--repeats")?.parse()?,
-            "--warmup" => o.warmup = value("--warmup")?.parse()?,
-            "--json" => o.json = Some(value("--json")?),
-            "--check-only" => o.check_only = true,
-            other => return Err(format!("unknown argument {other} (see the file's doc)").into()),
-        }
-    }
-    ensure(o.events > 0 && o.repeats > 0, || {
-        "--events and --repeats must be positive".into()
-    })?;
-    Ok(o)
 }
 
 fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
@@ -458,14 +408,7 @@ fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
             capacity: events,
             slot_count: slots,
         };
-        let timing_event = || {
-            gpu.ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        };
-        let mut marks = Vec::new();
-        for _ in Build::ALL {
-            marks.push((timing_event()?, timing_event()?));
-        }
+        let marks = Timer::many(&gpu.ctx, Build::ALL.len())?;
         for &u in &unrolls {
             let mut times: BTreeMap<Build, Vec<f64>> = BTreeMap::new();
             let launch = |b: Build, out: &CudaSlice<f32>| {
@@ -492,12 +435,10 @@ fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
                         // The seed's counters start at zero each launch, as in a fresh buffer.
                         gpu.stream.memset_zeros(&mut seed_counters)?;
                     }
-                    marks[i].0.record(&gpu.stream)?;
-                    launch(b, &outs[i])?;
-                    marks[i].1.record(&gpu.stream)?;
+                    marks[i].around(&gpu.stream, || launch(b, &outs[i]))?;
                 }
                 for (i, b) in Build::ALL.iter().enumerate() {
-                    let ms = marks[i].0.elapsed_ms(&marks[i].1)? as f64;
+                    let ms = marks[i].ms()?;
                     if rep >= o.warmup {
                         times.entry(*b).or_default().push(ms);
                     }
@@ -713,11 +654,11 @@ fn check_overflow(gpu: &Gpu) -> Result<()> {
             }
         }
         // base == 0: the kernel runs and writes nothing (memcheck sees any stray store).
-        let off = Trace(KernelArg {
+        let off = KernelArg {
             base: 0,
             capacity: 37,
             slot_count: warps,
-        });
+        };
         launch_bench(gpu, &f, cfg, &out, events as i32, Some(off), None)?;
         gpu.stream.synchronize()?;
     }
@@ -940,8 +881,11 @@ fn check_examples(gpu: &Gpu) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
-    let o = options()?;
+fn main() -> ExitCode {
+    cli::exit("recorder_bench", run(&Options::parse()).map(|()| true))
+}
+
+fn run(o: &Options) -> Result<()> {
     let gpu = match Gpu::new() {
         Ok(g) => g,
         Err(e) => {
@@ -958,10 +902,10 @@ fn main() -> Result<()> {
     if o.check_only {
         return checks;
     }
-    let cells = bench(&gpu, &o)?;
-    let table = report(&gpu, &o, &cells);
+    let cells = bench(&gpu, o)?;
+    let table = report(&gpu, o, &cells);
     if let Some(path) = &o.json {
-        std::fs::write(path, json(&gpu, &o, &cells))?;
+        std::fs::write(path, json(&gpu, o, &cells))?;
     }
     print!("{table}");
     let findings: usize = cells.iter().map(|c| c.findings.len()).sum();

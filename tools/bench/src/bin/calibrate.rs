@@ -3,9 +3,9 @@
 //! costs, compares the host clocks, and follows the drift for a while.
 //!
 //! ```text
-//! cargo run --release --features cuda --example calibrate -- \
-//!     [--rounds 2000] [--costs] [--clocks R] [--seconds T --every K] \
-//!     [--out results.json] [--raw samples.csv]
+//! cargo run --release -p tracing-gpu-bench --bin calibrate -- \
+//!     [--rounds 2000] [--costs] [--pollers 1,2,4,8] [--clocks R] [--seconds T --every K] \
+//!     [--out results.json] [--raw samples.csv] [--refit samples.csv]
 //! ```
 //!
 //! - `--costs`: time `sample(n)` and the fit for several `n`.
@@ -21,88 +21,57 @@
 //!   with variants of the fit (one-sided samples or not, tolerated outliers).
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostClock, Sample};
 use tracing_gpu::cuda::calibrate::Calibrator;
 use tracing_gpu::cuda::cudarc::driver::CudaContext;
+use tracing_gpu_bench::cli;
+use tracing_gpu_bench::stats::upper_median as median;
 
+/// Calibrates every GPU's clock against the host's and prints offset, drift and bound.
+#[derive(Parser, Debug)]
+#[command(name = "calibrate")]
 struct Args {
+    /// Rounds of the first calibration (and of each burst).
+    #[arg(long, default_value_t = Calibrator::INITIAL_ROUNDS)]
     rounds: usize,
+    /// Time `sample(n)` and the fit for several n.
+    #[arg(long)]
     costs: bool,
+    /// R bursts per host clock (REALTIME, MONOTONIC, MONOTONIC_RAW, BOOTTIME), interleaved.
+    #[arg(long, value_name = "R", default_value_t = 0)]
     clocks: usize,
+    /// BOOTTIME bursts (R of --clocks, at least 3) for each of these counts of GPU pollers.
+    #[arg(long, value_name = "P,P,...", value_delimiter = ',')]
     pollers: Vec<u32>,
+    /// Follow the drift for this many seconds: a cheap calibration every --every seconds.
+    #[arg(long, value_name = "T", default_value_t = 0.0)]
     seconds: f64,
+    /// Seconds between the drift run's calibrations.
+    #[arg(long, value_name = "K", default_value_t = 1.0, value_parser = cli::positive::<f64>)]
     every: f64,
-    out: Option<String>,
-    raw: Option<String>,
-    refit: Option<String>,
+    /// Every figure as JSON.
+    #[arg(long, value_name = "F.json")]
+    out: Option<PathBuf>,
+    /// The raw samples of some bursts as CSV.
+    #[arg(long, value_name = "F.csv")]
+    raw: Option<PathBuf>,
+    /// No GPU: fit the bursts of a --raw file again with variants of the fit.
+    #[arg(long, value_name = "F.csv")]
+    refit: Option<PathBuf>,
 }
 
-fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        rounds: Calibrator::INITIAL_ROUNDS,
-        costs: false,
-        clocks: 0,
-        pollers: Vec::new(),
-        seconds: 0.0,
-        every: 1.0,
-        out: None,
-        raw: None,
-        refit: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--rounds" => a.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--costs" => a.costs = true,
-            "--clocks" => a.clocks = value()?.parse().map_err(|e| format!("--clocks: {e}"))?,
-            "--pollers" => {
-                a.pollers = value()?
-                    .split(',')
-                    .map(|p| p.parse().map_err(|e| format!("--pollers: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--seconds" => a.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?,
-            "--every" => a.every = value()?.parse().map_err(|e| format!("--every: {e}"))?,
-            "--out" => a.out = Some(value()?),
-            "--raw" => a.raw = Some(value()?),
-            "--refit" => a.refit = Some(value()?),
-            "-h" | "--help" => return Err("usage: calibrate [--rounds N] [--costs] [--clocks R] [--seconds T --every K] [--out F.json] [--raw F.csv]".into()),
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    if a.every <= 0.0 {
-        return Err("--every must be positive".into());
-    }
-    Ok(a)
-}
-
-fn main() {
-    let args = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
+fn main() -> ExitCode {
+    let args = Args::parse();
     let result = match &args.refit {
         Some(path) => refit(path),
         None => run(&args),
     };
-    if let Err(e) = result {
-        eprintln!("calibrate: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    cli::exit("calibrate", result.map(|()| true))
 }
 
 fn two_sided(samples: &[Sample]) -> Vec<Sample> {
@@ -111,6 +80,26 @@ fn two_sided(samples: &[Sample]) -> Vec<Sample> {
         .copied()
         .filter(Sample::is_two_sided)
         .collect()
+}
+
+/// Appends `samples` to the raw CSV: GPU `ordinal`, what was sampled (`label`), the burst.
+fn write_raw(
+    raw: &mut String,
+    ordinal: usize,
+    label: &str,
+    burst: impl std::fmt::Display,
+    samples: &[Sample],
+) {
+    for x in samples {
+        let _ = writeln!(
+            raw,
+            "{ordinal},{label},{burst},{},{},{},{}",
+            x.is_two_sided() as u8,
+            x.host_before,
+            x.device,
+            x.host_after
+        );
+    }
 }
 
 /// One burst's figures, as JSON.
@@ -133,7 +122,7 @@ fn burst_json(map: &ClockMap, two: &ClockMap) -> String {
 }
 
 /// Fits the bursts of a `--raw` CSV again, with variants of the fit options.
-fn refit(path: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn refit(path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     use std::collections::BTreeMap;
     use tracing_gpu::clock::FitOptions;
     let text = std::fs::read_to_string(path)?;
@@ -275,17 +264,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 for (c, &clock) in HostClock::ALL.iter().enumerate() {
                     let s = cal.sample_with(clock, args.rounds)?;
                     if r < 2 {
-                        for x in &s {
-                            let _ = writeln!(
-                                raw,
-                                "{ordinal},{},{r},{},{},{},{}",
-                                clock.name(),
-                                x.is_two_sided() as u8,
-                                x.host_before,
-                                x.device,
-                                x.host_after
-                            );
-                        }
+                        write_raw(&mut raw, ordinal, clock.name(), r, &s);
                     }
                     per[c].push((cal.fit(&s)?, cal.fit(&two_sided(&s))?));
                 }
@@ -356,16 +335,7 @@ fn pollers_compare(
             match cal.sample(args.rounds) {
                 Ok(s) => {
                     if r < 2 {
-                        for x in &s {
-                            let _ = writeln!(
-                                raw,
-                                "{ordinal},pollers{p},{r},{},{},{},{}",
-                                x.is_two_sided() as u8,
-                                x.host_before,
-                                x.device,
-                                x.host_after
-                            );
-                        }
+                        write_raw(raw, ordinal, &format!("pollers{p}"), r, &s);
                     }
                     per[k].push(cal.fit(&s)?);
                 }
@@ -425,16 +395,7 @@ fn drift_run(
         let cp = cal.checkpoint(&samples)?;
         costs.push(t.elapsed().as_secs_f64() * 1e6);
         if k <= 3 {
-            for x in &samples {
-                let _ = writeln!(
-                    raw,
-                    "{ordinal},periodic,{k},{},{},{},{}",
-                    x.is_two_sided() as u8,
-                    x.host_before,
-                    x.device,
-                    x.host_after
-                );
-            }
+            write_raw(raw, ordinal, "periodic", k, &samples);
         }
         calibration.push(cp)?;
         k += 1;

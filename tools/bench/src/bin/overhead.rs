@@ -16,86 +16,42 @@
 //! exactly the events expected, so all of them do the same work.
 //!
 //! ```text
-//! cargo run --release --features cuda --example overhead -- [--size M N K] [--reps R] [--no-lineinfo]
+//! cargo run --release -p tracing-gpu-bench --bin overhead -- [--size M N K] [--reps R] [--no-lineinfo]
 //! ```
 //!
 //! Overhead per k-tile = (median time − median time off) / k-tiles one block walks in
 //! sequence (tiles per block × K/64): the cost a k-tile's critical path sees.
 
-#[allow(dead_code)] // each example uses its own part of the shared code
-mod common;
-
 use std::process::ExitCode;
 
-use common::gemm::{
-    check, median, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant, BK, BM,
-    BN,
+use clap::Parser;
+use tracing_gpu_bench::cli::{self, LineInfo, Size};
+use tracing_gpu_bench::device;
+use tracing_gpu_bench::gemm::{
+    check, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant, BK, BM, BN,
 };
-use tracing_gpu::cuda::cudarc::driver::CudaContext;
-use tracing_gpu::cuda::ensure_libraries;
+use tracing_gpu_bench::stats::median;
 
-/// The command line: the problem shape, the timed rounds, and whether the kernels carry
-/// line info.
+/// What recording costs the GEMM: six builds timed interleaved, per k-tile.
+#[derive(Parser, Debug)]
+#[command(name = "overhead")]
 struct Args {
-    shape: (usize, usize, usize),
+    #[command(flatten)]
+    size: Size,
+    /// Timed rounds (after 5 of warm-up); the figures are medians.
+    #[arg(long, default_value_t = 50)]
     reps: usize,
-    lineinfo: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        shape: (4096, 4096, 4096),
-        reps: 50,
-        lineinfo: true,
-    };
-    let mut it = std::env::args().skip(1);
-    let num = |v: Option<String>, what: &str| -> Result<usize, String> {
-        v.ok_or(format!("{what}: missing value"))?
-            .parse()
-            .map_err(|e| format!("{what}: {e}"))
-    };
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--size" => {
-                a.shape = (
-                    num(it.next(), "--size")?,
-                    num(it.next(), "--size")?,
-                    num(it.next(), "--size")?,
-                )
-            }
-            "--reps" => a.reps = num(it.next(), "--reps")?.max(1),
-            "--no-lineinfo" => a.lineinfo = false,
-            "-h" | "--help" => {
-                return Err("usage: overhead [--size M N K] [--reps R] [--no-lineinfo]".into())
-            }
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
-        }
-    }
-    Ok(a)
+    #[command(flatten)]
+    lineinfo: LineInfo,
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("overhead: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("overhead: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit("overhead", run(&Args::parse()))
 }
 
 fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
-    let (shape, reps) = (args.shape, args.reps);
-    ensure_libraries()?;
-    let ctx = CudaContext::new(0)?;
+    let (shape, reps) = (args.size.shape(), args.reps.max(1));
+    let ctx = device::open(0)?;
     let stream = ctx.default_stream();
     println!(
         "device: {}, GEMM {}×{}×{} bf16, {reps} interleaved rounds",
@@ -106,18 +62,10 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     );
 
     // Off twice: the spread between two identical kernels bounds what can be resolved.
-    let variants = [
-        Variant::Off,
-        Variant::Phases,
-        Variant::PhasesWg,
-        Variant::Full,
-        Variant::Seed,
-        Variant::FlashInfer,
-        Variant::Off,
-    ];
+    let variants: Vec<Variant> = Variant::ALL.into_iter().chain([Variant::Off]).collect();
     let gemms: Vec<Gemm> = variants
         .iter()
-        .map(|&v| Gemm::compile(&ctx, v, Out::Bf16, args.lineinfo))
+        .map(|&v| Gemm::compile(&ctx, v, Out::Bf16, args.lineinfo.on()))
         .collect::<Result<_, _>>()?;
     let names: Vec<&str> = variants
         .iter()
@@ -133,43 +81,19 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
 
     let mut p = Problem::new(&stream, shape, Out::Bf16, 0x0E7E)?;
     let reference = Reference::new(&stream)?;
-    // SAFETY: written by cuBLAS before it is read.
-    let mut c_ref = unsafe { stream.alloc::<u8>(p.m * p.n * 4) }?;
-    reference.gemm(&p, &mut c_ref, Out::F32)?;
-    let ref_values: Vec<f32> = stream
-        .clone_dtoh(&c_ref)?
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    let mut traces: Vec<Option<TraceBuffer>> = gemms
-        .iter()
-        .map(|g| {
-            g.variant
-                .traced()
-                .then(|| TraceBuffer::new(&stream, g, &p))
-                .transpose()
-        })
-        .collect::<Result<_, _>>()?;
+    let ref_values = reference.values(&p)?;
+    let mut traces = TraceBuffer::all(&stream, &gemms, &p)?;
     let mut ok = true;
     for (i, g) in gemms.iter().enumerate() {
-        let err = check(
-            g,
-            &ref_values,
-            &stream,
-            &mut p,
-            traces[i].as_ref().map(|t| &t.arg),
-        )?;
-        let recorded = traces[i]
-            .as_ref()
-            .map(|t| t.recorded(&stream))
-            .transpose()?
-            .unwrap_or(0);
-        let want = g.expected_records(&p);
-        let pass = err <= 1e-2 && recorded == want;
+        let c = check(g, &ref_values, &stream, &mut p, traces[i].as_ref())?;
+        let pass = c.pass();
         ok &= pass;
         println!(
-            "check {:<16} rel err {err:.3e}, {recorded} records of {want} expected {}",
+            "check {:<16} rel err {:.3e}, {} records of {} expected {}",
             names[i],
+            c.err,
+            c.recorded.unwrap_or(0),
+            c.want,
             if pass { "ok" } else { "FAIL" }
         );
     }
@@ -177,8 +101,7 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         return Ok(false);
     }
 
-    // SAFETY: written by cuBLAS before anything reads it.
-    let mut c_blas = unsafe { stream.alloc::<u8>(p.m * p.n * 2) }?;
+    let mut c_blas = reference.output(&p, Out::Bf16)?;
     let times = time_interleaved(
         &ctx,
         &stream,

@@ -1,2 +1,0 @@
-//! Code shared by the GEMM examples (`gemm`, `overhead`).
-pub mod gemm;

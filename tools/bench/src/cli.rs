@@ -1,0 +1,74 @@
+//! What the binaries' command lines share: clap argument groups (`--no-lineinfo`,
+//! `--size M N K`), value parsers, and the way a run ends (message and exit status).
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::str::FromStr;
+
+use clap::Args;
+
+/// `--no-lineinfo`: the kernels compile without line info (`KernelBuild::lineinfo`).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct LineInfo {
+    /// Compile the kernels without line info: the same machine code, but Nsight Compute
+    /// cannot map their SASS to the .cu source.
+    #[arg(long = "no-lineinfo")]
+    no_lineinfo: bool,
+}
+
+impl LineInfo {
+    /// Whether the kernels carry line info (the default).
+    pub fn on(self) -> bool {
+        !self.no_lineinfo
+    }
+}
+
+/// `--size M N K`: a GEMM's shape.
+#[derive(Args, Debug, Clone)]
+pub struct Size {
+    /// The GEMM's shape: M must be a multiple of 128, N of 256, K of 64.
+    #[arg(
+        long = "size",
+        num_args = 3,
+        value_names = ["M", "N", "K"],
+        default_values_t = [4096usize, 4096, 4096]
+    )]
+    size: Vec<usize>,
+}
+
+impl Size {
+    /// (M, N, K).
+    pub fn shape(&self) -> (usize, usize, usize) {
+        match self.size[..] {
+            [m, n, k] => (m, n, k),
+            _ => unreachable!("clap takes exactly three values"),
+        }
+    }
+}
+
+/// A value parser for numbers that must be above zero (counts, periods).
+pub fn positive<T>(s: &str) -> Result<T, String>
+where
+    T: FromStr + PartialOrd + Default,
+    T::Err: std::fmt::Display,
+{
+    let v: T = s.parse().map_err(|e| format!("{e}"))?;
+    if v > T::default() {
+        Ok(v)
+    } else {
+        Err("must be positive".into())
+    }
+}
+
+/// How a run ends: `Ok(true)` succeeds; `Ok(false)` fails (the run printed why); an
+/// error is printed as `NAME: error`, and fails.
+pub fn exit(name: &str, result: Result<bool, Box<dyn Error>>) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

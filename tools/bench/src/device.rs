@@ -1,0 +1,100 @@
+//! The GPU side the benchmarks share: opening a device, its SM count and target, trace
+//! buffers in the wire format, and timing stream work with CUDA events.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, LaunchConfig,
+};
+use tracing_gpu::cuda::ensure_libraries;
+use tracing_gpu::format::{self, BufferHeader};
+
+use crate::{BenchError, Result};
+
+/// GPU `ordinal`, once the driver and NVRTC are known to load (cudarc would panic
+/// without them).
+pub fn open(ordinal: usize) -> Result<Arc<CudaContext>> {
+    ensure_libraries()?;
+    Ok(CudaContext::new(ordinal)?)
+}
+
+/// The device's streaming multiprocessors.
+pub fn sm_count(ctx: &CudaContext) -> Result<u32, DriverError> {
+    let n = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    Ok(n as u32)
+}
+
+/// The device's NVRTC target, `sm_XY`.
+pub fn arch(ctx: &CudaContext) -> Result<&'static str, DriverError> {
+    let (major, minor) = ctx.compute_capability()?;
+    Ok(Box::leak(format!("sm_{major}{minor}").into_boxed_str()))
+}
+
+/// A zeroed trace buffer in the wire format for launches of shape `cfg`, `slot_count`
+/// slots of `capacity` records, its header written as the profiler writes it before a
+/// launch (launch id 1).
+pub fn trace_buffer(
+    stream: &Arc<CudaStream>,
+    cfg: &LaunchConfig,
+    capacity: u32,
+    slot_count: u32,
+) -> Result<CudaSlice<u8>> {
+    let size = format::buffer_size(slot_count, capacity)
+        .ok_or_else(|| BenchError::Invalid("trace buffer too large".into()))?;
+    let mut buf = stream.alloc_zeros::<u8>(size)?;
+    let (g, b) = (cfg.grid_dim, cfg.block_dim);
+    let mut header = [0u8; format::BUFFER_HEADER_SIZE];
+    BufferHeader {
+        version: format::VERSION,
+        slot_capacity: capacity,
+        slot_count,
+        warps_per_block: (b.0 * b.1 * b.2).div_ceil(32),
+        launch_id: 1,
+        grid: [g.0, g.1, g.2],
+        block: [b.0, b.1, b.2],
+        flags: 0,
+    }
+    .write_to(&mut header);
+    stream.memcpy_htod(&header, &mut buf.slice_mut(..header.len()))?;
+    Ok(buf)
+}
+
+/// A pair of timing events around one piece of stream work.
+pub struct Timer {
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+impl Timer {
+    /// Two timing events in `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        Ok(Timer {
+            start: ctx.new_event(flags)?,
+            end: ctx.new_event(flags)?,
+        })
+    }
+
+    /// `count` timers.
+    pub fn many(ctx: &Arc<CudaContext>, count: usize) -> Result<Vec<Self>, DriverError> {
+        (0..count).map(|_| Timer::new(ctx)).collect()
+    }
+
+    /// Records the start, runs `f` (which enqueues work on `stream`), records the end.
+    pub fn around<E: From<DriverError>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.start.record(stream)?;
+        f()?;
+        self.end.record(stream)?;
+        Ok(())
+    }
+
+    /// Milliseconds between the two events (waits for the end).
+    pub fn ms(&self) -> Result<f64, DriverError> {
+        self.end.synchronize()?;
+        Ok(self.start.elapsed_ms(&self.end)? as f64)
+    }
+}

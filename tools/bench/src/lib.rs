@@ -1,0 +1,27 @@
+//! tracing-gpu's benchmarks and experiments (not published): what the binaries of
+//! `src/bin/` share. Each binary's own file says what it measures and how to run it:
+//!
+//! | binary | what |
+//! |---|---|
+//! | `recorder_bench` | the device recorder's cost per event beside the seed-style one and the bound, and exact decoding |
+//! | `gemm` | the pipelined bf16 GEMM, checked and timed against cuBLAS, and traced live |
+//! | `overhead` | what recording costs the GEMM, per k-tile, six builds interleaved |
+//! | `profile_overhead` | what `gpu_profile!` costs the launching thread |
+//! | `delivery_rate` | the collector's decode-and-deliver rate per launch (no GPU) |
+//! | `calibrate` | the GPU clocks against the host's: offset, drift, bounds, costs |
+//! | `causality` | every device event between its launch call and the synchronize after it |
+
+pub mod cli;
+pub mod device;
+pub mod error;
+pub mod gemm;
+pub mod kernels;
+pub mod stats;
+
+/// The library's quickstart example (`examples/quickstart.rs`): its kernel, which
+/// `causality` and `profile_overhead` launch.
+#[path = "../../../examples/quickstart.rs"]
+#[allow(dead_code)] // the example's own `main`
+pub mod quickstart;
+
+pub use error::{BenchError, Result};

@@ -1,0 +1,48 @@
+//! The recorder benchmark's kernel (`tools/bench/kernels/recorder_bench.cu`) under NVRTC,
+//! with no GPU: every build that `recorder_bench` times compiles, and only ours and the
+//! bound store records. Needs NVRTC: with `TGPU_REQUIRE_TOOLS=1` its absence fails the
+//! test, otherwise the test says it skipped.
+
+#[path = "../../../tests/cuda_tools/mod.rs"]
+mod cuda_tools;
+#[path = "../../../tests/cuda_tools/nvrtc.rs"]
+mod nvrtc_tools;
+
+use nvrtc_tools::available;
+use tracing_gpu::cuda::KernelBuild;
+use tracing_gpu_bench::kernels::{BASELINES, RECORDER_BENCH};
+
+fn ptx(name: &str, arch: &'static str, src: &str, defines: &[&str]) -> String {
+    // The comparison recorders the bench's seed build includes (as the benchmarks supply them).
+    let build = KernelBuild::new(name, arch).header("baselines.cuh", BASELINES);
+    nvrtc_tools::ptx(src, build, defines)
+}
+
+#[test]
+fn bench_kernel_compiles_in_every_build() {
+    if !available() {
+        return;
+    }
+    let src = RECORDER_BENCH;
+    let builds: [&[&str]; 6] = [
+        &[],
+        &["TGPU_BENCH_FLOOR=1"],
+        &["TGPU_ENABLED=1"],
+        &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
+        &["TGPU_BENCH_SEED=1"],
+        &["TGPU_BENCH_BOUND=1"],
+    ];
+    for defines in builds {
+        for unroll in ["TGPU_BENCH_UNROLL=1", "TGPU_BENCH_UNROLL=4"] {
+            let mut d = defines.to_vec();
+            d.push(unroll);
+            let p = ptx("recorder_bench", "sm_90", src, &d);
+            // Ours and the bound store 16-byte evict-first records; no other build does.
+            assert_eq!(
+                p.contains("st.global.cs.v4.u32"),
+                defines.contains(&"TGPU_ENABLED=1") || defines.contains(&"TGPU_BENCH_BOUND=1"),
+                "{d:?}"
+            );
+        }
+    }
+}
