@@ -200,7 +200,7 @@ pub struct TooManySinks;
 /// impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for MyLayer {
 ///     unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
 ///         // Safety: forwarded as `Layer::downcast_raw` requires.
-///         unsafe { self.handle.downcast_raw(id) }
+///         unsafe { self.handle.downcast_raw(self, id) }
 ///     }
 /// }
 ///
@@ -232,17 +232,23 @@ impl SinkHandle {
         })
     }
 
-    /// The answer to `Layer::downcast_raw(id)` for the sink: a pointer to it
-    /// if `id` is its slot's marker, else `None`. A layer that holds this
-    /// handle calls it from its own `downcast_raw`.
+    /// `Layer::downcast_raw(id)` for `layer`, a layer that holds this handle
+    /// and forwards its own `downcast_raw` here: `layer` itself for its own
+    /// type, the sink for its slot's marker, else `None`.
     ///
     /// # Safety
     ///
-    /// As for `Layer::downcast_raw`: the pointer is valid while `self` is,
-    /// and only this module reads it, as the marker type `id` names.
-    pub unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
-        (id == MARKERS[self.slot.0]())
-            .then_some(&self.sink as *const Arc<dyn BatchSink> as *const ())
+    /// As for `Layer::downcast_raw`: the pointers are valid while `layer` and
+    /// `self` are, and the sink's is read only by this module, as the marker
+    /// type `id` names.
+    pub unsafe fn downcast_raw<L: 'static>(&self, layer: &L, id: TypeId) -> Option<*const ()> {
+        if id == TypeId::of::<L>() {
+            Some(layer as *const L as *const ())
+        } else if id == MARKERS[self.slot.0]() {
+            Some(&self.sink as *const Arc<dyn BatchSink> as *const ())
+        } else {
+            None
+        }
     }
 }
 
@@ -266,10 +272,20 @@ impl SinkHandle {
 /// let subscriber = tracing_subscriber::registry().with(SinkLayer::new(Launches)?);
 /// # Ok::<(), tracing_gpu::deliver::TooManySinks>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SinkLayer<T> {
     sink: Arc<T>,
     handle: SinkHandle,
+}
+
+/// A clone is the same sink, in the same slot.
+impl<T> Clone for SinkLayer<T> {
+    fn clone(&self) -> Self {
+        SinkLayer {
+            sink: self.sink.clone(),
+            handle: self.handle.clone(),
+        }
+    }
 }
 
 impl<T: BatchSink + 'static> SinkLayer<T> {
@@ -288,11 +304,8 @@ impl<T: BatchSink + 'static> SinkLayer<T> {
 
 impl<S: Subscriber, T: BatchSink + 'static> Layer<S> for SinkLayer<T> {
     unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
-        if id == TypeId::of::<Self>() {
-            return Some(self as *const Self as *const ());
-        }
         // Safety: forwarded from our own `downcast_raw`.
-        unsafe { self.handle.downcast_raw(id) }
+        unsafe { self.handle.downcast_raw(self, id) }
     }
 }
 

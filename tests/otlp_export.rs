@@ -5,6 +5,7 @@
 #![cfg(feature = "otlp")]
 
 mod otlp_receiver;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,9 +13,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::TracerProvider as _;
 use otlp_receiver::{Received, Receiver, Transport};
-use tracing_gpu::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, BatchSink, LaunchInfo};
 use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostClock, HostOffsets};
-use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::{BufferBuilder, EventKind};
 use tracing_gpu::otlp::{Detail, HostSpans, OtlpGuard, OtlpLayer, PhaseGroup, Protocol};
 use tracing_gpu::registry::EventRegistry;
@@ -137,7 +137,7 @@ const DEVICE_BASE: u64 = 5_000_000_000_000;
 
 /// A launch of 2 blocks × 2 warps; each warp runs 3 k-tiles of load, mma and
 /// an instant, at times that differ per warp.
-fn capture() -> OwnedBuffer {
+fn buffer() -> Vec<u8> {
     let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 16);
     b.launch_id(7);
     for block in 0..2u32 {
@@ -155,8 +155,7 @@ fn capture() -> OwnedBuffer {
             }
         }
     }
-    let registry = registry();
-    OwnedBuffer::decode(b.finish(), Some(&registry)).expect("decode")
+    b.finish()
 }
 
 /// load and mma declare their payload (the k-tile); tile_done does not.
@@ -174,17 +173,6 @@ fn calibration() -> Calibration {
         map: ClockMap::exact(DEVICE_BASE, HostClock::Boottime.now_ns(), 3.5),
         host_offsets: HostOffsets::measure(),
     })
-}
-
-fn device() -> DeviceInfo {
-    DeviceInfo {
-        ordinal: 0,
-        name: "NVIDIA H200".into(),
-        uuid: "GPU-5e0b6a3c-1111-2222-3333-444455556666".into(),
-        sm_count: 132,
-        driver_version: "580.95.05".into(),
-        compute_capability: (9, 0),
-    }
 }
 
 /// Runs one launch under a host span "launch" (calling `inside` in it) and
@@ -263,7 +251,10 @@ fn check_kernel<'a>(spans: &'a [Received], batch: &Batch) -> &'a Received {
     assert_eq!(kernel.span.start_time_unix_nano, wall(batch, first));
     assert_eq!(kernel.span.end_time_unix_nano, wall(batch, last));
     assert_eq!(kernel.str_attr("hw.type"), Some("gpu"));
-    assert_eq!(kernel.str_attr("hw.id"), Some(device().uuid.as_str()));
+    assert_eq!(
+        kernel.str_attr("hw.id"),
+        Some(support::h200().uuid.as_str())
+    );
     assert_eq!(kernel.str_attr("hw.model"), Some("NVIDIA H200"));
     assert_eq!(kernel.str_attr("hw.driver_version"), Some("580.95.05"));
     assert_eq!(kernel.int_attr("gpu.sm_count"), Some(132));
@@ -336,7 +327,7 @@ fn phase_detail_is_the_default_over_grpc() {
                 p.str_attr("thread.name"),
                 Some(format!("GPU 0 / warp {warp}").as_str())
             );
-            assert_eq!(p.str_attr("hw.id"), Some(device().uuid.as_str()));
+            assert_eq!(p.str_attr("hw.id"), Some(support::h200().uuid.as_str()));
             check_summary(p, "gpu.phase", x);
         }
     }
@@ -530,7 +521,7 @@ fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
     };
     let dump = Capture {
         devices: vec![CaptureDevice {
-            info: device(),
+            info: support::h200(),
             calibrations: vec![CalibrationRound {
                 realtime_offset_ns,
                 ..CalibrationRound::default()
@@ -567,9 +558,11 @@ fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
 /// The test launch's batch, with no parent span yet.
 fn test_batch() -> Arc<Batch> {
     let now = HostClock::Boottime.now_ns();
-    Arc::new(Batch {
-        device: Arc::new(device()),
-        launch: LaunchInfo {
+    support::batch_of(
+        buffer(),
+        registry(),
+        calibration(),
+        LaunchInfo {
             launch_id: 7,
             kernel: "gemm".into(),
             host_launch_ns: now,
@@ -579,10 +572,7 @@ fn test_batch() -> Arc<Batch> {
             parent: None,
             host_thread: "main".into(),
         },
-        buffer: Arc::new(capture()),
-        calibration: Arc::new(calibration()),
-        registry: Arc::new(registry()),
-    })
+    )
 }
 
 // --------------------------------------------------------------------------

@@ -5,18 +5,15 @@
 #![cfg(feature = "otlp")]
 
 mod otlp_receiver;
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use otlp_receiver::{BlackHole, Receiver, Transport, PATIENCE};
 use tracing::{Event, Level, Subscriber};
-use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
-use tracing_gpu::clock::{Calibration, HostClock};
-use tracing_gpu::decode::OwnedBuffer;
-use tracing_gpu::format::BufferBuilder;
+use tracing_gpu::batch::Batch;
 use tracing_gpu::otlp::{Detail, OtlpGuard, OtlpLayer, OtlpStats, Protocol};
-use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 /// The most one span or one batch hand-over may take in the application. A
@@ -60,34 +57,9 @@ fn build(transport: Transport, endpoint: String) -> (OtlpLayer, OtlpGuard) {
 }
 
 fn batch(launch_id: u64, parent: Option<tracing::span::Id>) -> Arc<Batch> {
-    let base = 1_000_000_000;
-    let mut b = BufferBuilder::new([4, 1, 1], [64, 1, 1], 32);
-    b.launch_id(launch_id);
-    for block in 0..4 {
-        for warp in 0..2 {
-            let slot = b.warp(block, warp).unwrap();
-            for k in 0..8u64 {
-                let t = base + k * 1_000;
-                slot.range(1, t, t + 600, k as u32);
-            }
-        }
-    }
-    let registry = EventRegistry::from_pairs([(1, "mma")]).unwrap();
-    Arc::new(Batch {
-        device: Arc::new(DeviceInfo {
-            name: "NVIDIA H200".into(),
-            ..DeviceInfo::default()
-        }),
-        launch: LaunchInfo {
-            launch_id,
-            kernel: "k".into(),
-            parent,
-            ..LaunchInfo::default()
-        },
-        buffer: Arc::new(OwnedBuffer::decode(b.finish(), Some(&registry)).unwrap()),
-        calibration: Arc::new(Calibration::exact(base, HostClock::Boottime.now_ns(), 0.0)),
-        registry: Arc::new(registry),
-    })
+    let mut batch = support::batch(launch_id);
+    Arc::get_mut(&mut batch).unwrap().launch.parent = parent;
+    batch
 }
 
 /// Opens and closes `spans` host spans and hands over `batches` device batches

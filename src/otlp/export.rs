@@ -53,6 +53,10 @@ pub(crate) struct Shared {
     pub(crate) pending_warning: Mutex<Option<String>>,
 }
 
+/// The target of the exporter's own (rare) events, whatever file emits them:
+/// what users filter on.
+const LOG_TARGET: &str = "tracing_gpu::otlp";
+
 thread_local! {
     /// Set on the conversion thread: there, a full queue means waiting for room
     /// (it is our thread), not dropping.
@@ -148,6 +152,7 @@ impl Shared {
             let failed = self.failed.load(Ordering::Relaxed);
             self.emit(|| {
                 tracing::info!(
+                    target: LOG_TARGET,
                     spans_failed = failed,
                     spans_dropped = dropped,
                     "OTLP export recovered"
@@ -181,6 +186,7 @@ impl Shared {
         let max_queue = self.max_queue;
         self.emit(|| {
             tracing::warn!(
+                target: LOG_TARGET,
                 max_queue,
                 "{what}; up to {max_queue} spans wait and later ones are dropped; \
                  further failures are counted (OtlpGuard::stats), not logged, \

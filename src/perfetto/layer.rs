@@ -543,11 +543,8 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
-        if id == TypeId::of::<Self>() {
-            return Some(self as *const Self as *const ());
-        }
         // Safety: forwarded from our own `downcast_raw`.
-        unsafe { self.sink.downcast_raw(id) }
+        unsafe { self.sink.downcast_raw(self, id) }
     }
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
