@@ -1,7 +1,7 @@
 //! Quickstart: one instrumented kernel, host spans around it, one Perfetto trace.
 //!
 //! ```text
-//! cargo run --release --features cuda --example quickstart -- quickstart.perfetto-trace [--dump run.tgpu] [--launches 8] [--no-lineinfo]
+//! cargo run --release --features cuda --example quickstart -- quickstart.perfetto-trace [--capture run.tgpu] [--launches 8] [--no-lineinfo]
 //! ```
 //!
 //! Open the trace at <https://ui.perfetto.dev>: the host thread shows
@@ -13,7 +13,7 @@
 //! The kernel is `kernels/examples/quickstart.cu`; the three things a kernel
 //! needs are `TGPU_EVENT`, `TGPU_TRACE_PARAM` and `TGPU_RECORDER`. On the host:
 //! a [`PerfettoLayer`] in the subscriber, a [`Profiler`], and `gpu_profile!`
-//! around the launch. With `--dump`, the run is also recorded into a capture
+//! around the launch. With `--capture`, the run is also recorded into a capture
 //! file (devices, calibrations, launches, host spans) that
 //! `tracing-gpu convert` / `report` replay without a GPU.
 
@@ -104,11 +104,11 @@ pub struct Summary {
 }
 
 /// Runs `launches` profiled launches and writes the trace to `out` (and the
-/// capture to `dump`); the kernels carry line info if `lineinfo`. The subscriber is
+/// capture to `capture`); the kernels carry line info if `lineinfo`. The subscriber is
 /// scoped to this call.
 pub fn run(
     out: &Path,
-    dump: Option<&Path>,
+    capture: Option<&Path>,
     launches: u32,
     lineinfo: bool,
 ) -> Result<Summary, Box<dyn std::error::Error>> {
@@ -116,7 +116,7 @@ pub fn run(
         .file(out)
         .process_name("quickstart")
         .build()?;
-    let recorder = dump.map(CaptureRecorder::new);
+    let recorder = capture.map(CaptureRecorder::new);
     // Our layers take device events in bulk. An unfiltered subscriber would
     // also ask for one plain span per device event (for other layers, see
     // `tracing_gpu::bridge`); nobody here wants them.
@@ -137,7 +137,7 @@ pub fn run(
                     .capacity(32)
                     .lineinfo(lineinfo);
                 if let Some(r) = &recorder {
-                    b = b.dump(r.clone());
+                    b = b.recorder(r.clone());
                 }
                 b.build()?
             };
@@ -183,13 +183,14 @@ pub fn run(
 #[allow(dead_code)] // tests/gpu_live.rs includes this file for `run`.
 fn main() -> ExitCode {
     let mut out: Option<PathBuf> = None;
-    let mut dump: Option<PathBuf> = None;
+    let mut capture: Option<PathBuf> = None;
     let mut launches = 8;
     let mut lineinfo = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--dump" => dump = args.next().map(PathBuf::from),
+            // `--dump`: its old name, for scripts.
+            "--capture" | "--dump" => capture = args.next().map(PathBuf::from),
             "--no-lineinfo" => lineinfo = false,
             "--launches" => launches = args.next().and_then(|v| v.parse().ok()).unwrap_or(0),
             _ if out.is_none() && !a.starts_with("--") => out = Some(a.into()),
@@ -198,11 +199,11 @@ fn main() -> ExitCode {
     }
     let Some(out) = out.filter(|_| launches > 0) else {
         eprintln!(
-            "usage: quickstart TRACE.perfetto-trace [--dump CAPTURE.tgpu] [--launches N] [--no-lineinfo]"
+            "usage: quickstart TRACE.perfetto-trace [--capture CAPTURE.tgpu] [--launches N] [--no-lineinfo]"
         );
         return ExitCode::from(2);
     };
-    match run(&out, dump.as_deref(), launches, lineinfo) {
+    match run(&out, capture.as_deref(), launches, lineinfo) {
         Ok(s) => {
             println!(
                 "{}: {} launches, {} device events ({} dropped), {} clock checkpoints; {} bytes",

@@ -11,3 +11,5 @@ scripts/check-layout.sh
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo test --workspace --all-features
 cargo test --no-default-features --lib
+# The API docs as docs.rs builds them (every feature), broken links refused.
+RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps

@@ -85,7 +85,7 @@ impl Batch {
 
 /// The synthetic thread a warp's events are drawn on:
 /// `"GPU 0 / SM 12 / block 7 warp 3"` (`SM` is the warp's SM at its first event).
-pub fn thread_name(device: u32, slot: &Slot<'_>) -> String {
+pub(crate) fn thread_name(device: u32, slot: &Slot<'_>) -> String {
     format!(
         "GPU {device} / SM {} / block {} warp {}",
         slot.header.sm_first, slot.header.block_linear, slot.header.warp

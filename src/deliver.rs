@@ -43,7 +43,7 @@
 //! | `gpu.start_ns` | u64 | start on the host trace clock (`CLOCK_BOOTTIME`, ns) |
 //! | `gpu.end_ns` | u64 | end on the host trace clock (equals `gpu.start_ns` for an instant) |
 //! | `gpu.payload` | u64 | the user payload the kernel wrote (a k-tile index, a byte count) |
-//! | `gpu.payload.name` | str | what the payload is, if the event's type declares it ([`EventRegistry::with_payload`], `"k_tile"`); absent otherwise |
+//! | `gpu.payload.name` | str | what the payload is, if the event's type declares it ([`EventRegistry::with_payload`](crate::registry::EventRegistry::with_payload), `"k_tile"`); absent otherwise |
 //! | `gpu.kernel` | str | the launch's name, as given to `gpu_profile!` |
 //! | `gpu.launch_id` | u64 | the launch id (unique in the process) |
 //! | `thread.name` | str | the synthetic thread, `"GPU 0 / SM 12 / block 7 warp 3"` |
@@ -54,7 +54,7 @@
 //!
 //! # The launch span
 //!
-//! [`LaunchInfo::parent`] is the id of the host span that wraps the launch. Span
+//! [`LaunchInfo::parent`](crate::batch::LaunchInfo::parent) is the id of the host span that wraps the launch. Span
 //! ids are reused once a span closes, so the profiler keeps that span open until
 //! its batch has been delivered: during [`BatchSink::on_batch`] the id names the
 //! launch span and nothing else. A sink that needs the parent must look it up

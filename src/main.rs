@@ -205,8 +205,8 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
 
 /// One batch per launch ([`Capture::batches`]: each device's calibration refitted
 /// from the stored samples); a capture that cannot be replayed is a bad capture.
-fn batches(dump: &Capture, path: &Path) -> Result<Vec<Arc<Batch>>, Failure> {
-    dump.batches().map_err(|e| {
+fn batches(recorded: &Capture, path: &Path) -> Result<Vec<Arc<Batch>>, Failure> {
+    recorded.batches().map_err(|e| {
         Failure::new(
             Exit::BadCapture,
             format!("{} cannot be replayed: {e}", path.display()),
@@ -229,7 +229,7 @@ fn progress(len: usize, what: &str) -> ProgressBar {
 /// Writes the capture's host spans and its batches into a Perfetto trace at
 /// `out`, as a live run draws them: complete or absent.
 fn write_perfetto(
-    dump: &Capture,
+    recorded: &Capture,
     batches: &[Arc<Batch>],
     out: &Path,
 ) -> Result<WriteStats, Failure> {
@@ -240,7 +240,7 @@ fn write_perfetto(
     let mut writer = TraceWriter::new(file).map_err(|e| cannot(&e))?;
     // The host spans first: the launch spans start the flows the kernels end.
     writer
-        .write_host_spans(dump.process_name(), &dump.host_spans)
+        .write_host_spans(recorded.process_name(), &recorded.host_spans)
         .map_err(|e| cannot(&e))?;
     let bar = progress(batches.len(), "converting");
     for b in batches {
@@ -254,10 +254,10 @@ fn write_perfetto(
 }
 
 fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Result<(), Failure> {
-    let dump = read_capture(capture)?;
-    let batches = batches(&dump, capture)?;
+    let recorded = read_capture(capture)?;
+    let batches = batches(&recorded, capture)?;
     if let Some(out) = out {
-        let stats = write_perfetto(&dump, &batches, out)?;
+        let stats = write_perfetto(&recorded, &batches, out)?;
         eprintln!(
             "trace: {} ({} launches, {} device events, {} host spans, {} bytes); open it at https://ui.perfetto.dev",
             out.display(),
@@ -268,7 +268,7 @@ fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Re
         );
     }
     if let Some((endpoint, protocol)) = otlp {
-        export_otlp(&dump, &batches, endpoint, protocol)?;
+        export_otlp(&recorded, &batches, endpoint, protocol)?;
     }
     Ok(())
 }
@@ -276,7 +276,7 @@ fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Re
 /// Sends a capture's host spans and device phases to an OTLP endpoint.
 #[cfg(feature = "otlp")]
 fn export_otlp(
-    dump: &Capture,
+    recorded: &Capture,
     batches: &[Arc<Batch>],
     endpoint: &str,
     protocol: &str,
@@ -294,7 +294,7 @@ fn export_otlp(
         .build()
         .map_err(|e| failed(e.to_string()))?;
     let bar = progress(batches.len(), "exporting");
-    layer.replay(&dump.host_spans, dump.realtime_offset_ns(), batches);
+    layer.replay(&recorded.host_spans, recorded.realtime_offset_ns(), batches);
     bar.finish_and_clear();
     let flushed = guard.flush();
     let finished = guard.finish();
@@ -340,17 +340,17 @@ fn no_gpu_reason() -> Option<String> {
 }
 
 /// Prints the report of a capture and draws its first GPU's timeline into `svg`.
-fn summarize(dump: &Capture, title: &str, svg: &Path) -> Result<(), Failure> {
+fn summarize(recorded: &Capture, title: &str, svg: &Path) -> Result<(), Failure> {
     let mut summary = String::new();
-    for (i, device) in dump.devices.iter().enumerate() {
+    for (i, device) in recorded.devices.iter().enumerate() {
         let mut timeline = Timeline::new();
-        timeline.set_names(&dump.registry);
+        timeline.set_names(&recorded.registry);
         timeline.set_sm_count(device.info.sm_count);
         timeline.set_title(format!(
             "{title}, GPU {} ({})",
             device.info.ordinal, device.info.name
         ));
-        for l in dump
+        for l in recorded
             .launches
             .iter()
             .filter(|l| l.device == device.info.ordinal)
@@ -364,13 +364,13 @@ fn summarize(dump: &Capture, title: &str, svg: &Path) -> Result<(), Failure> {
         if i == 0 {
             // Launches sit far apart on the host's timeline: the picture shows the
             // first one alone, so its phases are wide enough to see.
-            let launches: Vec<_> = dump
+            let launches: Vec<_> = recorded
                 .launches
                 .iter()
                 .filter(|l| l.device == device.info.ordinal)
                 .collect();
             let mut first = Timeline::new();
-            first.set_names(&dump.registry);
+            first.set_names(&recorded.registry);
             first.set_sm_count(device.info.sm_count);
             first.set_title(format!(
                 "{title}, GPU {} ({}), launch 1 of {}",
@@ -393,9 +393,9 @@ fn live_demo(out: &Path, lineinfo: bool) -> Result<(), Failure> {
     eprintln!("live run on GPU 0: the quickstart kernel, 8 profiled launches");
     let summary = quickstart::run(out, Some(&capture), 8, lineinfo)
         .map_err(|e| Failure::new(Exit::Run, format!("live demo failed: {e}")))?;
-    let dump = read_capture(&capture)?;
+    let recorded = read_capture(&capture)?;
     let svg = out.with_extension("svg");
-    summarize(&dump, "live quickstart", &svg)?;
+    summarize(&recorded, "live quickstart", &svg)?;
     eprintln!(
         "trace: {} ({} launches, {} device events, {} dropped)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ncapture: {} (replay it: tracing-gpu convert / report)\ntimeline: {} (open it in a browser)",
         out.display(),
@@ -436,8 +436,12 @@ fn demo(out: &Path, replay: bool, capture: Option<&Path>, lineinfo: bool) -> Res
             ),
         ));
     }
-    let dump = read_capture(capture)?;
-    let gpus: Vec<&str> = dump.devices.iter().map(|d| d.info.name.as_str()).collect();
+    let recorded = read_capture(capture)?;
+    let gpus: Vec<&str> = recorded
+        .devices
+        .iter()
+        .map(|d| d.info.name.as_str())
+        .collect();
     eprintln!(
         "  recorded on {}: {} launches of {}",
         if gpus.is_empty() {
@@ -445,17 +449,21 @@ fn demo(out: &Path, replay: bool, capture: Option<&Path>, lineinfo: bool) -> Res
         } else {
             gpus.join(", ")
         },
-        dump.launches.len(),
+        recorded.launches.len(),
         {
-            let mut k: Vec<&str> = dump.launches.iter().map(|l| l.kernel.as_str()).collect();
+            let mut k: Vec<&str> = recorded
+                .launches
+                .iter()
+                .map(|l| l.kernel.as_str())
+                .collect();
             k.dedup();
             k.join(", ")
         }
     );
-    let batches = batches(&dump, capture)?;
-    let stats = write_perfetto(&dump, &batches, out)?;
+    let batches = batches(&recorded, capture)?;
+    let stats = write_perfetto(&recorded, &batches, out)?;
     let svg = out.with_extension("svg");
-    summarize(&dump, "replayed capture", &svg)?;
+    summarize(&recorded, "replayed capture", &svg)?;
     eprintln!(
         "trace: {} ({} launches, {} device events, {} host spans)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",
         out.display(),
@@ -554,32 +562,32 @@ fn report(
     launch: Option<usize>,
     width: u32,
 ) -> Result<(), Failure> {
-    let dump = read_capture(capture)?;
+    let recorded = read_capture(capture)?;
     if let Some(n) = launch {
-        if n >= dump.launches.len() {
+        if n >= recorded.launches.len() {
             return Err(Failure::new(
                 Exit::Usage,
                 format!(
                     "--launch {n}: {} holds {} launches (0 to {})",
                     capture.display(),
-                    dump.launches.len(),
-                    dump.launches.len().saturating_sub(1)
+                    recorded.launches.len(),
+                    recorded.launches.len().saturating_sub(1)
                 ),
             ));
         }
     }
-    if dump.launches.is_empty() {
+    if recorded.launches.is_empty() {
         print_out(&format!("{}: no launches\n", capture.display()))?;
         return Ok(());
     }
-    let several = dump
+    let several = recorded
         .devices
         .iter()
-        .filter(|d| dump.launches.iter().any(|l| l.device == d.info.ordinal))
+        .filter(|d| recorded.launches.iter().any(|l| l.device == d.info.ordinal))
         .count()
         > 1;
-    for device in &dump.devices {
-        let launches: Vec<_> = dump
+    for device in &recorded.devices {
+        let launches: Vec<_> = recorded
             .launches
             .iter()
             .enumerate()
@@ -590,7 +598,7 @@ fn report(
             continue;
         }
         let mut timeline = Timeline::new();
-        timeline.set_names(&dump.registry);
+        timeline.set_names(&recorded.registry);
         timeline.set_sm_count(device.info.sm_count);
         let mut kernels: Vec<&str> = launches.iter().map(|l| l.kernel.as_str()).collect();
         kernels.dedup();

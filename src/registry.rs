@@ -244,11 +244,6 @@ impl EventRegistry {
         self.entries.get(&id).map(|e| &*e.name)
     }
 
-    /// The interned name of `id`, if registered (clone it to keep it).
-    pub fn name_arc(&self, id: u16) -> Option<&Arc<str>> {
-        self.entries.get(&id).map(|e| &e.name)
-    }
-
     /// The declared payload name of `id` ([`EventRegistry::with_payload`]), if any.
     pub fn payload_name(&self, id: u16) -> Option<&str> {
         self.entries.get(&id).and_then(|e| e.payload.as_deref())
@@ -285,7 +280,7 @@ impl EventRegistry {
 }
 
 /// The name used for an event id that no registry names: `"event 3"`.
-pub fn unknown_event_name(id: u16) -> String {
+pub(crate) fn unknown_event_name(id: u16) -> String {
     format!("event {id}")
 }
 
@@ -327,7 +322,8 @@ mod tests {
     #[test]
     fn names_are_interned() {
         let r = EventRegistry::from_pairs([(1, "same"), (2, "same")]).unwrap();
-        assert!(Arc::ptr_eq(r.name_arc(1).unwrap(), r.name_arc(2).unwrap()));
+        let (a, b) = (r.info(1).unwrap(), r.info(2).unwrap());
+        assert!(Arc::ptr_eq(&a.name, &b.name));
     }
 
     #[test]

@@ -395,9 +395,9 @@ impl Capture {
         })
     }
 
-    /// Checks what [`Capture::read`] would check of a dump built in memory:
+    /// Checks what [`Capture::read`] would check of a capture built in memory:
     /// device references, launch headers, spans. Writing does not need it; a
-    /// dump that fails it writes a file that will not read back.
+    /// capture that fails it writes a file that will not read back.
     pub fn validate(&self) -> Result<(), CaptureError> {
         for (i, d) in self.devices.iter().enumerate() {
             let o = d.info.ordinal;

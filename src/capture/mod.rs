@@ -162,7 +162,7 @@ pub struct CalibrationRound {
     pub offset_uncertainty_ns: u64,
     /// The device timer's step (ns) the live fit assumed (the calibrator
     /// measures it); the refit uses the same. 0: not measured, the
-    /// [`FitOptions`] default applies.
+    /// [`FitOptions`](crate::clock::FitOptions) default applies.
     pub timer_step_ns: u64,
 }
 

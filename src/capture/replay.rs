@@ -47,7 +47,7 @@ impl Capture {
     }
 
     /// The replay: one [`Batch`] per launch, in launch order, ready for
-    /// [`crate::bridge`] sinks. Each device's calibration is fitted once and
+    /// [`crate::deliver`] to the sinks. Each device's calibration is fitted once and
     /// shared by its batches; the registry is shared by all.
     pub fn batches(&self) -> Result<Vec<Arc<Batch>>, CaptureError> {
         let registry = Arc::new(self.registry.clone());

@@ -26,10 +26,10 @@ pub enum ClockError {
     #[error("invalid clock fit option: {0}")]
     InvalidOptions(&'static str),
     /// No line satisfies the samples: some are wrong, by less than the
-    /// gross-outlier tolerance (see [`FitOptions::tolerated_outliers`]).
+    /// gross-outlier tolerance (see [`FitOptions::tolerated_outliers`](crate::clock::FitOptions::tolerated_outliers)).
     #[error("no clock line satisfies all calibration samples (a subtly wrong sample? see FitOptions::tolerated_outliers)")]
     Inconsistent,
-    /// [`ClockMapParts`] that do not describe a map.
+    /// [`ClockMapParts`](crate::clock::ClockMapParts) that do not describe a map.
     #[error("invalid clock map: {0}")]
     InvalidParts(&'static str),
     /// A checkpoint that does not come after the last one (device and host time

@@ -417,7 +417,7 @@ impl ClockMap {
 
     /// Host time (ns) of the device reading `device_ns`:
     /// `anchor_host + dx + round(dx · drift)`, `dx = device_ns − anchor_device`,
-    /// with the drift in 64-bit fixed point (see [`Line`]). Saturates at 0 and
+    /// with the drift in 64-bit fixed point. Saturates at 0 and
     /// `u64::MAX` rather than wrapping, for readings absurdly far from the window.
     pub fn to_host(&self, device_ns: u64) -> u64 {
         clamp_u64(self.line.at(device_ns))

@@ -62,7 +62,7 @@ impl HostClock {
 /// events: a wall-clock step (settimeofday, an NTP step, a leap second) moves
 /// `realtime_ns`, and a suspend moves both. `CLOCK_MONOTONIC_RAW` is not slewed,
 /// so its difference creeps at the NTP correction (a few ppm). A
-/// [`Calibration`] interpolates these differences between checkpoints: exact
+/// [`Calibration`](crate::clock::Calibration) interpolates these differences between checkpoints: exact
 /// for the creep, and a step between two checkpoints is smeared across the
 /// interval between them (and seen exactly from the next checkpoint on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

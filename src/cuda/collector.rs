@@ -69,7 +69,7 @@ pub(crate) trait Recalibrate: Send {
 /// after it.
 pub(crate) type Recalibration = (Box<dyn Recalibrate>, Duration);
 
-/// Where each delivered batch, and each calibration, may also go (the capture dump).
+/// Where each delivered batch, and each calibration, may also go (the capture file).
 pub(crate) trait Archive: Send {
     /// Takes one calibration round of the collector's device.
     fn calibration(&mut self, device: &DeviceInfo, round: &Round);
@@ -616,7 +616,7 @@ mod tests {
     /// One launch of 2 blocks × 2 warps whose events start at `t0` device ns,
     /// made as the profiler makes it, inside a launch span.
     fn job(device: u32, t0: u64, bytes: Option<Vec<u8>>) -> Job {
-        let launch_id = crate::cuda::next_launch_id();
+        let launch_id = crate::cuda::__private::next_launch_id();
         let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 8);
         for (block, warp) in [(0, 0), (1, 1)] {
             b.warp(block, warp)

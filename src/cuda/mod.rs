@@ -21,8 +21,7 @@ pub use compile::{
 };
 pub use error::{CalibrateError, CudaError, ProfilerError};
 pub use profiler::{
-    next_launch_id, Profiler, ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_MEMORY_LIMIT,
-    DEFAULT_RECALIBRATION,
+    Profiler, ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_MEMORY_LIMIT, DEFAULT_RECALIBRATION,
 };
 pub use recorder::{CaptureLayer, CaptureRecorder};
 
@@ -32,5 +31,6 @@ pub use crate::gpu_profile;
 #[doc(hidden)]
 pub mod __private {
     //! What `gpu_profile!` expands to needs; not public API.
+    pub use super::profiler::next_launch_id;
     pub use tracing;
 }

@@ -97,7 +97,7 @@ pub struct ProfilerBuilder {
     recalibrate_every: Option<Duration>,
     rounds: (usize, usize),
     pollers: u32,
-    dump: Option<Arc<CaptureRecorder>>,
+    recorder: Option<Arc<CaptureRecorder>>,
     lineinfo: bool,
 }
 
@@ -114,7 +114,7 @@ impl Default for ProfilerBuilder {
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
             rounds: (Calibrator::INITIAL_ROUNDS, Calibrator::PERIODIC_ROUNDS),
             pollers: Calibrator::DEFAULT_POLLERS,
-            dump: None,
+            recorder: None,
             lineinfo: true,
         }
     }
@@ -193,15 +193,15 @@ impl ProfilerBuilder {
 
     /// Also record the run (devices, calibrations, launches) into a capture
     /// file at `path`, written when the profiler is dropped. For the host spans
-    /// too, and for one file from several profilers, use [`ProfilerBuilder::dump`].
+    /// too, and for one file from several profilers, use [`ProfilerBuilder::recorder`].
     pub fn capture_to(self, path: impl Into<PathBuf>) -> Self {
-        self.dump(CaptureRecorder::new(path))
+        self.recorder(CaptureRecorder::new(path))
     }
 
     /// Also record the run into `recorder` (shared by several profilers, and
     /// with its [`CaptureRecorder::layer`] for the host spans).
-    pub fn dump(mut self, recorder: Arc<CaptureRecorder>) -> Self {
-        self.dump = Some(recorder);
+    pub fn recorder(mut self, recorder: Arc<CaptureRecorder>) -> Self {
+        self.recorder = Some(recorder);
         self
     }
 
@@ -252,7 +252,7 @@ impl ProfilerBuilder {
             self.pollers,
             self.lineinfo,
         )?;
-        let archive = match &self.dump {
+        let archive = match &self.recorder {
             Some(rec) => {
                 rec.add_registry(&registry)?;
                 rec.add_device(&device);
@@ -743,7 +743,7 @@ impl Drop for CudaCompletion {
 macro_rules! gpu_profile {
     ($profiler:expr, $stream:expr, $name:literal, $cfg:expr, $launch:expr $(,)?) => {{
         let __tgpu_profiler = &$profiler;
-        let __tgpu_id = $crate::cuda::next_launch_id();
+        let __tgpu_id = $crate::cuda::__private::next_launch_id();
         let __tgpu_span = $crate::cuda::__private::tracing::info_span!(
             $name,
             gpu.launch_id = __tgpu_id,

@@ -11,12 +11,12 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tracing_gpu::cuda::{CaptureRecorder, Profiler};
 //! use tracing_subscriber::{layer::SubscriberExt, EnvFilter};
-//! let dump = CaptureRecorder::new("run.tgpu");
+//! let capture = CaptureRecorder::new("run.tgpu");
 //! let subscriber = tracing_subscriber::registry()
 //!     .with(EnvFilter::new("trace,tracing_gpu::device=off")) // no plain device spans
-//!     .with(dump.layer());
+//!     .with(capture.layer());
 //! tracing::subscriber::set_global_default(subscriber)?;
-//! let profiler = Profiler::builder().dump(dump.clone()).build()?;
+//! let profiler = Profiler::builder().recorder(capture.clone()).build()?;
 //! // ... gpu_profile!(profiler, ...) ...
 //! drop(profiler); // writes run.tgpu
 //! # Ok(()) }
@@ -43,7 +43,7 @@ use crate::registry::EventRegistry;
 #[derive(Debug)]
 pub struct CaptureRecorder {
     path: PathBuf,
-    dump: Mutex<Capture>,
+    capture: Mutex<Capture>,
 }
 
 impl CaptureRecorder {
@@ -61,7 +61,7 @@ impl CaptureRecorder {
         ];
         Arc::new(CaptureRecorder {
             path: path.into(),
-            dump: Mutex::new(Capture {
+            capture: Mutex::new(Capture {
                 metadata,
                 ..Default::default()
             }),
@@ -75,13 +75,16 @@ impl CaptureRecorder {
 
     /// Adds a free-form note to the capture's metadata.
     pub fn note(&self, key: impl Into<String>, value: impl Into<String>) {
-        self.dump.lock().metadata.push((key.into(), value.into()));
+        self.capture
+            .lock()
+            .metadata
+            .push((key.into(), value.into()));
     }
 
     /// Writes everything recorded so far, atomically (a reader never sees half a file).
     pub fn write(&self) -> Result<(), ProfilerError> {
         // Written from a snapshot, so launches are not held up by the disk.
-        let snapshot = self.dump.lock().clone();
+        let snapshot = self.capture.lock().clone();
         snapshot.write(&self.path).map_err(ProfilerError::Capture)
     }
 
@@ -94,12 +97,12 @@ impl CaptureRecorder {
 
     /// Adds the event names of a profiler.
     pub(crate) fn add_registry(&self, registry: &EventRegistry) -> Result<(), ProfilerError> {
-        Ok(self.dump.lock().registry.merge(registry)?)
+        Ok(self.capture.lock().registry.merge(registry)?)
     }
 
     /// Adds a device (once).
     pub(crate) fn add_device(&self, device: &DeviceInfo) {
-        let mut d = self.dump.lock();
+        let mut d = self.capture.lock();
         if !d.devices.iter().any(|x| x.info.ordinal == device.ordinal) {
             d.devices.push(CaptureDevice {
                 info: device.clone(),
@@ -125,7 +128,7 @@ impl CaptureRecorder {
             timer_step_ns: 0,
         };
         self.add_device(device);
-        let mut d = self.dump.lock();
+        let mut d = self.capture.lock();
         if let Some(dev) = d
             .devices
             .iter_mut()
@@ -145,7 +148,7 @@ impl Archive for RecorderArchive {
 
     fn record(&mut self, batch: &Batch) {
         let launch = CaptureLaunch::new(batch.device.ordinal, &batch.launch, batch.buffer.clone());
-        self.0.dump.lock().launches.push(launch);
+        self.0.capture.lock().launches.push(launch);
     }
 
     fn finish(&mut self) -> Result<(), ProfilerError> {
@@ -223,7 +226,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
         };
         attrs.record(&mut Fields(&mut h));
         let at = {
-            let mut d = self.recorder.dump.lock();
+            let mut d = self.recorder.capture.lock();
             d.host_spans.push(h);
             d.host_spans.len() - 1
         };
@@ -237,7 +240,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
         else {
             return;
         };
-        let mut d = self.recorder.dump.lock();
+        let mut d = self.recorder.capture.lock();
         values.record(&mut Fields(&mut d.host_spans[at]));
     }
 
@@ -250,7 +253,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
         if !index.entered {
             index.entered = true;
             let now = HostClock::Boottime.now_ns();
-            let mut d = self.recorder.dump.lock();
+            let mut d = self.recorder.capture.lock();
             let h = &mut d.host_spans[index.at];
             // The thread that runs it, not the one that made it.
             h.thread_id = os_thread_id();
@@ -270,7 +273,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
             return;
         };
         let now = HostClock::Boottime.now_ns();
-        let mut d = self.recorder.dump.lock();
+        let mut d = self.recorder.capture.lock();
         d.host_spans[at].end_ns = now;
     }
 
@@ -282,7 +285,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
         };
         if !index.entered {
             let now = HostClock::Boottime.now_ns();
-            self.recorder.dump.lock().host_spans[index.at].end_ns = now;
+            self.recorder.capture.lock().host_spans[index.at].end_ns = now;
         }
     }
 }

@@ -12,7 +12,7 @@
 //! bytes means a warp wrote records but never flushed, and is an error
 //! ([`DecodeError::UnflushedSlotNotEmpty`]): its records cannot be placed in time.
 //!
-//! [`OwnedBuffer`] owns its bytes and crosses threads; [`BufferBuilder`] writes
+//! [`OwnedBuffer`] owns its bytes and crosses threads; [`BufferBuilder`](crate::format::BufferBuilder) writes
 //! valid buffers on the host, for tests and for producers that are not the CUDA
 //! header.
 

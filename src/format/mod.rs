@@ -47,6 +47,7 @@ pub const SLOT_FLAG_OPEN_AT_FLUSH: u32 = 2;
 pub const NO_CLUSTER: u32 = u32::MAX;
 
 /// Field offsets of the buffer header, as the header file and `docs/format.md` give them.
+#[doc(hidden)]
 pub mod buffer_offsets {
     /// `u32` magic, [`super::BUFFER_MAGIC`].
     pub const MAGIC: usize = 0;
@@ -77,6 +78,7 @@ pub mod buffer_offsets {
 }
 
 /// Field offsets of a slot header.
+#[doc(hidden)]
 pub mod slot_offsets {
     /// `u32` [`super::SLOT_MAGIC`] once flushed, else zero.
     pub const MAGIC: usize = 0;
@@ -105,6 +107,7 @@ pub mod slot_offsets {
 }
 
 /// Field offsets of a record.
+#[doc(hidden)]
 pub mod record_offsets {
     /// `u32` low 32 bits of the `%globaltimer` value at the end (or the instant).
     pub const END_LO: usize = 0;
@@ -316,7 +319,7 @@ pub enum EventKind {
 /// One decoded event, in device nanoseconds (`%globaltimer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event {
-    /// The user's event type id (see [`EventRegistry`]).
+    /// The user's event type id (see [`EventRegistry`](crate::registry::EventRegistry)).
     pub id: u16,
     /// Range or instant.
     pub kind: EventKind,

@@ -74,7 +74,7 @@ pub(crate) enum Job {
 }
 
 /// The `tracing` layer and [`BatchSink`] that ships spans over OTLP. See the
-/// [module docs](self). Built by [`OtlpLayer::builder`].
+/// [module docs](super). Built by [`OtlpLayer::builder`].
 pub struct OtlpLayer {
     pub(crate) inner: Arc<Inner>,
     pub(crate) sink: SinkHandle,

@@ -4,12 +4,12 @@
 //! http/protobuf. `docs/otlp.md` shows the commands.
 //!
 //! [`OtlpLayer`] is two things at once:
-//! - a `tracing-subscriber` [`Layer`]: each host span becomes an OpenTelemetry
+//! - a `tracing-subscriber` [`Layer`](tracing_subscriber::Layer): each host span becomes an OpenTelemetry
 //!   span stamped with wall time (`CLOCK_REALTIME`) when it opens and closes;
-//! - a [`BatchSink`]: each device [`Batch`] becomes spans with explicit times
-//!   ([`SpanBuilder::with_start_time`], [`opentelemetry::trace::Span::end_with_timestamp`]),
+//! - a [`BatchSink`](crate::batch::BatchSink): each device [`Batch`](crate::batch::Batch) becomes spans with explicit times
+//!   ([`opentelemetry::trace::SpanBuilder::with_start_time`], [`opentelemetry::trace::Span::end_with_timestamp`]),
 //!   mapped from `%globaltimer` by [`crate::clock::Calibration::to_host`] on
-//!   [`HostClock::Realtime`], under the host span that launched the kernel.
+//!   [`HostClock::Realtime`](crate::clock::HostClock::Realtime), under the host span that launched the kernel.
 //!
 //! # Two modes
 //!
@@ -62,12 +62,12 @@
 //! the standard `OTEL_EXPORTER_OTLP_*` variables unless the builder says
 //! otherwise, and by `OTEL_BSP_*` for batching. An endpoint that is down or slow
 //! never blocks the application:
-//! - closing a host span and [`BatchSink::on_batch`] never wait: they hand the
+//! - closing a host span and [`BatchSink::on_batch`](crate::batch::BatchSink::on_batch) never wait: they hand the
 //!   span or batch to a bounded queue, and drop (and count) when it is full;
 //! - at most `max_queue_size` finished spans wait for export (plus one export
 //!   batch in flight), and at most `batch_queue` device batches wait for
 //!   conversion: memory stays bounded whatever the endpoint does;
-//! - [`BatchSink::flush`] and [`OtlpGuard::flush`] wait at most
+//! - [`BatchSink::flush`](crate::batch::BatchSink::flush) and [`OtlpGuard::flush`] wait at most
 //!   `shutdown_timeout` for the conversion, plus at most 5 s (the SDK's fixed
 //!   flush timeout) for the export; dropping the [`OtlpGuard`] waits at most
 //!   `shutdown_timeout` (default 5 s) in all;
@@ -79,7 +79,7 @@
 //! - the exporter reconnects by itself: spans sent after the endpoint comes back
 //!   arrive.
 //!
-//! A capture file ([`Capture`]) is shipped with [`OtlpLayer::replay`], host spans
+//! A capture file ([`Capture`](crate::capture::Capture)) is shipped with [`OtlpLayer::replay`], host spans
 //! and device spans with their recorded times (`examples/otlp_ship.rs`).
 //!
 //! Spans of the exporter's own crates (`hyper`, `h2`, `tonic`, `tower`,

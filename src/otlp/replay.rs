@@ -23,8 +23,8 @@ impl OtlpLayer {
     ///
     /// Unlike the live path this waits for room in the queues instead of
     /// dropping (a replay is not an application's hot path); it returns once
-    /// everything is handed over. Follow with [`OtlpGuard::flush`] and check
-    /// [`OtlpGuard::stats`].
+    /// everything is handed over. Follow with [`OtlpGuard::flush`](crate::otlp::OtlpGuard::flush) and check
+    /// [`OtlpGuard::stats`](crate::otlp::OtlpGuard::stats).
     pub fn replay(&self, spans: &[HostSpan], realtime_offset_ns: i64, batches: &[Arc<Batch>]) {
         let inner = &self.inner;
         let _patient = Patient::new();

@@ -241,7 +241,7 @@ pub(crate) fn replay(
     }
     out.packet(&process(ids, REPLAY_PID, process_name.to_string()));
     // Ends, with still-open spans extended over their descendants (a child
-    // always comes after its parent in a dump, so one backward pass does it).
+    // always comes after its parent in a capture, so one backward pass does it).
     let mut end: Vec<u64> = spans.iter().map(|s| s.end_ns).collect();
     let mut cover: Vec<u64> = vec![0; spans.len()];
     for i in (0..spans.len()).rev() {

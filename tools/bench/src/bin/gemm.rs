@@ -207,7 +207,7 @@ fn profiled(args: &Args, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
                     .capacity(g.capacity(&p))
                     .lineinfo(lineinfo);
                 if let Some(r) = &recorder {
-                    b = b.dump(r.clone());
+                    b = b.recorder(r.clone());
                 }
                 b.build()?
             };
