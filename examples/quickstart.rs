@@ -119,7 +119,7 @@ pub fn run(
     let recorder = capture.map(CaptureRecorder::new);
     // Our layers take device events in bulk. An unfiltered subscriber would
     // also ask for one plain span per device event (for other layers, see
-    // `tracing_gpu::bridge`); nobody here wants them.
+    // `tracing_gpu::deliver`); nobody here wants them.
     let subscriber = tracing_subscriber::registry()
         .with(EnvFilter::new("trace,tracing_gpu::device=off"))
         .with(perfetto)

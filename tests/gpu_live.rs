@@ -1,4 +1,4 @@
-//! The live path on a real GPU: profiler, collector, bridge, PerfettoLayer. Runs
+//! The live path on a real GPU: profiler, collector, delivery, PerfettoLayer. Runs
 //! the quickstart example's `run` and checks its trace with Perfetto's own schema
 //! (`tests/check_perfetto.py`). Prints "skipped: no GPU" and passes where there is
 //! no GPU.

@@ -452,7 +452,7 @@ fn joins_the_application_trace_with_the_opentelemetry_layer_below() {
     let rx = Receiver::start(Transport::Http);
     let app = app_provider(&rx);
     let (layer, guard) = layer(&rx, Detail::Phase);
-    // At INFO, as applications run: the bridge's per-event fallback spans
+    // At INFO, as applications run: the per-event fallback spans
     // (TRACE) stay off, or tracing-opentelemetry would export them too.
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))

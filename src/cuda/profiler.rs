@@ -1,6 +1,6 @@
 //! [`Profiler`]: one per CUDA context. It owns the device's clock calibration,
 //! a pool of trace buffers, and a collector thread that brings each profiled
-//! launch back, decodes it and hands it to the subscriber ([`crate::bridge`]).
+//! launch back, decodes it and hands it to the subscriber ([`crate::deliver`]).
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -201,7 +201,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
 {
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
         // Device events are in the capture already, as raw buffers; their
-        // plain spans (crate::bridge) are not host spans.
+        // plain spans (crate::deliver) are not host spans.
         if attrs.metadata().target() == DEVICE_TARGET {
             return;
         }

@@ -258,7 +258,7 @@ impl Inner {
 
     /// The parent context for a batch's spans: the launch span's. The profiler
     /// keeps that span open until [`BatchSink::on_batch`] returns (see
-    /// [`crate::bridge`]), so its id is looked up now, on the caller's thread.
+    /// [`crate::deliver`]), so its id is looked up now, on the caller's thread.
     fn launch_context(&self, batch: &Batch) -> OtelContext {
         let (Some(id), Some(lookup), Some(dispatch)) = (
             &batch.launch.parent,
@@ -342,7 +342,7 @@ impl Visit for HostSpan {
 }
 
 /// Crates whose spans are never exported: the exporter's own, whose spans
-/// would feed it its own traffic, and the bridge's per-event fallback.
+/// would feed it its own traffic, and the per-event fallback.
 pub(crate) fn ignored_target(target: &str) -> bool {
     let krate = target.split("::").next().unwrap_or(target);
     matches!(

@@ -84,7 +84,7 @@
 //!
 //! Spans of the exporter's own crates (`hyper`, `h2`, `tonic`, `tower`,
 //! `reqwest`, `opentelemetry*`) are never exported: exporting them would feed
-//! the exporter its own traffic. Nor are the bridge's per-event fallback spans
+//! the exporter its own traffic. Nor are the per-event fallback spans
 //! (target `tracing_gpu::device`): this layer takes whole batches instead.
 
 use std::str::FromStr;

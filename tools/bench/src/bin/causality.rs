@@ -12,7 +12,7 @@
 //! idle gaps between them (so the clock mapping is exercised across
 //! recalibrations), each followed by a `synchronize`. The device events reach it
 //! the way they reach any `tracing` layer: as plain spans under the target
-//! `tracing_gpu::device` (see `tracing_gpu::bridge`). The launch time is the one
+//! `tracing_gpu::device` (see `tracing_gpu::deliver`). The launch time is the one
 //! the profiler read just before the launch call (`gpu.host_launch_ns` on the
 //! launch span).
 //!

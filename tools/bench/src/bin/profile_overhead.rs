@@ -84,7 +84,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let (rounds, launches, reserve) = (a.rounds, a.launches, a.reserve);
     let dir = std::env::temp_dir().join(format!("tgpu-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::bridge).
+    // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::deliver).
     let filter = || EnvFilter::new("trace,tracing_gpu::device=off");
     let (dispatch, guard) = match a.subscriber {
         Subscriber::Perfetto => {
