@@ -104,7 +104,8 @@ fn an_outside_sink_gets_every_batch_beside_perfetto_and_otlp() {
 #[test]
 fn sinks_are_found_in_every_shape_that_forwards_downcasts() {
     type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
-    let shapes: Vec<(&str, Box<dyn Fn(Counter) -> Dispatch>)> = vec![
+    type Make = Box<dyn Fn(Counter) -> Dispatch>;
+    let shapes: Vec<(&str, Make)> = vec![
         (
             "plain",
             Box::new(|c| Dispatch::new(Registry::default().with(SinkLayer::new(c).unwrap()))),
