@@ -121,7 +121,7 @@ pub fn run(
     // also ask for one plain span per device event (for other layers, see
     // `tracing_gpu::deliver`); nobody here wants them.
     let subscriber = tracing_subscriber::registry()
-        .with(EnvFilter::new("trace,tracing_gpu::device=off"))
+        .with(EnvFilter::new("trace,tracing_gpu::device=info"))
         .with(perfetto)
         .with(recorder.as_ref().map(|r| r.layer()));
     let stats = tracing::subscriber::with_default(

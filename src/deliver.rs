@@ -1,5 +1,6 @@
-//! Delivery: every [`Batch`] to every [`BatchSink`] in the subscriber, and
-//! plain `tracing` spans for the layers that are not sinks.
+//! Delivery: every [`Batch`] to every [`BatchSink`] in the subscriber whose
+//! filters let it through, and plain `tracing` spans for the layers that are
+//! not sinks.
 //!
 //! A profiled launch (or a replayed one) reaches the subscriber as one
 //! [`Batch`]. [`deliver`] hands it over in two ways:
@@ -9,17 +10,31 @@
 //!   dispatch. Ours are [`crate::perfetto::PerfettoLayer`] and, with feature
 //!   `otlp`, `crate::otlp::OtlpLayer`; a sink of your own is found the same way
 //!   once it is in the subscriber as a [`SinkLayer`] (or, if it is a layer
-//!   already, answers `downcast_raw` through a [`SinkHandle`]). This module
-//!   names no sink.
-//! - **As plain spans, to any other layer.** If the subscriber enables the target
-//!   [`DEVICE_TARGET`] (`"tracing_gpu::device"`) at `TRACE`, every device event
-//!   also becomes one ordinary span, so that `fmt`, `tracing-opentelemetry`, or a
-//!   layer of your own sees it. This path costs one `tracing` span per event
-//!   (several times the bulk path). A filter at `DEBUG` or above leaves it off;
-//!   `EnvFilter::new("info,tracing_gpu::device=trace")` turns it on. An
-//!   *unfiltered* subscriber enables everything at `TRACE`, this path included:
-//!   when only our layers read device events, filter it out,
-//!   `EnvFilter::new("trace,tracing_gpu::device=off")`.
+//!   already, holds a [`SinkHandle`]). This module names no sink.
+//! - **As plain spans, to any other layer**, if the subscriber enables target
+//!   [`DEVICE_TARGET`] at `TRACE`: every device event becomes one ordinary span,
+//!   so that `fmt`, `tracing-opentelemetry`, or a layer of your own sees it (at
+//!   most [`FALLBACK_SPAN_LIMIT`] per batch). This path costs one `tracing` span
+//!   per event, several times the bulk path, and its spans are made on the
+//!   delivering thread after the kernel has finished (see below).
+//!
+//! # Filters
+//!
+//! Device data obeys the subscriber's filters, global and per layer, at two
+//! levels of target [`DEVICE_TARGET`] (`"tracing_gpu::device"`):
+//!
+//! | level | what it lets through |
+//! |---|---|
+//! | `INFO` | whole batches to the sinks: each batch first emits one event, [`GATE_EVENT`] (`"gpu.batch"`, parented to the launch span, with `gpu.launch_id`, `gpu.kernel`, `gpu.device`), and a sink gets the batch only if that event reached it |
+//! | `TRACE` | also the plain spans, one per device event |
+//!
+//! So `RUST_LOG=warn` sends no device data anywhere; `info` (the usual setting)
+//! sends whole batches to the sinks and no plain spans; a per-layer filter
+//! that disables `tracing_gpu::device` keeps batches from that one sink;
+//! `info,tracing_gpu::device=trace` adds the plain spans. An *unfiltered*
+//! subscriber enables everything, plain spans included: give it a filter
+//! (`EnvFilter::new("info")`, or `"trace,tracing_gpu::device=info"` to keep
+//! your own `TRACE` spans).
 //!
 //! # The fields of a device span
 //!
@@ -27,30 +42,34 @@
 //! `"tracing_gpu::device"` and level `TRACE`, parented to the launch's host span
 //! (the one `gpu_profile!` opens; a root span if there is none). The span is
 //! created and closed on the profiler's collector thread, after the kernel has
-//! finished: its own open and close times are *not* the device times. Those are
-//! in the fields:
+//! finished: its own open and close times are *not* the device times (they are
+//! milliseconds later, and as long as a span takes to make). The device times
+//! are in the fields. Numbers are `i64`, so that every layer keeps them as
+//! numbers:
 //!
 //! | field | type | meaning |
 //! |---|---|---|
 //! | `otel.name` | str | the event's name (so `tracing-opentelemetry` names the span after it) |
 //! | `gpu.event` | str | the event's name from the registry (`"event 7"` for an unknown id) |
-//! | `gpu.event_id` | u64 | the event type id the kernel wrote |
+//! | `gpu.event_id` | i64 | the event type id the kernel wrote |
 //! | `gpu.kind` | str | `"range"` or `"instant"` |
-//! | `gpu.device` | u64 | CUDA device ordinal |
-//! | `gpu.sm` | u64 | `%smid` of the warp at its first event |
-//! | `gpu.block` | u64 | linear block index (`x + y·gx + z·gx·gy`) |
-//! | `gpu.warp` | u64 | warp index within the block |
-//! | `gpu.start_ns` | u64 | start on the host trace clock (`CLOCK_BOOTTIME`, ns) |
-//! | `gpu.end_ns` | u64 | end on the host trace clock (equals `gpu.start_ns` for an instant) |
-//! | `gpu.payload` | u64 | the user payload the kernel wrote (a k-tile index, a byte count) |
+//! | `gpu.device` | i64 | CUDA device ordinal |
+//! | `gpu.sm` | i64 | `%smid` of the warp at its first event |
+//! | `gpu.block` | i64 | linear block index (`x + y·gx + z·gx·gy`) |
+//! | `gpu.warp` | i64 | warp index within the block |
+//! | `gpu.start_ns` | i64 | start on the host trace clock (`CLOCK_BOOTTIME`, ns) |
+//! | `gpu.end_ns` | i64 | end on the host trace clock (equals `gpu.start_ns` for an instant) |
+//! | `gpu.payload` | i64 | the user payload the kernel wrote (a k-tile index, a byte count) |
 //! | `gpu.payload.name` | str | what the payload is, if the event's type declares it ([`EventRegistry::with_payload`](crate::registry::EventRegistry::with_payload), `"k_tile"`); absent otherwise |
 //! | `gpu.kernel` | str | the launch's name, as given to `gpu_profile!` |
-//! | `gpu.launch_id` | u64 | the launch id (unique in the process) |
-//! | `thread.name` | str | the synthetic thread, `"GPU 0 / SM 12 / block 7 warp 3"` |
+//! | `gpu.launch_id` | i64 | the launch id (unique in the process) |
+//! | `gpu.thread` | str | the synthetic thread, `"GPU 0 / SM 12 / block 7 warp 3"` (not `thread.name`, which layers such as `tracing-opentelemetry` set to the real thread) |
 //!
 //! A warp whose slot overflowed adds one `TRACE` event (not a span) under the
 //! same target, `"gpu.dropped"`, with `gpu.device`, `gpu.sm`, `gpu.block`,
-//! `gpu.warp`, `gpu.dropped` (the count) and `thread.name`.
+//! `gpu.warp`, `gpu.dropped` (the count), `gpu.kernel`, `gpu.launch_id` and
+//! `gpu.thread`. A batch with more events than [`FALLBACK_SPAN_LIMIT`] adds
+//! one `"gpu.fallback_truncated"` event with `gpu.events` and `gpu.emitted`.
 //!
 //! # The launch span
 //!
@@ -70,15 +89,17 @@
 //! asks for the marker of every slot in use. This sees through `Layered`,
 //! `Filtered`, `Option`, `Vec` and `Box<dyn Layer>`, which forward
 //! `downcast_raw`; `tracing_subscriber::reload` does not, so a sink behind it is
-//! not found. The cost is one downcast per live sink and batch.
+//! not found. The cost is one downcast per live sink and batch, and one event
+//! (the gate) per batch.
 
 use std::any::TypeId;
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tracing::{Dispatch, Subscriber};
-use tracing_subscriber::layer::Layer;
+use tracing_subscriber::layer::{Context, Layer};
 
 use crate::batch::{thread_name, Batch, BatchSink, DEVICE_TARGET};
 use crate::format::EventKind;
@@ -232,6 +253,20 @@ impl SinkHandle {
         })
     }
 
+    /// `Layer::on_event` for a layer that holds this handle: notes that the
+    /// subscriber's filters let the current batch through to this sink (see
+    /// [the module docs](self#filters)). A layer of your own that holds a
+    /// handle calls it from its `on_event`, or it gets no batches.
+    pub fn on_event(&self, event: &tracing::Event<'_>) {
+        if is_gate(event.metadata()) {
+            OPEN.with(|open| {
+                let mut bits = open.get();
+                bits[self.slot.0 / 64] |= 1 << (self.slot.0 % 64);
+                open.set(bits);
+            });
+        }
+    }
+
     /// `Layer::downcast_raw(id)` for `layer`, a layer that holds this handle
     /// and forwards its own `downcast_raw` here: `layer` itself for its own
     /// type, the sink for its slot's marker, else `None`.
@@ -303,60 +338,105 @@ impl<T: BatchSink + 'static> SinkLayer<T> {
 }
 
 impl<S: Subscriber, T: BatchSink + 'static> Layer<S> for SinkLayer<T> {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        self.handle.on_event(event);
+    }
+
     unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
         // Safety: forwarded from our own `downcast_raw`.
         unsafe { self.handle.downcast_raw(self, id) }
     }
 }
 
-/// Calls `f` with every sink in `dispatch`, in slot order.
-pub(crate) fn for_each_sink(dispatch: &Dispatch, mut f: impl FnMut(&Arc<dyn BatchSink>)) {
+/// Calls `f` with every sink in `dispatch` and its slot, in slot order.
+pub(crate) fn for_each_sink(dispatch: &Dispatch, mut f: impl FnMut(usize, &Arc<dyn BatchSink>)) {
     for slot in slots_in_use() {
         if let Some(sink) = PROBES[slot](dispatch) {
-            f(sink);
+            f(slot, sink);
         }
     }
 }
 
-/// Hands `batch` to every sink in `dispatch`, then, if the subscriber asks for
-/// them, emits the plain device spans (see the module docs).
+/// The name of the event that opens each batch's way to the sinks (target
+/// [`DEVICE_TARGET`], level `INFO`): a sink gets the batch only if the
+/// subscriber's filters let this event through to it.
+pub const GATE_EVENT: &str = "gpu.batch";
+
+fn is_gate(meta: &tracing::Metadata<'_>) -> bool {
+    meta.name() == GATE_EVENT && meta.target() == DEVICE_TARGET
+}
+
+thread_local! {
+    /// The slots of the sinks that have seen the current batch's gate event.
+    static OPEN: Cell<[u64; MAX_SINKS / 64]> = const { Cell::new([0; MAX_SINKS / 64]) };
+}
+
+/// The most plain spans one batch becomes (see [the module docs](self#the-fields-of-a-device-span));
+/// past it, one `gpu.fallback_truncated` event says how many were left out.
+pub const FALLBACK_SPAN_LIMIT: usize = 4096;
+
+/// Hands `batch` to every sink in `dispatch` that the subscriber's filters let
+/// it reach (see [the module docs](self#filters)), then, if the subscriber asks
+/// for them, emits the plain device spans.
 ///
-/// The plain spans are emitted with `dispatch` as the thread's default
-/// (`tracing::dispatcher::with_default`), which tracing-core cannot do from
-/// inside a `tracing::dispatcher::get_default` closure (it panics there): clone
-/// the dispatcher out first, `let d = get_default(|d| d.clone());`, then call
-/// `deliver(&d, batch)`, as the profiler's collector does.
+/// The gate event and the plain spans are emitted with `dispatch` as the
+/// thread's default (`tracing::dispatcher::with_default`), which tracing-core
+/// cannot do from inside a `tracing::dispatcher::get_default` closure (it
+/// panics there): clone the dispatcher out first, `let d = get_default(|d|
+/// d.clone());`, then call `deliver(&d, batch)`, as the profiler's collector does.
 pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) {
-    for_each_sink(dispatch, |sink| sink.on_batch(&batch));
-    if tracing::level_enabled!(tracing::Level::TRACE) {
-        tracing::dispatcher::with_default(dispatch, || emit_spans(&batch));
-    }
+    tracing::dispatcher::with_default(dispatch, || {
+        OPEN.with(|open| open.set([0; MAX_SINKS / 64]));
+        let launch = &batch.launch;
+        tracing::event!(
+            name: GATE_EVENT,
+            target: DEVICE_TARGET,
+            parent: launch.parent.clone(),
+            tracing::Level::INFO,
+            gpu.launch_id = launch.launch_id as i64,
+            gpu.kernel = launch.kernel.as_str(),
+            gpu.device = i64::from(batch.device.ordinal),
+        );
+        let open = OPEN.with(Cell::take);
+        for_each_sink(dispatch, |slot, sink| {
+            if open[slot / 64] & (1 << (slot % 64)) != 0 {
+                sink.on_batch(&batch);
+            }
+        });
+        if tracing::level_enabled!(tracing::Level::TRACE) {
+            emit_spans(&batch);
+        }
+    });
 }
 
 /// Flushes every sink in `dispatch` ([`BatchSink::flush`]).
 pub fn flush(dispatch: &Dispatch) {
-    for_each_sink(dispatch, |sink| sink.flush());
+    for_each_sink(dispatch, |_, sink| sink.flush());
 }
 
-/// The fallback: one plain span per device event, under [`DEVICE_TARGET`].
-/// Runs with `dispatch` as the default dispatcher.
+/// The fallback: one plain span per device event, under [`DEVICE_TARGET`], at
+/// most [`FALLBACK_SPAN_LIMIT`] per batch. Runs with the batch's dispatcher as
+/// the default. Numbers are recorded as `i64` (their values fit), which every
+/// layer, `tracing-opentelemetry` included, keeps as numbers.
 fn emit_spans(batch: &Batch) {
     if !tracing::enabled!(target: DEVICE_TARGET, tracing::Level::TRACE) {
         return;
     }
-    let device = batch.device.ordinal;
+    let device = i64::from(batch.device.ordinal);
     let launch = &batch.launch;
+    let launch_id = launch.launch_id as i64;
     let parent = launch.parent.clone();
-    let capture = batch.buffer.view();
+    let buffer = batch.buffer.view();
     // All device spans share one callsite: once one is filtered out (by a filter
     // on span names or fields that the `enabled!` hint above could not see), so
     // is every other, and only the drop events remain to be sent.
     let mut spans_on = true;
-    for slot in capture.slots() {
-        let thread = thread_name(device, &slot);
+    let mut emitted = 0usize;
+    for slot in buffer.slots() {
+        let thread = thread_name(batch.device.ordinal, &slot);
         let h = &slot.header;
         for ev in slot.events() {
-            if !spans_on {
+            if !spans_on || emitted == FALLBACK_SPAN_LIMIT {
                 break;
             }
             let info = batch.registry.info(ev.id);
@@ -371,48 +451,68 @@ fn emit_spans(batch: &Batch) {
                 "gpu.event",
                 otel.name = &*name,
                 gpu.event = &*name,
-                gpu.event_id = ev.id as u64,
+                gpu.event_id = i64::from(ev.id),
                 gpu.kind = match ev.kind {
                     EventKind::Range => "range",
                     EventKind::Instant => "instant",
                 },
-                gpu.device = device as u64,
-                gpu.sm = h.sm_first as u64,
-                gpu.block = h.block_linear as u64,
-                gpu.warp = h.warp as u64,
-                gpu.start_ns = batch.trace_ns(ev.start_ns),
-                gpu.end_ns = batch.trace_ns(ev.end_ns),
-                gpu.payload = ev.payload as u64,
+                gpu.device = device,
+                gpu.sm = i64::from(h.sm_first),
+                gpu.block = i64::from(h.block_linear),
+                gpu.warp = i64::from(h.warp),
+                gpu.start_ns = batch.trace_ns(ev.start_ns) as i64,
+                gpu.end_ns = batch.trace_ns(ev.end_ns) as i64,
+                gpu.payload = i64::from(ev.payload),
                 gpu.payload.name = info.and_then(|i| i.payload.as_deref()),
                 gpu.kernel = launch.kernel.as_str(),
-                gpu.launch_id = launch.launch_id,
-                thread.name = thread.as_str(),
+                gpu.launch_id = launch_id,
+                gpu.thread = thread.as_str(),
             );
             if span.is_disabled() {
                 spans_on = false;
                 break;
             }
+            emitted += 1;
         }
         if h.drop_count > 0 {
             tracing::event!(
+                name: "gpu.dropped",
                 target: DEVICE_TARGET,
                 parent: parent.clone(),
                 tracing::Level::TRACE,
-                gpu.device = device as u64,
-                gpu.sm = h.sm_first as u64,
-                gpu.block = h.block_linear as u64,
-                gpu.warp = h.warp as u64,
-                gpu.dropped = h.drop_count as u64,
-                thread.name = thread.as_str(),
+                gpu.device = device,
+                gpu.sm = i64::from(h.sm_first),
+                gpu.block = i64::from(h.block_linear),
+                gpu.warp = i64::from(h.warp),
+                gpu.dropped = i64::from(h.drop_count),
+                gpu.kernel = launch.kernel.as_str(),
+                gpu.launch_id = launch_id,
+                gpu.thread = thread.as_str(),
                 "gpu.dropped"
             );
         }
+    }
+    let events = batch.buffer.event_count();
+    if spans_on && emitted as u64 != events {
+        tracing::event!(
+            name: "gpu.fallback_truncated",
+            target: DEVICE_TARGET,
+            parent: parent.clone(),
+            tracing::Level::TRACE,
+            gpu.kernel = launch.kernel.as_str(),
+            gpu.launch_id = launch_id,
+            gpu.events = events as i64,
+            gpu.emitted = emitted as i64,
+            "gpu.fallback_truncated"
+        );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::OwnedBuffer;
+    use crate::format::BufferBuilder;
     use crate::test_support::{batch, Recorder, TestSink};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::EnvFilter;
@@ -451,7 +551,8 @@ mod tests {
         assert_eq!(first["gpu.payload.name"], "k_tile");
         assert_eq!(first["gpu.kernel"], "sim");
         assert_eq!(first["gpu.launch_id"], "42");
-        assert_eq!(first["thread.name"], "GPU 0 / SM 12 / block 0 warp 1");
+        assert_eq!(first["gpu.thread"], "GPU 0 / SM 12 / block 0 warp 1");
+        assert!(!first.contains_key("thread.name"));
         let (s, e): (u64, u64) = (
             first["gpu.start_ns"].parse().unwrap(),
             first["gpu.end_ns"].parse().unwrap(),
@@ -468,12 +569,16 @@ mod tests {
             "epilogue declares no payload name"
         );
         // Block 1 warp 0 wrote 5 records into 4 places: one dropped.
-        assert_eq!(seen.events.len(), 1);
-        assert_eq!(seen.events[0]["gpu.dropped"], "1");
-        assert_eq!(
-            seen.events[0]["thread.name"],
-            "GPU 0 / SM 3 / block 1 warp 0"
-        );
+        let drops: Vec<_> = seen
+            .events
+            .iter()
+            .filter(|e| e["name"] == "gpu.dropped")
+            .collect();
+        assert_eq!(drops.len(), 1);
+        assert_eq!(drops[0]["gpu.dropped"], "1");
+        assert_eq!(drops[0]["gpu.launch_id"], "42");
+        assert_eq!(drops[0]["gpu.kernel"], "sim");
+        assert_eq!(drops[0]["gpu.thread"], "GPU 0 / SM 3 / block 1 warp 0");
     }
 
     #[test]
@@ -481,7 +586,7 @@ mod tests {
         let rec = Recorder::default();
         let sink = TestSink::default();
         let sub = tracing_subscriber::registry()
-            .with(EnvFilter::new("trace,tracing_gpu::device=off"))
+            .with(EnvFilter::new("trace,tracing_gpu::device=info"))
             .with(rec.clone())
             .with(SinkLayer::new(sink.clone()).unwrap());
         let dispatch = Dispatch::new(sub);
@@ -492,7 +597,8 @@ mod tests {
             "the bulk path does not depend on the filter"
         );
         assert!(rec.0.lock().spans.is_empty());
-        assert!(rec.0.lock().events.is_empty());
+        let events = &rec.0.lock().events;
+        assert!(events.iter().all(|e| e["name"] == GATE_EVENT), "{events:?}");
     }
 
     #[test]
@@ -506,7 +612,13 @@ mod tests {
         let seen = rec.0.lock();
         assert!(seen.spans.is_empty());
         // The drop count still comes through.
-        assert_eq!(seen.events.len(), 1);
+        assert_eq!(
+            seen.events
+                .iter()
+                .filter(|e| e["name"] == "gpu.dropped")
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -518,7 +630,7 @@ mod tests {
         let seen = rec.0.lock();
         assert_eq!(seen.spans.len(), 7);
         assert!(seen.parents.iter().all(Option::is_none));
-        assert!(seen.spans[0]["thread.name"].starts_with("GPU 1 / "));
+        assert!(seen.spans[0]["gpu.thread"].starts_with("GPU 1 / "));
     }
 
     #[test]
@@ -541,5 +653,69 @@ mod tests {
         let plain = Dispatch::new(tracing_subscriber::registry());
         deliver(&plain, batch(0, 9, None));
         assert_eq!(sink.0.lock().batches, [3, 4]);
+    }
+
+    #[test]
+    fn filters_decide_which_sinks_get_batches() {
+        // A global filter below INFO for the device target: no sink gets anything.
+        let sink = TestSink::default();
+        let dispatch = Dispatch::new(
+            tracing_subscriber::registry()
+                .with(EnvFilter::new("warn"))
+                .with(SinkLayer::new(sink.clone()).unwrap()),
+        );
+        deliver(&dispatch, batch(0, 1, None));
+        assert!(
+            sink.0.lock().batches.is_empty(),
+            "RUST_LOG=warn exports nothing"
+        );
+
+        // Per-layer filters: one sink switched off for device data, one on.
+        let (off, on) = (TestSink::default(), TestSink::default());
+        let dispatch = Dispatch::new(
+            tracing_subscriber::registry()
+                .with(
+                    SinkLayer::new(off.clone())
+                        .unwrap()
+                        .with_filter(EnvFilter::new("info,tracing_gpu::device=off")),
+                )
+                .with(
+                    SinkLayer::new(on.clone())
+                        .unwrap()
+                        .with_filter(EnvFilter::new("info")),
+                ),
+        );
+        deliver(&dispatch, batch(0, 2, None));
+        assert!(off.0.lock().batches.is_empty());
+        assert_eq!(on.0.lock().batches, [2]);
+    }
+
+    #[test]
+    fn the_plain_spans_of_a_batch_are_bounded() {
+        let rec = Recorder::default();
+        let dispatch = Dispatch::new(tracing_subscriber::registry().with(rec.clone()));
+        // More events than the limit: 40 warps of 128 records.
+        let mut b = BufferBuilder::new([10, 1, 1], [128, 1, 1], 128);
+        for block in 0..10 {
+            for warp in 0..4 {
+                let slot = b.warp(block, warp).unwrap();
+                for i in 0..128u64 {
+                    slot.range(1, 1_000_000 + i * 10, 1_000_000 + i * 10 + 5, 0);
+                }
+            }
+        }
+        let mut big = (*batch(0, 3, None)).clone();
+        big.buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
+        deliver(&dispatch, Arc::new(big));
+        let seen = rec.0.lock();
+        assert_eq!(seen.spans.len(), FALLBACK_SPAN_LIMIT);
+        let cut: Vec<_> = seen
+            .events
+            .iter()
+            .filter(|e| e["name"] == "gpu.fallback_truncated")
+            .collect();
+        assert_eq!(cut.len(), 1);
+        assert_eq!(cut[0]["gpu.events"], "5120");
+        assert_eq!(cut[0]["gpu.emitted"], FALLBACK_SPAN_LIMIT.to_string());
     }
 }

@@ -83,8 +83,13 @@ impl Visit for Fields<'_> {
     fn record_str(&mut self, f: &Field, v: &str) {
         self.0.insert(f.name().into(), v.into());
     }
-    fn record_u64(&mut self, f: &Field, v: u64) {
+    fn record_i64(&mut self, f: &Field, v: i64) {
         self.0.insert(f.name().into(), v.to_string());
+    }
+    /// Marked, so that a test sees a number that would reach
+    /// `tracing-opentelemetry` as a string (it has no `record_u64`).
+    fn record_u64(&mut self, f: &Field, v: u64) {
+        self.0.insert(f.name().into(), format!("{v} (u64)"));
     }
 }
 
@@ -106,6 +111,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Recorder {
     fn on_event(&self, ev: &tracing::Event<'_>, _ctx: Context<'_, S>) {
         if ev.metadata().target() == DEVICE_TARGET {
             let mut m = BTreeMap::new();
+            m.insert("name".into(), ev.metadata().name().into());
             ev.record(&mut Fields(&mut m));
             self.0.lock().events.push(m);
         }

@@ -518,7 +518,7 @@ impl Worker {
         // Only now may the launch span close (and its id be reused).
         drop(span);
         let mut sinks = Vec::new();
-        deliver::for_each_sink(&dispatch, |s| sinks.push(s.clone()));
+        deliver::for_each_sink(&dispatch, |_, s| sinks.push(s.clone()));
         self.shared.finish_one(|st| {
             st.stats.delivered += 1;
             st.stats.events += events;
@@ -687,7 +687,7 @@ mod tests {
             assert_eq!(on.len(), 12);
             assert!(on
                 .iter()
-                .all(|s| s["thread.name"].starts_with(&format!("GPU {d} / SM "))));
+                .all(|s| s["gpu.thread"].starts_with(&format!("GPU {d} / SM "))));
         }
         // Launch ids are unique across the two devices' profilers.
         let ids: std::collections::BTreeSet<&String> =

@@ -13,7 +13,7 @@
 //! use tracing_subscriber::{layer::SubscriberExt, EnvFilter};
 //! let capture = CaptureRecorder::new("run.tgpu");
 //! let subscriber = tracing_subscriber::registry()
-//!     .with(EnvFilter::new("trace,tracing_gpu::device=off")) // no plain device spans
+//!     .with(EnvFilter::new("trace,tracing_gpu::device=info")) // batches, no plain device spans
 //!     .with(capture.layer());
 //! tracing::subscriber::set_global_default(subscriber)?;
 //! let profiler = Profiler::builder().recorder(capture.clone()).build()?;

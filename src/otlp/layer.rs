@@ -373,6 +373,11 @@ where
         unsafe { self.sink.downcast_raw(self, id) }
     }
 
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        // The batch's gate (deliver.rs): our filters let it through.
+        self.sink.on_event(event);
+    }
+
     fn on_register_dispatch(&self, dispatch: &Dispatch) {
         let _ = self.inner.shared.dispatch.set(dispatch.downgrade());
     }

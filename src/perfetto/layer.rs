@@ -628,7 +628,12 @@ where
 
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
         let meta = event.metadata();
-        if meta.target() == DEVICE_TARGET || self.shared.closed.load(Ordering::Relaxed) {
+        if meta.target() == DEVICE_TARGET {
+            // The batch's gate (deliver.rs): our filters let it through.
+            self.sink.on_event(event);
+            return;
+        }
+        if self.shared.closed.load(Ordering::Relaxed) {
             return;
         }
         let ts = HostClock::Boottime.now_ns();

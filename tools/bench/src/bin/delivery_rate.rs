@@ -87,7 +87,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let filter = EnvFilter::new(if plain {
             "trace"
         } else {
-            "trace,tracing_gpu::device=off"
+            "trace,tracing_gpu::device=info"
         });
         let (layer, guard) = if perfetto {
             let (l, g) = PerfettoLayer::builder()

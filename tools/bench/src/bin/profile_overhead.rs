@@ -85,7 +85,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("tgpu-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::deliver).
-    let filter = || EnvFilter::new("trace,tracing_gpu::device=off");
+    let filter = || EnvFilter::new("trace,tracing_gpu::device=info");
     let (dispatch, guard) = match a.subscriber {
         Subscriber::Perfetto => {
             let (layer, guard) = PerfettoLayer::builder()
