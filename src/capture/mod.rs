@@ -27,6 +27,10 @@ mod replay;
 #[cfg(test)]
 mod tests;
 
+/// The metadata key under which a capture says why it holds no host spans
+/// (written by the live recorder when its layer was not in the subscriber).
+pub const HOST_SPANS_NOTE: &str = "host_spans";
+
 /// The first 8 bytes of every capture file.
 pub const CAPTURE_MAGIC: [u8; 8] = *b"TGPUDUMP";
 /// The version this crate writes. It also reads

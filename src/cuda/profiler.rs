@@ -192,8 +192,13 @@ impl ProfilerBuilder {
     }
 
     /// Also record the run (devices, calibrations, launches) into a capture
-    /// file at `path`, written when the profiler is dropped. For the host spans
-    /// too, and for one file from several profilers, use [`ProfilerBuilder::recorder`].
+    /// file at `path`, written when the profiler is dropped. The host spans
+    /// (and with them the arrows from launches to kernels in a replay) are
+    /// recorded only by the recorder's layer in the subscriber: for them, and
+    /// for one file from several profilers, make a [`CaptureRecorder`], add its
+    /// [`layer`](CaptureRecorder::layer) to the subscriber and pass it to
+    /// [`ProfilerBuilder::recorder`]. A capture without them says so in its
+    /// metadata, and the CLI says it when it replays the file.
     pub fn capture_to(self, path: impl Into<PathBuf>) -> Self {
         self.recorder(CaptureRecorder::new(path))
     }
@@ -715,14 +720,17 @@ impl Drop for CudaCompletion {
 ///
 /// - `profiler`: a [`Profiler`] (or a reference, or an `Arc`);
 /// - `&stream`: the `CudaStream` the launch goes to (of the profiler's context);
-/// - `"name"`: a string literal, the launch's name in the trace (the host span's
-///   name and the kernel slice's);
+/// - `"name"`: the launch's name in the trace (the kernel slice's): a string
+///   literal, which also names the host span, or any `&str` expression (a
+///   kernel chosen at run time), for which the host span is named `gpu.launch`
+///   and carries the name in its `gpu.kernel` field (span names are static in
+///   `tracing`);
 /// - `cfg`: the launch's `LaunchConfig` (the trace buffer is sized from it);
 /// - `|trace| launch`: makes the launch, passing `trace` (a [`KernelArg`], which
 ///   is `tgpu::Trace` on the device) as a kernel argument, and returns its result
 ///   (`Result<_, E>` with `E: Into<ProfilerError>`, such as cudarc's `DriverError`).
 ///
-/// It opens an `INFO` span named `"name"` (fields `gpu.launch_id`, `gpu.device`,
+/// It opens an `INFO` span (fields `gpu.launch_id`, `gpu.device`,
 /// and `gpu.host_launch_ns`, the trace-clock time read just before the launch call),
 /// reads the host clock just before the launch, queues the completion for the
 /// collector, and returns `Result<T, ProfilerError>` with the launch's own value.
@@ -735,6 +743,10 @@ impl Drop for CudaCompletion {
 /// # fn f(profiler: &Profiler, stream: &CudaStream, k: &CudaFunction, n: u32) -> Result<(), ProfilerError> {
 /// let cfg = LaunchConfig::for_num_elems(n);
 /// gpu_profile!(profiler, stream, "scale", cfg, |trace| unsafe {
+///     stream.launch_builder(k).arg(&n).arg(&trace).launch(cfg)
+/// })?;
+/// let name = format!("scale_{n}");
+/// gpu_profile!(profiler, stream, &name, cfg, |trace| unsafe {
 ///     stream.launch_builder(k).arg(&n).arg(&trace).launch(cfg)
 /// })?;
 /// # Ok(()) }
@@ -751,6 +763,19 @@ macro_rules! gpu_profile {
             gpu.host_launch_ns = $crate::cuda::__private::tracing::field::Empty,
         );
         __tgpu_profiler.launch($stream, $name, $cfg, __tgpu_id, __tgpu_span, $launch)
+    }};
+    ($profiler:expr, $stream:expr, $name:expr, $cfg:expr, $launch:expr $(,)?) => {{
+        let __tgpu_profiler = &$profiler;
+        let __tgpu_name: &str = $name;
+        let __tgpu_id = $crate::cuda::__private::next_launch_id();
+        let __tgpu_span = $crate::cuda::__private::tracing::info_span!(
+            "gpu.launch",
+            gpu.kernel = __tgpu_name,
+            gpu.launch_id = __tgpu_id,
+            gpu.device = __tgpu_profiler.device().ordinal as u64,
+            gpu.host_launch_ns = $crate::cuda::__private::tracing::field::Empty,
+        );
+        __tgpu_profiler.launch($stream, __tgpu_name, $cfg, __tgpu_id, __tgpu_span, $launch)
     }};
 }
 

@@ -23,6 +23,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -35,7 +36,7 @@ use super::collector::{Archive, Round};
 use super::error::ProfilerError;
 use crate::batch::HostSpan;
 use crate::batch::{Batch, DeviceInfo, DEVICE_TARGET};
-use crate::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch};
+use crate::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch, HOST_SPANS_NOTE};
 use crate::clock::HostClock;
 use crate::registry::EventRegistry;
 
@@ -44,6 +45,9 @@ use crate::registry::EventRegistry;
 pub struct CaptureRecorder {
     path: PathBuf,
     capture: Mutex<Capture>,
+    /// Whether its layer has seen a host span: if not, the file says how to
+    /// record them (a capture without host spans replays without launch arrows).
+    layer_seen: AtomicBool,
 }
 
 impl CaptureRecorder {
@@ -65,6 +69,7 @@ impl CaptureRecorder {
                 metadata,
                 ..Default::default()
             }),
+            layer_seen: AtomicBool::new(false),
         })
     }
 
@@ -81,10 +86,21 @@ impl CaptureRecorder {
             .push((key.into(), value.into()));
     }
 
-    /// Writes everything recorded so far, atomically (a reader never sees half a file).
+    /// Writes everything recorded so far, atomically (a reader never sees half
+    /// a file). If the recorder's [`layer`](Self::layer) was never in the
+    /// subscriber, the metadata says so under [`HOST_SPANS_NOTE`], and the
+    /// CLI repeats it when it replays the file.
     pub fn write(&self) -> Result<(), ProfilerError> {
         // Written from a snapshot, so launches are not held up by the disk.
-        let snapshot = self.capture.lock().clone();
+        let mut snapshot = self.capture.lock().clone();
+        if !self.layer_seen.load(Ordering::Relaxed)
+            && !snapshot.metadata.iter().any(|(k, _)| k == HOST_SPANS_NOTE)
+        {
+            snapshot.metadata.push((
+                HOST_SPANS_NOTE.into(),
+                "not recorded: add CaptureRecorder::layer() to the subscriber".into(),
+            ));
+        }
         snapshot.write(&self.path).map_err(ProfilerError::Capture)
     }
 
@@ -205,6 +221,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
         if attrs.metadata().target() == DEVICE_TARGET {
             return;
         }
+        self.recorder.layer_seen.store(true, Ordering::Relaxed);
         let Some(span) = ctx.span(id) else { return };
         let now = HostClock::Boottime.now_ns();
         let parent = span
@@ -344,5 +361,29 @@ mod tests {
         assert_eq!(sim.launch_id, Some(7));
         assert!(sim.end_ns - sim.start_ns >= 1_000_000, "{sim:?}");
         assert!(step.fields.contains(&("i".to_string(), "3".to_string())));
+        assert!(
+            !back.metadata.iter().any(|(k, _)| k == HOST_SPANS_NOTE),
+            "its layer was there"
+        );
+    }
+
+    #[test]
+    fn a_capture_without_the_layer_says_how_to_get_host_spans() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.tgpu");
+        let rec = CaptureRecorder::new(&path);
+        let b = batch(0, 7, None);
+        rec.add_registry(&b.registry).unwrap();
+        rec.add_device(&b.device);
+        rec.archive().record(&b);
+        rec.write().unwrap();
+        let back = Capture::read(&path).unwrap();
+        assert!(back.host_spans.is_empty());
+        let note = back.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE);
+        assert!(
+            note.is_some_and(|(_, v)| v.contains("CaptureRecorder::layer()")),
+            "{:?}",
+            back.metadata
+        );
     }
 }
