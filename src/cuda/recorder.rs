@@ -208,8 +208,7 @@ impl Visit for Fields<'_> {
 }
 
 fn os_thread_id() -> u64 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() as u64 }
+    rustix::thread::gettid().as_raw_nonzero().get() as u64
 }
 
 impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S>

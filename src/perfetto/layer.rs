@@ -405,8 +405,7 @@ struct ThreadSlot {
 
 impl ThreadSlot {
     fn new(shared: &Shared) -> ThreadSlot {
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() };
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
         let name = std::thread::current()
             .name()
             .map(str::to_owned)

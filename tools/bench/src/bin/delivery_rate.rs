@@ -21,6 +21,7 @@
 //! lane per launch (what an earlier version of this benchmark measured by
 //! accident).
 
+use rustix::time::ClockId;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -105,8 +106,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let device = Arc::new(DeviceInfo::default());
         let (t, thread0, process0) = (
             Instant::now(),
-            cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID),
-            cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID),
+            cpu_ns(ClockId::ThreadCPUTime),
+            cpu_ns(ClockId::ProcessCPUTime),
         );
         for i in 0..batches {
             let span = tracing::dispatcher::with_default(&dispatch, || {
@@ -137,8 +138,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         deliver::flush(&dispatch);
         let per = t.elapsed().as_secs_f64() * 1e6 / batches as f64;
-        let thread = cpu_ns(libc::CLOCK_THREAD_CPUTIME_ID) - thread0;
-        let others = (cpu_ns(libc::CLOCK_PROCESS_CPUTIME_ID) - process0).saturating_sub(thread);
+        let thread = cpu_ns(ClockId::ThreadCPUTime) - thread0;
+        let others = (cpu_ns(ClockId::ProcessCPUTime) - process0).saturating_sub(thread);
         let us = |ns: u64| ns as f64 / 1e3 / batches as f64;
         if let Some(g) = guard {
             g.finish()?;
@@ -160,12 +161,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// CPU time of `clock` (this thread's, or the whole process's), ns.
-fn cpu_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec, and both clocks exist on Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
+fn cpu_ns(clock: ClockId) -> u64 {
+    let ts = rustix::time::clock_gettime(clock);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
