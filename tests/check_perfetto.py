@@ -55,6 +55,8 @@ SLICE_BEGIN, SLICE_END, INSTANT, COUNTER = 1, 2, 3, 4
 EXPLICIT = 3
 KERNELS_RE = re.compile(r"^kernels(?: #(\d+))?$")
 SM_RE = re.compile(r"^SM (\d+)$")
+# The instant that marks a warp's dropped records (its `records` argument: how many).
+DROP_MARK = "dropped records"
 WARP_RE = re.compile(r"^block (\d+) warp (\d+)(?: #(\d+))?$")
 
 
@@ -72,6 +74,8 @@ class Checker:
         self.snapshot_boot = {}  # clock set -> BOOTTIME of its last snapshot
         self.primary_clock = None
         self.packets = 0
+        self.drop_marks = 0
+        self.marked_drops = 0
         self.compressed = 0
 
     def err(self, msg):
@@ -385,6 +389,11 @@ class Checker:
                 self.err(f"flow {fid}: kernel {tname!r} starts {ots - tts} ns before its launch span {oname!r}")
             flows += 1
 
+        # Every dropped record is marked on its warp's track.
+        if self.marked_drops != sum(dropped.values()):
+            self.err(f"{self.marked_drops} dropped records marked on warp tracks, "
+                     f"but the counters say {sum(dropped.values())}")
+
         # Device slices inside a kernel slice of their GPU.
         for g in kernel_spans:
             kernel_spans[g].sort()
@@ -407,14 +416,24 @@ class Checker:
             flows=flows,
             device_payloads=sum(1 for d in device_slices if d[4]),
             dropped=sum(dropped.values()),
+            drop_marks=self.drop_marks,
             sequences=len(self.seqs),
             compressed=self.compressed,
         )
         return summary
 
     def slice(self, k, uuid, e, start, end, counts, origins, ends, kernel_spans, device_slices):
-        counts[k] += 1
         name, flows, terms = e[4], e[6], e[7]
+        if k == "warp" and name == DROP_MARK:
+            # Not a device event: the instant that marks a warp's lost records.
+            args = e[5]
+            n = args.get("records")
+            if start != end or type(n) is not int or n < 1:
+                self.err(f"packet {e[1]}: {DROP_MARK!r} must be an instant with records >= 1, got {args}")
+            self.drop_marks += 1
+            self.marked_drops += n if type(n) is int else 0
+            return
+        counts[k] += 1
         for f in flows:
             origins[f].append((k, start, name))
         for f in terms:
@@ -675,6 +694,7 @@ def main(argv=None):
     ap.add_argument("--expect-gpus", type=int, help="GPU process tracks")
     ap.add_argument("--expect-flows", type=int, help="host launch → kernel flows")
     ap.add_argument("--expect-dropped", type=int, help="dropped records, summed over GPUs")
+    ap.add_argument("--expect-drop-marks", type=int, help="warps marked with a 'dropped records' instant")
     ap.add_argument("--expect-payload", action="append", default=[], metavar="EVENT=ARG",
                     help="device slices named EVENT carry their payload as argument ARG "
                          "(EVENT= : no payload argument); repeatable")
@@ -702,7 +722,7 @@ def main(argv=None):
     for opt, key in [("expect_slices", "slices"), ("expect_device_slices", "device_slices"),
                      ("expect_kernels", "kernel_slices"), ("expect_host_slices", "host_slices"),
                      ("expect_gpus", "gpus"), ("expect_flows", "flows"),
-                     ("expect_dropped", "dropped")]:
+                     ("expect_dropped", "dropped"), ("expect_drop_marks", "drop_marks")]:
         want = getattr(a, opt)
         if want is not None and s[key] != want:
             c.err(f"{key}: {s[key]}, expected {want}")

@@ -232,6 +232,9 @@ fn host_and_device(compress: Option<u32>) {
         "4",
         "--expect-dropped",
         "4",
+        // Each overflowing warp (one per overflowing batch) is marked where it lost them.
+        "--expect-drop-marks",
+        "2",
     ];
     args.extend(PAYLOADS);
     if let Ok(keep) = std::env::var("TGPU_KEEP_TRACE") {
@@ -311,6 +314,8 @@ fn overlapping(path: &Path, compress: Option<u32>) {
             "0",
             "--expect-dropped",
             "2",
+            "--expect-drop-marks",
+            "1",
         ],
     ) else {
         return;

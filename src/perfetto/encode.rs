@@ -102,6 +102,8 @@ pub(crate) struct Names {
     /// registry costs little.
     table: Vec<(u32, u32)>,
     registry: Option<Arc<EventRegistry>>,
+    /// The iids of the instant that marks a warp's dropped records, once used.
+    dropped: Option<(u32, u32)>,
 }
 
 impl Names {
@@ -111,7 +113,19 @@ impl Names {
             args: Interned::new(),
             table: Vec::new(),
             registry: None,
+            dropped: None,
         }
+    }
+
+    /// The iids of the instant a warp with dropped records gets: name
+    /// `dropped records`, argument `records` (the count).
+    fn dropped(&mut self) -> (u32, u32) {
+        *self.dropped.get_or_insert_with(|| {
+            (
+                self.names.iid(&Arc::from("dropped records")),
+                self.args.iid(&Arc::from("records")),
+            )
+        })
     }
 
     fn use_registry(&mut self, r: &Arc<EventRegistry>) {
@@ -284,6 +298,22 @@ impl Core {
                     instant,
                 });
             }
+            let events = scratch.len() as u64;
+            if h.drop_count > 0 {
+                // Where the loss happened: an instant on the warp's own track at
+                // its last record, after every event it kept (so still in order).
+                let at = map.boottime(h.last_ts);
+                let (iid, arg) = names.dropped();
+                in_order &= (at, Reverse(at)) >= prev;
+                scratch.push(DevEvent {
+                    start: at,
+                    end: at,
+                    iid,
+                    arg,
+                    payload: h.drop_count,
+                    instant: true,
+                });
+            }
             if scratch.is_empty() {
                 continue;
             }
@@ -297,7 +327,7 @@ impl Core {
                 .warp(ids, h.sm_first, h.block_linear, h.warp, enc);
             *round += 1;
             emit_warp(enc, ids, (short, *round), warp, scratch, names);
-            stats.device_events += scratch.len() as u64;
+            stats.device_events += events;
             if enc.len() > FLUSH_AT {
                 stats.bytes += sink(&enc.buf)?;
                 enc.clear();

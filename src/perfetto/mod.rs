@@ -30,8 +30,10 @@
 //! - Flow arrows: a span with a `gpu.launch_id` field (the launch span
 //!   `gpu_profile!` opens) starts a flow; the kernel slice of the batch with
 //!   that launch id ends it.
-//! - Dropped records: a cumulative "dropped events" counter under the GPU, and
-//!   a `dropped` argument on the kernel slice.
+//! - Dropped records: where they were lost, a `dropped records` instant on the
+//!   warp's track at its last record (argument `records`: how many); a
+//!   cumulative "dropped events" counter under the GPU; and a `dropped`
+//!   argument on the kernel slice.
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
 
