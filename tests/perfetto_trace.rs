@@ -328,6 +328,28 @@ fn overlapping(path: &Path, compress: Option<u32>) {
 }
 
 #[test]
+fn a_program_that_fails_early_leaves_no_trace_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("early.perfetto-trace");
+    // Nothing recorded, the guard dropped (an error returned before `finish`).
+    let (layer, guard) = PerfettoLayer::builder().file(&path).build().unwrap();
+    drop((layer, guard));
+    assert!(!path.exists() && others(&path).is_empty(), "no stub file");
+    // Something recorded: dropping the guard still writes the file.
+    let (layer, guard) = PerfettoLayer::builder().file(&path).build().unwrap();
+    tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+        tracing::info_span!("work").in_scope(|| {});
+    });
+    drop(guard);
+    assert!(path.exists());
+    // `finish` writes even an empty trace: it was asked for.
+    let empty = dir.path().join("empty.perfetto-trace");
+    let (_layer, guard) = PerfettoLayer::builder().file(&empty).build().unwrap();
+    guard.finish().unwrap();
+    assert!(empty.exists());
+}
+
+#[test]
 fn a_trace_that_cannot_be_created_is_an_error_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("missing-dir").join("t.perfetto-trace");

@@ -263,10 +263,11 @@ impl PerfettoLayer {
     }
 }
 
-/// Finishes the trace when dropped (or by [`PerfettoGuard::finish`], which
-/// reports errors): writes what is buffered, ends slices still open at the
+/// Finishes the trace by [`PerfettoGuard::finish`], which reports errors, or
+/// when dropped: writes what is buffered, ends slices still open at the
 /// finish time, and renames the file into place. After that the layer
-/// records nothing more.
+/// records nothing more. Dropped without `finish` before anything was
+/// recorded (a program that failed early), it writes no file at all.
 #[derive(Debug)]
 pub struct PerfettoGuard {
     shared: Arc<Shared>,
@@ -274,23 +275,23 @@ pub struct PerfettoGuard {
 }
 
 impl PerfettoGuard {
-    /// Waits until everything recorded so far is in the file (still `.tmp`).
+    /// Waits until everything recorded so far is in the (temporary) file.
     pub fn flush(&self) {
         self.shared.flush();
     }
 
-    /// Finishes the file and reports what was written.
+    /// Finishes the file, even an empty one, and reports what was written.
     pub fn finish(mut self) -> Result<WriteStats, PerfettoError> {
-        self.finish_inner()
+        self.finish_inner(true)
     }
 
-    fn finish_inner(&mut self) -> Result<WriteStats, PerfettoError> {
+    fn finish_inner(&mut self, keep_empty: bool) -> Result<WriteStats, PerfettoError> {
         let Some(thread) = self.thread.take() else {
             return Ok(WriteStats::default());
         };
         self.shared.closed.store(true, Ordering::SeqCst);
         // If the writer is gone, the send fails and the join reports why.
-        let _ = self.shared.tx.send(Msg::Finish);
+        let _ = self.shared.tx.send(Msg::Finish(keep_empty));
         thread.join().map_err(|_| PerfettoError::WriterPanicked)?
     }
 }
@@ -298,7 +299,7 @@ impl PerfettoGuard {
 impl Drop for PerfettoGuard {
     fn drop(&mut self) {
         // A library does not print: finish() is the way to see errors.
-        let _ = self.finish_inner();
+        let _ = self.finish_inner(false);
     }
 }
 
@@ -308,7 +309,9 @@ enum Msg {
     Wake,
     /// Collect everything, write it, flush, then answer.
     Flush(SyncSender<()>),
-    Finish,
+    /// Write what is left and end; `true`: write the file even if nothing was
+    /// recorded.
+    Finish(bool),
 }
 
 #[derive(Debug)]
@@ -332,7 +335,7 @@ impl std::fmt::Debug for Msg {
             Msg::Batch(_) => "Batch",
             Msg::Wake => "Wake",
             Msg::Flush(_) => "Flush",
-            Msg::Finish => "Finish",
+            Msg::Finish(_) => "Finish",
         })
     }
 }
@@ -734,6 +737,8 @@ fn run_writer(
 ) -> Result<WriteStats, PerfettoError> {
     let _close = CloseOnExit(shared);
     let mut failed: Option<PerfettoError> = None;
+    // Whether a trace with nothing in it is still written (see PerfettoGuard).
+    let mut keep_empty = true;
     let handle =
         |msg: Msg, w: &mut TraceWriter<Output>, failed: &mut Option<PerfettoError>| match msg {
             Msg::Batch(b) => {
@@ -743,11 +748,11 @@ fn run_writer(
                         *failed = Some(e);
                     }
                 }
-                true
+                None
             }
             Msg::Wake => {
                 collect(shared, w, false, false, failed);
-                true
+                None
             }
             Msg::Flush(ack) => {
                 collect(shared, w, true, false, failed);
@@ -757,12 +762,13 @@ fn run_writer(
                     }
                 }
                 let _ = ack.send(());
-                true
+                None
             }
-            Msg::Finish => false,
+            Msg::Finish(keep) => Some(keep),
         };
     while let Ok(msg) = rx.recv() {
-        if !handle(msg, &mut w, &mut failed) {
+        if let Some(keep) = handle(msg, &mut w, &mut failed) {
+            keep_empty = keep;
             break;
         }
     }
@@ -775,6 +781,8 @@ fn run_writer(
         return Err(e); // The AtomicFile is dropped uncommitted: no file.
     }
     let (out, stats) = w.finish()?;
-    out.commit()?;
+    if keep_empty || stats.host_slices > 0 || stats.kernels > 0 {
+        out.commit()?;
+    }
     Ok(stats)
 }
