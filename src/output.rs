@@ -26,9 +26,9 @@
 //! [`AtomicFile::create`] refuses, before creating anything, a path that names
 //! a folder (it ends in `/` or `/.`, or is `..`) and a destination that exists
 //! and is not a regular file, symbolic links followed: a directory, a device,
-//! a FIFO, a socket, or a link to one. Renaming over those would replace them,
-//! and opening a FIFO would block. [`AtomicFile::commit`] checks again, since
-//! the write may take seconds. A symbolic link to a regular file, or a
+//! a FIFO, a socket, or a link to one: renaming over those would replace them
+//! with a regular file. [`AtomicFile::commit`] checks again, since the write
+//! may take seconds. A symbolic link to a regular file, or a
 //! dangling one, is replaced by the new file, as `rename` does: its target is
 //! never written. Following it would write outside the folder named (the
 //! classic symbolic-link attack on shared folders such as `/tmp`).

@@ -194,7 +194,7 @@ fn outputs_that_are_not_files_are_refused_and_nothing_is_created() {
         (format!("{d}/folder/."), "names a folder"),
         (format!("{d}/new/"), "names a folder"),
         (format!("{d}/to-folder"), "is a directory"),
-        // Opening it to write would block until a reader comes: refused first.
+        // Renamed over, it would become a regular file.
         (format!("{d}/fifo"), "not a regular file"),
     ];
     for (path, why) in &cases {
