@@ -407,7 +407,7 @@ fn a_full_disk_leaves_no_partial_file() {
     std::fs::write(disk.join("old.perfetto-trace"), b"an earlier trace").unwrap();
     std::fs::write(disk.join("old.svg"), b"an earlier timeline").unwrap();
     let before = tree(&disk);
-    // The trace (1.3 MB) and the timeline (hundreds of kB) exceed 64 KiB.
+    // The trace (1.3 MB) and the timeline (2.4 MB) exceed 64 KiB.
     for name in ["new.perfetto-trace", "old.perfetto-trace"] {
         let path = disk.join(name);
         let o = run(&["convert", s(&capture), "-o", s(&path)]);
