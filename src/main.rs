@@ -22,6 +22,9 @@ use tracing_gpu::report::{SvgOptions, Timeline};
 
 /// The live demo: the quickstart example's profiled kernel (its `run` writes a
 /// Perfetto trace and a capture), shared with `examples/quickstart.rs`.
+/// SIGINT, SIGTERM and SIGHUP: the files being written are removed.
+mod signals;
+
 #[cfg(feature = "cuda")]
 #[path = "../examples/quickstart.rs"]
 #[allow(dead_code)] // the example's own `main`
@@ -43,7 +46,8 @@ Exit codes:
   4  an input file is not a valid capture (wrong magic, truncated, corrupt)
   5  an output file cannot be written
   6  no GPU: no NVIDIA driver, no device, or built without the `cuda` feature
-  7  OTLP export failed (collector unreachable, or built without `otlp`)";
+  7  OTLP export failed (collector unreachable, or built without `otlp`)
+  130, 143, 129  interrupted by SIGINT, SIGTERM, SIGHUP (files being written are removed)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -666,7 +670,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    // Without it a signal still ends the process, only leaving a temporary file
+    // (`.NAME.XXXXXX.tmp`) behind: no reason to refuse to run.
+    let _ = signals::install();
+    let result = run(cli);
+    if signals::exiting() {
+        signals::wait_for_exit();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             eprintln!("error: {f}");
