@@ -314,7 +314,8 @@ impl Capture {
 /// let head = batches.head(); // at hand while the batches come
 /// trace.write_host_spans(head.process_name(), &head.host_spans)?;
 /// for batch in batches {
-///     trace.write_batch(&batch?)?;
+///     let batch = batch?; // one launch at a time
+///     trace.write_batch(&batch)?;
 /// }
 /// trace.finish()?.0.commit()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
