@@ -15,7 +15,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing_gpu::batch::Batch;
-use tracing_gpu::capture::{Capture, CaptureError};
+use tracing_gpu::capture::{Capture, CaptureError, CaptureReader};
 use tracing_gpu::output::AtomicFile;
 use tracing_gpu::perfetto::{TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline};
@@ -171,16 +171,17 @@ impl fmt::Display for Failure {
     }
 }
 
-/// Reads a capture, sorting what can go wrong into "cannot read" and "not a capture".
-fn read_capture(path: &Path) -> Result<Capture, Failure> {
-    Capture::read(path).map_err(|e| match e {
-        CaptureError::File { source, .. } => Failure::new(
+/// Sorts what can go wrong reading a capture into "cannot read", "not a
+/// capture" and "cannot be replayed" (no usable calibration).
+fn capture_failure(path: &Path, e: CaptureError) -> Failure {
+    match e {
+        CaptureError::File { source, .. } | CaptureError::Io(source) => Failure::new(
             Exit::Input,
             format!("cannot read {}: {source}", path.display()),
         ),
-        CaptureError::Io(source) => Failure::new(
-            Exit::Input,
-            format!("cannot read {}: {source}", path.display()),
+        e @ (CaptureError::Clock { .. } | CaptureError::NoCalibration { .. }) => Failure::new(
+            Exit::BadCapture,
+            format!("{} cannot be replayed: {e}", path.display()),
         ),
         other => Failure::new(
             Exit::BadCapture,
@@ -189,7 +190,12 @@ fn read_capture(path: &Path) -> Result<Capture, Failure> {
                 path.display()
             ),
         ),
-    })
+    }
+}
+
+/// Reads a whole capture.
+fn read_capture(path: &Path) -> Result<Capture, Failure> {
+    Capture::read(path).map_err(|e| capture_failure(path, e))
 }
 
 /// Writes a whole output file (complete or absent), or says which and why not.
@@ -237,6 +243,23 @@ fn write_perfetto(
     batches: &[Arc<Batch>],
     out: &Path,
 ) -> Result<WriteStats, Failure> {
+    write_trace(
+        recorded,
+        batches.len(),
+        batches.iter().cloned().map(Ok),
+        out,
+    )
+}
+
+/// Writes `head`'s host spans, then `count` batches one at a time as they
+/// come, into a Perfetto trace at `out`: complete, or absent if a batch is an
+/// error.
+fn write_trace(
+    head: &Capture,
+    count: usize,
+    batches: impl Iterator<Item = Result<Arc<Batch>, Failure>>,
+    out: &Path,
+) -> Result<WriteStats, Failure> {
     let cannot = |e: &dyn fmt::Display| {
         Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
     };
@@ -244,11 +267,12 @@ fn write_perfetto(
     let mut writer = TraceWriter::new(file).map_err(|e| cannot(&e))?;
     // The host spans first: the launch spans start the flows the kernels end.
     writer
-        .write_host_spans(recorded.process_name(), &recorded.host_spans)
+        .write_host_spans(head.process_name(), &head.host_spans)
         .map_err(|e| cannot(&e))?;
-    let bar = progress(batches.len(), "converting");
+    let bar = progress(count, "converting");
     for b in batches {
-        writer.write_batch(b).map_err(|e| cannot(&e))?;
+        let b = b?;
+        writer.write_batch(&b).map_err(|e| cannot(&e))?;
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -257,11 +281,20 @@ fn write_perfetto(
     Ok(stats)
 }
 
+/// The Perfetto trace of the capture at `path`, read a launch at a time
+/// ([`CaptureReader`]): its memory does not grow with the number of launches.
+fn stream_perfetto(path: &Path, out: &Path) -> Result<WriteStats, Failure> {
+    let failure = |e| capture_failure(path, e);
+    let mut reader = CaptureReader::open(path).map_err(failure)?;
+    let count = reader.launch_count();
+    let batches = reader.batches().map_err(failure)?;
+    let head = batches.head();
+    write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
+}
+
 fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Result<(), Failure> {
-    let recorded = read_capture(capture)?;
-    let batches = batches(&recorded, capture)?;
     if let Some(out) = out {
-        let stats = write_perfetto(&recorded, &batches, out)?;
+        let stats = stream_perfetto(capture, out)?;
         eprintln!(
             "trace: {} ({} launches, {} device events, {} host spans, {} bytes); open it at https://ui.perfetto.dev",
             out.display(),
@@ -272,6 +305,8 @@ fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Re
         );
     }
     if let Some((endpoint, protocol)) = otlp {
+        let recorded = read_capture(capture)?;
+        let batches = batches(&recorded, capture)?;
         export_otlp(&recorded, &batches, endpoint, protocol)?;
     }
     Ok(())

@@ -12,6 +12,12 @@
 //!
 //! Clock samples are stored raw, as measured; a reader refits them, so a better
 //! fit later improves old captures too.
+//!
+//! [`Capture::read`] holds the whole capture in memory. [`CaptureReader`] reads
+//! one of any size in bounded memory: everything but the launches first, then
+//! the launches one at a time ([`CaptureReader::launches`],
+//! [`CaptureReader::batches`]), each decoded and checked as it comes. Both read
+//! through the same decoder and accept the same files.
 
 use std::io;
 use std::path::PathBuf;
@@ -22,10 +28,14 @@ use crate::clock::{ClockError, HostClock, HostOffsets, Sample};
 use crate::decode::{DecodeError, OwnedBuffer};
 use crate::registry::{EventRegistry, RegistryError};
 
+mod body;
 mod codec;
+mod reader;
 mod replay;
 #[cfg(test)]
 mod tests;
+
+pub use reader::{Batches, CaptureReader, Launches};
 
 /// The metadata key under which a capture says why it holds no host spans
 /// (written by the live recorder when its layer was not in the subscriber).
@@ -41,9 +51,19 @@ pub const CAPTURE_VERSION: u32 = 2;
 pub const CAPTURE_OLDEST_VERSION: u32 = 1;
 /// Bytes before the compressed body: magic, version, body length.
 pub const CAPTURE_HEADER_SIZE: usize = 20;
+/// The most memory a reader gives to what it keeps of a capture besides the
+/// launches: the metadata, the devices with their calibration samples, the
+/// registry and the host spans, each item counted at its in-memory size as it
+/// is read ([`CaptureError::OverLimit`] past it). Each launch's names (kernel,
+/// host thread) count against a limit of the same size of their own; its trace
+/// buffer takes what its bytes take, one launch at a time in a
+/// [`CaptureReader`]. A zlib body inflates about 1000 to 1, so without such a
+/// bound a file of a few hundred kilobytes could ask for gigabytes.
+pub const CAPTURE_MEMORY_LIMIT: usize = 256 << 20;
 
 /// Why a capture file could not be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CaptureError {
     /// Opening, reading or writing the file failed.
     #[error("{path}: {source}")]
@@ -93,6 +113,21 @@ pub enum CaptureError {
     DuplicateDevice {
         /// The ordinal.
         ordinal: u32,
+    },
+    /// Two launches with one launch id: a host span's flow would have two ends.
+    #[error("launch id {launch_id} appears twice")]
+    DuplicateLaunch {
+        /// The launch id.
+        launch_id: u64,
+    },
+    /// What the reader keeps of the capture would pass [`CAPTURE_MEMORY_LIMIT`].
+    #[error("capture body byte {offset}: what the reader keeps besides the trace buffers would need more than {limit} bytes of memory (the reader's limit)")]
+    OverLimit {
+        /// Offset within the uncompressed body of the count or string that
+        /// passed the limit.
+        offset: usize,
+        /// The limit, [`CAPTURE_MEMORY_LIMIT`].
+        limit: usize,
     },
     /// A launch on a device the file does not describe.
     #[error("launch {launch}: device ordinal {ordinal} is not in the capture")]

@@ -1,10 +1,12 @@
 //! A capture replayed: its calibrations refitted, its launches as batches.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Capture, CaptureError};
+use super::{Capture, CaptureError, CaptureLaunch};
 use crate::batch::{Batch, DeviceInfo};
 use crate::clock::{Calibration, Checkpoint, ClockMap, FitOptions, HostOffsets};
+use crate::registry::EventRegistry;
 
 impl Capture {
     /// Fits each device's calibration rounds (raw samples → [`ClockMap::fit_with`],
@@ -49,42 +51,69 @@ impl Capture {
     /// The replay: one [`Batch`] per launch, in launch order, ready for
     /// [`crate::deliver`] to the sinks. Each device's calibration is fitted once and
     /// shared by its batches; the registry is shared by all.
+    /// [`CaptureReader::batches`](super::CaptureReader::batches) makes the same
+    /// a launch at a time.
     pub fn batches(&self) -> Result<Vec<Arc<Batch>>, CaptureError> {
-        let registry = Arc::new(self.registry.clone());
-        let fitted = self.calibrations()?;
-        let devices: Vec<(Arc<DeviceInfo>, Option<Arc<Calibration>>)> = self
-            .devices
-            .iter()
-            .map(|d| {
-                let cal = fitted
-                    .iter()
-                    .find(|(o, _)| *o == d.info.ordinal)
-                    .map(|(_, c)| Arc::new(c.clone()));
-                (Arc::new(d.info.clone()), cal)
-            })
-            .collect();
+        let replay = Replay::new(self)?;
         self.launches
             .iter()
             .enumerate()
-            .map(|(launch, l)| {
-                let (device, cal) = devices.iter().find(|(d, _)| d.ordinal == l.device).ok_or(
-                    CaptureError::UnknownDevice {
-                        launch,
-                        ordinal: l.device,
-                    },
-                )?;
-                let calibration = cal.clone().ok_or(CaptureError::NoCalibration {
-                    launch,
-                    device: l.device,
-                })?;
-                Ok(Arc::new(Batch {
-                    device: device.clone(),
-                    launch: l.info(),
-                    buffer: l.buffer.clone(),
-                    calibration,
-                    registry: registry.clone(),
-                }))
-            })
+            .map(|(index, l)| replay.batch(index, l))
             .collect()
+    }
+}
+
+/// What every batch of a capture shares: the registry, and each device with
+/// its fitted calibration (none: the device has no round).
+pub(super) struct Replay {
+    registry: Arc<EventRegistry>,
+    devices: HashMap<u32, (Arc<DeviceInfo>, Option<Arc<Calibration>>)>,
+}
+
+impl Replay {
+    /// Fits the calibrations of `capture`'s devices (its launches are not read).
+    pub(super) fn new(capture: &Capture) -> Result<Replay, CaptureError> {
+        let mut fitted: HashMap<u32, Calibration> = capture.calibrations()?.into_iter().collect();
+        let devices = capture
+            .devices
+            .iter()
+            .map(|d| {
+                let o = d.info.ordinal;
+                (
+                    o,
+                    (Arc::new(d.info.clone()), fitted.remove(&o).map(Arc::new)),
+                )
+            })
+            .collect();
+        Ok(Replay {
+            registry: Arc::new(capture.registry.clone()),
+            devices,
+        })
+    }
+
+    /// The batch of launch `index`.
+    pub(super) fn batch(
+        &self,
+        index: usize,
+        l: &CaptureLaunch,
+    ) -> Result<Arc<Batch>, CaptureError> {
+        let (device, cal) = self
+            .devices
+            .get(&l.device)
+            .ok_or(CaptureError::UnknownDevice {
+                launch: index,
+                ordinal: l.device,
+            })?;
+        let calibration = cal.clone().ok_or(CaptureError::NoCalibration {
+            launch: index,
+            device: l.device,
+        })?;
+        Ok(Arc::new(Batch {
+            device: device.clone(),
+            launch: l.info(),
+            buffer: l.buffer.clone(),
+            calibration,
+            registry: self.registry.clone(),
+        }))
     }
 }

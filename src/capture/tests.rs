@@ -1,13 +1,16 @@
 //! The capture file's tests: round trips, old versions, every error.
 
 use std::fs;
-use std::io::Write;
+use std::io::{Cursor, Write};
 use std::path::Path;
 
 use flate2::write::ZlibEncoder;
 use flate2::Compression;
 
+use std::mem::size_of;
+
 use super::*;
+use crate::batch::Batch;
 use crate::format::BufferBuilder;
 
 fn capture(launch_id: u64, grid: [u32; 3], block: [u32; 3]) -> Arc<OwnedBuffer> {
@@ -118,6 +121,14 @@ fn wrap(body: &[u8]) -> Vec<u8> {
     let mut z = ZlibEncoder::new(v, Compression::default());
     z.write_all(body).unwrap();
     z.finish().unwrap()
+}
+
+/// What [`CaptureReader`] reads of `bytes`, gathered into one capture.
+fn streamed(bytes: &[u8]) -> Result<Capture, CaptureError> {
+    let mut reader = CaptureReader::new(Cursor::new(bytes))?;
+    let mut c = reader.head().clone();
+    c.launches = reader.launches()?.collect::<Result<_, _>>()?;
+    Ok(c)
 }
 
 #[test]
@@ -347,6 +358,17 @@ fn consistency_errors() {
         )
     });
     let mut d = sample();
+    d.launches[1].launch_id = 1;
+    d.launches[1].buffer = capture(1, [2, 1, 1], [64, 1, 1]);
+    check(d.clone(), |e| {
+        matches!(e, CaptureError::DuplicateLaunch { launch_id: 1 })
+    });
+    let e = streamed(&bytes_of(&d)).unwrap_err();
+    assert!(
+        matches!(e, CaptureError::DuplicateLaunch { launch_id: 1 }),
+        "{e}"
+    );
+    let mut d = sample();
     d.host_spans[0].parent = Some(1);
     check(d, |e| matches!(e, CaptureError::BadSpan { span: 0, .. }));
     let mut d = sample();
@@ -404,6 +426,141 @@ fn batches_replay_every_launch() {
             device: 1
         }
     ));
+}
+
+#[test]
+fn the_reader_streams_what_read_reads() {
+    let mut d = sample();
+    for dev in &mut d.devices {
+        dev.calibrations.truncate(1);
+    }
+    let bytes = bytes_of(&d);
+    let mut reader = CaptureReader::new(Cursor::new(&bytes)).unwrap();
+    assert_eq!(reader.launch_count(), 2);
+    let mut head = d.clone();
+    head.launches.clear();
+    assert_eq!(reader.head(), &head);
+    // Each iteration reads the launches again.
+    for _ in 0..2 {
+        let launches: Vec<_> = reader.launches().unwrap().map(Result::unwrap).collect();
+        assert_eq!(launches, d.launches);
+    }
+    let whole = d.batches().unwrap();
+    let batches = reader.batches().unwrap();
+    assert_eq!(batches.head(), &head);
+    let streamed: Vec<_> = batches.map(Result::unwrap).collect();
+    assert_eq!(streamed.len(), whole.len());
+    for (s, w) in streamed.iter().zip(&whole) {
+        assert_eq!(
+            (&s.device, &s.launch.kernel, &s.buffer, &s.registry),
+            (&w.device, &w.launch.kernel, &w.buffer, &w.registry)
+        );
+        let at = |b: &Batch| {
+            b.calibration
+                .to_host(crate::clock::HostClock::Boottime, 1_003_000)
+        };
+        assert_eq!(at(s), at(w));
+    }
+    assert!(Arc::ptr_eq(&streamed[0].registry, &streamed[1].registry));
+    // A capture further into a stream is read from where the stream stands.
+    let mut v = b"junk".to_vec();
+    v.extend_from_slice(&bytes);
+    let mut at4 = Cursor::new(v);
+    at4.set_position(4);
+    let mut reader = CaptureReader::new(at4).unwrap();
+    assert_eq!(reader.launches().unwrap().count(), 2);
+    // The shipped version 1 capture, both ways.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-quickstart.tgpu");
+    let whole = Capture::read(&path).unwrap();
+    let mut reader = CaptureReader::open(&path).unwrap();
+    let mut c = reader.head().clone();
+    c.launches = reader.launches().unwrap().map(Result::unwrap).collect();
+    assert_eq!(c, whole);
+}
+
+#[test]
+fn the_reader_stops_at_a_bad_launch() {
+    // A device without calibration: its launch is an error, and the last item.
+    let mut d = sample();
+    d.devices[0].calibrations.truncate(1);
+    d.devices[1].calibrations.clear();
+    let bytes = bytes_of(&d);
+    let mut reader = CaptureReader::new(Cursor::new(&bytes)).unwrap();
+    let got: Vec<_> = reader.batches().unwrap().collect();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().unwrap().launch.launch_id, 1);
+    assert!(matches!(
+        got[1],
+        Err(CaptureError::NoCalibration {
+            launch: 1,
+            device: 1
+        })
+    ));
+    // A trace buffer that does not decode: opening passes over it; reading the
+    // launches meets it, and stops there.
+    let mut body = sample().encode_body().unwrap();
+    let second = body
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| w == b"TGPU")
+        .nth(1)
+        .unwrap()
+        .0;
+    body[second + 4] = 9;
+    let mut reader = CaptureReader::new(Cursor::new(wrap(&body))).unwrap();
+    let got: Vec<_> = reader.launches().unwrap().collect();
+    assert_eq!(got.len(), 2);
+    assert!(got[0].is_ok());
+    assert!(
+        matches!(got[1], Err(CaptureError::Decode { launch: 1, .. })),
+        "{:?}",
+        got[1]
+    );
+}
+
+/// A body of metadata `pairs`, then no devices, events, launches or spans.
+fn metadata_body(pairs: usize, key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut body = (pairs as u32).to_le_bytes().to_vec();
+    let mut pair = (key.len() as u32).to_le_bytes().to_vec();
+    pair.extend_from_slice(key);
+    pair.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    pair.extend_from_slice(value);
+    body.extend_from_slice(&pair.repeat(pairs));
+    body.extend_from_slice(&[0; 16]);
+    body
+}
+
+#[test]
+fn what_a_reader_keeps_is_bounded() {
+    let over = |file: &[u8], at: usize| {
+        for e in [
+            Capture::from_reader(file).unwrap_err(),
+            streamed(file).unwrap_err(),
+        ] {
+            assert!(
+                matches!(e, CaptureError::OverLimit { offset, limit } if offset == at && limit == CAPTURE_MEMORY_LIMIT),
+                "{e}"
+            );
+        }
+    };
+    let pair = size_of::<(String, String)>();
+    // 6 M empty pairs: 48 MB of body in a file of 50 KB, 288 MB as pairs of
+    // strings. Refused at their count, before any is read.
+    let n = 6_000_000;
+    assert!(n * pair > CAPTURE_MEMORY_LIMIT);
+    let file = wrap(&metadata_body(n, b"", b""));
+    assert!(file.len() < 100_000, "{}", file.len());
+    over(&file, 0);
+    // Fewer pairs fit, but leave no room for an 8 MB key: refused at the
+    // key's length, before its bytes are read. Counts and strings add up.
+    let n = CAPTURE_MEMORY_LIMIT / pair - 1000;
+    let mut body = metadata_body(1, &vec![b'k'; 8 << 20], b"");
+    body[..4].copy_from_slice(&(n as u32).to_le_bytes());
+    body.resize(body.len() + n * 8, 0);
+    over(&wrap(&body), 4);
+    // The same key alone reads.
+    let c = Capture::from_reader(&wrap(&metadata_body(1, &vec![b'k'; 8 << 20], b""))[..]).unwrap();
+    assert_eq!(c.metadata[0].0.len(), 8 << 20);
 }
 
 mod props {
@@ -512,7 +669,9 @@ mod props {
         #[test]
         fn dumps_round_trip(d in arb_dump()) {
             d.validate().unwrap();
-            prop_assert_eq!(Capture::from_reader(&bytes_of(&d)[..]).unwrap(), d);
+            let bytes = bytes_of(&d);
+            prop_assert_eq!(&streamed(&bytes).unwrap(), &d);
+            prop_assert_eq!(Capture::from_reader(&bytes[..]).unwrap(), d);
         }
 
         #[test]
@@ -530,7 +689,7 @@ mod props {
                     body[i] ^= x;
                 }
             }
-            let _ = Capture::from_reader(&wrap(&body)[..]);
+            same_both_ways(&wrap(&body))?;
             let mut file = bytes_of(&d);
             for (at, x) in &file_edits {
                 let i = at.index(file.len());
@@ -539,7 +698,18 @@ mod props {
             if let Some(c) = cut {
                 file.truncate(c.index(file.len() + 1));
             }
-            let _ = Capture::from_reader(&file[..]);
+            same_both_ways(&file)?;
         }
+    }
+
+    /// Never a panic, and the whole and the streaming reader accept the same
+    /// files, with the same contents.
+    fn same_both_ways(file: &[u8]) -> Result<(), TestCaseError> {
+        match (Capture::from_reader(file), streamed(file)) {
+            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+            (Err(_), Err(_)) => {}
+            (a, b) => prop_assert!(false, "read: {:?}, streamed: {:?}", a.err(), b.err()),
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,294 @@
+//! Captures in bounded memory: hostile files that inflate far beyond their size
+//! are refused (exit 4, one line) without taking the memory they ask for, and
+//! `convert` streams a capture a launch at a time. The CLI runs as a child
+//! whose address space is capped (RLIMIT_AS): an allocation past the cap
+//! fails, and the CLI aborts.
+//!
+//! (A cap rather than a measure: a child's peak RSS from `wait4` includes the
+//! memory of the test process that spawned it, which the kernel records when
+//! the child calls exec.)
+#![cfg(feature = "cli")]
+
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+
+use flate2::write::ZlibEncoder;
+use flate2::Compression;
+use tracing_gpu::batch::{DeviceInfo, HostSpan, LaunchInfo};
+use tracing_gpu::capture::{
+    CalibrationRound, Capture, CaptureDevice, CaptureLaunch, CAPTURE_MAGIC, CAPTURE_VERSION,
+};
+use tracing_gpu::clock::Sample;
+use tracing_gpu::decode::OwnedBuffer;
+use tracing_gpu::format::BufferBuilder;
+use tracing_gpu::registry::EventRegistry;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
+
+/// The address space the CLI gets: about three times what converting a small
+/// capture takes (the binary, its libraries, a launch), and less than the
+/// trace buffers of the large capture below, or the allocations the hostile
+/// captures once asked for.
+const CAP: u64 = 96 << 20;
+
+/// Runs the CLI with its address space capped at [`CAP`].
+fn run<S: AsRef<OsStr>>(args: &[S]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).stdin(Stdio::null());
+    // SAFETY: between fork and exec the closure makes one system call and
+    // allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            let cap = libc::rlimit {
+                rlim_cur: CAP,
+                rlim_max: CAP,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &cap) {
+                0 => Ok(()),
+                _ => Err(io::Error::last_os_error()),
+            }
+        });
+    }
+    cmd.output().expect("the binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit 4 and one line naming `needle` (an abort, out of memory, has no exit
+/// code).
+fn refused(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(4), "{:?}: {err}", o.status);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(needle), "{needle:?} in {err}");
+}
+
+/// Writes a capture file whose body is `head`, `zeros` zero bytes, then
+/// `tail`, compressed as it goes, and declared `declared` bytes long (the real
+/// length if `None`).
+fn write_body(path: &Path, head: &[u8], zeros: u64, tail: &[u8], declared: Option<u64>) {
+    let len = head.len() as u64 + zeros + tail.len() as u64;
+    let mut file = CAPTURE_MAGIC.to_vec();
+    file.extend_from_slice(&CAPTURE_VERSION.to_le_bytes());
+    file.extend_from_slice(&declared.unwrap_or(len).to_le_bytes());
+    let mut z = ZlibEncoder::new(file, Compression::fast());
+    z.write_all(head).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    let mut left = zeros;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        z.write_all(&chunk[..n]).unwrap();
+        left -= n as u64;
+    }
+    z.write_all(tail).unwrap();
+    std::fs::write(path, z.finish().unwrap()).unwrap();
+}
+
+/// `convert` and `report` of `capture` both refuse it.
+fn both_refuse(dir: &Path, capture: &Path, needle: &str) {
+    let out = dir.join("out.perfetto-trace");
+    let c = run(&[
+        OsStr::new("convert"),
+        capture.as_os_str(),
+        OsStr::new("-o"),
+        out.as_os_str(),
+    ]);
+    refused(&c, needle);
+    assert!(!out.exists(), "a refused capture leaves no trace");
+    let r = run(&[OsStr::new("report"), capture.as_os_str()]);
+    refused(&r, needle);
+}
+
+#[test]
+fn twenty_five_million_empty_metadata_pairs_are_refused_at_once() {
+    // 200 MB of body in a 200 KB file: as pairs of strings, 1.2 GB (which
+    // the reader once reserved at the count).
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("pairs.tgpu");
+    let n: u32 = 25_000_000;
+    write_body(&capture, &n.to_le_bytes(), u64::from(n) * 8 + 16, &[], None);
+    assert!(std::fs::metadata(&capture).unwrap().len() < 1 << 20);
+    both_refuse(dir.path(), &capture, "memory");
+}
+
+#[test]
+fn fifty_million_empty_host_spans_are_refused_at_once() {
+    // 2.1 GB of body (42 zero bytes is an empty span) in a 2 MB file; as host
+    // spans, 7 GB.
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("spans.tgpu");
+    let n: u32 = 50_000_000;
+    let mut head = vec![0u8; 16]; // no metadata, devices, events, launches
+    head.extend_from_slice(&n.to_le_bytes());
+    write_body(&capture, &head, u64::from(n) * 42, &[], None);
+    both_refuse(dir.path(), &capture, "memory");
+}
+
+#[test]
+fn lengths_the_stream_does_not_back_allocate_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("lies.tgpu");
+    // A body declared 1 TB long whose first string claims 200 MB and has 10.
+    let mut head = 1u32.to_le_bytes().to_vec();
+    head.extend_from_slice(&(200u32 << 20).to_le_bytes());
+    head.extend_from_slice(b"tool: none");
+    write_body(&capture, &head, 0, &[], Some(1 << 40));
+    both_refuse(dir.path(), &capture, "truncated");
+    // A launch whose trace buffer claims 1 TB and has 64 bytes: its device
+    // first (ordinal 0, empty strings, no calibration), then the launch.
+    let mut head = 0u32.to_le_bytes().to_vec(); // metadata
+    head.extend_from_slice(&1u32.to_le_bytes()); // one device
+    head.extend_from_slice(&[0; 32]); // ordinal 0, empty names, no rounds
+    head.extend_from_slice(&0u32.to_le_bytes()); // registry
+    head.extend_from_slice(&1u32.to_le_bytes()); // one launch
+    head.extend_from_slice(&[0; 4 + 8 + 4 + 8 + 8 + 12 + 12 + 4]); // device 0 … host_thread
+    head.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    write_body(&capture, &head, 64, &[], Some(2 << 40));
+    both_refuse(dir.path(), &capture, "truncated");
+}
+
+#[test]
+fn duplicate_launch_ids_are_refused() {
+    // Two launches with id 1: the trace would start one flow and end two.
+    let dir = tempfile::tempdir().unwrap();
+    let mut capture = synthetic(1, 1, 1);
+    capture.launches.push(capture.launches[0].clone());
+    let path = dir.path().join("twice.tgpu");
+    capture.write(&path).unwrap();
+    both_refuse(dir.path(), &path, "launch id 1 appears twice");
+}
+
+/// A calibrated H200 whose device clock reads the host's.
+fn device() -> CaptureDevice {
+    CaptureDevice {
+        info: DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+            sm_count: 132,
+            driver_version: "580.159.04".into(),
+            compute_capability: (9, 0),
+        },
+        calibrations: vec![CalibrationRound {
+            samples: (0..64u64)
+                .map(|i| {
+                    let t = 1_000_000_000 + i * 10_000;
+                    Sample {
+                        host_before: t,
+                        device: t + 500,
+                        host_after: t + 1_000,
+                    }
+                })
+                .collect(),
+            ..Default::default()
+        }],
+    }
+}
+
+/// A capture of `launches` launches of 132 blocks × `warps` warps, each warp
+/// `events` ranges (capacity 256), with one host span per launch.
+fn synthetic(launches: u64, warps: u32, events: u32) -> Capture {
+    let registry = EventRegistry::from_pairs([(0, "load"), (1, "mma"), (2, "store")]).unwrap();
+    let mut capture = Capture {
+        metadata: vec![("command".into(), "capture_bounds".into())],
+        devices: vec![device()],
+        registry,
+        ..Capture::default()
+    };
+    for id in 1..=launches {
+        let t0 = 1_000_000_000 + id * 1_000_000;
+        let (grid, block) = ([132, 1, 1], [32 * warps, 1, 1]);
+        let mut b = BufferBuilder::new(grid, block, 256);
+        b.launch_id(id);
+        for block in 0..132 {
+            for warp in 0..warps {
+                let s = b.warp(block, warp).unwrap().sm(block, block);
+                for k in 0..events {
+                    let t = t0 + u64::from(k) * 1_000 + u64::from(warp) * 10;
+                    s.range((k % 3) as u16, t, t + 900, k);
+                }
+            }
+        }
+        let buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
+        let info = LaunchInfo {
+            launch_id: id,
+            kernel: "synthetic".into(),
+            host_launch_ns: t0 - 5_000,
+            host_complete_ns: t0 + u64::from(events) * 1_000 + 5_000,
+            grid,
+            block,
+            parent: None,
+            host_thread: "main".into(),
+        };
+        capture.host_spans.push(HostSpan {
+            name: "launch".into(),
+            target: "capture_bounds".into(),
+            thread_name: "main".into(),
+            thread_id: 1,
+            start_ns: info.host_launch_ns,
+            end_ns: info.host_complete_ns,
+            parent: None,
+            launch_id: Some(id),
+            fields: vec![],
+        });
+        capture.launches.push(CaptureLaunch::new(0, &info, buffer));
+    }
+    capture
+}
+
+/// Converts `capture` (written into `dir` as `name`); what it said.
+fn convert(dir: &Path, name: &str, capture: &Capture) -> String {
+    let path = dir.join(name);
+    capture.write(&path).unwrap();
+    let out = path.with_extension("perfetto-trace");
+    let r = run(&[
+        OsStr::new("convert"),
+        path.as_os_str(),
+        OsStr::new("-o"),
+        out.as_os_str(),
+    ]);
+    assert!(r.status.success(), "{:?}: {}", r.status, stderr(&r));
+    stderr(&r)
+}
+
+#[test]
+fn convert_takes_the_same_memory_for_ten_times_the_launches() {
+    // Each launch holds 2.2 MB of trace buffer (528 warps × 256 records, 8
+    // each written): 8 launches 18 MB, 80 launches 176 MB, more than the cap.
+    // Read whole, the large one took 370 MB; a launch at a time, both take
+    // about 17 MB.
+    let dir = tempfile::tempdir().unwrap();
+    for n in [8, 80] {
+        let said = convert(dir.path(), &format!("{n}.tgpu"), &synthetic(n, 4, 8));
+        let stats = format!(
+            "({n} launches, {} device events, {n} host spans",
+            n * 528 * 8
+        );
+        assert!(said.contains(&stats), "{stats} in {said}");
+    }
+}
+
+/// Writes the synthetic captures that docs/performance.md measures into
+/// `$TGPU_SYNTHETIC_DIR` (launches of 132 blocks × 4 warps × 200 events:
+/// 105,600 events each), one per event count in `$TGPU_SYNTHETIC_EVENTS`
+/// (default 1000000,10000000), as `events-<count>.tgpu`.
+#[test]
+#[ignore = "writes large files for measurements; run by hand"]
+fn write_synthetic_captures() {
+    let dir = std::env::var("TGPU_SYNTHETIC_DIR").expect("TGPU_SYNTHETIC_DIR");
+    let counts =
+        std::env::var("TGPU_SYNTHETIC_EVENTS").unwrap_or_else(|_| "1000000,10000000".into());
+    for count in counts.split(',') {
+        let count: u64 = count.trim().parse().unwrap();
+        let launches = count.div_ceil(132 * 4 * 200);
+        let path = Path::new(&dir).join(format!("events-{count}.tgpu"));
+        synthetic(launches, 4, 200).write(&path).unwrap();
+        eprintln!("{}: {launches} launches", path.display());
+    }
+}
