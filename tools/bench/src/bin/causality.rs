@@ -11,10 +11,11 @@
 //! (`kernels/examples/quickstart.cu`) of varied shapes and lengths, with varied
 //! idle gaps between them (so the clock mapping is exercised across
 //! recalibrations), each followed by a `synchronize`. The device events reach it
-//! the way they reach any `tracing` layer: as plain spans under the target
-//! `tracing_gpu::device` (see `tracing_gpu::deliver`). The launch time is the one
-//! the profiler read just before the launch call (`gpu.host_launch_ns` on the
-//! launch span).
+//! the way they reach any sink: whole batches, to a `BatchSink` of its own in
+//! the subscriber (see `tracing_gpu::deliver`), every event mapped with
+//! `Batch::trace_ns`, the mapping every output uses. The launch time is the one
+//! the profiler read just before the launch call (`LaunchInfo::host_launch_ns`,
+//! also `gpu.host_launch_ns` on the launch span).
 //!
 //! It prints the number of violations and the distribution of the margins
 //! (how far inside its window each launch's earliest and latest event fell),
@@ -28,22 +29,20 @@ use std::time::Duration;
 
 use clap::Parser;
 use parking_lot::Mutex;
-use tracing::field::{Field, Visit};
-use tracing::span;
-use tracing_gpu::batch::DEVICE_TARGET;
+use tracing_gpu::batch::{Batch, BatchSink};
 use tracing_gpu::clock::HostClock;
 use tracing_gpu::cuda::calibrate::Calibrator;
 use tracing_gpu::cuda::cudarc::driver::LaunchConfig;
 use tracing_gpu::cuda::{self, gpu_profile, Profiler, ProfilerError};
+use tracing_gpu::deliver::SinkLayer;
 use tracing_gpu_bench::quickstart::{Kernel, EVENTS};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt;
 
-/// What the layer learns: per launch id, the launch time and the device events' extent.
+/// What the sink learns: per launch id, the launch time and the device events' extent.
 #[derive(Default)]
 struct Seen {
-    /// Launch ids in the order their spans were opened (= launch order here).
+    /// Launch ids in the order their batches arrived (= launch order here).
     order: Vec<u64>,
     host_launch_ns: HashMap<u64, u64>,
     /// (earliest start, latest end, events) per launch.
@@ -55,63 +54,29 @@ struct Seen {
 #[derive(Clone, Default)]
 struct Collect(Arc<Mutex<Seen>>);
 
-/// The launch span's id → its launch id (a span extension).
-struct LaunchId(u64);
-
-#[derive(Default)]
-struct Fields {
-    launch_id: Option<u64>,
-    host_launch_ns: Option<u64>,
-    start: Option<u64>,
-    end: Option<u64>,
-}
-
-impl Visit for Fields {
-    fn record_u64(&mut self, f: &Field, v: u64) {
-        match f.name() {
-            "gpu.launch_id" => self.launch_id = Some(v),
-            "gpu.host_launch_ns" => self.host_launch_ns = Some(v),
-            "gpu.start_ns" => self.start = Some(v),
-            "gpu.end_ns" => self.end = Some(v),
-            _ => {}
+impl BatchSink for Collect {
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        let launch = batch.launch.launch_id;
+        let (mut first, mut last, mut n, mut inverted) = (u64::MAX, 0, 0, 0);
+        for slot in batch.buffer.view().slots() {
+            for ev in slot.events() {
+                let (s, e) = (batch.trace_ns(ev.start_ns), batch.trace_ns(ev.end_ns));
+                inverted += u64::from(s > e);
+                (first, last, n) = (first.min(s), last.max(e), n + 1);
+            }
         }
-    }
-    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
-}
-
-impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
-    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
-        let mut f = Fields::default();
-        attrs.record(&mut f);
-        let Some(launch) = f.launch_id else { return };
         let mut seen = self.0.lock();
-        if attrs.metadata().target() == DEVICE_TARGET {
-            let (Some(s), Some(e)) = (f.start, f.end) else {
-                return;
-            };
-            seen.inverted += (s > e) as u64;
-            let x = seen.extent.entry(launch).or_insert((u64::MAX, 0, 0));
-            *x = (x.0.min(s), x.1.max(e), x.2 + 1);
-        } else {
-            seen.order.push(launch);
-            drop(seen);
-            ctx.span(id)
-                .expect("open")
-                .extensions_mut()
-                .insert(LaunchId(launch));
+        seen.order.push(launch);
+        seen.inverted += inverted;
+        if batch.launch.host_launch_ns != 0 {
+            seen.host_launch_ns
+                .insert(launch, batch.launch.host_launch_ns);
+        }
+        if n > 0 {
+            seen.extent.insert(launch, (first, last, n));
         }
     }
-
-    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
-        let mut f = Fields::default();
-        values.record(&mut f);
-        let Some(t) = f.host_launch_ns else { return };
-        let span = ctx.span(id).expect("open");
-        let launch = span.extensions().get::<LaunchId>().map(|l| l.0);
-        if let Some(launch) = launch {
-            self.0.lock().host_launch_ns.insert(launch, t);
-        }
-    }
+    fn flush(&self) {}
 }
 
 /// Every device event, on the host's clock, between its launch call and the
@@ -159,7 +124,10 @@ fn main() -> ExitCode {
 /// Runs the check; returns the number of violations.
 fn run(args: &Args) -> Result<u64, ProfilerError> {
     let collect = Collect::default();
-    let subscriber = tracing_subscriber::registry().with(collect.clone());
+    // INFO: whole batches to the sink, no plain span per device event.
+    let subscriber = tracing_subscriber::registry()
+        .with(LevelFilter::INFO)
+        .with(SinkLayer::new(collect.clone()).expect("a sink slot"));
     tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
 
     // At most 3 × 4 tiles + 1 events per warp.
