@@ -116,6 +116,16 @@ enum Command {
             requires = "otlp"
         )]
         otlp_protocol: String,
+        /// The most the whole OTLP export may take, in seconds, whatever the
+        /// collector does (down, silent, slow); past it the export fails (exit 7).
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value = "30",
+            value_parser = parse_secs,
+            requires = "otlp"
+        )]
+        otlp_timeout: std::time::Duration,
     },
     /// Statistics per event type and per SM, and an SVG timeline of SMs against time.
     #[command(after_help = EXIT_CODES)]
@@ -292,7 +302,11 @@ fn stream_perfetto(path: &Path, out: &Path) -> Result<WriteStats, Failure> {
     write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
 }
 
-fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Result<(), Failure> {
+fn convert(
+    capture: &Path,
+    out: Option<&Path>,
+    otlp: Option<(&str, &str, std::time::Duration)>,
+) -> Result<(), Failure> {
     if let Some(out) = out {
         let stats = stream_perfetto(capture, out)?;
         eprintln!(
@@ -304,45 +318,95 @@ fn convert(capture: &Path, out: Option<&Path>, otlp: Option<(&str, &str)>) -> Re
             stats.bytes
         );
     }
-    if let Some((endpoint, protocol)) = otlp {
+    if let Some((endpoint, protocol, timeout)) = otlp {
         let recorded = read_capture(capture)?;
         let batches = batches(&recorded, capture)?;
-        export_otlp(&recorded, &batches, endpoint, protocol)?;
+        export_otlp(&recorded, &batches, endpoint, protocol, timeout)?;
     }
     Ok(())
 }
 
-/// Sends a capture's host spans and device phases to an OTLP endpoint.
+/// `--otlp-timeout`: a positive number of seconds, at most a day.
+fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(secs) if secs > 0.0 && secs <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(secs)),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds between 0 and 86400"
+        )),
+    }
+}
+
+/// Sends a capture's host spans and device phases to an OTLP endpoint, within
+/// `timeout` in all, whatever the collector does.
 #[cfg(feature = "otlp")]
 fn export_otlp(
     recorded: &Capture,
     batches: &[Arc<Batch>],
     endpoint: &str,
     protocol: &str,
+    timeout: std::time::Duration,
 ) -> Result<(), Failure> {
-    use tracing_gpu::otlp::{OtlpLayer, Protocol};
+    use std::time::{Duration, Instant};
+    use tracing_gpu::otlp::{ExportFailure, OtlpError, OtlpLayer, Protocol};
     let failed = |e: String| Failure::new(Exit::Export, format!("OTLP export to {endpoint}: {e}"));
     let protocol: Protocol = protocol
         .parse()
         .map_err(|e: String| Failure::new(Exit::Usage, e))?;
+    let deadline = Instant::now() + timeout;
     let (layer, guard) = OtlpLayer::builder()
         .service_name("tracing-gpu")
         .endpoint(endpoint)
         .protocol(protocol)
-        .timeout(std::time::Duration::from_secs(5))
+        .timeout(timeout)
+        .shutdown_timeout(timeout)
         .build()
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| match e {
+            // A malformed endpoint is bad usage; an unreachable one fails later.
+            OtlpError::Config { .. } => Failure::new(Exit::Usage, e.to_string()),
+            e => failed(e.to_string()),
+        })?;
+    guard.give_up_at(deadline);
     let bar = progress(batches.len(), "exporting");
-    layer.replay(&recorded.host_spans, recorded.realtime_offset_ns(), batches);
+    // The replay waits for room in the export queue; this thread gives up at
+    // the first failed export (the run fails in any case, and the rest would
+    // only wait on the same collector), so that a collector that is down or
+    // refusing fails fast rather than at the deadline.
+    let give_up_on_failure = || {
+        if guard.stats().export_errors > 0 {
+            guard.give_up_at(Instant::now());
+        }
+    };
+    std::thread::scope(|s| {
+        let replay =
+            s.spawn(|| layer.replay(&recorded.host_spans, recorded.realtime_offset_ns(), batches));
+        while !replay.is_finished() {
+            give_up_on_failure();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
     bar.finish_and_clear();
-    let flushed = guard.flush();
+    give_up_on_failure();
     let finished = guard.finish();
-    let stats = flushed.and(finished).map_err(|e| failed(e.to_string()))?;
-    if stats.spans_failed > 0 || stats.spans_dropped > 0 || stats.export_errors > 0 {
-        return Err(failed(format!(
-            "{} spans exported, {} failed, {} dropped ({} export errors): is a collector listening there?",
-            stats.spans_exported, stats.spans_failed, stats.spans_dropped, stats.export_errors
-        )));
+    let stats = match &finished {
+        Ok(stats) => *stats,
+        Err(_) => layer.stats(),
+    };
+    let lost = stats.spans_failed + stats.spans_dropped;
+    if lost > 0 || stats.batches_dropped > 0 || finished.is_err() {
+        let why = match (stats.last_failure, &finished) {
+            (Some(why), _) if why != ExportFailure::OutOfTime => why.to_string(),
+            (_, Err(e)) => e.to_string(),
+            _ => format!("out of time (--otlp-timeout {} s)", timeout.as_secs_f64()),
+        };
+        let mut counts = format!(
+            "{} of {} spans exported",
+            stats.spans_exported,
+            stats.spans_exported + lost
+        );
+        if stats.batches_dropped > 0 {
+            counts += &format!(", {} launches not converted", stats.batches_dropped);
+        }
+        return Err(failed(format!("{why} ({counts})")));
     }
     eprintln!(
         "otlp: {} spans exported to {endpoint}",
@@ -352,7 +416,13 @@ fn export_otlp(
 }
 
 #[cfg(not(feature = "otlp"))]
-fn export_otlp(_: &Capture, _: &[Arc<Batch>], endpoint: &str, _: &str) -> Result<(), Failure> {
+fn export_otlp(
+    _: &Capture,
+    _: &[Arc<Batch>],
+    endpoint: &str,
+    _: &str,
+    _: std::time::Duration,
+) -> Result<(), Failure> {
     Err(Failure::new(
         Exit::Export,
         format!("cannot export to {endpoint}: this build has no OTLP support (build with --features otlp, or full)"),
@@ -685,10 +755,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out,
             otlp,
             otlp_protocol,
+            otlp_timeout,
         } => convert(
             &capture,
             out.as_deref(),
-            otlp.as_deref().map(|e| (e, otlp_protocol.as_str())),
+            otlp.as_deref()
+                .map(|e| (e, otlp_protocol.as_str(), otlp_timeout)),
         ),
         Command::Calibrate {
             samples,

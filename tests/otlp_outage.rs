@@ -197,13 +197,13 @@ fn endpoint_never_answers(transport: Transport) {
             worst < CALL_BOUND,
             "a call took {worst:?} with a silent endpoint"
         );
-        // A flush waits at most the conversion bound plus the SDK's 5 s.
+        // A flush waits at most `shutdown_timeout`, the export in flight included.
         let t = Instant::now();
         let _ = guard.flush();
         let took = t.elapsed();
         eprintln!("flush took {took:?}");
         assert!(
-            took < SHUTDOWN_TIMEOUT + Duration::from_secs(5) + Duration::from_secs(2),
+            took < SHUTDOWN_TIMEOUT + Duration::from_secs(2),
             "flush took {took:?}"
         );
         check_bounded(&guard.stats());

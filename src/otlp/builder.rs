@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::InstrumentationScope;
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use parking_lot::{Condvar, Mutex, ReentrantMutex};
 
+use super::client::OtlpHttpClient;
 use super::device::worker;
 use super::export::CountingExporter;
 use super::export::CountingProcessor;
@@ -76,6 +77,9 @@ pub(crate) const OTEL_EXPORTER_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCO
 pub(crate) const OTEL_BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
 pub(crate) const DEFAULT_MAX_QUEUE_SIZE: usize = 2048;
 pub(crate) const DEFAULT_MAX_EXPORT_BATCH_SIZE: usize = 512;
+pub(crate) const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+pub(crate) const OTEL_EXPORTER_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl OtlpLayerBuilder {
     /// `service.name` of the resource. Default: `OTEL_SERVICE_NAME`, else the
@@ -115,9 +119,11 @@ impl OtlpLayerBuilder {
         self
     }
 
-    /// How long one export may take, retries included. Default:
-    /// `OTEL_EXPORTER_OTLP_TIMEOUT`, else 10 s. It bounds the export thread, never
-    /// the application.
+    /// How long one export may take, retries included: the request is abandoned
+    /// then and its spans count as failed. Default:
+    /// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT`
+    /// (milliseconds), else 10 s. It bounds the export thread, never the
+    /// application.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -143,7 +149,8 @@ impl OtlpLayerBuilder {
         self
     }
 
-    /// The most that dropping the [`OtlpGuard`] waits (default 5 s).
+    /// The most that [`OtlpGuard::flush`], [`OtlpGuard::finish`] and dropping
+    /// the guard wait, exports in flight included (default 5 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
         self
@@ -168,45 +175,53 @@ impl OtlpLayerBuilder {
             Some(n) => n,
             None => queue_size_from_env()?,
         };
+        let timeout = match self.timeout {
+            Some(t) => t,
+            None => timeout_from_env()?,
+        };
+        if let Some(e) = &self.endpoint {
+            check_endpoint(e)?;
+        }
         let shared = Arc::new(Shared::new(max_queue));
 
-        let mut runtime = IoRuntime(None);
+        // The clients' connections and the exports' timers live on a tokio
+        // runtime: a private one, so that the application needs none and its
+        // own is never blocked.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tracing-gpu-otlp-io")
+            .enable_all()
+            .build()
+            .map_err(|source| OtlpError::Start {
+                what: "I/O runtime",
+                source,
+            })?;
+        let io = runtime.handle().clone();
+        let runtime = IoRuntime(Some(runtime));
         let exporter = match protocol {
             Protocol::Grpc => {
-                // tonic's channel lives on a tokio runtime: a private one, so that
-                // the application needs none and its own is never blocked.
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name("tracing-gpu-otlp-io")
-                    .enable_all()
-                    .build()
-                    .map_err(|source| OtlpError::Start {
-                        what: "gRPC runtime",
-                        source,
-                    })?;
-                let exporter = {
-                    let _enter = rt.enter();
-                    let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-                    if let Some(e) = &self.endpoint {
-                        b = b.with_endpoint(e.clone());
-                    }
-                    if let Some(t) = self.timeout {
-                        b = b.with_timeout(t);
-                    }
-                    b.build()
-                };
-                runtime.0 = Some(rt);
-                exporter?
+                // tonic's channel spawns its connection task as it is built.
+                let _enter = io.enter();
+                let mut b = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_timeout(timeout);
+                if let Some(e) = &self.endpoint {
+                    b = b.with_endpoint(e.clone());
+                }
+                b.build()?
             }
             Protocol::HttpProtobuf => {
+                let client = OtlpHttpClient::new(shared.clone()).map_err(|e| OtlpError::Start {
+                    what: "HTTP client",
+                    source: std::io::Error::other(e),
+                })?;
                 let mut b = opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_http_client(client)
+                    .with_timeout(timeout);
                 if let Some(e) = &self.endpoint {
                     b = b.with_endpoint(http_traces_url(e)?);
-                }
-                if let Some(t) = self.timeout {
-                    b = b.with_timeout(t);
                 }
                 b.build()?
             }
@@ -214,7 +229,11 @@ impl OtlpLayerBuilder {
 
         let mut batch_config = BatchConfigBuilder::default()
             .with_max_queue_size(max_queue)
-            .with_max_export_batch_size(DEFAULT_MAX_EXPORT_BATCH_SIZE.min(max_queue));
+            // An export starts once the conversion thread waits for room (a full
+            // batch is due), not at the next scheduled export.
+            .with_max_export_batch_size(
+                DEFAULT_MAX_EXPORT_BATCH_SIZE.min(shared.patient_limit() as usize),
+            );
         if let Some(d) = self.scheduled_delay {
             batch_config = batch_config.with_scheduled_delay(d);
         }
@@ -223,6 +242,9 @@ impl OtlpLayerBuilder {
                 CountingExporter {
                     inner: exporter,
                     shared: shared.clone(),
+                    timeout,
+                    io,
+                    _runtime: runtime,
                 },
                 batch_config.build(),
             ),
@@ -256,7 +278,6 @@ impl OtlpLayerBuilder {
             jobs: tx,
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
-            runtime: Mutex::new(runtime),
             shutdown_timeout: self.shutdown_timeout,
         });
         let worker_inner = inner.clone();
@@ -295,6 +316,24 @@ pub(crate) fn protocol_from_env() -> Result<Protocol, OtlpError> {
     Ok(Protocol::HttpProtobuf)
 }
 
+pub(crate) fn timeout_from_env() -> Result<Duration, OtlpError> {
+    for var in [
+        OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+        OTEL_EXPORTER_OTLP_TIMEOUT,
+    ] {
+        if let Some(v) = env_value(var)? {
+            return match v.trim().parse::<u64>() {
+                Ok(ms) => Ok(Duration::from_millis(ms)),
+                Err(_) => Err(OtlpError::Config {
+                    setting: var.into(),
+                    reason: format!("{v:?} is not a number of milliseconds"),
+                }),
+            };
+        }
+    }
+    Ok(DEFAULT_TIMEOUT)
+}
+
 pub(crate) fn queue_size_from_env() -> Result<usize, OtlpError> {
     match env_value(OTEL_BSP_MAX_QUEUE_SIZE)? {
         None => Ok(DEFAULT_MAX_QUEUE_SIZE),
@@ -320,23 +359,43 @@ pub(crate) fn env_value(var: &str) -> Result<Option<String>, OtlpError> {
     }
 }
 
-/// The traces URL for an HTTP endpoint given as a base URL (see
-/// [`OtlpLayerBuilder::endpoint`]).
-pub(crate) fn http_traces_url(endpoint: &str) -> Result<String, OtlpError> {
-    let bad = |reason: &str| OtlpError::Config {
+/// Checks an endpoint given to [`OtlpLayerBuilder::endpoint`]: a plain-text
+/// `http://` URL with a host (and a valid port, if any).
+pub(crate) fn check_endpoint(endpoint: &str) -> Result<(), OtlpError> {
+    let bad = |reason: String| OtlpError::Config {
         setting: "endpoint".into(),
         reason: format!("{endpoint:?}: {reason}"),
     };
-    let (scheme, rest) = endpoint
+    let url = reqwest::Url::parse(endpoint.trim()).map_err(|e| {
+        bad(format!(
+            "not a URL ({e}); expected one such as http://localhost:4318"
+        ))
+    })?;
+    match url.scheme() {
+        "http" => {}
+        "https" => return Err(bad(
+            "this build has no TLS: use http://, through a local collector that forwards over TLS"
+                .into(),
+        )),
+        other => return Err(bad(format!("the scheme must be http, not {other:?}"))),
+    }
+    // The URL standard reads `http:///x` as host `x`: not what was meant.
+    let after_scheme = endpoint.trim().split_once("://").map_or("", |(_, r)| r);
+    if url.host_str().is_none_or(str::is_empty) || after_scheme.starts_with('/') {
+        return Err(bad("no host".into()));
+    }
+    Ok(())
+}
+
+/// The traces URL for an HTTP endpoint given as a base URL (see
+/// [`OtlpLayerBuilder::endpoint`]).
+pub(crate) fn http_traces_url(endpoint: &str) -> Result<String, OtlpError> {
+    check_endpoint(endpoint)?;
+    let endpoint = endpoint.trim();
+    let rest = endpoint
         .split_once("://")
-        .ok_or_else(|| bad("expected a URL such as http://localhost:4318"))?;
-    if scheme != "http" && scheme != "https" {
-        return Err(bad("the scheme must be http"));
-    }
+        .map_or(endpoint, |(_, rest)| rest);
     let path = rest.find('/').map_or("", |i| &rest[i..]);
-    if rest.is_empty() || rest.starts_with('/') {
-        return Err(bad("no host"));
-    }
     Ok(match path {
         "" => format!("{endpoint}/v1/traces"),
         "/" => format!("{endpoint}v1/traces"),

@@ -38,7 +38,12 @@ pub(crate) fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
                 .fetch_add(left as u64, Ordering::Relaxed);
             break;
         }
-        emit_batch(&inner, &batch, &parent);
+        if inner.shared.given_up() {
+            // Its spans could not be sent: not converted, counted.
+            inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            emit_batch(&inner, &batch, &parent);
+        }
         inner.shared.log_pending();
         inner.progress.lock().done += 1;
         inner.progress_cv.notify_all();

@@ -1,11 +1,17 @@
-//! The export plumbing: our counting span processor and exporter in front of the SDK's, and the I/O runtime.
+//! The export plumbing: our counting span processor and exporter in front of the
+//! SDK's, the deadlines every export keeps, and the I/O runtime.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
 
+use super::ExportFailure;
 use super::OtlpStats;
+use super::GRPC_CODES;
 use opentelemetry::Context as OtelContext;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor};
@@ -15,6 +21,7 @@ use tracing::dispatcher::WeakDispatch;
 
 /// A tokio runtime that is shut down without blocking: dropping a runtime
 /// inside another runtime's async context would panic.
+#[derive(Debug)]
 pub(crate) struct IoRuntime(pub(crate) Option<tokio::runtime::Runtime>);
 
 impl Drop for IoRuntime {
@@ -27,6 +34,40 @@ impl Drop for IoRuntime {
 
 // --------------------------------------------------------------------------
 // Counting, the bounded queue and the one warning.
+
+/// When exports must end, besides each export's own timeout.
+#[derive(Default)]
+pub(crate) struct Cut {
+    /// For good: [`super::OtlpGuard::give_up_at`] or the shutdown.
+    give_up: Option<Instant>,
+    /// For the flushes in progress.
+    flushes: Vec<Instant>,
+}
+
+/// What the HTTP client saw of the export in progress. The SDK runs one export
+/// at a time, on its own thread, so one record serves.
+#[derive(Default)]
+pub(crate) struct Attempt {
+    /// Response headers arrived (for the request in progress).
+    pub(crate) replied: bool,
+    /// How the last request of this export failed.
+    pub(crate) failure: Option<ExportFailure>,
+}
+
+/// A flush's deadline on the exports, lifted when the flush returns.
+pub(crate) struct FlushCut<'a> {
+    shared: &'a Shared,
+    at: Instant,
+}
+
+impl Drop for FlushCut<'_> {
+    fn drop(&mut self) {
+        let mut cut = self.shared.cut.lock();
+        if let Some(i) = cut.flushes.iter().position(|&t| t == self.at) {
+            cut.flushes.swap_remove(i);
+        }
+    }
+}
 
 /// State shared by the layer, the conversion thread and the SDK's export thread.
 pub(crate) struct Shared {
@@ -51,6 +92,9 @@ pub(crate) struct Shared {
     pub(crate) stopped: AtomicBool,
     /// The warning of [`Shared::warn_once`], until a thread of ours logs it.
     pub(crate) pending_warning: Mutex<Option<String>>,
+    pub(crate) cut: Mutex<Cut>,
+    pub(crate) attempt: Mutex<Attempt>,
+    pub(crate) last_failure: Mutex<Option<ExportFailure>>,
 }
 
 /// The target of the exporter's own (rare) events, whatever file emits them:
@@ -97,11 +141,53 @@ impl Shared {
             dispatch: OnceLock::new(),
             stopped: AtomicBool::new(false),
             pending_warning: Mutex::new(None),
+            cut: Mutex::new(Cut::default()),
+            attempt: Mutex::new(Attempt::default()),
+            last_failure: Mutex::new(None),
         }
     }
 
+    /// From `at` on, nothing more is sent (an earlier give-up stands).
+    pub(crate) fn give_up_at(&self, at: Instant) {
+        {
+            let mut cut = self.cut.lock();
+            cut.give_up = Some(cut.give_up.map_or(at, |t| t.min(at)));
+        }
+        // Wakes the conversion thread if it waits for room: it now waits until `at`.
+        let _guard = self.room.lock();
+        self.room_cv.notify_all();
+    }
+
+    pub(crate) fn give_up(&self) -> Option<Instant> {
+        self.cut.lock().give_up
+    }
+
+    pub(crate) fn given_up(&self) -> bool {
+        self.give_up().is_some_and(|t| t <= Instant::now())
+    }
+
+    /// Exports end by `at` until the returned guard drops.
+    pub(crate) fn flush_cut(&self, at: Instant) -> FlushCut<'_> {
+        self.cut.lock().flushes.push(at);
+        FlushCut { shared: self, at }
+    }
+
+    /// When an export starting now must end: its own `timeout`, or earlier if
+    /// a flush or the give-up says so. `None`: too late to start.
+    pub(crate) fn export_deadline(&self, timeout: Duration) -> Option<Instant> {
+        let now = Instant::now();
+        let cut = self.cut.lock();
+        let deadline = cut
+            .flushes
+            .iter()
+            .copied()
+            .chain(cut.give_up)
+            .fold(now + timeout, Instant::min);
+        (deadline > now).then_some(deadline)
+    }
+
     /// Room left for host spans while device spans wait: an eighth of the queue.
-    fn patient_limit(&self) -> u64 {
+    pub(crate) fn patient_limit(&self) -> u64 {
         self.max_queue - (self.max_queue / 8).max(1).min(self.max_queue - 1)
     }
 
@@ -112,12 +198,18 @@ impl Shared {
             let limit = self.patient_limit();
             let mut guard = self.room.lock();
             while self.in_queue.load(Ordering::Acquire) >= limit {
-                if self.stopped.load(Ordering::Acquire) {
+                if self.stopped.load(Ordering::Acquire) || self.given_up() {
                     drop(guard);
-                    return self.refuse("the OTLP layer was shut down with spans still to convert");
+                    return self.refuse("the OTLP layer gave up with spans still to convert");
                 }
-                // Exports and the shutdown notify under `room`: no lost wake-up.
-                self.room_cv.wait(&mut guard);
+                // Exports, the give-up and the shutdown notify under `room`: no
+                // lost wake-up; a give-up in the future is waited for.
+                match self.give_up() {
+                    Some(at) => {
+                        self.room_cv.wait_until(&mut guard, at);
+                    }
+                    None => self.room_cv.wait(&mut guard),
+                }
             }
         }
         let before = self.in_queue.fetch_add(1, Ordering::AcqRel);
@@ -161,10 +253,22 @@ impl Shared {
         }
     }
 
-    fn failed(&self, n: u64, error: &OTelSdkError) {
+    pub(crate) fn failed(&self, n: u64, why: ExportFailure) {
         self.failed.fetch_add(n, Ordering::Relaxed);
         self.export_errors.fetch_add(1, Ordering::Relaxed);
-        self.warn_once(&format!("OTLP export failed: {error}"));
+        *self.last_failure.lock() = Some(why);
+        self.warn_once(&format!("OTLP export failed: {why}"));
+        self.log_pending();
+    }
+
+    /// Spans not sent because the deadline passed: failed, but no export call
+    /// failed, and an earlier failure stays the reason.
+    pub(crate) fn out_of_time(&self, n: u64) {
+        self.failed.fetch_add(n, Ordering::Relaxed);
+        self.last_failure
+            .lock()
+            .get_or_insert(ExportFailure::OutOfTime);
+        self.warn_once(&format!("OTLP export {}", ExportFailure::OutOfTime));
         self.log_pending();
     }
 
@@ -209,6 +313,7 @@ impl Shared {
             spans_dropped: self.dropped.load(Ordering::Relaxed),
             batches_dropped: self.batches_dropped.load(Ordering::Relaxed),
             export_errors: self.export_errors.load(Ordering::Relaxed),
+            last_failure: *self.last_failure.lock(),
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             queue_capacity: self.max_queue,
         }
@@ -255,12 +360,20 @@ impl SpanProcessor for CountingProcessor {
     }
 }
 
-/// The OTLP exporter behind our counters: a failed export is counted and warned
-/// about once, and reported to the SDK as done, so the SDK logs nothing.
+/// The OTLP exporter behind our counters and deadlines: each export ends by its
+/// deadline ([`Shared::export_deadline`]), its failure is counted with its kind
+/// and warned about once, and it is reported to the SDK as done, so the SDK
+/// logs nothing. The SDK's batch processor cannot abort an export (it blocks
+/// its thread on it): stopping here is what bounds its flush and shutdown.
 #[derive(Debug)]
 pub(crate) struct CountingExporter<E> {
     pub(crate) inner: E,
     pub(crate) shared: Arc<Shared>,
+    /// The exporter's `timeout`: the most one export may take, retries included.
+    pub(crate) timeout: Duration,
+    pub(crate) io: tokio::runtime::Handle,
+    /// Declared last: dropped after `inner`, whose connections live on it.
+    pub(crate) _runtime: IoRuntime,
 }
 
 impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
@@ -268,9 +381,32 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
         let n = batch.len() as u64;
         self.shared.leave_queue(n);
         self.shared.log_pending();
-        match self.inner.export(batch).await {
-            Ok(()) => self.shared.exported(n),
-            Err(e) => self.shared.failed(n, &e),
+        let Some(deadline) = self.shared.export_deadline(self.timeout) else {
+            self.shared.out_of_time(n);
+            return Ok(());
+        };
+        *self.shared.attempt.lock() = Attempt::default();
+        let export = self.inner.export(batch);
+        // The timer is made on the first poll, in the runtime's context.
+        let outcome = InRuntime {
+            io: self.io.clone(),
+            future: Box::pin(async move { tokio::time::timeout_at(deadline.into(), export).await }),
+        }
+        .await;
+        let attempt = std::mem::take(&mut *self.shared.attempt.lock());
+        match outcome {
+            Ok(Ok(())) => self.shared.exported(n),
+            Ok(Err(e)) => self
+                .shared
+                .failed(n, attempt.failure.unwrap_or_else(|| classify(&e))),
+            Err(_elapsed) => self.shared.failed(
+                n,
+                attempt.failure.unwrap_or(if attempt.replied {
+                    ExportFailure::SlowReply
+                } else {
+                    ExportFailure::NoReply
+                }),
+            ),
         }
         Ok(())
     }
@@ -285,5 +421,60 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
 
     fn set_resource(&mut self, resource: &Resource) {
         self.inner.set_resource(resource);
+    }
+}
+
+/// Polls a future inside the I/O runtime's context. The SDK polls exports on
+/// its own thread (`futures_executor::block_on`): there, our timer and the
+/// clients' sockets need the runtime, and the exporter's retries then sleep
+/// on tokio's timer (which our timeout can cut) rather than blocking the thread.
+struct InRuntime<F> {
+    io: tokio::runtime::Handle,
+    future: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for InRuntime<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        let _entered = this.io.enter();
+        this.future.as_mut().poll(cx)
+    }
+}
+
+/// The kind of a failed export the HTTP client did not see: a gRPC export,
+/// known only by the exporter's message: "... gRPC code: Unknown: transport
+/// error: ..." (then the error's source chain) when tonic could not get a
+/// status from the server, "... gRPC code: Unavailable" for one the server sent.
+pub(crate) fn classify(error: &OTelSdkError) -> ExportFailure {
+    let text = error.to_string();
+    let has = |what: &str| text.contains(what);
+    if has("onnection refused") {
+        return ExportFailure::ConnectionRefused;
+    }
+    if has("transport error") || has("Timeout expired") {
+        return if has("Timeout expired") {
+            // tonic's own timeout (ours, the same, usually fires first).
+            ExportFailure::NoReply
+        } else if has("http2 error") || has("protocol error") || has("frame") {
+            // Something answered, not in HTTP/2.
+            ExportFailure::MalformedReply
+        } else if has("connect") || has("dns error") {
+            ExportFailure::CannotConnect
+        } else if has("closed") || has("reset") || has("broken pipe") {
+            ExportFailure::ConnectionClosed
+        } else {
+            ExportFailure::Other
+        };
+    }
+    let code = text
+        .split("gRPC code: ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_alphanumeric()).next())
+        .and_then(|name| GRPC_CODES.iter().position(|&c| c == name));
+    match code {
+        Some(code) => ExportFailure::GrpcStatus(code as i32),
+        None => ExportFailure::Other,
     }
 }

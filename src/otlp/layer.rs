@@ -18,7 +18,6 @@ use tracing::{Dispatch, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
-use super::export::IoRuntime;
 use super::export::Shared;
 use super::Detail;
 use super::HostSpans;
@@ -56,7 +55,6 @@ pub(crate) struct Inner {
     pub(crate) jobs: SyncSender<Job>,
     pub(crate) progress: Mutex<Progress>,
     pub(crate) progress_cv: Condvar,
-    pub(crate) runtime: Mutex<IoRuntime>,
     /// Bounds flushes and the shutdown.
     pub(crate) shutdown_timeout: Duration,
 }
@@ -114,36 +112,44 @@ impl fmt::Debug for OtlpGuard {
     }
 }
 
+/// The most of a flush's or finish's time left for the export thread to
+/// answer once the exports are cut off.
+const GRACE: Duration = Duration::from_millis(250);
+
 impl OtlpGuard {
     /// What happened to the spans so far.
     pub fn stats(&self) -> OtlpStats {
         self.inner.shared.stats()
     }
 
-    /// Converts the batches handed over so far and exports every finished span;
-    /// waits at most `shutdown_timeout` for the conversion and 5 s for the export.
+    /// Converts the batches handed over so far and exports every finished
+    /// span, within `shutdown_timeout` (or the [`give_up_at`](Self::give_up_at)
+    /// deadline, if sooner) in all: an export still in flight then is abandoned
+    /// and its spans, and those not sent yet, count as failed.
     pub fn flush(&self) -> Result<(), OtlpError> {
-        let deadline = Instant::now() + self.inner.shutdown_timeout;
-        let drained = self.inner.drain(deadline);
-        self.inner.shared.log_pending();
-        if !drained {
-            return Err(OtlpError::Unfinished("flush"));
-        }
-        self.inner
-            .provider
-            .force_flush()
-            .map_err(|source| OtlpError::Sdk {
-                what: "flush",
-                source,
-            })
+        self.inner.flush_in_time("flush")
     }
 
-    /// Flushes and shuts the exporter down within `shutdown_timeout`, and
-    /// reports what happened to the spans. Spans that close later are not
-    /// exported; batches handed over later are dropped and counted.
+    /// Flushes and shuts the exporter down within `shutdown_timeout` (or the
+    /// [`give_up_at`](Self::give_up_at) deadline, if sooner), exports in
+    /// flight included, and reports what happened to the spans. Spans that
+    /// close later are not exported; batches handed over later are dropped and
+    /// counted.
     pub fn finish(mut self) -> Result<OtlpStats, OtlpError> {
         self.shutdown_now()?;
         Ok(self.stats())
+    }
+
+    /// Gives up at `deadline` (at once if it has passed; an earlier deadline
+    /// stands): from then on nothing more is sent. An export in flight is
+    /// abandoned, spans not sent count as failed, [`OtlpLayer::replay`] stops
+    /// waiting for room in the queue, batches not yet converted are dropped,
+    /// and [`flush`](Self::flush) and [`finish`](Self::finish) end at most a
+    /// quarter of a second after it. For a one-shot export (a replay) that
+    /// must end by a given time, whatever the collector does; may be called
+    /// from any thread.
+    pub fn give_up_at(&self, deadline: Instant) {
+        self.inner.shared.give_up_at(deadline);
     }
 
     fn shutdown_now(&mut self) -> Result<(), OtlpError> {
@@ -151,7 +157,8 @@ impl OtlpGuard {
             return Ok(());
         }
         let inner = &self.inner;
-        let deadline = Instant::now() + inner.shutdown_timeout;
+        let (cut, deadline) = inner.limits();
+        inner.shared.give_up_at(cut);
         let drained = inner.drain(deadline);
         inner.shared.stopped.store(true, Ordering::Release);
         {
@@ -163,11 +170,6 @@ impl OtlpGuard {
         let left = deadline.saturating_duration_since(Instant::now());
         let result = inner.provider.shutdown_with_timeout(left);
         inner.shared.log_pending();
-        // The exporter is done with the runtime, or has given up on it.
-        drop(std::mem::replace(
-            &mut *inner.runtime.lock(),
-            IoRuntime(None),
-        ));
         match (drained, result) {
             (true, Ok(())) => Ok(()),
             (false, _) => Err(OtlpError::Unfinished("finish")),
@@ -187,6 +189,36 @@ impl Drop for OtlpGuard {
 }
 
 impl Inner {
+    /// A flush's or finish's deadline, starting now: `shutdown_timeout`, or the
+    /// give-up plus a grace, if sooner (but never less than the grace); and
+    /// the cut-off for exports, a grace before it, which leaves the export
+    /// thread time to answer.
+    fn limits(&self) -> (Instant, Instant) {
+        let now = Instant::now();
+        let grace = (self.shutdown_timeout / 10).min(GRACE);
+        let mut deadline = now + self.shutdown_timeout;
+        if let Some(give_up) = self.shared.give_up() {
+            deadline = deadline.min((give_up + grace).max(now + grace));
+        }
+        (deadline - grace, deadline)
+    }
+
+    /// [`OtlpGuard::flush`] and [`BatchSink::flush`].
+    fn flush_in_time(&self, what: &'static str) -> Result<(), OtlpError> {
+        let (cut, deadline) = self.limits();
+        let _cut = self.shared.flush_cut(cut);
+        let drained = self.drain(deadline);
+        self.shared.log_pending();
+        if !drained {
+            return Err(OtlpError::Unfinished(what));
+        }
+        // Returns when the export thread has exported (or given up on) every
+        // span: by the cut-off, or after the SDK's own 5 s if sooner.
+        self.provider
+            .force_flush()
+            .map_err(|source| OtlpError::Sdk { what, source })
+    }
+
     fn exports_host_spans(&self) -> bool {
         match self.host_spans {
             HostSpans::Export => true,
@@ -492,10 +524,8 @@ impl BatchSink for Inner {
     }
 
     /// Converts what was handed over and exports it; bounded as
-    /// [`OtlpGuard::flush`] is (the builder's `shutdown_timeout`, plus 5 s).
+    /// [`OtlpGuard::flush`] is (the builder's `shutdown_timeout`).
     fn flush(&self) {
-        let inner = self;
-        inner.drain(Instant::now() + inner.shutdown_timeout);
-        let _ = inner.provider.force_flush();
+        let _ = self.flush_in_time("flush");
     }
 }

@@ -57,25 +57,32 @@
 //!
 //! # Transport and bounds
 //!
-//! `opentelemetry-otlp` over gRPC (tonic, on a private one-thread tokio runtime)
-//! or http/protobuf (a blocking client on the SDK's export thread), configured by
-//! the standard `OTEL_EXPORTER_OTLP_*` variables unless the builder says
-//! otherwise, and by `OTEL_BSP_*` for batching. An endpoint that is down or slow
-//! never blocks the application:
+//! `opentelemetry-otlp` over gRPC (tonic) or http/protobuf (our reqwest client,
+//! which also checks that a reply is an OTLP response), both on a private
+//! one-thread tokio runtime, configured by the standard `OTEL_EXPORTER_OTLP_*`
+//! variables unless the builder says otherwise, and by `OTEL_BSP_*` for
+//! batching. An endpoint that is down, slow or hostile never blocks the
+//! application:
 //! - closing a host span and [`BatchSink::on_batch`](crate::batch::BatchSink::on_batch) never wait: they hand the
 //!   span or batch to a bounded queue, and drop (and count) when it is full;
 //! - at most `max_queue_size` finished spans wait for export (plus one export
 //!   batch in flight), and at most `batch_queue` device batches wait for
 //!   conversion: memory stays bounded whatever the endpoint does;
-//! - [`BatchSink::flush`](crate::batch::BatchSink::flush) and [`OtlpGuard::flush`] wait at most
-//!   `shutdown_timeout` for the conversion, plus at most 5 s (the SDK's fixed
-//!   flush timeout) for the export; dropping the [`OtlpGuard`] waits at most
-//!   `shutdown_timeout` (default 5 s) in all;
-//! - the first failure (an export error, or a span dropped because the queue is
-//!   full) logs one `tracing` warning under target `tracing_gpu::otlp`; later
-//!   failures are only counted ([`OtlpStats`]) until an export succeeds with no
-//!   drop since the previous one, which logs one `info` line. The SDK's own
-//!   internal logs are compiled out;
+//! - one export, retries included, ends within the builder's `timeout`: the
+//!   SDK cannot abort an export, so ours stops waiting for it there (dropping
+//!   the request) and counts its spans as failed;
+//! - [`BatchSink::flush`](crate::batch::BatchSink::flush), [`OtlpGuard::flush`] and [`OtlpGuard::finish`] (also
+//!   when the guard is dropped) end within `shutdown_timeout` (default 5 s),
+//!   exports in flight included: spans they could not send by then count as
+//!   failed. [`OtlpGuard::give_up_at`] sets a deadline for everything;
+//! - every failed export is counted, with the kind of the last failure
+//!   ([`OtlpStats::last_failure`], [`ExportFailure`]: connection refused, no
+//!   reply, a reply too slow or incomplete, a rejecting status, a malformed
+//!   reply). The first failure (or a span dropped because the queue is full)
+//!   logs one `tracing` warning under target `tracing_gpu::otlp`; later ones
+//!   are only counted until an export succeeds with no drop since the previous
+//!   one, which logs one `info` line. The SDK's own internal logs are compiled
+//!   out;
 //! - the exporter reconnects by itself: spans sent after the endpoint comes back
 //!   arrive.
 //!
@@ -90,6 +97,7 @@
 use std::str::FromStr;
 
 mod builder;
+mod client;
 mod device;
 mod export;
 mod layer;
@@ -178,7 +186,7 @@ pub enum OtlpError {
     /// The OTLP exporter refused its configuration.
     #[error("cannot build the OTLP exporter: {0}")]
     Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
-    /// A thread or the gRPC runtime could not be started.
+    /// A thread, the I/O runtime or the HTTP client could not be started.
     #[error("cannot start the OTLP {what}: {source}")]
     Start {
         /// Which thread or runtime.
@@ -203,20 +211,100 @@ pub enum OtlpError {
     Sink(#[from] crate::deliver::TooManySinks),
 }
 
+/// Why an export failed, as far as the exporter could tell: the last failure is
+/// in [`OtlpStats::last_failure`]. Its `Display` is a short phrase, such as
+/// "connection refused".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ExportFailure {
+    /// Nothing listens there: the connection was refused.
+    ConnectionRefused,
+    /// The endpoint could not be reached otherwise (unknown host, no route).
+    CannotConnect,
+    /// The connection closed before any reply.
+    ConnectionClosed,
+    /// Connected, but no reply came within the timeout.
+    NoReply,
+    /// A reply began but did not complete within the timeout, or broke off.
+    SlowReply,
+    /// The collector refused the spans with this HTTP status.
+    HttpStatus(u16),
+    /// The collector refused the spans with this gRPC status code.
+    GrpcStatus(i32),
+    /// The reply is not an OTLP response: an HTTP success whose body does not
+    /// decode as an `ExportTraceServiceResponse`, or a broken gRPC reply.
+    MalformedReply,
+    /// The deadline (the `shutdown_timeout` of a flush or finish, or
+    /// [`OtlpGuard::give_up_at`]) passed before the spans could be sent.
+    OutOfTime,
+    /// Anything else.
+    Other,
+}
+
+/// gRPC status codes by number, as the specification names them.
+pub(crate) const GRPC_CODES: [&str; 17] = [
+    "Ok",
+    "Cancelled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+];
+
+impl std::fmt::Display for ExportFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExportFailure::ConnectionRefused => f.write_str("connection refused"),
+            ExportFailure::CannotConnect => f.write_str("cannot connect"),
+            ExportFailure::ConnectionClosed => f.write_str("connection closed without a reply"),
+            ExportFailure::NoReply => f.write_str("timed out waiting for a reply"),
+            ExportFailure::SlowReply => f.write_str("reply too slow or incomplete"),
+            ExportFailure::HttpStatus(status) => write!(f, "rejected with status {status}"),
+            ExportFailure::GrpcStatus(code) => {
+                let name = usize::try_from(*code)
+                    .ok()
+                    .and_then(|c| GRPC_CODES.get(c))
+                    .unwrap_or(&"?");
+                write!(f, "rejected with gRPC status {code} ({name})")
+            }
+            ExportFailure::MalformedReply => f.write_str("malformed reply"),
+            ExportFailure::OutOfTime => f.write_str("out of time before sending"),
+            ExportFailure::Other => f.write_str("export failed"),
+        }
+    }
+}
+
 /// Counters of what happened to the spans, for [`OtlpGuard::stats`] and
 /// [`OtlpLayer::stats`]. Failures are counted here rather than logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OtlpStats {
     /// Spans the endpoint accepted.
     pub spans_exported: u64,
-    /// Spans whose export failed (endpoint down, slow past the timeout, or refusing).
+    /// Spans whose export failed (endpoint down, slow past the timeout,
+    /// refusing, answering nonsense) or that ran out of time before being sent.
+    /// Spans whose request was abandoned at the timeout are counted here,
+    /// although the collector may have received them.
     pub spans_failed: u64,
     /// Spans dropped before export: the queue was full.
     pub spans_dropped: u64,
-    /// Device batches dropped: the batch queue was full, or the layer was shut down.
+    /// Device batches dropped: the batch queue was full, or the layer was shut
+    /// down or gave up before converting them.
     pub batches_dropped: u64,
     /// Export calls that failed.
     pub export_errors: u64,
+    /// Why the last failed export failed.
+    pub last_failure: Option<ExportFailure>,
     /// The most spans that ever waited for export at once (at most `max_queue_size`).
     pub queue_peak: u64,
     /// The queue's bound, `max_queue_size`.

@@ -22,8 +22,10 @@ impl OtlpLayer {
     /// under the host span that wraps its launch (matched by launch id).
     ///
     /// Unlike the live path this waits for room in the queues instead of
-    /// dropping (a replay is not an application's hot path); it returns once
-    /// everything is handed over. Follow with [`OtlpGuard::flush`](crate::otlp::OtlpGuard::flush) and check
+    /// dropping (a replay is not an application's hot path), until
+    /// [`OtlpGuard::give_up_at`](crate::otlp::OtlpGuard::give_up_at)'s deadline
+    /// if one is set; it returns once everything is handed over (or dropped,
+    /// after that deadline). Follow with [`OtlpGuard::flush`](crate::otlp::OtlpGuard::flush) and check
     /// [`OtlpGuard::stats`](crate::otlp::OtlpGuard::stats).
     pub fn replay(&self, spans: &[HostSpan], realtime_offset_ns: i64, batches: &[Arc<Batch>]) {
         let inner = &self.inner;
@@ -68,7 +70,7 @@ impl OtlpLayer {
                 .get(&batch.launch.launch_id)
                 .cloned()
                 .unwrap_or_default();
-            if inner.shared.stopped.load(Ordering::Acquire) {
+            if inner.shared.stopped.load(Ordering::Acquire) || inner.shared.given_up() {
                 inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }

@@ -23,7 +23,15 @@ fn http_endpoints_get_the_traces_path_like_the_standard_variable() {
     );
     assert_eq!(url("http://h:1/custom/path"), "http://h:1/custom/path");
     assert_eq!(url("http://h:1/v1/traces"), "http://h:1/v1/traces");
-    for bad in ["localhost:4318", "ftp://h", "http://", "http:///x"] {
+    for bad in [
+        "localhost:4318",
+        "ftp://h",
+        "http://",
+        "http:///x",
+        "http://h:99999",
+        "https://h",
+        "http://a b",
+    ] {
         assert!(
             matches!(http_traces_url(bad), Err(OtlpError::Config { .. })),
             "{bad}"
@@ -115,4 +123,85 @@ fn the_queue_admits_up_to_its_bound_and_counts_the_rest() {
     shared.exported(0);
     assert!(!shared.degraded.load(Ordering::Acquire));
     assert!(shared.admit());
+}
+
+#[test]
+fn exports_end_by_the_earliest_deadline() {
+    use std::time::{Duration, Instant};
+    let shared = Shared::new(8);
+    let timeout = Duration::from_secs(10);
+    let own = shared.export_deadline(timeout).unwrap();
+    assert!(own > Instant::now() + Duration::from_secs(9));
+    // A flush cuts exports at its deadline until it returns.
+    let soon = Instant::now() + Duration::from_secs(1);
+    {
+        let _cut = shared.flush_cut(soon);
+        assert_eq!(shared.export_deadline(timeout), Some(soon));
+        assert!(!shared.given_up());
+    }
+    assert!(shared.export_deadline(timeout).unwrap() > soon);
+    // A give-up stands; an earlier one wins; past it, no export starts.
+    shared.give_up_at(soon + Duration::from_secs(1));
+    shared.give_up_at(soon);
+    shared.give_up_at(soon + Duration::from_secs(5));
+    assert_eq!(shared.give_up(), Some(soon));
+    shared.give_up_at(Instant::now());
+    assert!(shared.given_up());
+    assert_eq!(shared.export_deadline(timeout), None);
+    // The conversion thread no longer waits for room: it drops, at once.
+    let _patient = Patient::new();
+    let limit = shared.patient_limit();
+    assert!((0..limit).all(|_| shared.admit()));
+    let t = Instant::now();
+    assert!(!shared.admit());
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert_eq!(shared.stats().spans_dropped, 1);
+}
+
+#[test]
+fn spans_out_of_time_fail_without_hiding_the_cause() {
+    let shared = Shared::new(8);
+    shared.out_of_time(2);
+    let s = shared.stats();
+    assert_eq!(
+        (s.spans_failed, s.export_errors, s.last_failure),
+        (2, 0, Some(ExportFailure::OutOfTime))
+    );
+    shared.failed(3, ExportFailure::HttpStatus(503));
+    shared.out_of_time(4);
+    let s = shared.stats();
+    assert_eq!(
+        (s.spans_failed, s.export_errors, s.last_failure),
+        (9, 1, Some(ExportFailure::HttpStatus(503)))
+    );
+}
+
+#[test]
+fn grpc_failures_are_told_apart_by_the_exporters_message() {
+    use opentelemetry_sdk::error::OTelSdkError;
+    let kind = |text: &str| {
+        classify(&OTelSdkError::InternalFailure(format!(
+            "TonicTracesClient export failed with gRPC code: {text}"
+        )))
+    };
+    assert_eq!(
+        kind("Unavailable: transport error: tcp connect error: Connection refused (os error 111)"),
+        ExportFailure::ConnectionRefused
+    );
+    assert_eq!(
+        kind("Unknown: transport error: http2 error: connection error detected: frame with invalid size"),
+        ExportFailure::MalformedReply
+    );
+    assert_eq!(
+        kind("Unavailable: transport error: dns error: failed to lookup address"),
+        ExportFailure::CannotConnect
+    );
+    assert_eq!(kind("Cancelled: Timeout expired"), ExportFailure::NoReply);
+    // A status the server sent.
+    assert_eq!(kind("PermissionDenied"), ExportFailure::GrpcStatus(7));
+    assert_eq!(kind("Unavailable"), ExportFailure::GrpcStatus(14));
+    assert_eq!(
+        classify(&OTelSdkError::InternalFailure("something else".into())),
+        ExportFailure::Other
+    );
 }

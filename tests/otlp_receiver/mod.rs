@@ -3,7 +3,15 @@
 //! - gRPC: the generated `TraceService` server, served by tonic;
 //! - HTTP: a small HTTP/1.1 server on a std `TcpListener` that decodes
 //!   `POST /v1/traces` bodies (`application/x-protobuf`) with prost;
-//! - a "black hole" that accepts connections and never answers (a slow endpoint).
+//! - a "black hole" that accepts connections and never answers (a slow endpoint);
+//! - misbehaving HTTP collectors ([`Misbehaving`]): one that trickles its reply a
+//!   byte a second, one that refuses with a status, one that answers 200 with a
+//!   body that is not an OTLP response; and a gRPC collector that refuses
+//!   ([`Receiver::refusing`]).
+//!
+//! The thread servers stop by themselves after [`SERVER_LIFETIME`] or
+//! [`MAX_CONNECTIONS`] connections, whichever comes first, even if a test
+//! never drops them.
 #![allow(dead_code)] // each test file uses its own part of this module
 
 use std::collections::HashMap;
@@ -27,6 +35,13 @@ use prost::Message;
 
 /// Generous, for a loaded 2-core machine: waits end as soon as the data is there.
 pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// How long a thread server lives at most.
+pub const SERVER_LIFETIME: Duration = Duration::from_secs(300);
+/// How many connections a thread server accepts at most.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How many bytes the trickling collector sends, one a second, before closing.
+pub const TRICKLE_BYTES: usize = 120;
 
 /// Which protocol a receiver speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +121,11 @@ impl Store {
     }
 }
 
-struct Collector(Arc<Store>);
+/// The gRPC collector: stores what it receives, or refuses it with `refuse`.
+struct Collector {
+    store: Arc<Store>,
+    refuse: Option<tonic::Code>,
+}
 
 #[tonic::async_trait]
 impl TraceService for Collector {
@@ -114,7 +133,11 @@ impl TraceService for Collector {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        self.0.take(request.into_inner());
+        if let Some(code) = self.refuse {
+            self.store.requests.fetch_add(1, Ordering::Relaxed);
+            return Err(tonic::Status::new(code, "refused by the test collector"));
+        }
+        self.store.take(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -126,7 +149,6 @@ enum Server {
         task: tokio::task::JoinHandle<()>,
     },
     Threads {
-        addr: SocketAddr,
         stop: Arc<AtomicBool>,
         accept: JoinHandle<()>,
     },
@@ -146,11 +168,23 @@ impl Receiver {
         Receiver::start_on(transport, "127.0.0.1:0".parse().unwrap())
     }
 
+    /// A gRPC collector that answers every export with status `code`.
+    pub fn refusing(code: tonic::Code) -> Receiver {
+        let store = Arc::new(Store::default());
+        let (addr, server) = grpc_server("127.0.0.1:0".parse().unwrap(), store.clone(), Some(code));
+        Receiver {
+            transport: Transport::Grpc,
+            addr,
+            store,
+            server: Some(server),
+        }
+    }
+
     /// Starts a receiver on `addr` (to bring an endpoint back on its old port).
     pub fn start_on(transport: Transport, addr: SocketAddr) -> Receiver {
         let store = Arc::new(Store::default());
         let (addr, server) = match transport {
-            Transport::Grpc => grpc_server(addr, store.clone()),
+            Transport::Grpc => grpc_server(addr, store.clone(), None),
             Transport::Http => {
                 let listener = bind(addr);
                 let addr = listener.local_addr().unwrap();
@@ -257,6 +291,113 @@ impl Drop for BlackHole {
     }
 }
 
+/// How a [`Misbehaving`] HTTP collector answers each request (read whole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// 200 and its headers at once (announcing [`TRICKLE_BYTES`] of body),
+    /// then the body one byte a second.
+    Trickle,
+    /// This status, with an empty body.
+    Status(u16),
+    /// 200, with a body that is not an `ExportTraceServiceResponse`.
+    Garbage,
+}
+
+/// The body of [`Misbehaviour::Garbage`]: not protobuf (`t` = field 14 with
+/// wire type 4, an end-group tag without its start).
+pub const GARBAGE: &[u8] = b"this is not an OTLP response";
+
+/// An HTTP collector that misbehaves as told.
+pub struct Misbehaving {
+    pub addr: SocketAddr,
+    pub how: Misbehaviour,
+    requests: Arc<AtomicU64>,
+    server: Option<Server>,
+}
+
+impl Misbehaving {
+    pub fn start(how: Misbehaviour) -> Misbehaving {
+        let listener = bind("127.0.0.1:0".parse().unwrap());
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicU64::new(0));
+        let count = requests.clone();
+        let server = thread_server(listener, move |stream, stop| {
+            let mut writer = stream.try_clone().unwrap();
+            let mut reader = BufReader::new(stream);
+            while read_request(&mut reader, &stop).is_some() {
+                count.fetch_add(1, Ordering::Relaxed);
+                let sent = match how {
+                    Misbehaviour::Status(code) => writer.write_all(
+                        format!("HTTP/1.1 {code} Misbehaving\r\ncontent-length: 0\r\n\r\n")
+                            .as_bytes(),
+                    ),
+                    Misbehaviour::Garbage => writer.write_all(
+                        &[
+                            format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\n\
+                                 content-length: {}\r\n\r\n",
+                                GARBAGE.len()
+                            )
+                            .as_bytes(),
+                            GARBAGE,
+                        ]
+                        .concat(),
+                    ),
+                    Misbehaviour::Trickle => trickle(&mut writer, &stop),
+                };
+                if sent.is_err() {
+                    return;
+                }
+            }
+        });
+        Misbehaving {
+            addr,
+            how,
+            requests,
+            server: Some(server),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Requests read so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Misbehaving {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            stop_server(server);
+        }
+    }
+}
+
+/// [`Misbehaviour::Trickle`]'s reply: the headers, then a byte a second until
+/// [`TRICKLE_BYTES`] or `stop`.
+fn trickle(writer: &mut TcpStream, stop: &AtomicBool) -> std::io::Result<()> {
+    writer.write_all(
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: {TRICKLE_BYTES}\r\n\r\n"
+        )
+        .as_bytes(),
+    )?;
+    for _ in 0..TRICKLE_BYTES {
+        for _ in 0..10 {
+            if stop.load(Ordering::Acquire) {
+                return Err(std::io::ErrorKind::Interrupted.into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // A byte of an empty field 1 (`rejected_spans`), so far as it goes.
+        writer.write_all(&[0x08])?;
+    }
+    Ok(())
+}
+
 /// A loopback address on which nothing listens (yet): bound, then released.
 pub fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
@@ -280,7 +421,11 @@ fn bind(addr: SocketAddr) -> TcpListener {
     }
 }
 
-fn grpc_server(addr: SocketAddr, store: Arc<Store>) -> (SocketAddr, Server) {
+fn grpc_server(
+    addr: SocketAddr,
+    store: Arc<Store>,
+    refuse: Option<tonic::Code>,
+) -> (SocketAddr, Server) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -294,7 +439,7 @@ fn grpc_server(addr: SocketAddr, store: Arc<Store>) -> (SocketAddr, Server) {
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         tonic::transport::Server::builder()
             .serve_with_incoming_shutdown(
-                TraceServiceServer::new(Collector(store)),
+                TraceServiceServer::new(Collector { store, refuse }),
                 tonic::transport::server::TcpIncoming::from(listener),
                 async {
                     let _ = stopped.await;
@@ -314,32 +459,45 @@ fn grpc_server(addr: SocketAddr, store: Arc<Store>) -> (SocketAddr, Server) {
 }
 
 /// Accepts on `listener`, one thread per connection running `serve` until
-/// the stop flag is set.
+/// the stop flag is set, which happens when the server is dropped, after
+/// [`SERVER_LIFETIME`] or after [`MAX_CONNECTIONS`] connections.
 fn thread_server(
     listener: TcpListener,
     serve: impl Fn(TcpStream, Arc<AtomicBool>) + Send + Sync + Clone + 'static,
 ) -> Server {
-    let addr = listener.local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
+    // Polled, so that the loop sees the flag and the time without a wake-up.
+    listener.set_nonblocking(true).unwrap();
     let accept = std::thread::spawn(move || {
+        let end = Instant::now() + SERVER_LIFETIME;
         let mut connections = Vec::new();
-        for stream in listener.incoming() {
-            if flag.load(Ordering::Acquire) {
-                break;
-            }
-            let Ok(stream) = stream else { continue };
+        while !flag.load(Ordering::Acquire)
+            && Instant::now() < end
+            && connections.len() < MAX_CONNECTIONS
+        {
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            stream.set_nonblocking(false).unwrap();
             stream
                 .set_read_timeout(Some(Duration::from_millis(100)))
                 .unwrap();
             let (serve, flag) = (serve.clone(), flag.clone());
             connections.push(std::thread::spawn(move || serve(stream, flag)));
         }
+        // Closes the port; the connections see the flag within 100 ms.
+        drop(listener);
+        flag.store(true, Ordering::Release);
         for c in connections {
             let _ = c.join();
         }
     });
-    Server::Threads { addr, stop, accept }
+    Server::Threads { stop, accept }
 }
 
 fn stop_server(server: Server) {
@@ -358,10 +516,8 @@ fn stop_server(server: Server) {
                 .block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await });
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
-        Server::Threads { addr, stop, accept } => {
+        Server::Threads { stop, accept } => {
             stop.store(true, Ordering::Release);
-            // Wakes the accept loop, which then sees the flag.
-            let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
             let _ = accept.join();
         }
     }
@@ -374,66 +530,83 @@ fn is_timeout(e: &std::io::Error) -> bool {
     )
 }
 
+/// One HTTP/1.1 request: its request line, headers (lower-case names) and body.
+struct HttpRequest {
+    line: String,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// Reads one request; `None` when the connection closes or `stop` is set.
+fn read_request(reader: &mut BufReader<TcpStream>, stop: &AtomicBool) -> Option<HttpRequest> {
+    // Request line and headers.
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => return None,
+            Ok(_) => {
+                if line == "\r\n" || line == "\n" {
+                    if head.is_empty() {
+                        continue;
+                    }
+                    break;
+                }
+                head.push(line);
+            }
+            Err(e) if is_timeout(&e) => {
+                if stop.load(Ordering::Acquire) {
+                    return None;
+                }
+                // A partial line stays in `line` only on a timeout mid-line,
+                // which loopback clients do not cause; keep what we have.
+                if !line.is_empty() {
+                    head.push(line);
+                }
+            }
+            Err(_) => return None,
+        }
+    }
+    let headers: HashMap<String, String> = head[1..]
+        .iter()
+        .filter_map(|h| h.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let length: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    let mut got = 0;
+    while got < length {
+        match reader.read(&mut body[got..]) {
+            Ok(0) => return None,
+            Ok(n) => got += n,
+            Err(e) if is_timeout(&e) && !stop.load(Ordering::Acquire) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(HttpRequest {
+        line: head.swap_remove(0),
+        headers,
+        body,
+    })
+}
+
 /// Serves HTTP/1.1 requests on one connection until it closes or `stop` is set.
 fn serve_http(stream: TcpStream, store: &Store, stop: &AtomicBool) {
     let mut writer = stream.try_clone().unwrap();
     let mut reader = BufReader::new(stream);
-    loop {
-        // Request line and headers.
-        let mut head = Vec::new();
-        loop {
-            let mut line = String::new();
-            match reader.read_line(&mut line) {
-                Ok(0) => return,
-                Ok(_) => {
-                    if line == "\r\n" || line == "\n" {
-                        break;
-                    }
-                    head.push(line);
-                }
-                Err(e) if is_timeout(&e) => {
-                    if stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    // A partial line stays in `line` only on a timeout mid-line,
-                    // which loopback clients do not cause; keep what we have.
-                    if !line.is_empty() {
-                        head.push(line);
-                    }
-                }
-                Err(_) => return,
-            }
-        }
-        let Some(request_line) = head.first() else {
-            continue;
-        };
-        let headers: HashMap<String, String> = head[1..]
-            .iter()
-            .filter_map(|h| h.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-            .collect();
-        let length: usize = headers
-            .get("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let mut body = vec![0u8; length];
-        let mut got = 0;
-        while got < length {
-            match reader.read(&mut body[got..]) {
-                Ok(0) => return,
-                Ok(n) => got += n,
-                Err(e) if is_timeout(&e) && !stop.load(Ordering::Acquire) => {}
-                Err(_) => return,
-            }
-        }
-        let ok = request_line.starts_with("POST /v1/traces ")
-            && headers
+    while let Some(request) = read_request(&mut reader, stop) {
+        let ok = request.line.starts_with("POST /v1/traces ")
+            && request
+                .headers
                 .get("content-type")
                 .is_some_and(|t| t.starts_with("application/x-protobuf"));
         let response = if ok {
-            match ExportTraceServiceRequest::decode(body.as_slice()) {
-                Ok(request) => {
-                    store.take(request);
+            match ExportTraceServiceRequest::decode(request.body.as_slice()) {
+                Ok(decoded) => {
+                    store.take(decoded);
                     let body = ExportTraceServiceResponse::default().encode_to_vec();
                     let mut r = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\n\r\n",

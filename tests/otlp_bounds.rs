@@ -1,0 +1,277 @@
+//! An OTLP export ends within the bound the user set, whatever the collector
+//! does: down (closed port), silent (accepts, never answers), trickling (200,
+//! then a byte a second), refusing (4xx/5xx, or a gRPC status), or answering
+//! nonsense (200 with a body that is not an OTLP response), and says which.
+//! - `tracing-gpu convert --otlp URL --otlp-timeout 3`: ends within the timeout
+//!   plus a margin, exits 7 with one line that names the cause, and never counts
+//!   a malformed reply as exported; a malformed URL or protocol is bad usage (2);
+//! - the library: `OtlpGuard::finish` and `flush` end within `shutdown_timeout`
+//!   (the exporter's own timeout set far longer), `give_up_at` bounds a replay,
+//!   and `OtlpStats::last_failure` has the cause.
+#![cfg(feature = "otlp")]
+
+mod otlp_receiver;
+
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use otlp_receiver::{BlackHole, Misbehaving, Misbehaviour, Receiver};
+use tracing_gpu::batch::Batch;
+use tracing_gpu::capture::Capture;
+use tracing_gpu::otlp::{ExportFailure, OtlpGuard, OtlpLayer, OtlpStats, Protocol};
+
+const CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-quickstart.tgpu");
+
+/// `--otlp-timeout` in the CLI tests.
+const CLI_TIMEOUT: Duration = Duration::from_secs(3);
+/// Beyond a bound: the CLI's start and its reading of the capture (a debug
+/// build, on a loaded 2-core machine), or a thread waking up.
+const CLI_MARGIN: Duration = Duration::from_secs(5);
+const MARGIN: Duration = Duration::from_secs(1);
+
+/// The CLI tests run one at a time: each decodes the capture, and several at
+/// once on a 2-core machine would time the machine rather than the bound.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn convert(endpoint: &str, extra: &[&str]) -> (Output, Duration) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let timeout = CLI_TIMEOUT.as_secs().to_string();
+    let t = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_tracing-gpu"))
+        .args(["convert", CAPTURE, "--otlp", endpoint])
+        .args(["--otlp-timeout", &timeout])
+        .args(extra)
+        .output()
+        .expect("run tracing-gpu");
+    let took = t.elapsed();
+    eprintln!(
+        "{endpoint} {extra:?}: {took:?}, {:?}: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o, took)
+}
+
+/// Exit 7 within the bound, with one line naming `cause`, and no span exported.
+fn check_failed(o: &Output, took: Duration, cause: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(7), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(cause), "expected {cause:?}: {err}");
+    assert!(err.contains(": 0 of ") || err.contains("(0 of "), "{err}");
+    assert!(
+        took < CLI_TIMEOUT + CLI_MARGIN,
+        "took {took:?} with --otlp-timeout {CLI_TIMEOUT:?}: {err}"
+    );
+}
+
+#[test]
+fn cli_against_a_closed_port() {
+    let addr = otlp_receiver::free_addr();
+    let (o, took) = convert(&format!("http://{addr}"), &[]);
+    check_failed(&o, took, "connection refused");
+    let (o, took) = convert(&format!("http://{addr}"), &["--otlp-protocol", "grpc"]);
+    check_failed(&o, took, "connection refused");
+}
+
+#[test]
+fn cli_against_a_collector_that_never_answers() {
+    let hole = BlackHole::start();
+    let (o, took) = convert(&hole.endpoint(), &[]);
+    check_failed(&o, took, "timed out waiting for a reply");
+    // It did wait for the reply: up to the timeout, not less.
+    assert!(took >= CLI_TIMEOUT - MARGIN, "{took:?}");
+    let (o, took) = convert(&hole.endpoint(), &["--otlp-protocol", "grpc"]);
+    check_failed(&o, took, "timed out waiting for a reply");
+}
+
+#[test]
+fn cli_against_a_collector_that_trickles_its_reply() {
+    let server = Misbehaving::start(Misbehaviour::Trickle);
+    let (o, took) = convert(&server.endpoint(), &[]);
+    check_failed(&o, took, "reply too slow or incomplete");
+    assert!(server.requests() > 0, "the request reached the server");
+}
+
+#[test]
+fn cli_against_a_collector_that_refuses() {
+    for status in [400, 503] {
+        let server = Misbehaving::start(Misbehaviour::Status(status));
+        let (o, took) = convert(&server.endpoint(), &[]);
+        check_failed(&o, took, &format!("rejected with status {status}"));
+    }
+    let server = Receiver::refusing(tonic::Code::PermissionDenied);
+    let (o, took) = convert(&server.endpoint(), &["--otlp-protocol", "grpc"]);
+    check_failed(&o, took, "rejected with gRPC status 7 (PermissionDenied)");
+}
+
+#[test]
+fn cli_against_a_collector_that_answers_nonsense() {
+    let server = Misbehaving::start(Misbehaviour::Garbage);
+    let (o, took) = convert(&server.endpoint(), &[]);
+    check_failed(&o, took, "malformed reply");
+    assert!(server.requests() > 0, "the request reached the server");
+    // gRPC to a server that does not speak HTTP/2.
+    let (o, took) = convert(&server.endpoint(), &["--otlp-protocol", "grpc"]);
+    check_failed(&o, took, "malformed reply");
+}
+
+#[test]
+fn cli_malformed_url_or_protocol_is_bad_usage() {
+    for (endpoint, extra) in [
+        ("localhost:4318", &[][..]),
+        ("http://", &[]),
+        ("http://host:99999", &[]),
+        ("ftp://host", &[]),
+        ("http://127.0.0.1:4318", &["--otlp-protocol", "udp"]),
+        ("http://127.0.0.1:4318", &["--otlp-timeout", "0"]),
+        ("http://127.0.0.1:4318", &["--otlp-timeout", "soon"]),
+    ] {
+        let (o, _) = convert(endpoint, extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{endpoint} {extra:?}: {err}");
+    }
+}
+
+// --------------------------------------------------------------------------
+// The library.
+
+/// The exporter's own timeout, far past `SHUTDOWN_TIMEOUT`: only the guard's
+/// bound can end the waits below in time.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(120);
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn capture() -> (Capture, Vec<Arc<Batch>>) {
+    let capture = Capture::read(CAPTURE).unwrap();
+    let batches = capture.batches().unwrap();
+    (capture, batches)
+}
+
+fn layer(protocol: Protocol, endpoint: &str, max_queue: usize) -> (OtlpLayer, OtlpGuard) {
+    OtlpLayer::builder()
+        .protocol(protocol)
+        .endpoint(endpoint)
+        .timeout(EXPORT_TIMEOUT)
+        .shutdown_timeout(SHUTDOWN_TIMEOUT)
+        .max_queue_size(max_queue)
+        .build()
+        .unwrap()
+}
+
+/// Replays the shipped capture, then times `finish`.
+fn replay_and_finish(protocol: Protocol, endpoint: &str) -> (OtlpStats, Duration) {
+    let (capture, batches) = capture();
+    let (layer, guard) = layer(protocol, endpoint, 2048);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    let t = Instant::now();
+    let finished = guard.finish();
+    let took = t.elapsed();
+    let stats = layer.stats();
+    eprintln!("{endpoint}: finish took {took:?}: {finished:?}, {stats:?}");
+    (stats, took)
+}
+
+/// Every span failed, for `why`.
+fn check_all_failed(stats: &OtlpStats, why: ExportFailure) {
+    assert_eq!(stats.spans_exported, 0, "{stats:?}");
+    assert!(stats.spans_failed > 100, "{stats:?}");
+    assert_eq!(stats.spans_dropped, 0, "{stats:?}");
+    assert_eq!(stats.last_failure, Some(why), "{stats:?}");
+}
+
+#[test]
+fn finish_ends_within_its_bound_against_a_silent_collector() {
+    let hole = BlackHole::start();
+    for protocol in [Protocol::HttpProtobuf, Protocol::Grpc] {
+        let (stats, took) = replay_and_finish(protocol, &hole.endpoint());
+        assert!(took < SHUTDOWN_TIMEOUT + MARGIN, "{protocol:?}: {took:?}");
+        check_all_failed(&stats, ExportFailure::NoReply);
+    }
+}
+
+#[test]
+fn finish_ends_within_its_bound_against_a_trickling_collector() {
+    let server = Misbehaving::start(Misbehaviour::Trickle);
+    let (stats, took) = replay_and_finish(Protocol::HttpProtobuf, &server.endpoint());
+    assert!(took < SHUTDOWN_TIMEOUT + MARGIN, "{took:?}");
+    check_all_failed(&stats, ExportFailure::SlowReply);
+}
+
+#[test]
+fn flush_ends_within_its_bound_against_a_silent_collector() {
+    let hole = BlackHole::start();
+    let (capture, batches) = capture();
+    let (layer, guard) = layer(Protocol::HttpProtobuf, &hole.endpoint(), 2048);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    let t = Instant::now();
+    let flushed = guard.flush();
+    let took = t.elapsed();
+    eprintln!("flush took {took:?}: {flushed:?}");
+    // Before: the conversion's bound plus the SDK's fixed 5 s.
+    assert!(took < SHUTDOWN_TIMEOUT + MARGIN, "{took:?}");
+    // The export in flight was abandoned and counted.
+    check_all_failed(&layer.stats(), ExportFailure::NoReply);
+    // The flush's deadline is lifted: a later export is bounded by its own timeout.
+    let t = Instant::now();
+    drop(guard);
+    assert!(t.elapsed() < SHUTDOWN_TIMEOUT + MARGIN, "{:?}", t.elapsed());
+}
+
+#[test]
+fn give_up_at_bounds_a_replay_that_waits_for_room() {
+    let hole = BlackHole::start();
+    let (capture, batches) = capture();
+    // A queue far smaller than the capture: the replay must wait for exports,
+    // which the silent collector holds for EXPORT_TIMEOUT each.
+    let (layer, guard) = layer(Protocol::HttpProtobuf, &hole.endpoint(), 32);
+    let give_up = Duration::from_secs(2);
+    let t = Instant::now();
+    guard.give_up_at(t + give_up);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    let replayed = t.elapsed();
+    let finished = guard.finish();
+    let took = t.elapsed();
+    let stats = layer.stats();
+    eprintln!("replay {replayed:?}, with finish {took:?}: {finished:?}, {stats:?}");
+    assert!(replayed < give_up + MARGIN, "{replayed:?}");
+    assert!(took < give_up + MARGIN, "{took:?}");
+    assert_eq!(stats.spans_exported, 0, "{stats:?}");
+    assert!(
+        stats.spans_dropped > 0,
+        "the replay gave up waiting: {stats:?}"
+    );
+    assert_eq!(
+        stats.last_failure,
+        Some(ExportFailure::NoReply),
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn stats_name_the_cause() {
+    let closed = format!("http://{}", otlp_receiver::free_addr());
+    for protocol in [Protocol::HttpProtobuf, Protocol::Grpc] {
+        let (stats, _) = replay_and_finish(protocol, &closed);
+        check_all_failed(&stats, ExportFailure::ConnectionRefused);
+    }
+    for (how, why) in [
+        (Misbehaviour::Status(400), ExportFailure::HttpStatus(400)),
+        (Misbehaviour::Status(503), ExportFailure::HttpStatus(503)),
+        // A 200 is not enough: the body must be an OTLP response.
+        (Misbehaviour::Garbage, ExportFailure::MalformedReply),
+    ] {
+        let server = Misbehaving::start(how);
+        let (stats, _) = replay_and_finish(Protocol::HttpProtobuf, &server.endpoint());
+        check_all_failed(&stats, why);
+        assert!(server.requests() > 0, "{how:?}");
+    }
+    let server = Receiver::refusing(tonic::Code::Unavailable);
+    let (stats, _) = replay_and_finish(Protocol::Grpc, &server.endpoint());
+    check_all_failed(&stats, ExportFailure::GrpcStatus(14));
+    assert!(server.requests() > 0);
+    assert_eq!(
+        ExportFailure::GrpcStatus(14).to_string(),
+        "rejected with gRPC status 14 (Unavailable)"
+    );
+}
