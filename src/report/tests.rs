@@ -1,5 +1,6 @@
 //! The report's tests: statistics and the SVG from known captures.
 
+use super::picture::*;
 use super::svg::*;
 use super::*;
 use crate::format::SLOT_MAGIC;
@@ -132,7 +133,7 @@ fn decoded_captures_feed_the_report() {
     }
     let bytes = b.finish();
     let capture = Buffer::decode(&bytes, Some(&registry)).unwrap();
-    let mut tl = Timeline::new();
+    let mut tl = Timeline::with_svg(SvgOptions::default());
     tl.set_names(&registry);
     tl.set_sm_count(6);
     tl.add_buffer(&capture);
@@ -149,7 +150,7 @@ fn decoded_captures_feed_the_report() {
     assert_eq!(r.sms[4].busy_ns, 500);
     assert!((r.sms[3].busy_fraction - 0.5).abs() < 1e-12);
     assert_eq!((r.sms[4].warps, r.sms[5].warps), (2, 0));
-    let svg = tl.to_svg(&SvgOptions::default());
+    let svg = tl.to_svg().expect("made with_svg");
     let doc = roxmltree::Document::parse(&svg).expect("valid XML");
     assert!(!svg_events(&doc).is_empty());
 }
@@ -173,12 +174,13 @@ fn busy_time_is_per_launch() {
 
 #[test]
 fn empty_timeline_reports_and_draws() {
-    let tl = Timeline::new();
+    let tl = Timeline::with_svg(SvgOptions::default());
     let r = tl.report();
     assert_eq!((r.events, r.window_ns, r.sms.len()), (0, 0, 0));
     let _ = r.to_string();
-    let svg = tl.to_svg(&SvgOptions::default());
+    let svg = tl.to_svg().expect("made with_svg");
     roxmltree::Document::parse(&svg).expect("valid XML");
+    assert!(Timeline::new().to_svg().is_none());
 }
 
 #[test]
@@ -210,28 +212,22 @@ fn flatten_shows_the_innermost_range() {
 
 #[test]
 fn lanes_stack_concurrent_warps_and_reuse_free_ones() {
-    let s = |sm, a, b| SlotRec {
-        capture: 0,
-        sm,
-        first_ts: a,
-        last_ts: b,
-        ev_start: 0,
-        ev_end: 0,
+    // Warps of one SM in increasing start: (first_ts, last_ts) → lane.
+    let lanes = |cap: u32, warps: &[(u32, u64, u64)]| {
+        let mut p = Picture::new(SvgOptions {
+            max_lanes_per_sm: cap,
+            ..Default::default()
+        });
+        let lanes: Vec<u32> = warps
+            .iter()
+            .map(|&(sm, a, b)| p.assign_lane(sm, a, b))
+            .collect();
+        (p.lanes_per_sm(), lanes)
     };
-    let slots = [
-        s(0, 0, 10),
-        s(0, 5, 20),
-        s(0, 10, 30),
-        s(1, 0, 5),
-        s(0, 12, 13),
-    ];
-    let lay = layout(&slots, 8);
-    assert_eq!(lay.lanes_per_sm, 3);
-    assert_eq!(lay.lane_of_slot, vec![0, 1, 0, 3, 2]);
+    let warps = [(0, 0, 10), (0, 5, 20), (0, 10, 30), (0, 12, 13), (1, 0, 5)];
+    assert_eq!(lanes(8, &warps), (3, vec![0, 1, 0, 2, 0]));
     // A cap of one lane: everything shares it.
-    let lay = layout(&slots, 1);
-    assert_eq!(lay.lanes_per_sm, 1);
-    assert_eq!(lay.lane_of_slot, vec![0, 0, 0, 1, 0]);
+    assert_eq!(lanes(1, &warps), (1, vec![0, 0, 0, 0, 0]));
 }
 
 fn svg_events(doc: &roxmltree::Document) -> Vec<(String, f64, f64, f64, f64)> {
@@ -257,7 +253,7 @@ fn svg_events(doc: &roxmltree::Document) -> Vec<(String, f64, f64, f64, f64)> {
 
 #[test]
 fn svg_draws_each_event_at_its_place() {
-    let mut tl = Timeline::new();
+    let mut tl = Timeline::with_svg(SvgOptions::default());
     tl.set_title("gemm <bf16> & co");
     tl.set_name(1, "wait");
     tl.set_name(2, "mma");
@@ -267,7 +263,7 @@ fn svg_draws_each_event_at_its_place() {
         [range(1, 0, 1600), range(2, 1600, 3200), instant(1, 4000)],
     );
     tl.push_slot(&slot(1, 3200, 6400), [range(2, 3200, 6400)]);
-    let svg = tl.to_svg(&SvgOptions::default());
+    let svg = tl.to_svg().expect("made with_svg");
     let doc = roxmltree::Document::parse(&svg).expect("valid XML");
     let root = doc.root_element();
     assert_eq!(root.tag_name().name(), "svg");
@@ -314,22 +310,25 @@ fn svg_draws_each_event_at_its_place() {
 #[test]
 fn svg_size_is_bounded_for_huge_captures() {
     // 132 SMs × 4 warps × 1000 sub-pixel events: 528 k events.
-    let mut tl = Timeline::new();
-    tl.set_sm_count(132);
-    for sm in 0..132u32 {
-        for w in 0..4u64 {
-            let events = (0..1000u64).map(|k| {
-                let t = k * 500 + w * 7;
-                range((k % 3) as u16, t, t + 200 + (k % 5) * 50)
-            });
-            tl.push_slot(&slot(sm, 0, 500_000), events);
+    let huge = |options: SvgOptions| {
+        let mut tl = Timeline::with_svg(options);
+        tl.set_sm_count(132);
+        for sm in 0..132u32 {
+            for w in 0..4u64 {
+                let events = (0..1000u64).map(|k| {
+                    let t = k * 500 + w * 7;
+                    range((k % 3) as u16, t, t + 200 + (k % 5) * 50)
+                });
+                tl.push_slot(&slot(sm, 0, 500_000), events);
+            }
         }
-    }
+        tl.to_svg().expect("made with_svg")
+    };
     let options = SvgOptions {
         max_rects: 50_000,
         ..Default::default()
     };
-    let svg = tl.to_svg(&options);
+    let svg = huge(options.clone());
     let doc = roxmltree::Document::parse(&svg).expect("valid XML");
     let rects = svg_events(&doc);
     assert!(
@@ -365,7 +364,7 @@ fn svg_size_is_bounded_for_huge_captures() {
     }
     assert!(!svg.contains("not drawn"));
     // A budget too small even at the coarsest bins: cut, and said so.
-    let svg = tl.to_svg(&SvgOptions {
+    let svg = huge(SvgOptions {
         max_rects: 100,
         ..Default::default()
     });

@@ -1,0 +1,570 @@
+//! The SVG timeline's picture, built one launch at a time and kept binned.
+//!
+//! When a launch is added, its warps get lanes in their SM's row, their phases
+//! are flattened (a nested phase hides its parent) and binned over the launch's
+//! own window; only the runs of bins that share a dominant type and an opacity
+//! level are kept (a [`Layer`]), never the events. Drawing resamples the layers
+//! onto one time axis. Memory is bounded by the picture: at most `max_rects`
+//! runs and marks a launch, and the layers are merged into one whenever they
+//! hold more than four budgets' worth.
+//!
+//! Binning costs O(pieces · log) per pass whatever the number of event types:
+//! a sweep over each lane's pieces keeps the coverage of the pieces open across
+//! whole bins (a map from type to weight, and the heaviest in a sorted set) and
+//! adds the partly covered edge bins of each piece as it reaches them.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::format::{Event, EventKind};
+
+/// The narrowest plot area [`SvgOptions::width`] gives (narrower is widened).
+pub const MIN_SVG_WIDTH: u32 = 100;
+/// The widest plot area [`SvgOptions::width`] gives (wider is narrowed): the
+/// finest bins are four a pixel, so the work of drawing grows with the width.
+pub const MAX_SVG_WIDTH: u32 = 20_000;
+/// The most lanes an SM row can have, whatever [`SvgOptions::max_lanes_per_sm`] says.
+const LANES_CAP: u32 = 64;
+
+/// How to draw the SVG timeline.
+#[derive(Debug, Clone)]
+pub struct SvgOptions {
+    /// Width of the plot area in pixels (the picture adds margins), within
+    /// [`MIN_SVG_WIDTH`]`..=`[`MAX_SVG_WIDTH`].
+    pub width: u32,
+    /// Most rectangles to draw, events and instants together. Bins get wider
+    /// (down to 64 per lane) until the picture fits.
+    pub max_rects: usize,
+    /// Most lanes (concurrent warps) per SM row, at most 64; warps beyond it
+    /// share lanes.
+    pub max_lanes_per_sm: u32,
+    /// Give each rectangle a tooltip (`<title>`: type, start, end, SM) when
+    /// the picture has at most this many (tooltips triple the size).
+    pub tooltips_up_to: usize,
+}
+
+impl Default for SvgOptions {
+    fn default() -> Self {
+        SvgOptions {
+            width: 1600,
+            max_rects: 100_000,
+            max_lanes_per_sm: 8,
+            tooltips_up_to: 20_000,
+        }
+    }
+}
+
+impl SvgOptions {
+    /// The options with every field in its range.
+    fn bounded(mut self) -> SvgOptions {
+        self.width = self.width.clamp(MIN_SVG_WIDTH, MAX_SVG_WIDTH);
+        self.max_rects = self.max_rects.max(1);
+        self.max_lanes_per_sm = self.max_lanes_per_sm.clamp(1, LANES_CAP);
+        self
+    }
+}
+
+/// A launch's runs are kept at up to this many times the picture's budget
+/// (`max_rects`), so that resampling them onto the whole picture's axis, where
+/// they shrink, still has detail to draw from.
+const KEEP: usize = 4;
+
+/// Opacity levels of a partly covered bin; quantized so that neighbours merge.
+pub(super) const LEVELS: u8 = 4;
+
+/// Coverage of type `k` (an event id, or a colour slot) over `[a, b)`, in ns
+/// from the start of the window being binned, with weight `w` (in
+/// 1/[`LEVELS`]: a phase is `LEVELS`, a resampled run its opacity level).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Piece {
+    pub(super) sm: u32,
+    pub(super) lane: u32,
+    pub(super) a: f64,
+    pub(super) b: f64,
+    pub(super) k: u16,
+    pub(super) w: u8,
+}
+
+/// Bins `[start, end)` of lane `lane` of SM `sm`: type `k`, opacity level.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Run {
+    pub(super) sm: u32,
+    pub(super) lane: u32,
+    pub(super) start: u32,
+    pub(super) end: u32,
+    pub(super) k: u16,
+    pub(super) level: u8,
+}
+
+/// An instant: lane, device time, type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Mark {
+    pub(super) sm: u32,
+    pub(super) lane: u32,
+    pub(super) t: u64,
+    pub(super) k: u16,
+}
+
+/// What is kept of one launch (or of several, merged): its window, its runs at
+/// `bins` bins over the window, types by event id, and its instants.
+#[derive(Debug, Clone)]
+struct Layer {
+    t0: u64,
+    t1: u64,
+    bins: u32,
+    runs: Vec<Run>,
+    marks: Vec<Mark>,
+}
+
+impl Layer {
+    fn bin_ns(&self) -> f64 {
+        span(self.t0, self.t1) / f64::from(self.bins)
+    }
+}
+
+/// The window's length in ns, at least 1.
+fn span(t0: u64, t1: u64) -> f64 {
+    t1.saturating_sub(t0).max(1) as f64
+}
+
+/// The picture so far: lanes in use per SM and the binned launches.
+#[derive(Debug, Clone)]
+pub(super) struct Picture {
+    options: SvgOptions,
+    /// Per SM, when each of its lanes frees (the latest `last_ts` drawn in it).
+    lane_end: BTreeMap<u32, Vec<u64>>,
+    lanes_per_sm: u32,
+    layers: Vec<Layer>,
+    /// Runs and marks in `layers`.
+    stored: usize,
+    /// Merge the layers when `stored` passes this.
+    merge_at: usize,
+    /// Instants not kept (over a launch's budget).
+    cut: u64,
+}
+
+/// A picture resampled onto one axis, ready to draw.
+pub(super) struct Fitted {
+    pub(super) t0: u64,
+    pub(super) dur: f64,
+    pub(super) bins: u32,
+    pub(super) runs: Vec<Run>,
+}
+
+impl Picture {
+    pub(super) fn new(options: SvgOptions) -> Picture {
+        let options = options.bounded();
+        Picture {
+            merge_at: 2 * KEEP * options.max_rects,
+            options,
+            lane_end: BTreeMap::new(),
+            lanes_per_sm: 1,
+            layers: Vec::new(),
+            stored: 0,
+            cut: 0,
+        }
+    }
+
+    pub(super) fn options(&self) -> &SvgOptions {
+        &self.options
+    }
+
+    pub(super) fn lanes_per_sm(&self) -> u32 {
+        self.lanes_per_sm
+    }
+
+    /// Instants left out for the budget while adding launches.
+    pub(super) fn cut(&self) -> u64 {
+        self.cut
+    }
+
+    /// Every instant kept.
+    pub(super) fn marks(&self) -> impl Iterator<Item = &Mark> {
+        self.layers.iter().flat_map(|l| &l.marks)
+    }
+
+    /// The window over all launches: earliest warp start, latest flush.
+    pub(super) fn window(&self) -> Option<(u64, u64)> {
+        let t0 = self.layers.iter().map(|l| l.t0).min()?;
+        let t1 = self.layers.iter().map(|l| l.t1).max()?;
+        Some((t0, t1.max(t0)))
+    }
+
+    /// A lane in SM `sm`'s row for a warp running `[first_ts, last_ts]`; call it
+    /// for one SM's warps in increasing `first_ts`. The warp takes the first
+    /// lane that is free when it starts (interval colouring), so concurrent
+    /// warps stack and warps that follow each other share a lane; past the cap,
+    /// it shares the lane that frees first.
+    pub(super) fn assign_lane(&mut self, sm: u32, first_ts: u64, last_ts: u64) -> u32 {
+        let ends = self.lane_end.entry(sm).or_default();
+        let lane = match ends.iter().position(|&end| end <= first_ts) {
+            Some(l) => l,
+            None if (ends.len() as u32) < self.options.max_lanes_per_sm => {
+                ends.push(0);
+                ends.len() - 1
+            }
+            None => {
+                let (l, _) = ends
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, &e)| e)
+                    .unwrap_or((0, &0));
+                l
+            }
+        };
+        ends[lane] = ends[lane].max(last_ts);
+        self.lanes_per_sm = self.lanes_per_sm.max(ends.len() as u32);
+        lane as u32
+    }
+
+    /// Bins one launch over its window `[t0, t1]`: its pieces (types by event
+    /// id, `a`/`b` from `t0`) and its instants. Keeps at most `KEEP × max_rects`
+    /// runs (unless even 64 bins a lane hold more) and `max_rects` instants.
+    pub(super) fn add_launch(
+        &mut self,
+        t0: u64,
+        t1: u64,
+        mut pieces: Vec<Piece>,
+        marks: Vec<Mark>,
+    ) {
+        group_by_lane(&mut pieces);
+        let (bins, runs) = fit(
+            &pieces,
+            span(t0, t1),
+            4 * self.options.width,
+            KEEP * self.options.max_rects,
+        );
+        drop(pieces);
+        let marks = self.thin_marks(t0, t1, marks);
+        self.stored += runs.len() + marks.len();
+        self.layers.push(Layer {
+            t0,
+            t1,
+            bins,
+            runs,
+            marks,
+        });
+        if self.stored > self.merge_at {
+            self.merge();
+        }
+    }
+
+    /// One mark per (lane, pixel of `[t0, t1]`, type), at most `max_rects`.
+    fn thin_marks(&mut self, t0: u64, t1: u64, mut marks: Vec<Mark>) -> Vec<Mark> {
+        let scale = f64::from(self.options.width) / span(t0, t1);
+        let pixel = |m: &Mark| (m.t.saturating_sub(t0) as f64 * scale) as u64;
+        marks.sort_unstable_by_key(|m| (m.sm, m.lane, pixel(m), m.k));
+        marks.dedup_by_key(|m| (m.sm, m.lane, pixel(m), m.k));
+        let keep = self.options.max_rects;
+        self.cut += marks.len().saturating_sub(keep) as u64;
+        marks.truncate(keep);
+        marks
+    }
+
+    /// Folds every layer into one over their joint window, at the finest
+    /// bins that fit the budget.
+    fn merge(&mut self) {
+        let Some((t0, t1)) = self.window() else {
+            return;
+        };
+        let (bins, runs) = self.resample(t0, t1, KEEP * self.options.max_rects, |k| k);
+        let marks: Vec<Mark> = self.layers.drain(..).flat_map(|l| l.marks).collect();
+        let marks = self.thin_marks(t0, t1, marks);
+        self.stored = runs.len() + marks.len();
+        // A picture that does not fit even at the coarsest bins merges again
+        // only once it has doubled, not at every launch.
+        self.merge_at = 2 * self.stored.max(KEEP * self.options.max_rects);
+        self.layers.push(Layer {
+            t0,
+            t1,
+            bins,
+            runs,
+            marks,
+        });
+    }
+
+    /// The layers' runs over `[t0, t1]` at the finest bins that fit the
+    /// budget and that the layers resolve, types mapped through `key`.
+    fn resample(
+        &self,
+        t0: u64,
+        t1: u64,
+        budget: usize,
+        key: impl Fn(u16) -> u16,
+    ) -> (u32, Vec<Run>) {
+        let dur = span(t0, t1);
+        let mut pieces = Vec::with_capacity(self.layers.iter().map(|l| l.runs.len()).sum());
+        let mut finest = 1u32;
+        for l in &self.layers {
+            let bin_ns = l.bin_ns();
+            let from = l.t0.saturating_sub(t0) as f64;
+            finest = finest.max(snap(dur / bin_ns).ceil().min(f64::from(u32::MAX)) as u32);
+            pieces.extend(l.runs.iter().map(|r| Piece {
+                sm: r.sm,
+                lane: r.lane,
+                a: from + f64::from(r.start) * bin_ns,
+                b: from + f64::from(r.end) * bin_ns,
+                k: key(r.k),
+                w: r.level,
+            }));
+        }
+        group_by_lane(&mut pieces);
+        let finest = finest.min(4 * self.options.width);
+        fit(&pieces, dur, finest, budget)
+    }
+
+    /// The whole picture on one axis, types mapped through `key` (colour slots).
+    pub(super) fn fitted(&self, key: impl Fn(u16) -> u16) -> Option<Fitted> {
+        let (t0, t1) = self.window()?;
+        let (bins, runs) = self.resample(t0, t1, self.options.max_rects, key);
+        Some(Fitted {
+            t0,
+            dur: span(t0, t1),
+            bins,
+            runs,
+        })
+    }
+}
+
+/// Brings each lane's pieces together (the sweep needs no order within a
+/// lane). A stable sort: pieces come lane by lane already (a launch's) or in
+/// a few such sequences (one per layer), which it merges in about linear time.
+fn group_by_lane(pieces: &mut [Piece]) {
+    pieces.sort_by_key(|p| (p.sm, p.lane));
+}
+
+/// The finest bin count, from `finest` down to 64, whose runs fit `budget`:
+/// the finest if it fits; otherwise bisect (in log scale) between 64 and the
+/// finest, six passes in all. What still overflows at 64 is returned whole
+/// (the drawing cuts it and says so).
+pub(super) fn fit(pieces: &[Piece], dur: f64, finest: u32, budget: usize) -> (u32, Vec<Run>) {
+    let finest = finest.max(1);
+    let runs = bin_runs(pieces, dur, finest);
+    if runs.len() <= budget {
+        return (finest, runs);
+    }
+    let coarsest = finest.min(64);
+    let (mut lo, mut hi) = (coarsest, finest);
+    let mut fit: Option<(u32, Vec<Run>)> = None;
+    for _ in 0..5 {
+        let mid = ((f64::from(lo) * f64::from(hi)).sqrt() as u32).clamp(lo, hi);
+        if mid == lo || mid == hi {
+            break;
+        }
+        let runs = bin_runs(pieces, dur, mid);
+        if runs.len() <= budget {
+            lo = mid;
+            fit = Some((mid, runs));
+        } else {
+            hi = mid;
+        }
+    }
+    fit.unwrap_or_else(|| (coarsest, bin_runs(pieces, dur, coarsest)))
+}
+
+/// `x` rounded when it is an integer but for rounding errors, so that a run
+/// resampled onto its own bins lands on them exactly.
+fn snap(x: f64) -> f64 {
+    let r = x.round();
+    if (x - r).abs() <= 1e-9 * r.abs().max(1.0) {
+        r
+    } else {
+        x
+    }
+}
+
+/// Bins pieces grouped by lane at `bins` bins over `[0, dur)`: the runs of
+/// bins that share their dominant type and opacity level, lane by lane.
+pub(super) fn bin_runs(pieces: &[Piece], dur: f64, bins: u32) -> Vec<Run> {
+    let bin_ns = dur / f64::from(bins);
+    let mut runs = Vec::new();
+    let mut sweep = Sweep::default();
+    for lane in pieces.chunk_by(|p, q| (p.sm, p.lane) == (q.sm, q.lane)) {
+        sweep.lane(lane, bin_ns, bins, &mut runs);
+    }
+    runs
+}
+
+/// What changes at a bin: a piece starts or stops covering whole bins, or
+/// covers part of that bin alone.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// Type `k` covers the bins from here on with weight `w` (negative: stops).
+    Whole(i32),
+    /// Type `k` covers this bin by this much (in 1/LEVELS of the bin).
+    Part(f64),
+}
+
+/// The scratch state of a sweep, kept between lanes to reuse its memory.
+#[derive(Default)]
+struct Sweep {
+    changes: Vec<(u32, Change, u16)>,
+    /// Whole-bin weight per type, and the same ordered by weight (ties: lowest type).
+    whole: BTreeMap<u16, i32>,
+    heaviest: BTreeSet<(i32, Reverse<u16>)>,
+    whole_sum: i32,
+    parts: Vec<(u16, f64)>,
+    open: Option<Run>,
+}
+
+impl Sweep {
+    fn lane(&mut self, pieces: &[Piece], bin_ns: f64, bins: u32, runs: &mut Vec<Run>) {
+        let (sm, lane) = (pieces[0].sm, pieces[0].lane);
+        self.changes.clear();
+        for p in pieces {
+            let fa = snap(p.a / bin_ns).max(0.0);
+            let fb = snap(p.b / bin_ns).max(fa);
+            let first = (fa.floor() as u32).min(bins - 1);
+            let last = (fb.ceil() as u32).clamp(first + 1, bins);
+            let w = f64::from(p.w);
+            let cover = |bin: u32| (fb.min(f64::from(bin + 1)) - fa.max(f64::from(bin))).max(0.0);
+            self.changes
+                .push((first, Change::Part(cover(first) * w), p.k));
+            if last - first >= 2 {
+                self.changes
+                    .push((last - 1, Change::Part(cover(last - 1) * w), p.k));
+            }
+            if last - first >= 3 {
+                self.changes
+                    .push((first + 1, Change::Whole(i32::from(p.w)), p.k));
+                self.changes
+                    .push((last - 1, Change::Whole(-i32::from(p.w)), p.k));
+            }
+        }
+        // Every change of a bin is applied before the bin is read: order within
+        // one is free. Pieces mostly come in time order, so a stable sort (which
+        // finds the runs already in order) is close to linear here.
+        self.changes.sort_by_key(|c| c.0);
+        let mut i = 0;
+        while i < self.changes.len() {
+            let bin = self.changes[i].0;
+            self.parts.clear();
+            while i < self.changes.len() && self.changes[i].0 == bin {
+                let (_, change, k) = self.changes[i];
+                match change {
+                    Change::Whole(dw) => self.add_whole(k, dw),
+                    Change::Part(c) => self.parts.push((k, c)),
+                }
+                i += 1;
+            }
+            let cell = self.cell();
+            self.emit(runs, sm, lane, bin, bin + 1, cell);
+            // Until the next change, only whole-bin coverage remains.
+            let next = self.changes.get(i).map_or(bins, |c| c.0);
+            if next > bin + 1 {
+                self.parts.clear();
+                let cell = self.cell();
+                self.emit(runs, sm, lane, bin + 1, next, cell);
+            }
+        }
+        runs.extend(self.open.take());
+        debug_assert!(self.whole.is_empty() && self.whole_sum == 0);
+    }
+
+    fn add_whole(&mut self, k: u16, dw: i32) {
+        let w = self.whole.entry(k).or_insert(0);
+        self.heaviest.remove(&(*w, Reverse(k)));
+        *w += dw;
+        self.whole_sum += dw;
+        if *w == 0 {
+            self.whole.remove(&k);
+        } else {
+            self.heaviest.insert((*w, Reverse(k)));
+        }
+    }
+
+    /// The dominant type and opacity level of a bin with the current whole
+    /// coverage and `parts`; `None` if (almost) nothing covers it.
+    fn cell(&mut self) -> Option<(u16, u8)> {
+        self.parts.sort_unstable_by_key(|p| p.0);
+        let mut best: Option<(f64, u16)> = self
+            .heaviest
+            .last()
+            .map(|&(w, Reverse(k))| (f64::from(w), k));
+        let mut sum = f64::from(self.whole_sum);
+        for same in self.parts.chunk_by(|x, y| x.0 == y.0) {
+            let k = same[0].0;
+            let part: f64 = same.iter().map(|p| p.1).sum();
+            sum += part;
+            let c = part + f64::from(self.whole.get(&k).copied().unwrap_or(0));
+            best = match best {
+                Some((bc, bk)) if bc > c || (bc == c && bk < k) => Some((bc, bk)),
+                _ => Some((c, k)),
+            };
+        }
+        let levels = f64::from(LEVELS);
+        // Coverage in [0, 1]; the small slack absorbs rounding in resampled runs.
+        let level = (sum.min(levels) - 1e-6).ceil().max(0.0) as u8;
+        match best {
+            Some((_, k)) if sum > 1e-3 * levels && level > 0 => Some((k, level)),
+            _ => None,
+        }
+    }
+
+    /// Extends the open run with bins `[start, end)`, or closes it and opens another.
+    fn emit(
+        &mut self,
+        runs: &mut Vec<Run>,
+        sm: u32,
+        lane: u32,
+        start: u32,
+        end: u32,
+        cell: Option<(u16, u8)>,
+    ) {
+        match (&mut self.open, cell) {
+            (Some(r), Some((k, level))) if r.k == k && r.level == level && r.end == start => {
+                r.end = end
+            }
+            _ => {
+                runs.extend(self.open.take());
+                self.open = cell.map(|(k, level)| Run {
+                    sm,
+                    lane,
+                    start,
+                    end,
+                    k,
+                    level,
+                });
+            }
+        }
+    }
+}
+
+/// Splits one warp's ranges into segments `(start, end, id)` that each show the
+/// innermost open range: a nested phase hides its parent while it runs.
+pub(super) fn flatten(events: &[Event], sorted: &mut Vec<Event>, out: &mut Vec<(u64, u64, u16)>) {
+    sorted.clear();
+    sorted.extend(
+        events
+            .iter()
+            .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns),
+    );
+    // Outer ranges first when two start together.
+    sorted.sort_unstable_by(|a, b| a.start_ns.cmp(&b.start_ns).then(b.end_ns.cmp(&a.end_ns)));
+    let mut stack: Vec<(u64, u16)> = Vec::new();
+    let mut cursor = 0u64;
+    let emit = |a: u64, b: u64, id: u16, out: &mut Vec<(u64, u64, u16)>| {
+        if b > a {
+            out.push((a, b, id));
+        }
+    };
+    for e in sorted.iter() {
+        while let Some(&(end, id)) = stack.last() {
+            if end > e.start_ns {
+                break;
+            }
+            emit(cursor, end, id, out);
+            cursor = cursor.max(end);
+            stack.pop();
+        }
+        if let Some(&(_, id)) = stack.last() {
+            emit(cursor, e.start_ns, id, out);
+        }
+        cursor = cursor.max(e.start_ns);
+        stack.push((e.end_ns, e.id));
+    }
+    while let Some((end, id)) = stack.pop() {
+        emit(cursor, end, id, out);
+        cursor = cursor.max(end);
+    }
+}
