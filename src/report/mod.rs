@@ -38,7 +38,7 @@ mod svg;
 #[cfg(test)]
 mod tests;
 
-use picture::{flatten, Mark, Picture, Piece, LEVELS};
+use picture::{flatten, Mark, Picture, Piece, FULL};
 pub use picture::{SvgOptions, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
 
 /// The most SMs a device may declare: [`Timeline::set_sm_count`] caps its
@@ -436,8 +436,8 @@ impl Timeline {
                         lane,
                         a: a.saturating_sub(t0) as f64,
                         b: b.saturating_sub(t0) as f64,
-                        k,
-                        w: LEVELS,
+                        k: u32::from(k),
+                        w: FULL,
                     }));
                     marks.extend(
                         events

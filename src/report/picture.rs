@@ -2,11 +2,14 @@
 //!
 //! When a launch is added, its warps get lanes in their SM's row, their phases
 //! are flattened (a nested phase hides its parent) and binned over the launch's
-//! own window; only the runs of bins that share a dominant type and an opacity
-//! level are kept (a [`Layer`]), never the events. Drawing resamples the layers
-//! onto one time axis. Memory is bounded by the picture: at most `max_rects`
-//! runs and marks a launch, and the layers are merged into one whenever they
-//! hold more than four budgets' worth.
+//! own window; what is kept (a [`Layer`]) is, per lane and event type, the runs
+//! of bins that the type covers equally, never the events. Drawing resamples
+//! the layers onto one time axis and gives each bin the type that covers most
+//! of it. Keeping the coverage of every type, rather than only the dominant
+//! one, is what lets a launch binned coarsely on its own axis still be drawn
+//! right when it is resampled. Memory is bounded by the picture: at most
+//! `KEEP × max_rects` runs and `max_rects` marks a launch, and the layers are
+//! merged into one whenever they hold more than twice that.
 //!
 //! Binning costs O(pieces · log) per pass whatever the number of event types:
 //! a sweep over each lane's pieces keeps the coverage of the pieces open across
@@ -14,7 +17,7 @@
 //! adds the partly covered edge bins of each piece as it reaches them.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use crate::format::{Event, EventKind};
 
@@ -67,33 +70,59 @@ impl SvgOptions {
 /// A launch's runs are kept at up to this many times the picture's budget
 /// (`max_rects`), so that resampling them onto the whole picture's axis, where
 /// they shrink, still has detail to draw from.
-const KEEP: usize = 4;
+pub(super) const KEEP: usize = 8;
+
+/// The most layers kept before they are merged, whatever they hold: each
+/// costs a step of the merge that resamples them.
+const MAX_LAYERS: usize = 64;
 
 /// Opacity levels of a partly covered bin; quantized so that neighbours merge.
 pub(super) const LEVELS: u8 = 4;
 
-/// Coverage of type `k` (an event id, or a colour slot) over `[a, b)`, in ns
-/// from the start of the window being binned, with weight `w` (in
-/// 1/[`LEVELS`]: a phase is `LEVELS`, a resampled run its opacity level).
+/// A whole bin's coverage in the weights of [`Piece`] and of kept runs.
+pub(super) const FULL: u16 = 1 << 12;
+
+/// Coverage of type `k` (an event id, [`OTHER_TYPES`], or a colour slot) over `[a, b)`, in ns
+/// from the start of the window being binned, with weight `w` ([`FULL`]: a
+/// phase; less: a kept run whose bins the type covers in part).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Piece {
     pub(super) sm: u32,
     pub(super) lane: u32,
     pub(super) a: f64,
     pub(super) b: f64,
-    pub(super) k: u16,
-    pub(super) w: u8,
+    pub(super) k: u32,
+    pub(super) w: u16,
 }
 
-/// Bins `[start, end)` of lane `lane` of SM `sm`: type `k`, opacity level.
+/// In what is kept, the types of a bin past its [`TYPES_KEPT`] heaviest, together.
+pub(super) const OTHER_TYPES: u32 = 1 << 16;
+
+/// Types whose coverage a kept bin gives one by one: as many as the palette
+/// has colours, so that a picture of few types loses nothing, and what is kept
+/// of a lane is bounded by its bins whatever the number of types.
+const TYPES_KEPT: usize = 10;
+
+/// Bins `[start, end)` of lane `lane` of SM `sm` and type `k`: drawn, `level`
+/// is the opacity (1 to [`LEVELS`]); kept in a layer, it is how much of each
+/// bin the type covers (in 1/[`FULL`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Run {
     pub(super) sm: u32,
     pub(super) lane: u32,
     pub(super) start: u32,
     pub(super) end: u32,
-    pub(super) k: u16,
-    pub(super) level: u8,
+    pub(super) k: u32,
+    pub(super) level: u16,
+}
+
+/// What a binning pass gives per bin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cells {
+    /// The dominant type and an opacity level: what is drawn.
+    Dominant,
+    /// Every type's coverage: what is kept, to resample later.
+    Coverage,
 }
 
 /// An instant: lane, device time, type.
@@ -105,8 +134,9 @@ pub(super) struct Mark {
     pub(super) k: u16,
 }
 
-/// What is kept of one launch (or of several, merged): its window, its runs at
-/// `bins` bins over the window, types by event id, and its instants.
+/// What is kept of one launch (or of several, merged): its window, its
+/// coverage runs at `bins` bins over the window, types by event id, and its
+/// instants.
 #[derive(Debug, Clone)]
 struct Layer {
     t0: u64,
@@ -173,6 +203,12 @@ impl Picture {
         self.lanes_per_sm
     }
 
+    /// Runs and marks kept.
+    #[cfg(test)]
+    pub(super) fn stored(&self) -> usize {
+        self.stored
+    }
+
     /// Instants left out for the budget while adding launches.
     pub(super) fn cut(&self) -> u64 {
         self.cut
@@ -229,10 +265,11 @@ impl Picture {
     ) {
         group_by_lane(&mut pieces);
         let (bins, runs) = fit(
-            &pieces,
+            &lanes_of(&pieces),
             span(t0, t1),
             4 * self.options.width,
             KEEP * self.options.max_rects,
+            Cells::Coverage,
         );
         drop(pieces);
         let marks = self.thin_marks(t0, t1, marks);
@@ -244,7 +281,7 @@ impl Picture {
             runs,
             marks,
         });
-        if self.stored > self.merge_at {
+        if self.stored > self.merge_at || self.layers.len() > MAX_LAYERS {
             self.merge();
         }
     }
@@ -267,7 +304,13 @@ impl Picture {
         let Some((t0, t1)) = self.window() else {
             return;
         };
-        let (bins, runs) = self.resample(t0, t1, KEEP * self.options.max_rects, |k| k);
+        let (bins, runs) = self.resample(
+            t0,
+            t1,
+            KEEP * self.options.max_rects,
+            Cells::Coverage,
+            |k| k,
+        );
         let marks: Vec<Mark> = self.layers.drain(..).flat_map(|l| l.marks).collect();
         let marks = self.thin_marks(t0, t1, marks);
         self.stored = runs.len() + marks.len();
@@ -284,39 +327,71 @@ impl Picture {
     }
 
     /// The layers' runs over `[t0, t1]` at the finest bins that fit the
-    /// budget and that the layers resolve, types mapped through `key`.
+    /// budget and that the layers resolve, types mapped through `key`: `cells`
+    /// says whether to keep every type's coverage or draw the dominant one.
     fn resample(
         &self,
         t0: u64,
         t1: u64,
         budget: usize,
-        key: impl Fn(u16) -> u16,
+        cells: Cells,
+        key: impl Fn(u32) -> u32,
     ) -> (u32, Vec<Run>) {
         let dur = span(t0, t1);
-        let mut pieces = Vec::with_capacity(self.layers.iter().map(|l| l.runs.len()).sum());
-        let mut finest = 1u32;
-        for l in &self.layers {
-            let bin_ns = l.bin_ns();
-            let from = l.t0.saturating_sub(t0) as f64;
-            finest = finest.max(snap(dur / bin_ns).ceil().min(f64::from(u32::MAX)) as u32);
-            pieces.extend(l.runs.iter().map(|r| Piece {
+        let finest = self
+            .layers
+            .iter()
+            .map(|l| snap(dur / l.bin_ns()).ceil().min(f64::from(u32::MAX)) as u32)
+            .max()
+            .unwrap_or(1)
+            .min(4 * self.options.width);
+        let piece = |l: &Layer, r: &Run| {
+            let (bin_ns, from) = (l.bin_ns(), l.t0.saturating_sub(t0) as f64);
+            Piece {
                 sm: r.sm,
                 lane: r.lane,
                 a: from + f64::from(r.start) * bin_ns,
                 b: from + f64::from(r.end) * bin_ns,
                 k: key(r.k),
                 w: r.level,
-            }));
-        }
-        group_by_lane(&mut pieces);
-        let finest = finest.min(4 * self.options.width);
-        fit(&pieces, dur, finest, budget)
+            }
+        };
+        // Lane by lane, merging the layers (each holds its runs lane by lane,
+        // in order), so that only one lane's pieces exist at a time.
+        let lanes = |visit: &mut Visit<'_>| {
+            let mut at = vec![0usize; self.layers.len()];
+            let mut next: BinaryHeap<Reverse<(u32, u32, usize)>> = self
+                .layers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| l.runs.first().map(|r| Reverse((r.sm, r.lane, i))))
+                .collect();
+            let mut pieces = Vec::new();
+            while let Some(&Reverse((sm, lane, _))) = next.peek() {
+                pieces.clear();
+                while let Some(&Reverse((_, _, i))) =
+                    next.peek().filter(|Reverse(n)| (n.0, n.1) == (sm, lane))
+                {
+                    next.pop();
+                    let l = &self.layers[i];
+                    let runs = &l.runs[at[i]..];
+                    let n = runs.partition_point(|r| (r.sm, r.lane) == (sm, lane));
+                    pieces.extend(runs[..n].iter().map(|r| piece(l, r)));
+                    at[i] += n;
+                    if let Some(r) = runs.get(n) {
+                        next.push(Reverse((r.sm, r.lane, i)));
+                    }
+                }
+                visit(&pieces);
+            }
+        };
+        fit(&lanes, dur, finest, budget, cells)
     }
 
     /// The whole picture on one axis, types mapped through `key` (colour slots).
-    pub(super) fn fitted(&self, key: impl Fn(u16) -> u16) -> Option<Fitted> {
+    pub(super) fn fitted(&self, key: impl Fn(u32) -> u32) -> Option<Fitted> {
         let (t0, t1) = self.window()?;
-        let (bins, runs) = self.resample(t0, t1, self.options.max_rects, key);
+        let (bins, runs) = self.resample(t0, t1, self.options.max_rects, Cells::Dominant, key);
         Some(Fitted {
             t0,
             dur: span(t0, t1),
@@ -327,19 +402,41 @@ impl Picture {
 }
 
 /// Brings each lane's pieces together (the sweep needs no order within a
-/// lane). A stable sort: pieces come lane by lane already (a launch's) or in
-/// a few such sequences (one per layer), which it merges in about linear time.
+/// lane). A stable sort: a launch's pieces come SM by SM, each SM's lane by
+/// lane, so it is about linear here.
 fn group_by_lane(pieces: &mut [Piece]) {
     pieces.sort_by_key(|p| (p.sm, p.lane));
 }
+
+/// Pieces grouped by lane, as [`fit`] and [`bin_runs`] visit them.
+pub(super) fn lanes_of(pieces: &[Piece]) -> impl Fn(&mut Visit<'_>) + '_ {
+    move |visit| {
+        for lane in pieces.chunk_by(|p, q| (p.sm, p.lane) == (q.sm, q.lane)) {
+            visit(lane);
+        }
+    }
+}
+
+/// What is done with one lane's pieces.
+pub(super) type Visit<'a> = dyn FnMut(&[Piece]) + 'a;
+
+/// Something that gives each lane's pieces in turn, lanes in increasing
+/// `(sm, lane)` (a pass may be made several times).
+pub(super) type Lanes<'a> = dyn Fn(&mut Visit<'_>) + 'a;
 
 /// The finest bin count, from `finest` down to 64, whose runs fit `budget`:
 /// the finest if it fits; otherwise bisect (in log scale) between 64 and the
 /// finest, six passes in all. What still overflows at 64 is returned whole
 /// (the drawing cuts it and says so).
-pub(super) fn fit(pieces: &[Piece], dur: f64, finest: u32, budget: usize) -> (u32, Vec<Run>) {
+pub(super) fn fit(
+    lanes: &Lanes<'_>,
+    dur: f64,
+    finest: u32,
+    budget: usize,
+    cells: Cells,
+) -> (u32, Vec<Run>) {
     let finest = finest.max(1);
-    let runs = bin_runs(pieces, dur, finest);
+    let runs = bin_runs(lanes, dur, finest, cells);
     if runs.len() <= budget {
         return (finest, runs);
     }
@@ -351,7 +448,7 @@ pub(super) fn fit(pieces: &[Piece], dur: f64, finest: u32, budget: usize) -> (u3
         if mid == lo || mid == hi {
             break;
         }
-        let runs = bin_runs(pieces, dur, mid);
+        let runs = bin_runs(lanes, dur, mid, cells);
         if runs.len() <= budget {
             lo = mid;
             fit = Some((mid, runs));
@@ -359,7 +456,7 @@ pub(super) fn fit(pieces: &[Piece], dur: f64, finest: u32, budget: usize) -> (u3
             hi = mid;
         }
     }
-    fit.unwrap_or_else(|| (coarsest, bin_runs(pieces, dur, coarsest)))
+    fit.unwrap_or_else(|| (coarsest, bin_runs(lanes, dur, coarsest, cells)))
 }
 
 /// `x` rounded when it is an integer but for rounding errors, so that a run
@@ -373,15 +470,18 @@ fn snap(x: f64) -> f64 {
     }
 }
 
-/// Bins pieces grouped by lane at `bins` bins over `[0, dur)`: the runs of
-/// bins that share their dominant type and opacity level, lane by lane.
-pub(super) fn bin_runs(pieces: &[Piece], dur: f64, bins: u32) -> Vec<Run> {
+/// Bins pieces grouped by lane at `bins` bins over `[0, dur)`, lane by lane:
+/// the runs of bins that share their dominant type and opacity level, or
+/// those that share a type's coverage.
+pub(super) fn bin_runs(lanes: &Lanes<'_>, dur: f64, bins: u32, cells: Cells) -> Vec<Run> {
     let bin_ns = dur / f64::from(bins);
     let mut runs = Vec::new();
     let mut sweep = Sweep::default();
-    for lane in pieces.chunk_by(|p, q| (p.sm, p.lane) == (q.sm, q.lane)) {
-        sweep.lane(lane, bin_ns, bins, &mut runs);
-    }
+    lanes(&mut |pieces| {
+        if !pieces.is_empty() {
+            sweep.lane(pieces, bin_ns, bins, cells, &mut runs);
+        }
+    });
     runs
 }
 
@@ -391,24 +491,36 @@ pub(super) fn bin_runs(pieces: &[Piece], dur: f64, bins: u32) -> Vec<Run> {
 enum Change {
     /// Type `k` covers the bins from here on with weight `w` (negative: stops).
     Whole(i32),
-    /// Type `k` covers this bin by this much (in 1/LEVELS of the bin).
+    /// Type `k` covers this bin by this much (in 1/FULL of the bin).
     Part(f64),
 }
 
 /// The scratch state of a sweep, kept between lanes to reuse its memory.
 #[derive(Default)]
 struct Sweep {
-    changes: Vec<(u32, Change, u16)>,
+    changes: Vec<(u32, Change, u32)>,
     /// Whole-bin weight per type, and the same ordered by weight (ties: lowest type).
-    whole: BTreeMap<u16, i32>,
-    heaviest: BTreeSet<(i32, Reverse<u16>)>,
+    whole: BTreeMap<u32, i32>,
+    heaviest: BTreeSet<(i32, Reverse<u32>)>,
     whole_sum: i32,
-    parts: Vec<(u16, f64)>,
-    open: Option<Run>,
+    /// Partial coverage of the current bin, per type.
+    parts: Vec<(u32, f64)>,
+    /// Each type's coverage of the current bin (`Cells::Coverage`).
+    types: Vec<(u32, u16)>,
+    /// The runs still growing: one (`Cells::Dominant`) or one per type, by type.
+    open: Vec<Run>,
+    still_open: Vec<Run>,
 }
 
 impl Sweep {
-    fn lane(&mut self, pieces: &[Piece], bin_ns: f64, bins: u32, runs: &mut Vec<Run>) {
+    fn lane(
+        &mut self,
+        pieces: &[Piece],
+        bin_ns: f64,
+        bins: u32,
+        cells: Cells,
+        runs: &mut Vec<Run>,
+    ) {
         let (sm, lane) = (pieces[0].sm, pieces[0].lane);
         self.changes.clear();
         for p in pieces {
@@ -435,6 +547,7 @@ impl Sweep {
         // one is free. Pieces mostly come in time order, so a stable sort (which
         // finds the runs already in order) is close to linear here.
         self.changes.sort_by_key(|c| c.0);
+        let at = |r: Run| Run { sm, lane, ..r };
         let mut i = 0;
         while i < self.changes.len() {
             let bin = self.changes[i].0;
@@ -447,21 +560,20 @@ impl Sweep {
                 }
                 i += 1;
             }
-            let cell = self.cell();
-            self.emit(runs, sm, lane, bin, bin + 1, cell);
+            self.parts.sort_unstable_by_key(|p| p.0);
+            self.emit(runs, cells, bin, bin + 1, at);
             // Until the next change, only whole-bin coverage remains.
             let next = self.changes.get(i).map_or(bins, |c| c.0);
             if next > bin + 1 {
                 self.parts.clear();
-                let cell = self.cell();
-                self.emit(runs, sm, lane, bin + 1, next, cell);
+                self.emit(runs, cells, bin + 1, next, at);
             }
         }
-        runs.extend(self.open.take());
+        runs.append(&mut self.open);
         debug_assert!(self.whole.is_empty() && self.whole_sum == 0);
     }
 
-    fn add_whole(&mut self, k: u16, dw: i32) {
+    fn add_whole(&mut self, k: u32, dw: i32) {
         let w = self.whole.entry(k).or_insert(0);
         self.heaviest.remove(&(*w, Reverse(k)));
         *w += dw;
@@ -475,9 +587,8 @@ impl Sweep {
 
     /// The dominant type and opacity level of a bin with the current whole
     /// coverage and `parts`; `None` if (almost) nothing covers it.
-    fn cell(&mut self) -> Option<(u16, u8)> {
-        self.parts.sort_unstable_by_key(|p| p.0);
-        let mut best: Option<(f64, u16)> = self
+    fn dominant(&self) -> Option<(u32, u16)> {
+        let mut best: Option<(f64, u32)> = self
             .heaviest
             .last()
             .map(|&(w, Reverse(k))| (f64::from(w), k));
@@ -492,39 +603,127 @@ impl Sweep {
                 _ => Some((c, k)),
             };
         }
-        let levels = f64::from(LEVELS);
-        // Coverage in [0, 1]; the small slack absorbs rounding in resampled runs.
-        let level = (sum.min(levels) - 1e-6).ceil().max(0.0) as u8;
+        let full = f64::from(FULL);
+        // Coverage in [0, 1] in LEVELS steps; the slack absorbs rounding in
+        // resampled runs.
+        let level = ((sum.min(full) / full * f64::from(LEVELS)) - 1e-6)
+            .ceil()
+            .max(0.0) as u16;
         match best {
-            Some((_, k)) if sum > 1e-3 * levels && level > 0 => Some((k, level)),
+            Some((_, k)) if sum > 1e-3 * full && level > 0 => Some((k, level)),
             _ => None,
         }
     }
 
-    /// Extends the open run with bins `[start, end)`, or closes it and opens another.
+    /// Each type's coverage of a bin with the current whole coverage and
+    /// `parts`, into `types` (by type; none that round to nothing).
+    fn coverage(&mut self) {
+        self.types.clear();
+        let mut parts = self.parts.chunk_by(|x, y| x.0 == y.0).peekable();
+        let mut whole = self.whole.iter().peekable();
+        loop {
+            let (k, c) = match (whole.peek(), parts.peek()) {
+                (Some(&(&kw, &w)), Some(p)) if kw < p[0].0 => {
+                    whole.next();
+                    (kw, f64::from(w))
+                }
+                (Some(&(&kw, &w)), Some(p)) if kw == p[0].0 => {
+                    whole.next();
+                    let p = parts.next().unwrap_or_default();
+                    (kw, f64::from(w) + p.iter().map(|x| x.1).sum::<f64>())
+                }
+                (_, Some(_)) => {
+                    let p = parts.next().unwrap_or_default();
+                    (p[0].0, p.iter().map(|x| x.1).sum::<f64>())
+                }
+                (Some(&(&kw, &w)), None) => {
+                    whole.next();
+                    (kw, f64::from(w))
+                }
+                (None, None) => break,
+            };
+            // More than sixteen warps over each other in one lane saturate.
+            let q = c.round().min(f64::from(u16::MAX)) as u16;
+            if q > 0 {
+                self.types.push((k, q));
+            }
+        }
+        if self.types.len() > TYPES_KEPT {
+            // The heaviest (ties: lowest type) one by one, the others together.
+            self.types
+                .select_nth_unstable_by_key(TYPES_KEPT - 1, |&(k, q)| (Reverse(q), k));
+            let rest = self.types[TYPES_KEPT..]
+                .iter()
+                .fold(0u16, |sum, t| sum.saturating_add(t.1));
+            self.types.truncate(TYPES_KEPT);
+            self.types.sort_unstable_by_key(|t| t.0);
+            self.types.push((OTHER_TYPES, rest));
+        }
+    }
+
+    /// Gives bins `[start, end)` their cells: extends the open runs whose
+    /// type and level go on, closes the others and opens new ones.
     fn emit(
         &mut self,
         runs: &mut Vec<Run>,
-        sm: u32,
-        lane: u32,
+        cells: Cells,
         start: u32,
         end: u32,
-        cell: Option<(u16, u8)>,
+        at: impl Fn(Run) -> Run,
     ) {
-        match (&mut self.open, cell) {
-            (Some(r), Some((k, level))) if r.k == k && r.level == level && r.end == start => {
-                r.end = end
+        match cells {
+            Cells::Dominant => {
+                let cell = self.dominant();
+                match (self.open.first_mut(), cell) {
+                    (Some(r), Some((k, level)))
+                        if r.k == k && r.level == level && r.end == start =>
+                    {
+                        r.end = end;
+                        return;
+                    }
+                    _ => {}
+                }
+                runs.append(&mut self.open);
+                self.open.extend(cell.map(|(k, level)| {
+                    at(Run {
+                        sm: 0,
+                        lane: 0,
+                        start,
+                        end,
+                        k,
+                        level,
+                    })
+                }));
             }
-            _ => {
-                runs.extend(self.open.take());
-                self.open = cell.map(|(k, level)| Run {
-                    sm,
-                    lane,
-                    start,
-                    end,
-                    k,
-                    level,
-                });
+            Cells::Coverage => {
+                self.coverage();
+                // Both by type: walk them together.
+                let mut open = std::mem::take(&mut self.open).into_iter().peekable();
+                self.still_open.clear();
+                for &(k, level) in &self.types {
+                    while let Some(r) = open.next_if(|r| r.k < k) {
+                        runs.push(r);
+                    }
+                    match open.next_if(|r| r.k == k) {
+                        Some(mut r) if r.level == level && r.end == start => {
+                            r.end = end;
+                            self.still_open.push(r);
+                        }
+                        closed => {
+                            runs.extend(closed);
+                            self.still_open.push(at(Run {
+                                sm: 0,
+                                lane: 0,
+                                start,
+                                end,
+                                k,
+                                level,
+                            }));
+                        }
+                    }
+                }
+                runs.extend(open);
+                std::mem::swap(&mut self.open, &mut self.still_open);
             }
         }
     }

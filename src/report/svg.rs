@@ -72,11 +72,11 @@ impl Colours {
         }
     }
 
-    /// The colour slot of event type `id`.
-    pub(super) fn slot(&self, id: u16) -> u16 {
-        match self.slot_of.binary_search_by_key(&id, |&(i, _)| i) {
-            Ok(i) => self.slot_of[i].1,
-            Err(_) => (self.legend.len() - 1) as u16,
+    /// The colour slot of event type `id` (any other value: "other").
+    pub(super) fn slot(&self, id: u32) -> u32 {
+        match u16::try_from(id).map(|id| self.slot_of.binary_search_by_key(&id, |&(i, _)| i)) {
+            Ok(Ok(i)) => u32::from(self.slot_of[i].1),
+            _ => (self.legend.len() - 1) as u32,
         }
     }
 }
@@ -92,7 +92,7 @@ impl Timeline {
         let options = picture.options();
         let report = t.report();
         let colours = Colours::new(&report.types);
-        let slot = |id: u16| colours.slot(id);
+        let slot = |id: u32| colours.slot(id);
         let Fitted {
             t0,
             dur,
@@ -124,9 +124,9 @@ impl Timeline {
 
         // Instants: one mark per (lane, pixel, colour), in what the budget leaves.
         let pixel = |t: u64| (t.saturating_sub(t0) as f64 / dur * width) as u64;
-        let mut instants: Vec<(u64, u64, u16)> = picture
+        let mut instants: Vec<(u64, u64, u32)> = picture
             .marks()
-            .map(|m| (lane_of(m.sm, m.lane), m.t, slot(m.k)))
+            .map(|m| (lane_of(m.sm, m.lane), m.t, slot(u32::from(m.k))))
             .collect();
         instants.sort_unstable_by_key(|&(lane, t, k)| (lane, pixel(t), k));
         instants.dedup_by_key(|&mut (lane, t, k)| (lane, pixel(t), k));
@@ -257,7 +257,7 @@ impl Timeline {
             let tip = tooltips.then(|| {
                 format!(
                     "{}: {} to {} (SM {})",
-                    colours.names[usize::from(r.k)],
+                    colours.names[r.k as usize],
                     format_ns(f64::from(r.start) * bin_ns),
                     format_ns(f64::from(r.end) * bin_ns),
                     r.sm
@@ -265,7 +265,7 @@ impl Timeline {
             });
             let x = MARGIN_LEFT + f64::from(r.start) * bin_px;
             let w = f64::from(r.end - r.start) * bin_px;
-            let level = (r.level < LEVELS).then_some(r.level);
+            let level = (r.level < u16::from(LEVELS)).then_some(r.level);
             rect(
                 &mut svg,
                 (r.k, level, false),
@@ -278,7 +278,7 @@ impl Timeline {
             let tip = tooltips.then(|| {
                 format!(
                     "{} at {} (SM {})",
-                    colours.names[usize::from(k)],
+                    colours.names[k as usize],
                     format_ns(t.saturating_sub(t0) as f64),
                     report.sms[(lane / lanes_per_sm) as usize].sm
                 )
@@ -340,7 +340,7 @@ pub(super) fn xml_escape(s: &str) -> String {
 /// marks an instant; position and size; a tooltip if given.
 pub(super) fn rect(
     out: &mut String,
-    (k, level, instant): (u16, Option<u8>, bool),
+    (k, level, instant): (u32, Option<u16>, bool),
     (x, y, w, h): (f64, f64, f64, f64),
     tip: Option<String>,
 ) {
