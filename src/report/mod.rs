@@ -38,7 +38,7 @@ mod svg;
 #[cfg(test)]
 mod tests;
 
-use picture::{flatten, Mark, Picture, Piece, FULL};
+use picture::{Mark, Picture, Piece, FULL};
 pub use picture::{SvgOptions, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
 
 /// The most SMs a device may declare: [`Timeline::set_sm_count`] caps its
@@ -521,6 +521,45 @@ pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Splits one warp's ranges into segments `(start, end, id)` that each show the
+/// innermost open range: a nested phase hides its parent while it runs.
+fn flatten(events: &[Event], sorted: &mut Vec<Event>, out: &mut Vec<(u64, u64, u16)>) {
+    sorted.clear();
+    sorted.extend(
+        events
+            .iter()
+            .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns),
+    );
+    // Outer ranges first when two start together.
+    sorted.sort_unstable_by(|a, b| a.start_ns.cmp(&b.start_ns).then(b.end_ns.cmp(&a.end_ns)));
+    let mut stack: Vec<(u64, u16)> = Vec::new();
+    let mut cursor = 0u64;
+    let emit = |a: u64, b: u64, id: u16, out: &mut Vec<(u64, u64, u16)>| {
+        if b > a {
+            out.push((a, b, id));
+        }
+    };
+    for e in sorted.iter() {
+        while let Some(&(end, id)) = stack.last() {
+            if end > e.start_ns {
+                break;
+            }
+            emit(cursor, end, id, out);
+            cursor = cursor.max(end);
+            stack.pop();
+        }
+        if let Some(&(_, id)) = stack.last() {
+            emit(cursor, e.start_ns, id, out);
+        }
+        cursor = cursor.max(e.start_ns);
+        stack.push((e.end_ns, e.id));
+    }
+    while let Some((end, id)) = stack.pop() {
+        emit(cursor, end, id, out);
+        cursor = cursor.max(end);
+    }
 }
 
 /// Total length covered by the intervals (sorts them in place).

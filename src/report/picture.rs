@@ -19,8 +19,6 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use crate::format::{Event, EventKind};
-
 /// The narrowest plot area [`SvgOptions::width`] gives (narrower is widened).
 pub const MIN_SVG_WIDTH: u32 = 100;
 /// The widest plot area [`SvgOptions::width`] gives (wider is narrowed): the
@@ -266,6 +264,7 @@ impl Picture {
         group_by_lane(&mut pieces);
         let (bins, runs) = fit(
             &lanes_of(&pieces),
+            pieces.len(),
             span(t0, t1),
             4 * self.options.width,
             KEEP * self.options.max_rects,
@@ -382,10 +381,13 @@ impl Picture {
                         next.push(Reverse((r.sm, r.lane, i)));
                     }
                 }
-                visit(&pieces);
+                if !visit(&pieces) {
+                    return;
+                }
             }
         };
-        fit(&lanes, dur, finest, budget, cells)
+        let total = self.layers.iter().map(|l| l.runs.len()).sum();
+        fit(&lanes, total, dur, finest, budget, cells)
     }
 
     /// The whole picture on one axis, types mapped through `key` (colour slots).
@@ -412,51 +414,70 @@ fn group_by_lane(pieces: &mut [Piece]) {
 pub(super) fn lanes_of(pieces: &[Piece]) -> impl Fn(&mut Visit<'_>) + '_ {
     move |visit| {
         for lane in pieces.chunk_by(|p, q| (p.sm, p.lane) == (q.sm, q.lane)) {
-            visit(lane);
+            if !visit(lane) {
+                return;
+            }
         }
     }
 }
 
-/// What is done with one lane's pieces.
-pub(super) type Visit<'a> = dyn FnMut(&[Piece]) + 'a;
+/// What is done with one lane's pieces; `false` stops the pass.
+pub(super) type Visit<'a> = dyn FnMut(&[Piece]) -> bool + 'a;
 
 /// Something that gives each lane's pieces in turn, lanes in increasing
 /// `(sm, lane)` (a pass may be made several times).
 pub(super) type Lanes<'a> = dyn Fn(&mut Visit<'_>) + 'a;
 
-/// The finest bin count, from `finest` down to 64, whose runs fit `budget`:
-/// the finest if it fits; otherwise bisect (in log scale) between 64 and the
-/// finest, six passes in all. What still overflows at 64 is returned whole
-/// (the drawing cuts it and says so).
+/// The finest bin count, from `finest` down to 64, whose runs fit `budget`,
+/// within about 10%: the finest if it fits; otherwise a count scaled from how
+/// far over the budget a pass went (runs grow about in proportion to the
+/// bins), refined up or down, six passes at most. A pass stops as soon as it
+/// is over the budget, so no more than a budget of runs (and one lane's) is
+/// ever made. What overflows even at 64 bins is returned whole (the drawing
+/// cuts it and says so). `pieces` is how many pieces the lanes hold.
 pub(super) fn fit(
     lanes: &Lanes<'_>,
+    pieces: usize,
     dur: f64,
     finest: u32,
     budget: usize,
     cells: Cells,
 ) -> (u32, Vec<Run>) {
     let finest = finest.max(1);
-    let runs = bin_runs(lanes, dur, finest, cells);
-    if runs.len() <= budget {
-        return (finest, runs);
-    }
     let coarsest = finest.min(64);
-    let (mut lo, mut hi) = (coarsest, finest);
-    let mut fit: Option<(u32, Vec<Run>)> = None;
-    for _ in 0..5 {
-        let mid = ((f64::from(lo) * f64::from(hi)).sqrt() as u32).clamp(lo, hi);
-        if mid == lo || mid == hi {
-            break;
-        }
-        let runs = bin_runs(lanes, dur, mid, cells);
-        if runs.len() <= budget {
-            lo = mid;
-            fit = Some((mid, runs));
-        } else {
-            hi = mid;
-        }
+    let (mut bins, mut over) = (finest, finest + 1);
+    let mut best: Option<(u32, Vec<Run>)> = None;
+    for _ in 0..6 {
+        let scaled = |runs: f64, margin: f64| {
+            (f64::from(bins) * budget as f64 / runs.max(1.0) * margin).min(f64::from(u32::MAX))
+                as u32
+        };
+        let next = match bin_runs(lanes, dur, bins, cells, Some((budget, pieces))) {
+            Ok(runs) => {
+                let next = scaled(runs.len() as f64, 0.95).min(over - 1);
+                best = Some((bins, runs));
+                // Close enough to the budget, or to what does not fit.
+                if next <= bins + bins / 10 {
+                    break;
+                }
+                next
+            }
+            Err(runs) => {
+                over = bins;
+                let floor = best.as_ref().map_or(coarsest, |b| b.0);
+                let next = scaled(runs, 0.9).min(bins - 1);
+                if next <= floor {
+                    break;
+                }
+                next
+            }
+        };
+        bins = next;
     }
-    fit.unwrap_or_else(|| (coarsest, bin_runs(lanes, dur, coarsest, cells)))
+    best.unwrap_or_else(|| {
+        let runs = bin_runs(lanes, dur, coarsest, cells, None).unwrap_or_default();
+        (coarsest, runs)
+    })
 }
 
 /// `x` rounded when it is an integer but for rounding errors, so that a run
@@ -472,17 +493,32 @@ fn snap(x: f64) -> f64 {
 
 /// Bins pieces grouped by lane at `bins` bins over `[0, dur)`, lane by lane:
 /// the runs of bins that share their dominant type and opacity level, or
-/// those that share a type's coverage.
-pub(super) fn bin_runs(lanes: &Lanes<'_>, dur: f64, bins: u32, cells: Cells) -> Vec<Run> {
+/// those that share a type's coverage. With `limit = (budget, pieces)`, stops
+/// once past `budget` runs and gives how many the whole pass would have made,
+/// scaled from the share of the `pieces` done.
+pub(super) fn bin_runs(
+    lanes: &Lanes<'_>,
+    dur: f64,
+    bins: u32,
+    cells: Cells,
+    limit: Option<(usize, usize)>,
+) -> Result<Vec<Run>, f64> {
     let bin_ns = dur / f64::from(bins);
-    let mut runs = Vec::new();
+    let (budget, pieces) = limit.unwrap_or((usize::MAX, 0));
+    let (mut runs, mut done) = (Vec::new(), 0usize);
     let mut sweep = Sweep::default();
-    lanes(&mut |pieces| {
-        if !pieces.is_empty() {
-            sweep.lane(pieces, bin_ns, bins, cells, &mut runs);
+    lanes(&mut |lane| {
+        if !lane.is_empty() {
+            sweep.lane(lane, bin_ns, bins, cells, &mut runs);
         }
+        done += lane.len();
+        runs.len() <= budget
     });
-    runs
+    if runs.len() <= budget {
+        Ok(runs)
+    } else {
+        Err(runs.len() as f64 * pieces.max(done) as f64 / done.max(1) as f64)
+    }
 }
 
 /// What changes at a bin: a piece starts or stops covering whole bins, or
@@ -530,23 +566,26 @@ impl Sweep {
             let last = (fb.ceil() as u32).clamp(first + 1, bins);
             let w = f64::from(p.w);
             let cover = |bin: u32| (fb.min(f64::from(bin + 1)) - fa.max(f64::from(bin))).max(0.0);
+            // In increasing bin, so that pieces in time order give changes in order.
             self.changes
                 .push((first, Change::Part(cover(first) * w), p.k));
-            if last - first >= 2 {
-                self.changes
-                    .push((last - 1, Change::Part(cover(last - 1) * w), p.k));
-            }
             if last - first >= 3 {
                 self.changes
                     .push((first + 1, Change::Whole(i32::from(p.w)), p.k));
                 self.changes
                     .push((last - 1, Change::Whole(-i32::from(p.w)), p.k));
             }
+            if last - first >= 2 {
+                self.changes
+                    .push((last - 1, Change::Part(cover(last - 1) * w), p.k));
+            }
         }
         // Every change of a bin is applied before the bin is read: order within
-        // one is free. Pieces mostly come in time order, so a stable sort (which
-        // finds the runs already in order) is close to linear here.
-        self.changes.sort_by_key(|c| c.0);
+        // one is free. Pieces mostly come in time order, so the changes mostly
+        // are already.
+        if !self.changes.is_sorted_by_key(|c| c.0) {
+            self.changes.sort_by_key(|c| c.0);
+        }
         let at = |r: Run| Run { sm, lane, ..r };
         let mut i = 0;
         while i < self.changes.len() {
@@ -643,7 +682,8 @@ impl Sweep {
                 (None, None) => break,
             };
             // More than sixteen warps over each other in one lane saturate.
-            let q = c.round().min(f64::from(u16::MAX)) as u16;
+            // (A float-to-int cast saturates.)
+            let q = (c + 0.5) as u16;
             if q > 0 {
                 self.types.push((k, q));
             }
@@ -726,44 +766,5 @@ impl Sweep {
                 std::mem::swap(&mut self.open, &mut self.still_open);
             }
         }
-    }
-}
-
-/// Splits one warp's ranges into segments `(start, end, id)` that each show the
-/// innermost open range: a nested phase hides its parent while it runs.
-pub(super) fn flatten(events: &[Event], sorted: &mut Vec<Event>, out: &mut Vec<(u64, u64, u16)>) {
-    sorted.clear();
-    sorted.extend(
-        events
-            .iter()
-            .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns),
-    );
-    // Outer ranges first when two start together.
-    sorted.sort_unstable_by(|a, b| a.start_ns.cmp(&b.start_ns).then(b.end_ns.cmp(&a.end_ns)));
-    let mut stack: Vec<(u64, u16)> = Vec::new();
-    let mut cursor = 0u64;
-    let emit = |a: u64, b: u64, id: u16, out: &mut Vec<(u64, u64, u16)>| {
-        if b > a {
-            out.push((a, b, id));
-        }
-    };
-    for e in sorted.iter() {
-        while let Some(&(end, id)) = stack.last() {
-            if end > e.start_ns {
-                break;
-            }
-            emit(cursor, end, id, out);
-            cursor = cursor.max(end);
-            stack.pop();
-        }
-        if let Some(&(_, id)) = stack.last() {
-            emit(cursor, e.start_ns, id, out);
-        }
-        cursor = cursor.max(e.start_ns);
-        stack.push((e.end_ns, e.id));
-    }
-    while let Some((end, id)) = stack.pop() {
-        emit(cursor, end, id, out);
-        cursor = cursor.max(end);
     }
 }

@@ -521,7 +521,8 @@ fn the_sweep_matches_a_dense_sum() {
             .collect();
         let cover = dense_cover(&pieces, dur, bins);
         let drawn: Vec<(u32, u32, u32, u16)> =
-            bin_runs(&lanes_of(&pieces), dur, bins, Cells::Dominant)
+            bin_runs(&lanes_of(&pieces), dur, bins, Cells::Dominant, None)
+                .unwrap()
                 .iter()
                 .map(|r| (r.start, r.end, r.k, r.level))
                 .collect();
@@ -529,7 +530,7 @@ fn the_sweep_matches_a_dense_sum() {
         // What is kept: every type's coverage of every bin, rounded; past ten
         // types in a bin, the ten heaviest and the others together.
         let mut kept = vec![BTreeMap::<u32, u16>::new(); bins as usize];
-        for r in bin_runs(&lanes_of(&pieces), dur, bins, Cells::Coverage) {
+        for r in bin_runs(&lanes_of(&pieces), dur, bins, Cells::Coverage, None).unwrap() {
             for bin in r.start..r.end {
                 assert!(kept[bin as usize].insert(r.k, r.level).is_none());
             }
