@@ -18,7 +18,7 @@ use tracing_gpu::batch::Batch;
 use tracing_gpu::capture::{Capture, CaptureError, CaptureReader};
 use tracing_gpu::output::AtomicFile;
 use tracing_gpu::perfetto::{TraceWriter, WriteStats};
-use tracing_gpu::report::{SvgOptions, Timeline};
+use tracing_gpu::report::{SvgOptions, Timeline, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
 
 /// The live demo: the quickstart example's profiled kernel (its `run` writes a
 /// Perfetto trace and a capture), shared with `examples/quickstart.rs`.
@@ -139,8 +139,10 @@ enum Command {
         /// Only this launch (its index in the capture, from 0).
         #[arg(long, value_name = "N")]
         launch: Option<usize>,
-        /// Width of the SVG's plot area in pixels.
-        #[arg(long, value_name = "PX", default_value_t = 1600)]
+        /// Width of the SVG's plot area in pixels (100 to 20000).
+        #[arg(long, value_name = "PX", default_value_t = 1600,
+              value_parser = clap::value_parser!(u32)
+                  .range(i64::from(MIN_SVG_WIDTH)..=i64::from(MAX_SVG_WIDTH)))]
         width: u32,
     },
 }
@@ -478,7 +480,7 @@ fn summarize(recorded: &Capture, title: &str, svg: &Path) -> Result<(), Failure>
                 .iter()
                 .filter(|l| l.device == device.info.ordinal)
                 .collect();
-            let mut first = Timeline::new();
+            let mut first = Timeline::with_svg(SvgOptions::default());
             first.set_names(&recorded.registry);
             first.set_sm_count(device.info.sm_count);
             first.set_title(format!(
@@ -488,7 +490,9 @@ fn summarize(recorded: &Capture, title: &str, svg: &Path) -> Result<(), Failure>
                 launches.len()
             ));
             first.add_buffer(&launches[0].buffer.view());
-            write_output(svg, first.to_svg(&SvgOptions::default()).as_bytes())?;
+            if let Some(picture) = first.to_svg() {
+                write_output(svg, picture.as_bytes())?;
+            }
         }
     }
     print_out(&summary)
@@ -706,7 +710,14 @@ fn report(
         if launches.is_empty() {
             continue;
         }
-        let mut timeline = Timeline::new();
+        // The picture is binned launch by launch as they are added, only if asked for.
+        let mut timeline = match svg {
+            Some(_) => Timeline::with_svg(SvgOptions {
+                width,
+                ..SvgOptions::default()
+            }),
+            None => Timeline::new(),
+        };
         timeline.set_names(&recorded.registry);
         timeline.set_sm_count(device.info.sm_count);
         let mut kernels: Vec<&str> = launches.iter().map(|l| l.kernel.as_str()).collect();
@@ -725,17 +736,13 @@ fn report(
             timeline.add_buffer(&l.buffer.view());
         }
         print_out(&format!("{}\n", timeline.report()))?;
-        if let Some(svg) = svg {
+        if let (Some(svg), Some(picture)) = (svg, timeline.to_svg()) {
             let path = if several {
                 per_device_path(svg, device.info.ordinal)
             } else {
                 svg.to_path_buf()
             };
-            let options = SvgOptions {
-                width,
-                ..SvgOptions::default()
-            };
-            write_output(&path, timeline.to_svg(&options).as_bytes())?;
+            write_output(&path, picture.as_bytes())?;
             eprintln!("timeline: {} (open it in a browser)", path.display());
         }
     }

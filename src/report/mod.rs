@@ -5,63 +5,194 @@
 //! Everything here works in device nanoseconds (`%globaltimer`): a report needs
 //! durations and overlaps within one GPU, not host alignment.
 //!
-//! A [`Timeline`] collects the events of one or more decoded captures once;
-//! [`Timeline::report`] computes the [`Report`] (its `Display` is the text
-//! table) and [`Timeline::to_svg`] draws the picture. The SVG has a bounded
-//! size whatever the capture holds (see [`SvgOptions::max_rects`]): events
-//! narrower than a bin are aggregated into the bin, drawn with the color of
-//! the type that covers most of it, and with an opacity that says how much of
-//! it is covered.
+//! A [`Timeline`] takes launches one at a time ([`Timeline::add_buffer`]) and
+//! keeps none of their events: per event type, counts and a histogram of the
+//! durations; per SM, the time a range was open, computed per launch; and, if
+//! made with [`Timeline::with_svg`], the launch's binned picture. So its memory
+//! is bounded by the number of event types, of SMs seen and by the picture,
+//! not by the number of events; while a launch is added, it also needs work
+//! space in proportion to that launch. [`Timeline::report`] computes the
+//! [`Report`] (its `Display` is the text table) and [`Timeline::to_svg`] draws
+//! the picture. The SVG has a bounded size whatever the capture holds (see
+//! [`SvgOptions::max_rects`]): events narrower than a bin are aggregated into
+//! the bin, drawn with the color of the type that covers most of it, and with
+//! an opacity that says how much of it is covered.
+//!
+//! Nothing read from a capture sizes the work: SMs are keyed by the `%smid`s
+//! actually seen (any `u32`), idle SMs are listed only up to the device's SM
+//! count, itself capped at [`MAX_SM_COUNT`].
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
+
+use hdrhistogram::Histogram;
 
 use crate::decode::Buffer;
 use crate::format::SlotHeader;
 use crate::format::{Event, EventKind};
 use crate::registry::{unknown_event_name, EventRegistry};
 
+mod picture;
 mod svg;
 #[cfg(test)]
 mod tests;
 
-pub use svg::SvgOptions;
+use picture::{Mark, Picture, Piece, FULL};
+pub use picture::{SvgOptions, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
 
-/// The slot (one warp) events came from: where and when it ran.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SlotRec {
-    /// Which capture (launch) of the timeline.
-    capture: u32,
-    sm: u32,
-    first_ts: u64,
-    last_ts: u64,
-    /// Its events: `events[ev_start..ev_end]`.
-    ev_start: usize,
-    ev_end: usize,
-}
+/// The most SMs a device may declare: [`Timeline::set_sm_count`] caps its
+/// argument here, so a capture cannot make the report list billions of idle SMs
+/// (an H200 has 132; the largest GPUs today, under 200).
+pub const MAX_SM_COUNT: u32 = 4096;
 
-/// Per capture (launch): its window and its counters.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CaptureRec {
-    first_ts: u64,
-    last_ts: u64,
-}
+/// Durations kept exactly, per event type, before they go into a histogram:
+/// up to this many, percentiles are exact (and a type with few events costs
+/// 8 bytes each, not a histogram's kilobytes).
+const EXACT_UP_TO: usize = 1024;
+/// Significant digits of the duration histograms: 3 keeps every value within
+/// 1 part in 1024 (under 0.1%), what the report's three digits show.
+const SIGNIFICANT_DIGITS: u8 = 3;
 
-/// The events of one or more captures, collected once for [`Timeline::report`]
-/// and [`Timeline::to_svg`].
+/// The events of one or more launches, summed up as they are added, for
+/// [`Timeline::report`] and [`Timeline::to_svg`].
 ///
-/// Captures added to one timeline should come from the same GPU: their times
+/// Launches added to one timeline should come from the same GPU: their times
 /// share one device clock, so several launches of a kernel show side by side.
 #[derive(Debug, Clone, Default)]
 pub struct Timeline {
-    slots: Vec<SlotRec>,
-    events: Vec<Event>,
-    captures: Vec<CaptureRec>,
     names: BTreeMap<u16, String>,
     sm_count: u32,
+    title: String,
+    types: BTreeMap<u16, TypeAcc>,
+    sms: BTreeMap<u32, SmAcc>,
+    launches: usize,
+    window_ns: u64,
+    events: u64,
+    warps: u64,
     dropped: u64,
     migrated: u64,
-    title: String,
+    /// The launch being given slot by slot ([`Timeline::push_slot`]).
+    pending: Pending,
+    picture: Option<Picture>,
+}
+
+/// A launch given slot by slot, kept until the next one begins.
+#[derive(Debug, Clone, Default)]
+struct Pending {
+    open: bool,
+    slots: Vec<SlotRec>,
+    events: Vec<Event>,
+}
+
+/// One slot (warp) of the launch being added.
+#[derive(Debug, Clone, Copy)]
+struct SlotRec {
+    sm: u32,
+    first_ts: u64,
+    last_ts: u64,
+    dropped: u32,
+    migrated: bool,
+    /// Where its events are: the slot's position in the buffer's list, or its
+    /// first event in [`Pending::events`].
+    at: usize,
+    len: usize,
+}
+
+impl SlotRec {
+    fn new(h: &SlotHeader, at: usize, len: usize) -> SlotRec {
+        SlotRec {
+            sm: h.sm_first,
+            first_ts: h.first_ts,
+            last_ts: h.last_ts,
+            dropped: h.drop_count,
+            migrated: h.sm_first != h.sm_last,
+            at,
+            len,
+        }
+    }
+}
+
+/// Per event type, as events arrive.
+#[derive(Debug, Clone, Default)]
+struct TypeAcc {
+    count: u64,
+    instants: u64,
+    ranges: u64,
+    total: u128,
+    min: u64,
+    max: u64,
+    durations: Durations,
+}
+
+/// The range durations of one type: exactly while few, then a histogram.
+#[derive(Debug, Clone)]
+enum Durations {
+    Few(Vec<u64>),
+    Many(Box<Histogram<u64>>),
+}
+
+impl Default for Durations {
+    fn default() -> Self {
+        Durations::Few(Vec::new())
+    }
+}
+
+impl TypeAcc {
+    fn add(&mut self, e: &Event) {
+        self.count += 1;
+        if e.kind == EventKind::Instant {
+            self.instants += 1;
+            return;
+        }
+        let d = e.end_ns.saturating_sub(e.start_ns);
+        self.min = if self.ranges == 0 { d } else { self.min.min(d) };
+        self.max = self.max.max(d);
+        self.ranges += 1;
+        self.total += u128::from(d);
+        match &mut self.durations {
+            Durations::Few(v) if v.len() < EXACT_UP_TO => v.push(d),
+            Durations::Few(v) => {
+                let mut h = Histogram::new(SIGNIFICANT_DIGITS)
+                    .expect("3 significant digits is a valid histogram");
+                for &x in v.iter().chain([&d]) {
+                    record(&mut h, x);
+                }
+                self.durations = Durations::Many(Box::new(h));
+            }
+            Durations::Many(h) => record(h, d),
+        }
+    }
+
+    /// Nearest-rank percentile `p` of the range durations: exact from the few
+    /// kept, else from the histogram (within its precision, and never outside
+    /// the exact minimum and maximum).
+    fn percentile(&self, p: f64) -> u64 {
+        match &self.durations {
+            Durations::Few(v) => {
+                let mut v = v.clone();
+                v.sort_unstable();
+                nearest_rank(&v, p)
+            }
+            Durations::Many(h) => h.value_at_quantile(p / 100.0).clamp(self.min, self.max),
+        }
+    }
+}
+
+/// Records `v`; the histogram grows to any `u64`, and were it to fail, the
+/// value is clamped into its range rather than lost.
+fn record(h: &mut Histogram<u64>, v: u64) {
+    if h.record(v).is_err() {
+        h.saturating_record(v);
+    }
+}
+
+/// Per SM, as launches are added.
+#[derive(Debug, Clone, Copy, Default)]
+struct SmAcc {
+    warps: u64,
+    events: u64,
+    busy_ns: u64,
 }
 
 /// Statistics of one event type.
@@ -75,13 +206,15 @@ pub struct TypeStats {
     pub count: u64,
     /// How many of them are instants (which have no duration).
     pub instants: u64,
-    /// Sum of the range durations, ns.
+    /// Sum of the range durations over all warps, ns (saturates at `u64::MAX`).
     pub total_ns: u64,
     /// Mean range duration, ns (zero without ranges).
     pub mean_ns: f64,
-    /// Median range duration (nearest rank), ns.
+    /// Median range duration (nearest rank), ns: exact up to 1024 ranges of
+    /// the type, within 0.1% beyond (a histogram).
     pub p50_ns: u64,
-    /// 99th percentile of the range durations (nearest rank), ns.
+    /// 99th percentile of the range durations (nearest rank), ns; exact or
+    /// within 0.1% as `p50_ns`.
     pub p99_ns: u64,
     /// Shortest range, ns.
     pub min_ns: u64,
@@ -123,15 +256,25 @@ pub struct Report {
     pub migrated_warps: u64,
     /// Per event type, by id.
     pub types: Vec<TypeStats>,
-    /// Per SM, by `%smid`; SMs that recorded nothing are listed (busy 0) up to
-    /// the SM count, when it is known.
+    /// Per SM, by `%smid`: every SM that recorded something, and those that
+    /// recorded nothing (busy 0) below the SM count, when it is known.
     pub sms: Vec<SmStats>,
 }
 
 impl Timeline {
-    /// An empty timeline.
+    /// An empty timeline that keeps statistics only ([`Timeline::to_svg`] has
+    /// no picture to draw).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty timeline that also bins each launch, as it is added, for
+    /// [`Timeline::to_svg`] (out-of-range options are brought into range).
+    pub fn with_svg(options: SvgOptions) -> Self {
+        Timeline {
+            picture: Some(Picture::new(options)),
+            ..Self::default()
+        }
     }
 
     /// Names event type `id` (otherwise it shows as `event <id>`).
@@ -146,18 +289,25 @@ impl Timeline {
         }
     }
 
-    /// Adds a decoded capture (one launch): all its flushed slots and events.
-    pub fn add_buffer(&mut self, capture: &Buffer<'_>) {
+    /// Adds a decoded buffer (one launch): all its flushed slots and events.
+    /// Nothing of it is kept but its statistics (and its binned picture).
+    pub fn add_buffer(&mut self, buffer: &Buffer<'_>) {
         self.begin_capture();
-        for slot in capture.slots() {
-            self.push_slot(&slot.header, slot.events());
-        }
+        self.pending.open = false;
+        let slots: Vec<_> = buffer.slots().collect();
+        let mut recs: Vec<SlotRec> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SlotRec::new(&s.header, i, s.event_count() as usize))
+            .collect();
+        self.close_launch(&mut recs, |r, out| out.extend(slots[r.at].events()));
     }
 
     /// Sets the GPU's SM count, so that SMs that recorded nothing still show
-    /// (with zero busy time) in the report and the picture.
+    /// (with zero busy time) in the report and the picture; capped at
+    /// [`MAX_SM_COUNT`].
     pub fn set_sm_count(&mut self, sm_count: u32) {
-        self.sm_count = sm_count;
+        self.sm_count = sm_count.min(MAX_SM_COUNT);
     }
 
     /// Sets the title of the report and the picture.
@@ -165,46 +315,33 @@ impl Timeline {
         self.title = title.into();
     }
 
-    /// Starts a new capture (launch): the slots pushed next belong to it
-    /// ([`Timeline::add_buffer`] does this itself).
-    /// Busy fractions are taken over each launch's own window, so that the
-    /// time between launches does not count as idle.
+    /// Starts a new launch: the slots pushed next ([`Timeline::push_slot`])
+    /// belong to it ([`Timeline::add_buffer`] does this itself). Busy
+    /// fractions are taken over each launch's own window, so that the time
+    /// between launches does not count as idle.
     pub fn begin_capture(&mut self) {
-        self.captures.push(CaptureRec {
-            first_ts: u64::MAX,
-            last_ts: 0,
-        });
+        self.close_pending();
+        self.pending.open = true;
+        self.launches += 1;
     }
 
     /// Adds one flushed slot (one warp) and its events, in the order the
-    /// device wrote them. Starts a capture first if none was begun.
+    /// device wrote them. Starts a launch first if none was begun. The
+    /// launch's events are kept until the next one begins (or the report is
+    /// made): prefer [`Timeline::add_buffer`], which keeps none.
     pub fn push_slot(&mut self, header: &SlotHeader, events: impl IntoIterator<Item = Event>) {
-        if self.captures.is_empty() {
+        if !self.pending.open {
             self.begin_capture();
         }
-        let capture = self.captures.len() - 1;
-        let ev_start = self.events.len();
-        self.events.extend(events);
-        let c = &mut self.captures[capture];
-        c.first_ts = c.first_ts.min(header.first_ts);
-        c.last_ts = c.last_ts.max(header.last_ts);
-        self.dropped += u64::from(header.drop_count);
-        if header.sm_first != header.sm_last {
-            self.migrated += 1;
-        }
-        self.slots.push(SlotRec {
-            capture: capture as u32,
-            sm: header.sm_first,
-            first_ts: header.first_ts,
-            last_ts: header.last_ts,
-            ev_start,
-            ev_end: self.events.len(),
-        });
+        let at = self.pending.events.len();
+        self.pending.events.extend(events);
+        let len = self.pending.events.len() - at;
+        self.pending.slots.push(SlotRec::new(header, at, len));
     }
 
-    /// Number of events collected.
+    /// Number of events added.
     pub fn event_count(&self) -> usize {
-        self.events.len()
+        usize::try_from(self.events).unwrap_or(usize::MAX) + self.pending.events.len()
     }
 
     fn name_of(&self, id: u16) -> String {
@@ -214,110 +351,162 @@ impl Timeline {
             .unwrap_or_else(|| unknown_event_name(id))
     }
 
-    /// SM rows: `0..max(sm_count, highest SM seen + 1)`.
-    fn sm_rows(&self) -> u32 {
-        let seen = self.slots.iter().map(|s| s.sm + 1).max().unwrap_or(0);
-        seen.max(self.sm_count)
+    /// Folds the launch given slot by slot into the statistics.
+    fn close_pending(&mut self) {
+        let Pending { slots, events, .. } = std::mem::take(&mut self.pending);
+        let mut slots = slots;
+        self.close_launch(&mut slots, |r, out| {
+            out.extend_from_slice(&events[r.at..r.at + r.len])
+        });
     }
 
-    /// The window over all captures: earliest warp start, latest flush.
-    fn span(&self) -> Option<(u64, u64)> {
-        let first = self.slots.iter().map(|s| s.first_ts).min()?;
-        let last = self.slots.iter().map(|s| s.last_ts).max()?;
-        Some((first, last.max(first)))
-    }
-
-    /// Computes the statistics.
-    pub fn report(&self) -> Report {
-        // Per type: durations of the ranges, for percentiles.
-        let mut per_type: BTreeMap<u16, (u64, Vec<u64>)> = BTreeMap::new();
-        for e in &self.events {
-            let entry = per_type.entry(e.id).or_default();
-            if e.kind == EventKind::Instant {
-                entry.0 += 1;
-            } else {
-                entry.1.push(e.end_ns.saturating_sub(e.start_ns));
-            }
+    /// The timeline with the launch given slot by slot folded in.
+    fn closed(&self) -> Cow<'_, Timeline> {
+        if self.pending.slots.is_empty() {
+            Cow::Borrowed(self)
+        } else {
+            let mut t = self.clone();
+            t.close_pending();
+            Cow::Owned(t)
         }
-        let types = per_type
-            .into_iter()
-            .map(|(id, (instants, mut d))| {
-                d.sort_unstable();
-                let total: u64 = d.iter().sum();
-                TypeStats {
-                    id,
-                    name: self.name_of(id),
-                    count: instants + d.len() as u64,
-                    instants,
-                    total_ns: total,
-                    mean_ns: if d.is_empty() {
-                        0.0
-                    } else {
-                        total as f64 / d.len() as f64
-                    },
-                    p50_ns: nearest_rank(&d, 50.0),
-                    p99_ns: nearest_rank(&d, 99.0),
-                    min_ns: d.first().copied().unwrap_or(0),
-                    max_ns: d.last().copied().unwrap_or(0),
-                }
-            })
-            .collect();
+    }
 
-        let window_ns: u64 = self
-            .captures
-            .iter()
-            .filter(|c| c.last_ts >= c.first_ts)
-            .map(|c| c.last_ts - c.first_ts)
-            .sum();
-
-        // Per SM: busy time is the union of the ranges of all its warps, taken
-        // per launch (slots grouped by capture, then SM).
-        let rows = self.sm_rows() as usize;
-        let mut sms: Vec<SmStats> = (0..rows)
-            .map(|sm| SmStats {
-                sm: sm as u32,
-                warps: 0,
-                events: 0,
-                busy_ns: 0,
-                busy_fraction: 0.0,
-            })
-            .collect();
-        let mut order: Vec<usize> = (0..self.slots.len()).collect();
-        order.sort_unstable_by_key(|&i| (self.slots[i].capture, self.slots[i].sm));
-        let mut intervals: Vec<(u64, u64)> = Vec::new();
-        for group in order.chunk_by(|&a, &b| {
-            (self.slots[a].capture, self.slots[a].sm) == (self.slots[b].capture, self.slots[b].sm)
-        }) {
-            let sm = self.slots[group[0]].sm as usize;
+    /// Folds one launch into the statistics and the picture: one pass over
+    /// its slots, SM by SM (`events_of` gives a slot's events); per SM, the
+    /// union of its ranges, and, for the picture, its warps' lanes and
+    /// flattened phases. The work space (one SM's ranges, the launch's
+    /// pieces for the picture) is dropped at the end.
+    fn close_launch(
+        &mut self,
+        slots: &mut [SlotRec],
+        events_of: impl Fn(&SlotRec, &mut Vec<Event>),
+    ) {
+        let Some(t0) = slots.iter().map(|s| s.first_ts).min() else {
+            return;
+        };
+        let t1 = slots.iter().map(|s| s.last_ts).max().unwrap_or(t0).max(t0);
+        self.window_ns = self.window_ns.saturating_add(t1 - t0);
+        // Ties in start go by slot order, so that lanes do not depend on the sort.
+        slots.sort_unstable_by_key(|s| (s.sm, s.first_ts, s.at));
+        let (mut events, mut intervals) = (Vec::new(), Vec::new());
+        let (mut pieces, mut marks) = (Vec::new(), Vec::new());
+        let (mut sorted, mut segments) = (Vec::new(), Vec::new());
+        let mut order: Vec<(u32, usize)> = Vec::new();
+        for group in slots.chunk_by(|a, b| a.sm == b.sm) {
+            let sm = group[0].sm;
+            let acc = self.sms.entry(sm).or_default();
+            // The picture's lanes, given in start order; then the warps go lane
+            // by lane, so that each lane's pieces come together.
+            order.clear();
+            match &mut self.picture {
+                Some(picture) => order.extend(
+                    group
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| (picture.assign_lane(sm, s.first_ts, s.last_ts), i)),
+                ),
+                None => order.extend((0..group.len()).map(|i| (0, i))),
+            }
+            order.sort_by_key(|&(lane, _)| lane);
             intervals.clear();
-            for &i in group {
-                let s = &self.slots[i];
-                sms[sm].warps += 1;
-                sms[sm].events += (s.ev_end - s.ev_start) as u64;
+            for &(lane, i) in &order {
+                let s = &group[i];
+                events.clear();
+                events_of(s, &mut events);
+                acc.warps += 1;
+                acc.events += events.len() as u64;
+                self.warps += 1;
+                self.events += events.len() as u64;
+                self.dropped += u64::from(s.dropped);
+                self.migrated += u64::from(s.migrated);
+                for e in &events {
+                    self.types.entry(e.id).or_default().add(e);
+                }
                 intervals.extend(
-                    self.events[s.ev_start..s.ev_end]
+                    events
                         .iter()
                         .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns)
                         .map(|e| (e.start_ns, e.end_ns)),
                 );
+                if self.picture.is_some() {
+                    segments.clear();
+                    flatten(&events, &mut sorted, &mut segments);
+                    pieces.extend(segments.iter().map(|&(a, b, k)| Piece {
+                        sm,
+                        lane,
+                        a: a.saturating_sub(t0) as f64,
+                        b: b.saturating_sub(t0) as f64,
+                        k: u32::from(k),
+                        w: FULL,
+                    }));
+                    marks.extend(
+                        events
+                            .iter()
+                            .filter(|e| e.kind == EventKind::Instant)
+                            .map(|e| Mark {
+                                sm,
+                                lane,
+                                t: e.start_ns,
+                                k: e.id,
+                            }),
+                    );
+                }
             }
-            sms[sm].busy_ns += union_length(&mut intervals);
+            acc.busy_ns = acc.busy_ns.saturating_add(union_length(&mut intervals));
         }
-        for s in &mut sms {
-            s.busy_fraction = if window_ns == 0 {
-                0.0
-            } else {
-                (s.busy_ns as f64 / window_ns as f64).min(1.0)
-            };
+        if let Some(picture) = &mut self.picture {
+            picture.add_launch(t0, t1, pieces, marks);
         }
+    }
 
+    /// Computes the statistics.
+    pub fn report(&self) -> Report {
+        let t = self.closed();
+        let types = t
+            .types
+            .iter()
+            .map(|(&id, a)| TypeStats {
+                id,
+                name: t.name_of(id),
+                count: a.count,
+                instants: a.instants,
+                total_ns: u64::try_from(a.total).unwrap_or(u64::MAX),
+                mean_ns: if a.ranges == 0 {
+                    0.0
+                } else {
+                    a.total as f64 / a.ranges as f64
+                },
+                p50_ns: a.percentile(50.0),
+                p99_ns: a.percentile(99.0),
+                min_ns: a.min,
+                max_ns: a.max,
+            })
+            .collect();
+        // The SMs seen, and the idle ones below the SM count.
+        let mut sms: BTreeMap<u32, SmAcc> =
+            (0..t.sm_count).map(|sm| (sm, SmAcc::default())).collect();
+        sms.extend(t.sms.iter().map(|(&sm, &a)| (sm, a)));
+        let sms = sms
+            .into_iter()
+            .map(|(sm, a)| SmStats {
+                sm,
+                warps: a.warps,
+                events: a.events,
+                busy_ns: a.busy_ns,
+                busy_fraction: if t.window_ns == 0 {
+                    0.0
+                } else {
+                    (a.busy_ns as f64 / t.window_ns as f64).min(1.0)
+                },
+            })
+            .collect();
         Report {
-            title: self.title.clone(),
-            launches: self.captures.len(),
-            window_ns,
-            events: self.events.len() as u64,
-            dropped: self.dropped,
-            migrated_warps: self.migrated,
+            title: t.title.clone(),
+            launches: t.launches,
+            window_ns: t.window_ns,
+            events: t.events,
+            dropped: t.dropped,
+            migrated_warps: t.migrated,
             types,
             sms,
         }
@@ -332,6 +521,45 @@ pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Splits one warp's ranges into segments `(start, end, id)` that each show the
+/// innermost open range: a nested phase hides its parent while it runs.
+fn flatten(events: &[Event], sorted: &mut Vec<Event>, out: &mut Vec<(u64, u64, u16)>) {
+    sorted.clear();
+    sorted.extend(
+        events
+            .iter()
+            .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns),
+    );
+    // Outer ranges first when two start together.
+    sorted.sort_unstable_by(|a, b| a.start_ns.cmp(&b.start_ns).then(b.end_ns.cmp(&a.end_ns)));
+    let mut stack: Vec<(u64, u16)> = Vec::new();
+    let mut cursor = 0u64;
+    let emit = |a: u64, b: u64, id: u16, out: &mut Vec<(u64, u64, u16)>| {
+        if b > a {
+            out.push((a, b, id));
+        }
+    };
+    for e in sorted.iter() {
+        while let Some(&(end, id)) = stack.last() {
+            if end > e.start_ns {
+                break;
+            }
+            emit(cursor, end, id, out);
+            cursor = cursor.max(end);
+            stack.pop();
+        }
+        if let Some(&(_, id)) = stack.last() {
+            emit(cursor, e.start_ns, id, out);
+        }
+        cursor = cursor.max(e.start_ns);
+        stack.push((e.end_ns, e.id));
+    }
+    while let Some((end, id)) = stack.pop() {
+        emit(cursor, end, id, out);
+        cursor = cursor.max(end);
+    }
 }
 
 /// Total length covered by the intervals (sorts them in place).
@@ -393,6 +621,10 @@ impl fmt::Display for Report {
             self.migrated_warps,
             if self.migrated_warps == 1 { "" } else { "s" },
         )?;
+        writeln!(
+            f,
+            "durations: total summed over warps; p50 and p99 exact up to {EXACT_UP_TO} ranges of a type, within 0.1% beyond"
+        )?;
         writeln!(f)?;
         let name_w = self
             .types
@@ -403,13 +635,13 @@ impl fmt::Display for Report {
             .max(5);
         writeln!(
             f,
-            "{:<name_w$}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
-            "event", "count", "total", "mean", "p50", "p99", "max"
+            "{:<name_w$}  {:>10}  {:>25}  {:>10}  {:>10}  {:>10}  {:>10}",
+            "event", "count", "total (summed over warps)", "mean", "p50", "p99", "max"
         )?;
         for t in &self.types {
             writeln!(
                 f,
-                "{:<name_w$}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+                "{:<name_w$}  {:>10}  {:>25}  {:>10}  {:>10}  {:>10}  {:>10}",
                 t.name,
                 t.count,
                 format_ns(t.total_ns as f64),

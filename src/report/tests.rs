@@ -1,5 +1,6 @@
 //! The report's tests: statistics and the SVG from known captures.
 
+use super::picture::*;
 use super::svg::*;
 use super::*;
 use crate::format::SLOT_MAGIC;
@@ -132,7 +133,7 @@ fn decoded_captures_feed_the_report() {
     }
     let bytes = b.finish();
     let capture = Buffer::decode(&bytes, Some(&registry)).unwrap();
-    let mut tl = Timeline::new();
+    let mut tl = Timeline::with_svg(SvgOptions::default());
     tl.set_names(&registry);
     tl.set_sm_count(6);
     tl.add_buffer(&capture);
@@ -149,7 +150,7 @@ fn decoded_captures_feed_the_report() {
     assert_eq!(r.sms[4].busy_ns, 500);
     assert!((r.sms[3].busy_fraction - 0.5).abs() < 1e-12);
     assert_eq!((r.sms[4].warps, r.sms[5].warps), (2, 0));
-    let svg = tl.to_svg(&SvgOptions::default());
+    let svg = tl.to_svg().expect("made with_svg");
     let doc = roxmltree::Document::parse(&svg).expect("valid XML");
     assert!(!svg_events(&doc).is_empty());
 }
@@ -173,12 +174,13 @@ fn busy_time_is_per_launch() {
 
 #[test]
 fn empty_timeline_reports_and_draws() {
-    let tl = Timeline::new();
+    let tl = Timeline::with_svg(SvgOptions::default());
     let r = tl.report();
     assert_eq!((r.events, r.window_ns, r.sms.len()), (0, 0, 0));
     let _ = r.to_string();
-    let svg = tl.to_svg(&SvgOptions::default());
+    let svg = tl.to_svg().expect("made with_svg");
     roxmltree::Document::parse(&svg).expect("valid XML");
+    assert!(Timeline::new().to_svg().is_none());
 }
 
 #[test]
@@ -210,28 +212,22 @@ fn flatten_shows_the_innermost_range() {
 
 #[test]
 fn lanes_stack_concurrent_warps_and_reuse_free_ones() {
-    let s = |sm, a, b| SlotRec {
-        capture: 0,
-        sm,
-        first_ts: a,
-        last_ts: b,
-        ev_start: 0,
-        ev_end: 0,
+    // Warps of one SM in increasing start: (first_ts, last_ts) → lane.
+    let lanes = |cap: u32, warps: &[(u32, u64, u64)]| {
+        let mut p = Picture::new(SvgOptions {
+            max_lanes_per_sm: cap,
+            ..Default::default()
+        });
+        let lanes: Vec<u32> = warps
+            .iter()
+            .map(|&(sm, a, b)| p.assign_lane(sm, a, b))
+            .collect();
+        (p.lanes_per_sm(), lanes)
     };
-    let slots = [
-        s(0, 0, 10),
-        s(0, 5, 20),
-        s(0, 10, 30),
-        s(1, 0, 5),
-        s(0, 12, 13),
-    ];
-    let lay = layout(&slots, 8);
-    assert_eq!(lay.lanes_per_sm, 3);
-    assert_eq!(lay.lane_of_slot, vec![0, 1, 0, 3, 2]);
+    let warps = [(0, 0, 10), (0, 5, 20), (0, 10, 30), (0, 12, 13), (1, 0, 5)];
+    assert_eq!(lanes(8, &warps), (3, vec![0, 1, 0, 2, 0]));
     // A cap of one lane: everything shares it.
-    let lay = layout(&slots, 1);
-    assert_eq!(lay.lanes_per_sm, 1);
-    assert_eq!(lay.lane_of_slot, vec![0, 0, 0, 1, 0]);
+    assert_eq!(lanes(1, &warps), (1, vec![0, 0, 0, 0, 0]));
 }
 
 fn svg_events(doc: &roxmltree::Document) -> Vec<(String, f64, f64, f64, f64)> {
@@ -257,7 +253,7 @@ fn svg_events(doc: &roxmltree::Document) -> Vec<(String, f64, f64, f64, f64)> {
 
 #[test]
 fn svg_draws_each_event_at_its_place() {
-    let mut tl = Timeline::new();
+    let mut tl = Timeline::with_svg(SvgOptions::default());
     tl.set_title("gemm <bf16> & co");
     tl.set_name(1, "wait");
     tl.set_name(2, "mma");
@@ -267,7 +263,7 @@ fn svg_draws_each_event_at_its_place() {
         [range(1, 0, 1600), range(2, 1600, 3200), instant(1, 4000)],
     );
     tl.push_slot(&slot(1, 3200, 6400), [range(2, 3200, 6400)]);
-    let svg = tl.to_svg(&SvgOptions::default());
+    let svg = tl.to_svg().expect("made with_svg");
     let doc = roxmltree::Document::parse(&svg).expect("valid XML");
     let root = doc.root_element();
     assert_eq!(root.tag_name().name(), "svg");
@@ -314,22 +310,25 @@ fn svg_draws_each_event_at_its_place() {
 #[test]
 fn svg_size_is_bounded_for_huge_captures() {
     // 132 SMs × 4 warps × 1000 sub-pixel events: 528 k events.
-    let mut tl = Timeline::new();
-    tl.set_sm_count(132);
-    for sm in 0..132u32 {
-        for w in 0..4u64 {
-            let events = (0..1000u64).map(|k| {
-                let t = k * 500 + w * 7;
-                range((k % 3) as u16, t, t + 200 + (k % 5) * 50)
-            });
-            tl.push_slot(&slot(sm, 0, 500_000), events);
+    let huge = |options: SvgOptions| {
+        let mut tl = Timeline::with_svg(options);
+        tl.set_sm_count(132);
+        for sm in 0..132u32 {
+            for w in 0..4u64 {
+                let events = (0..1000u64).map(|k| {
+                    let t = k * 500 + w * 7;
+                    range((k % 3) as u16, t, t + 200 + (k % 5) * 50)
+                });
+                tl.push_slot(&slot(sm, 0, 500_000), events);
+            }
         }
-    }
+        tl.to_svg().expect("made with_svg")
+    };
     let options = SvgOptions {
         max_rects: 50_000,
         ..Default::default()
     };
-    let svg = tl.to_svg(&options);
+    let svg = huge(options.clone());
     let doc = roxmltree::Document::parse(&svg).expect("valid XML");
     let rects = svg_events(&doc);
     assert!(
@@ -365,7 +364,7 @@ fn svg_size_is_bounded_for_huge_captures() {
     }
     assert!(!svg.contains("not drawn"));
     // A budget too small even at the coarsest bins: cut, and said so.
-    let svg = tl.to_svg(&SvgOptions {
+    let svg = huge(SvgOptions {
         max_rects: 100,
         ..Default::default()
     });
@@ -385,4 +384,326 @@ fn durations_format_with_three_digits() {
     assert_eq!(trim_float(3.0), "3");
     assert_eq!(nice_step(0.7), 1.0);
     assert_eq!(nice_step(130.0), 200.0);
+}
+
+/// A fixed xorshift64 stream, for random but repeatable inputs.
+fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
+#[test]
+fn percentiles_past_the_exact_ones_stay_within_a_thousandth() {
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
+    for n in [1_000usize, 1_025, 100_000] {
+        let mut tl = Timeline::new();
+        // Durations over six decades, and a few huge ones.
+        let mut durations: Vec<u64> = (0..n)
+            .map(|i| match i % 1000 {
+                0 => u64::MAX / 2 + next() % 1000,
+                _ => 1 + next() % 10u64.pow(1 + (next() % 6) as u32),
+            })
+            .collect();
+        let events = durations.iter().map(|&d| range(1, 0, d));
+        tl.push_slot(&slot(0, 0, u64::MAX), events);
+        let t = &tl.report().types[0];
+        durations.sort_unstable();
+        assert_eq!(
+            (t.count, t.min_ns, t.max_ns),
+            (n as u64, durations[0], durations[n - 1])
+        );
+        for (p, got) in [(50.0, t.p50_ns), (99.0, t.p99_ns)] {
+            let exact = nearest_rank(&durations, p);
+            if n <= EXACT_UP_TO {
+                assert_eq!(got, exact, "n {n} p{p}");
+            } else {
+                let err = (got as f64 - exact as f64).abs() / exact as f64;
+                assert!(err <= 1.0 / 1024.0, "n {n} p{p}: {got} vs {exact}");
+            }
+        }
+        // The sum does not wrap: it saturates.
+        let sum: u128 = durations.iter().map(|&d| u128::from(d)).sum();
+        assert_eq!(t.total_ns, u64::try_from(sum).unwrap_or(u64::MAX), "n {n}");
+    }
+}
+
+#[test]
+fn any_sm_id_gets_a_row_of_its_own() {
+    let mut tl = Timeline::with_svg(SvgOptions::default());
+    tl.set_sm_count(u32::MAX);
+    tl.set_sm_count(4);
+    tl.push_slot(&slot(u32::MAX, 0, 100), [range(1, 0, 100)]);
+    tl.push_slot(&slot(2, 0, 100), [range(1, 0, 50)]);
+    let r = tl.report();
+    let sms: Vec<u32> = r.sms.iter().map(|s| s.sm).collect();
+    assert_eq!(sms, [0, 1, 2, 3, u32::MAX]);
+    assert_eq!(r.sms[4].busy_ns, 100);
+    let svg = tl.to_svg().unwrap();
+    assert!(svg.contains(", 5 SMs,"), "{svg}");
+    assert!(svg.contains(">SM 4294967295<"));
+    // The SM count is capped.
+    let mut tl = Timeline::new();
+    tl.set_sm_count(u32::MAX);
+    assert_eq!(tl.report().sms.len(), MAX_SM_COUNT as usize);
+}
+
+/// Per bin, per type, the coverage a dense sum gives (what the sweep must match).
+fn dense_cover(pieces: &[Piece], dur: f64, bins: u32) -> Vec<BTreeMap<u32, f64>> {
+    let bin_ns = dur / f64::from(bins);
+    let mut cover = vec![BTreeMap::<u32, f64>::new(); bins as usize];
+    for p in pieces {
+        let (fa, fb) = (p.a / bin_ns, p.b / bin_ns);
+        let first = (fa.floor() as u32).min(bins - 1);
+        let last = (fb.ceil() as u32).clamp(first + 1, bins);
+        for bin in first..last {
+            let c = (fb.min(f64::from(bin + 1)) - fa.max(f64::from(bin))).max(0.0);
+            *cover[bin as usize].entry(p.k).or_default() += c * f64::from(p.w);
+        }
+    }
+    cover
+}
+
+/// The drawn runs of a dense sum: dominant type (ties: lowest), opacity level.
+fn dense_dominant(cover: &[BTreeMap<u32, f64>]) -> Vec<(u32, u32, u32, u16)> {
+    let full = f64::from(FULL);
+    let mut runs: Vec<(u32, u32, u32, u16)> = Vec::new();
+    for (bin, c) in cover.iter().enumerate() {
+        let sum: f64 = c.values().sum();
+        let level = (sum.min(full) / full * f64::from(LEVELS) - 1e-6)
+            .ceil()
+            .max(0.0) as u16;
+        let Some((&k, _)) = c
+            .iter()
+            .rev()
+            .max_by(|x, y| x.1.partial_cmp(y.1).unwrap())
+            .filter(|_| sum > 1e-3 * full && level > 0)
+        else {
+            continue;
+        };
+        let bin = bin as u32;
+        match runs.last_mut() {
+            Some(r) if r.1 == bin && r.2 == k && r.3 == level => r.1 = bin + 1,
+            _ => runs.push((bin, bin + 1, k, level)),
+        }
+    }
+    runs
+}
+
+#[test]
+fn the_sweep_matches_a_dense_sum() {
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+    for case in 0..200 {
+        let bins = 1 + (next() % 300) as u32;
+        let dur = 10_000.0;
+        // Overlapping pieces (lanes shared past the cap, resampled runs) of
+        // many types and weights; some long, most short.
+        let pieces: Vec<Piece> = (0..1 + next() % 60)
+            .map(|_| {
+                let a = (next() % 10_000) as f64 + (next() % 7) as f64 / 7.0;
+                let len = if next() % 4 == 0 {
+                    next() % 5_000
+                } else {
+                    next() % 200
+                } + 1;
+                Piece {
+                    sm: 0,
+                    lane: 0,
+                    a,
+                    b: (a + len as f64).min(dur),
+                    k: (next() % 14) as u32,
+                    w: 1 + (next() % u64::from(FULL)) as u16,
+                }
+            })
+            .collect();
+        let cover = dense_cover(&pieces, dur, bins);
+        let drawn: Vec<(u32, u32, u32, u16)> =
+            bin_runs(&lanes_of(&pieces), dur, bins, Cells::Dominant, None)
+                .unwrap()
+                .iter()
+                .map(|r| (r.start, r.end, r.k, r.level))
+                .collect();
+        assert_eq!(drawn, dense_dominant(&cover), "case {case}, {bins} bins");
+        // What is kept: every type's coverage of every bin, rounded; past ten
+        // types in a bin, the ten heaviest and the others together.
+        let mut kept = vec![BTreeMap::<u32, u16>::new(); bins as usize];
+        for r in bin_runs(&lanes_of(&pieces), dur, bins, Cells::Coverage, None).unwrap() {
+            for bin in r.start..r.end {
+                assert!(kept[bin as usize].insert(r.k, r.level).is_none());
+            }
+        }
+        for (bin, (kept, dense)) in kept.iter().zip(&cover).enumerate() {
+            let mut dense: Vec<(u32, u16)> = dense
+                .iter()
+                .map(|(&k, &c)| (k, c.round() as u16))
+                .filter(|&(_, q)| q > 0)
+                .collect();
+            dense.sort_by_key(|&(k, q)| (std::cmp::Reverse(q), k));
+            let rest: u16 = dense.iter().skip(10).map(|t| t.1).sum();
+            dense.truncate(10);
+            let mut dense: BTreeMap<u32, u16> = dense.into_iter().collect();
+            if rest > 0 {
+                dense.insert(OTHER_TYPES, rest);
+            }
+            assert_eq!(kept, &dense, "case {case}, bin {bin}");
+        }
+    }
+}
+
+/// A GEMM-like launch on `sms` SMs from `t0`: a producer and two consumer
+/// warps per SM, `ktiles` k-tiles; a launch of its own if `begin`.
+fn gemm_launch(tl: &mut Timeline, t0: u64, sms: u32, ktiles: u64, begin: bool) {
+    if begin {
+        tl.begin_capture();
+    }
+    for sm in 0..sms {
+        let s0 = t0 + u64::from(sm) * 37;
+        let end = s0 + ktiles * 1_000 + 3_000;
+        tl.push_slot(
+            &slot(sm, s0, end),
+            (0..ktiles).map(|k| range(1, s0 + k * 1_000, s0 + k * 1_000 + 640)),
+        );
+        for w in 1..3u64 {
+            let events = (0..ktiles).flat_map(|k| {
+                let s = s0 + k * 1_000 + 640 + w * 16;
+                let mid = s + 90 + k % 7 * 40;
+                [range(2, s, mid), range(3, mid, s + 950)]
+            });
+            tl.push_slot(&slot(sm, s0, end), events);
+        }
+    }
+}
+
+/// Per drawn colour, the area its rectangles cover (width × opacity), in
+/// plot widths × lanes.
+fn colour_areas(svg: &str) -> BTreeMap<String, f64> {
+    let doc = roxmltree::Document::parse(svg).expect("valid XML");
+    let mut areas = BTreeMap::new();
+    for (class, _, _, w, _) in svg_events(&doc) {
+        let mut words = class.split(' ');
+        let colour = words.next().unwrap().to_string();
+        let opacity = words
+            .next()
+            .map_or(1.0, |o| o[1..].parse::<f64>().unwrap() / f64::from(LEVELS));
+        *areas.entry(colour).or_insert(0.0) += w * opacity / 1600.0;
+    }
+    areas
+}
+
+#[test]
+fn launches_binned_one_at_a_time_draw_as_if_binned_together() {
+    // Two launches 5 ms apart: on one axis, each launch's phases shrink.
+    // Binned launch by launch and resampled, the picture shows each colour
+    // over the area it has when the same slots are given as one launch
+    // (every event binned on the final axis at once), within a few percent.
+    // A budget that one launch alone overflows at its finest bins: what is
+    // kept of it is coarse, and must still resample right.
+    let options = SvgOptions {
+        max_rects: 2_000,
+        ..Default::default()
+    };
+    let mut apart = Timeline::with_svg(options.clone());
+    gemm_launch(&mut apart, 0, 32, 200, true);
+    gemm_launch(&mut apart, 5_000_000, 32, 200, true);
+    let mut together = Timeline::with_svg(options);
+    gemm_launch(&mut together, 0, 32, 200, true);
+    gemm_launch(&mut together, 5_000_000, 32, 200, false);
+    assert_eq!(
+        (apart.report().launches, together.report().launches),
+        (2, 1)
+    );
+    let (a, t) = (
+        colour_areas(&apart.to_svg().unwrap()),
+        colour_areas(&together.to_svg().unwrap()),
+    );
+    let total: f64 = t.values().sum();
+    assert!(total > 1.0, "{t:?}");
+    for class in a.keys().chain(t.keys()) {
+        let (x, y) = (a.get(class).unwrap_or(&0.0), t.get(class).unwrap_or(&0.0));
+        assert!(
+            (x - y).abs() <= 0.05 * total,
+            "{class}: {x:.2} apart, {y:.2} together\n{a:?}\n{t:?}"
+        );
+    }
+}
+
+#[test]
+fn a_timeline_keeps_no_events() {
+    use crate::format::BufferBuilder;
+    // Eight launches one after the other, of 64 warps × 2,000 ranges.
+    let buffers: Vec<Vec<u8>> = (0..8u64)
+        .map(|launch| {
+            let t0 = launch * 300_000;
+            let mut b = BufferBuilder::new([32, 1, 1], [64, 1, 1], 2_000);
+            for block in 0..32u32 {
+                for w in 0..2 {
+                    let s = b.warp(block, w).unwrap().sm(block, block);
+                    for k in 0..2_000u64 {
+                        s.range(1 + (k % 3) as u16, t0 + k * 100, t0 + k * 100 + 80, 0);
+                    }
+                }
+            }
+            b.finish()
+        })
+        .collect();
+    let budget = 5_000;
+    let mut tl = Timeline::with_svg(SvgOptions {
+        max_rects: budget,
+        ..Default::default()
+    });
+    let mut most = 0;
+    for bytes in &buffers {
+        tl.add_buffer(&Buffer::decode(bytes, None).unwrap());
+        most = most.max(tl.picture.as_ref().unwrap().stored());
+    }
+    assert_eq!(tl.event_count(), 8 * 128_000);
+    // Nothing of the events: no pending copy, no durations past the exact
+    // ones (histograms instead), and a picture of at most a few budgets
+    // (layers merge past two budgets' worth; one launch adds one).
+    assert_eq!(tl.pending.events.capacity(), 0);
+    assert!(tl
+        .types
+        .values()
+        .all(|t| matches!(t.durations, Durations::Many(_))));
+    assert!(most <= 3 * KEEP * budget, "{most}");
+    let svg = tl.to_svg().unwrap();
+    assert!(svg_events(&roxmltree::Document::parse(&svg).unwrap()).len() <= budget);
+}
+
+#[test]
+fn types_past_the_palette_share_a_colour() {
+    let types: Vec<TypeStats> = (0..12u16)
+        .map(|id| TypeStats {
+            id,
+            name: format!("t{id}"),
+            count: 1,
+            instants: 0,
+            // Types 0 and 1 have the least time: they are the "other" ones.
+            total_ns: if id < 3 {
+                u64::from(id)
+            } else {
+                100 + u64::from(id)
+            },
+            mean_ns: 0.0,
+            p50_ns: 0,
+            p99_ns: 0,
+            min_ns: 0,
+            max_ns: 0,
+        })
+        .collect();
+    let c = Colours::new(&types);
+    assert_eq!(c.legend.len(), PALETTE.len());
+    let slots: Vec<u32> = (0..12).map(|id| c.slot(id)).collect();
+    assert_eq!(slots, [9, 9, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(c.legend[9], "3 other types: 3 events");
+    assert_eq!(c.names[0], "t3");
+    // Few types: one colour each, by id.
+    let c = Colours::new(&types[..4]);
+    assert_eq!(
+        (0..4).map(|id| c.slot(id)).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
 }
