@@ -15,7 +15,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing_gpu::batch::Batch;
-use tracing_gpu::capture::{Capture, CaptureError, CaptureReader};
+use tracing_gpu::capture::{Capture, CaptureError, CaptureReader, HOST_SPANS_NOTE};
 use tracing_gpu::output::AtomicFile;
 use tracing_gpu::perfetto::{TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
@@ -301,6 +301,12 @@ fn stream_perfetto(path: &Path, out: &Path) -> Result<WriteStats, Failure> {
     let count = reader.launch_count();
     let batches = reader.batches().map_err(failure)?;
     let head = batches.head();
+    if head.host_spans.is_empty() {
+        // Without host spans a replay has no launch spans and no arrows: say why.
+        if let Some((_, why)) = head.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE) {
+            eprintln!("note: {} has no host spans ({why})", path.display());
+        }
+    }
     write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
 }
 
@@ -675,66 +681,74 @@ fn report(
     launch: Option<usize>,
     width: u32,
 ) -> Result<(), Failure> {
-    let recorded = read_capture(capture)?;
+    // A launch at a time (CaptureReader): memory does not grow with the
+    // number of launches; the timelines keep statistics and binned pictures.
+    let failure = |e| capture_failure(capture, e);
+    let mut reader = CaptureReader::open(capture).map_err(failure)?;
+    let count = reader.launch_count();
     if let Some(n) = launch {
-        if n >= recorded.launches.len() {
+        if n >= count {
             return Err(Failure::new(
                 Exit::Usage,
                 format!(
-                    "--launch {n}: {} holds {} launches (0 to {})",
+                    "--launch {n}: {} holds {count} launches (0 to {})",
                     capture.display(),
-                    recorded.launches.len(),
-                    recorded.launches.len().saturating_sub(1)
+                    count.saturating_sub(1)
                 ),
             ));
         }
     }
-    if recorded.launches.is_empty() {
+    if count == 0 {
         print_out(&format!("{}: no launches\n", capture.display()))?;
         return Ok(());
     }
-    let several = recorded
+    let head = reader.head().clone();
+    // Per device: its timeline, its launches, and the first few kernel names.
+    let mut timelines: Vec<(Timeline, usize, Vec<String>)> = head
         .devices
         .iter()
-        .filter(|d| recorded.launches.iter().any(|l| l.device == d.info.ordinal))
-        .count()
-        > 1;
-    for device in &recorded.devices {
-        let launches: Vec<_> = recorded
-            .launches
-            .iter()
-            .enumerate()
-            .filter(|(i, l)| l.device == device.info.ordinal && launch.is_none_or(|n| n == *i))
-            .map(|(_, l)| l)
-            .collect();
-        if launches.is_empty() {
+        .map(|d| {
+            // The picture is binned launch by launch as they are added, only if asked for.
+            let mut t = match svg {
+                Some(_) => Timeline::with_svg(SvgOptions {
+                    width,
+                    ..SvgOptions::default()
+                }),
+                None => Timeline::new(),
+            };
+            t.set_names(&head.registry);
+            t.set_sm_count(d.info.sm_count);
+            (t, 0, Vec::new())
+        })
+        .collect();
+    for (i, l) in reader.launches().map_err(failure)?.enumerate() {
+        let l = l.map_err(failure)?;
+        if launch.is_some_and(|n| n != i) {
             continue;
         }
-        // The picture is binned launch by launch as they are added, only if asked for.
-        let mut timeline = match svg {
-            Some(_) => Timeline::with_svg(SvgOptions {
-                width,
-                ..SvgOptions::default()
-            }),
-            None => Timeline::new(),
+        let Some(d) = head.devices.iter().position(|d| d.info.ordinal == l.device) else {
+            continue; // The reader refuses such a launch; nothing to draw it on.
         };
-        timeline.set_names(&recorded.registry);
-        timeline.set_sm_count(device.info.sm_count);
-        let mut kernels: Vec<&str> = launches.iter().map(|l| l.kernel.as_str()).collect();
-        kernels.dedup();
-        timeline.set_title(format!(
-            "{} on GPU {} ({})",
-            if kernels.len() == 1 {
-                kernels[0].to_string()
-            } else {
-                kernels.join(", ")
-            },
-            device.info.ordinal,
-            device.info.name
-        ));
-        for l in &launches {
-            timeline.add_buffer(&l.buffer.view());
+        let (timeline, launches, kernels) = &mut timelines[d];
+        timeline.add_buffer(&l.buffer.view());
+        *launches += 1;
+        if kernels.len() < 4 && !kernels.contains(&l.kernel) {
+            kernels.push(l.kernel.clone());
         }
+    }
+    let several = timelines.iter().filter(|(_, n, _)| *n > 0).count() > 1;
+    for (device, (mut timeline, launches, kernels)) in head.devices.iter().zip(timelines) {
+        if launches == 0 {
+            continue;
+        }
+        let names = match kernels.len() {
+            4 => format!("{}, …", kernels[..3].join(", ")),
+            _ => kernels.join(", "),
+        };
+        timeline.set_title(format!(
+            "{names} on GPU {} ({})",
+            device.info.ordinal, device.info.name
+        ));
         print_out(&format!("{}\n", timeline.report()))?;
         if let (Some(svg), Some(picture)) = (svg, timeline.to_svg()) {
             let path = if several {
