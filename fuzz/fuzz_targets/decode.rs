@@ -3,7 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tracing_gpu::decode::{Buffer, EventKind};
+use tracing_gpu::decode::Buffer;
+use tracing_gpu::format::EventKind;
 use tracing_gpu::registry::EventRegistry;
 
 fuzz_target!(|data: &[u8]| {
