@@ -34,7 +34,7 @@
 //! ```
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -91,12 +91,26 @@ const WORDS: usize = (u16::MAX as usize + 1) / 64;
 
 /// Event id → [`EventInfo`]. Cheap to clone for small registries (one 8 KiB set
 /// plus the entries); `Send + Sync`; share it behind an `Arc` across threads.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct EventRegistry {
     entries: BTreeMap<u16, EventInfo>,
     // One bit per possible id: the decoder checks every record against it.
     known: Box<[u64; WORDS]>,
+    /// Every string the entries hold, once: what `intern` shares. A capture
+    /// can declare tens of thousands of names; a search of the entries per
+    /// name was quadratic (26 s to read 65,536 names).
+    strings: HashSet<Arc<str>>,
 }
+
+/// Two registries are equal when their entries are (the interning set
+/// follows from them).
+impl PartialEq for EventRegistry {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for EventRegistry {}
 
 impl Default for EventRegistry {
     fn default() -> Self {
@@ -118,6 +132,7 @@ impl EventRegistry {
         EventRegistry {
             entries: BTreeMap::new(),
             known: Box::new([0; WORDS]),
+            strings: HashSet::new(),
         }
     }
 
@@ -219,18 +234,13 @@ impl EventRegistry {
         Ok(())
     }
 
-    // Registries are small (tens of ids), so a linear search beats a second map.
-    fn intern(&self, s: &str) -> Arc<str> {
-        self.entries
-            .values()
-            .flat_map(|e| {
-                std::iter::once(&e.name)
-                    .chain(e.category.as_ref())
-                    .chain(e.payload.as_ref())
-            })
-            .find(|a| &***a == s)
-            .cloned()
-            .unwrap_or_else(|| Arc::from(s))
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.strings.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.strings.insert(a.clone());
+        a
     }
 
     /// Whether `id` is registered. Constant time: the decoder calls it per record.
@@ -317,6 +327,23 @@ mod tests {
         );
         assert!(r.register_with(1, "a", Some("x"), None).is_err());
         assert_eq!(r.name(1), Some("a"));
+    }
+
+    #[test]
+    fn many_distinct_names_register_in_linear_time() {
+        // Every possible id, each with its own name: what a hostile capture can
+        // declare. Quadratic interning took tens of seconds here.
+        let t = std::time::Instant::now();
+        let mut r = EventRegistry::new();
+        for id in 0..=u16::MAX {
+            r.register(id, &format!("event name {id}")).unwrap();
+        }
+        assert_eq!(r.len(), 1 << 16);
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]
