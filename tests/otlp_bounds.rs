@@ -112,9 +112,17 @@ fn cli_against_a_collector_that_answers_nonsense() {
     let (o, took) = convert(&server.endpoint(), &[]);
     check_failed(&o, took, "malformed reply");
     assert!(server.requests() > 0, "the request reached the server");
-    // gRPC to a server that does not speak HTTP/2.
+    // gRPC to a server that does not speak HTTP/2: tonic reports it as a
+    // protocol error or as a failed connection, depending on when the garbage
+    // arrives in its handshake (the cause is read from its message: a known
+    // limit, docs/otlp.md). Bounded, exit 7, one line, either way.
     let (o, took) = convert(&server.endpoint(), &["--otlp-protocol", "grpc"]);
-    check_failed(&o, took, "malformed reply");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let cause = ["malformed reply", "cannot connect", "connection closed"]
+        .into_iter()
+        .find(|c| err.contains(c))
+        .unwrap_or("malformed reply");
+    check_failed(&o, took, cause);
 }
 
 #[test]
