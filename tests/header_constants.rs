@@ -87,7 +87,7 @@ fn format_rs_names() -> Vec<String> {
 
 /// The Rust values, by the header's names.
 fn rust_constants() -> BTreeMap<String, u64> {
-    let top: [(&str, u64); 11] = [
+    let top: [(&str, u64); 12] = [
         ("BUFFER_MAGIC", format::BUFFER_MAGIC.into()),
         ("SLOT_MAGIC", format::SLOT_MAGIC.into()),
         ("VERSION", format::VERSION.into()),
@@ -102,6 +102,7 @@ fn rust_constants() -> BTreeMap<String, u64> {
             format::SLOT_FLAG_OPEN_AT_FLUSH.into(),
         ),
         ("NO_CLUSTER", format::NO_CLUSTER.into()),
+        ("TRACE_INDIRECT", format::TRACE_INDIRECT.into()),
     ];
     let buffer: [(&str, usize); 13] = [
         ("MAGIC", buffer_offsets::MAGIC),

@@ -142,12 +142,16 @@ static_assert(record_offsets::END_LO == 0 && record_offsets::DURATION == 4 && re
                   record_offsets::KIND == 10 && record_offsets::PAYLOAD == 12 && RECORD_SIZE == 16,
               "record: end_lo, duration, event_id | kind << 16, payload");
 
+/// `Trace::capacity` with this bit set: `base` is the address of the buffer's address
+/// (a kernel node of a captured graph, whose replay's prologue writes it; 0 = off).
+enum : unsigned int { TRACE_INDIRECT = 0x80000000u };
+
 /// The kernel argument: passed by value, so the device reads it from the parameter bank.
 /// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
 struct Trace {
   /// Device address of the buffer (its header); 0 turns recording off for the launch.
   unsigned long long base;
-  /// Records per slot.
+  /// Records per slot; with `TRACE_INDIRECT`, `base` points at the buffer's address.
   unsigned int capacity;
   /// Number of slots; a warp whose slot index is not below it records nothing.
   unsigned int slot_count;
@@ -366,6 +370,11 @@ class Recorder {
   /// Finds this warp's slot and stamps the start. Call it in every thread of the warp
   /// (only lane 0 writes); one recorder per warp per launch.
   __device__ __forceinline__ explicit Recorder(Trace trace) : idx_(0xFFFFFFFFu), open_(0) {
+    if (trace.capacity & TRACE_INDIRECT) {
+      // A kernel node of a graph: each replay's prologue has written where its buffer is.
+      trace.capacity &= ~TRACE_INDIRECT;
+      trace.base = trace.base != 0 ? *reinterpret_cast<const unsigned long long*>(trace.base) : 0ull;
+    }
     const unsigned int tid = detail::thread_linear();
     const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
     const unsigned long long slot =

@@ -1,15 +1,18 @@
-//! The collector thread: waits for each profiled launch to finish, copies its
-//! buffer back, decodes it, and delivers the [`Batch`] through the dispatcher
-//! that was current at launch time.
+//! The collector thread: finds which profiled launches have finished, brings
+//! their records back in bulk, decodes them, and delivers each [`Batch`]
+//! through the dispatcher that was current at launch time.
 //!
-//! It knows nothing of CUDA: a launch reaches it as a [`Job`] whose
-//! [`Completion`] starts the copy back and waits for it. The CUDA completion is in
-//! `profiler.rs`; tests drive the collector with host-made buffers, which is how
-//! a second device is simulated without one.
+//! It knows nothing of CUDA: a launch reaches it as a [`Job`] (a place in trace
+//! memory and a [`Mark`] after it on its stream), and the device is a
+//! [`Device`] (`memory.rs`): CUDA's in `device.rs`, host memory in the tests,
+//! which is how a device (or a second one) is simulated without a GPU.
 //!
-//! Jobs are taken in launch order. Everything queued is started (its copy back
-//! enqueued) before the oldest is waited for, so the copies of a burst of
-//! launches overlap with the decoding of the first ones.
+//! One pass: ask each stream's oldest unfinished mark (launches on a stream
+//! finish in order, streams in any order); copy every finished launch back at
+//! once, one copy per run of neighbouring regions; zero them on the device and
+//! give them back to the arena; then decode. The driver calls of a pass do not
+//! grow with the number of launches it finds, so the collector keeps up with
+//! storms of short launches and disturbs the launching threads as little as it can.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
@@ -27,27 +30,76 @@ use crate::format::BufferHeader;
 use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
+use super::memory::{replay_taken, Device, Kind, Mark, Place};
+use super::ring::{Arena, Region};
 
-/// The device side of one launch, as the collector sees it: its copy back is
-/// already under way (the launching thread enqueued it).
-pub(crate) trait Completion: Send {
-    /// Waits until the buffer is back and returns its bytes (the buffer header
-    /// may be left zero: the collector writes it).
-    fn finish(self: Box<Self>) -> Result<Vec<u8>, ProfilerError>;
-}
-
-/// One profiled launch on its way to the sinks.
+/// One profiled launch, or one replay of a profiled graph, on its way to the sinks.
 pub(crate) struct Job {
-    /// The launch (its `host_complete_ns` is filled in by the collector).
+    /// The launch (its `host_complete_ns` is filled in by the collector). For
+    /// a replay: the replay's, which each node's batch copies, with the node's
+    /// kernel, shape and launch id (`launch_id` + the node's index).
     pub launch: LaunchInfo,
-    /// The buffer header the host would have written before the launch.
-    pub header: BufferHeader,
     /// The dispatcher that was current when the launch was made.
     pub dispatch: Dispatch,
     /// The launch span, kept open until delivery so that `launch.parent` stays valid.
     pub span: tracing::Span,
-    /// How the buffer comes back.
-    pub completion: Box<dyn Completion>,
+    /// Recorded after the launch on its stream.
+    pub mark: Mark,
+    /// Where its records are.
+    pub work: Work,
+}
+
+/// Where a job's records are, and what they hold.
+pub(crate) enum Work {
+    /// A direct launch: its region of the arena, and the buffer header the
+    /// host would have written before it (the device never reads it).
+    Launch {
+        /// The buffer header.
+        header: BufferHeader,
+        /// The region.
+        place: Place,
+    },
+    /// A replay of a captured graph: the region of the graph's replay ring that
+    /// the replay's prologue takes (if it was armed), holding one buffer per
+    /// profiled kernel node.
+    Replay {
+        /// The replay's number, counted from 0 by the device and by the host alike.
+        replay: u64,
+        /// The region replay `replay` takes.
+        place: Place,
+        /// The graph's profiled kernel nodes, in capture order.
+        nodes: Arc<[Node]>,
+    },
+}
+
+impl Work {
+    /// Where the records are.
+    pub(crate) fn place(&self) -> &Place {
+        match self {
+            Work::Launch { place, .. } | Work::Replay { place, .. } => place,
+        }
+    }
+
+    /// How many launches the job stands for.
+    pub(crate) fn launches(&self) -> u64 {
+        match self {
+            Work::Launch { .. } => 1,
+            Work::Replay { nodes, .. } => nodes.len() as u64,
+        }
+    }
+}
+
+/// A profiled kernel node of a captured graph.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    /// The kernel's name in the trace.
+    pub kernel: String,
+    /// Its buffer header (the launch id is set per replay).
+    pub header: BufferHeader,
+    /// Its buffer's offset in a replay region.
+    pub offset: usize,
+    /// Its buffer's size.
+    pub len: usize,
 }
 
 /// One calibration: the raw samples and the checkpoint fitted from them.
@@ -89,9 +141,13 @@ enum Msg {
 /// Counters, readable at any time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProfilerStats {
-    /// Launches made through the profiler.
+    /// Launches made through the profiler: direct launches, plus the profiled
+    /// kernel nodes of each graph replay.
     pub launches: u64,
-    /// Launches that ran without a trace buffer (the pool was full).
+    /// Graph replays made through the profiler.
+    pub replays: u64,
+    /// Launches that ran without recording, because the arena (or the
+    /// graph's replay ring) was full.
     pub skipped: u64,
     /// Launches whose batch was delivered.
     pub delivered: u64,
@@ -103,9 +159,11 @@ pub struct ProfilerStats {
     pub dropped_events: u64,
     /// Clock checkpoints taken (the first calibration included).
     pub calibrations: u64,
-    /// Bytes of trace buffers the pool holds now, free and in use (as much
-    /// again is pinned host memory).
-    pub pool_bytes: u64,
+    /// Device memory held for traces: the arena and the graphs' replay rings
+    /// (as much again is pinned host memory).
+    pub memory_bytes: u64,
+    /// Bytes of the arena in use now (launches not yet brought back).
+    pub arena_in_use: u64,
 }
 
 /// State shared between the profiler (the application's threads) and the collector.
@@ -116,9 +174,9 @@ pub(crate) struct Shared {
 
 struct SharedState {
     stats: ProfilerStats,
-    /// Jobs handed to the collector.
+    /// Launches handed to the collector (a replay counts its nodes).
     sent: u64,
-    /// Jobs it has finished with (delivered or failed).
+    /// Launches it has finished with (delivered, failed or skipped).
     finished: u64,
     /// Errors since the last flush; the first is returned by `flush`.
     errors: Vec<ProfilerError>,
@@ -155,11 +213,18 @@ impl Shared {
         self.state.lock().calibration.clone()
     }
 
-    /// Counts a launch; `skipped` if it ran without a buffer.
+    /// Counts a launch; `skipped` if it ran without a region.
     pub(crate) fn count_launch(&self, skipped: bool) {
         let mut st = self.state.lock();
         st.stats.launches += 1;
         st.stats.skipped += skipped as u64;
+    }
+
+    /// Counts a graph replay of `nodes` profiled kernel nodes.
+    pub(crate) fn count_replay(&self, nodes: u64) {
+        let mut st = self.state.lock();
+        st.stats.replays += 1;
+        st.stats.launches += nodes;
     }
 
     /// Keeps an error for the next flush.
@@ -167,10 +232,11 @@ impl Shared {
         self.state.lock().errors.push(e);
     }
 
-    fn finish_one(&self, f: impl FnOnce(&mut SharedState)) {
+    /// Counts `n` launches finished with (delivered, failed or skipped).
+    fn finish(&self, n: u64, f: impl FnOnce(&mut SharedState)) {
         let mut st = self.state.lock();
         f(&mut st);
-        st.finished += 1;
+        st.finished += n;
         drop(st);
         self.progress.notify_all();
     }
@@ -216,6 +282,10 @@ pub(crate) struct CollectorConfig {
     /// checkpoint after it; `None` maps everything with the first calibration.
     pub recalibrate: Option<Recalibration>,
     pub archive: Option<Box<dyn Archive>>,
+    /// The device's trace memory operations.
+    pub backend: Box<dyn Device>,
+    /// The arena the launches' regions come from, given back here.
+    pub arena: Arc<Arena>,
     /// Called on the collector thread before anything else (binds the CUDA context).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -235,6 +305,9 @@ impl Collector {
             registry: config.registry,
             recalibrate: config.recalibrate,
             archive: config.archive,
+            backend: config.backend,
+            arena: config.arena,
+            streams: Vec::new(),
             held: VecDeque::new(),
             held_bytes: 0,
             held_newest: 0,
@@ -261,13 +334,14 @@ impl Collector {
 
     /// Hands a job over. Never blocks.
     pub(crate) fn send(&self, job: Job) {
-        self.shared.state.lock().sent += 1;
+        let n = job.work.launches();
+        self.shared.state.lock().sent += n;
         if let Err(mpsc::SendError(msg)) = self.tx.send(Msg::Job(Box::new(job))) {
             // The thread is gone (a sink panicked): count the job as failed so
             // that flush does not wait for it forever.
             drop(msg);
-            self.shared.finish_one(|st| {
-                st.stats.failed += 1;
+            self.shared.finish(n, |st| {
+                st.stats.failed += n;
                 st.errors.push(ProfilerError::CollectorGone);
             });
         }
@@ -327,6 +401,10 @@ struct Worker {
     calibration: Calibration,
     recalibrate: Option<Recalibration>,
     archive: Option<Box<dyn Archive>>,
+    backend: Box<dyn Device>,
+    arena: Arc<Arena>,
+    /// Scratch for a pass: the streams seen with an unfinished launch.
+    streams: Vec<u64>,
     held: VecDeque<Held>,
     held_bytes: usize,
     /// The latest `last_device_ns` among the launches held (or ever held: it
@@ -336,12 +414,12 @@ struct Worker {
 
 impl Worker {
     fn run(mut self) {
-        let mut in_flight: VecDeque<Box<Job>> = VecDeque::new();
+        let mut pending: VecDeque<Job> = VecDeque::new();
         let (mut flush, mut stopping) = (false, false);
         loop {
-            // Take everything queued (its copies are already under way).
+            // Take everything queued; sleep for a message only when idle.
             loop {
-                let msg = if in_flight.is_empty() && !stopping && !flush {
+                let msg = if pending.is_empty() && !stopping && !flush {
                     match self.rx.recv_timeout(self.until_due()) {
                         Ok(m) => m,
                         Err(mpsc::RecvTimeoutError::Timeout) => break,
@@ -355,16 +433,16 @@ impl Worker {
                     }
                 };
                 match msg {
-                    Msg::Job(job) => in_flight.push_back(job),
+                    Msg::Job(job) => pending.push_back(*job),
                     Msg::Flush => flush = true,
                     Msg::Stop => stopping = true,
                 }
             }
-            if let Some(job) = in_flight.pop_front() {
-                self.finish(*job);
+            if !pending.is_empty() && !self.pass(&mut pending) {
+                self.backend.idle();
             }
             // A flush or stop must see every job sent before it delivered.
-            let drain = (flush || stopping) && in_flight.is_empty();
+            let drain = (flush || stopping) && pending.is_empty();
             self.deliver_held(drain);
             if drain {
                 flush = false;
@@ -376,6 +454,149 @@ impl Worker {
         if let Some(a) = self.archive.as_mut() {
             if let Err(e) = a.finish() {
                 self.shared.push_error(e);
+            }
+        }
+    }
+
+    /// The longest run of jobs one pass looks at, so that a pass stays short
+    /// (and held launches get their checkpoint) whatever is queued.
+    const PASS_LIMIT: usize = 4096;
+
+    /// One pass over the pending jobs (see the module docs). Returns whether
+    /// any had finished.
+    fn pass(&mut self, pending: &mut VecDeque<Job>) -> bool {
+        // Which have finished: per stream, in order, up to the first that has not.
+        self.streams.clear();
+        let n = pending.len().min(Self::PASS_LIMIT);
+        let mut outcome: Vec<Option<Result<(), ProfilerError>>> = (0..n).map(|_| None).collect();
+        for (i, job) in pending.iter().take(n).enumerate() {
+            if self.streams.contains(&job.mark.stream) {
+                continue;
+            }
+            match self.backend.finished(&job.mark) {
+                Ok(true) => outcome[i] = Some(Ok(())),
+                Ok(false) => self.streams.push(job.mark.stream),
+                // It cannot be waited for (a broken context): it fails.
+                Err(e) => outcome[i] = Some(Err(e)),
+            }
+        }
+        if outcome.iter().all(Option::is_none) {
+            return false;
+        }
+        let mut done = Vec::new();
+        let mut rest = VecDeque::with_capacity(pending.len());
+        let mut outcome = outcome.into_iter();
+        for job in pending.drain(..) {
+            match outcome.next().flatten() {
+                Some(o) => done.push((job, o)),
+                None => rest.push_back(job),
+            }
+        }
+        *pending = rest;
+        self.bring_back(done);
+        true
+    }
+
+    /// Copies the finished jobs' regions back in one go, zeroes them and gives
+    /// them back, then decodes each launch and holds it for its checkpoint.
+    fn bring_back(&mut self, done: Vec<(Job, Result<(), ProfilerError>)>) {
+        let complete_ns = HostClock::Boottime.now_ns();
+        let places: Vec<&Place> = done
+            .iter()
+            .filter(|(_, o)| o.is_ok())
+            .map(|(j, _)| j.work.place())
+            .collect();
+        let fetched = match places.is_empty() {
+            true => Ok(()),
+            false => self.backend.fetch(&places),
+        };
+        drop(places);
+        // A replay's region is the replay's only if its prologue took it;
+        // otherwise it belongs to no one, or already to a later replay.
+        let taken: Vec<bool> = done
+            .iter()
+            .map(|(j, o)| match &j.work {
+                Work::Launch { .. } => o.is_ok() && fetched.is_ok(),
+                Work::Replay { replay, place, .. } => {
+                    o.is_ok()
+                        && fetched.is_ok()
+                        && replay_taken(place.memory.mirror(&place.region), *replay)
+                }
+            })
+            .collect();
+        let recycle: Vec<&Place> = done
+            .iter()
+            .zip(&taken)
+            .filter(|((j, _), t)| **t || matches!(j.work, Work::Launch { .. }))
+            .map(|((j, _), _)| j.work.place())
+            .collect();
+        let arena: Vec<Region> = recycle
+            .iter()
+            .filter(|p| p.memory.kind == Kind::Arena)
+            .map(|p| p.region)
+            .collect();
+        let recycled = match recycle.is_empty() {
+            true => Ok(()),
+            false => self.backend.recycle(&recycle),
+        };
+        drop(recycle);
+        match recycled {
+            Ok(()) => self.arena.free(arena),
+            // Not known to be zero: those regions stay out of use (the arena
+            // shrinks, and launches are skipped rather than corrupted).
+            Err(e) => self.shared.push_error(e),
+        }
+        let fetch_failed = fetched.is_err();
+        if let Err(e) = fetched {
+            self.shared.push_error(e);
+        }
+        for ((job, outcome), taken) in done.into_iter().zip(taken) {
+            self.backend.release(job.mark);
+            let n = job.work.launches();
+            match outcome {
+                Err(e) => self.shared.finish(n, |st| {
+                    st.stats.failed += n;
+                    st.errors.push(e);
+                }),
+                Ok(()) if fetch_failed => self.shared.finish(n, |st| st.stats.failed += n),
+                Ok(()) => self.take(job, taken, complete_ns),
+            }
+        }
+    }
+
+    /// Decodes a finished job's launches and holds them for their checkpoint.
+    fn take(&mut self, job: Job, taken: bool, complete_ns: u64) {
+        let Job {
+            mut launch,
+            dispatch,
+            span,
+            work,
+            ..
+        } = job;
+        launch.host_complete_ns = complete_ns;
+        match work {
+            Work::Launch { header, place } => {
+                let bytes = place.memory.mirror(&place.region).to_vec();
+                self.hold(launch, header, bytes, &dispatch, &span);
+            }
+            Work::Replay { nodes, .. } if !taken => {
+                let n = nodes.len() as u64;
+                self.shared.finish(n, |st| st.stats.skipped += n);
+            }
+            Work::Replay { place, nodes, .. } => {
+                let region = place.memory.mirror(&place.region);
+                let first = launch.launch_id;
+                for (i, node) in nodes.iter().enumerate() {
+                    let mut header = node.header;
+                    header.launch_id = first + i as u64;
+                    let mut l = launch.clone();
+                    l.launch_id = header.launch_id;
+                    l.kernel.clone_from(&node.kernel);
+                    l.grid = header.grid;
+                    l.block = header.block;
+                    let bytes = region[node.offset..node.offset + node.len].to_vec();
+                    self.hold(l, header, bytes, &dispatch, &span);
+                }
             }
         }
     }
@@ -443,34 +664,31 @@ impl Worker {
         }
     }
 
-    /// Brings one launch back and decodes it; holds it for its checkpoint.
-    fn finish(&mut self, job: Job) {
-        let Job {
-            mut launch,
-            header,
-            dispatch,
-            span,
-            completion,
-        } = job;
-        let bytes = completion.finish();
-        launch.host_complete_ns = HostClock::Boottime.now_ns();
+    /// Decodes one launch's bytes (its buffer header written here: the device
+    /// never writes it) and holds it for its checkpoint.
+    fn hold(
+        &mut self,
+        launch: LaunchInfo,
+        header: BufferHeader,
+        mut bytes: Vec<u8>,
+        dispatch: &Dispatch,
+        span: &tracing::Span,
+    ) {
         let launch_id = launch.launch_id;
-        let capture = bytes.and_then(|mut bytes| {
-            if bytes.len() < crate::format::BUFFER_HEADER_SIZE {
-                return Err(ProfilerError::Invalid(format!(
-                    "launch {launch_id}: {} bytes came back, less than a buffer header",
-                    bytes.len()
-                )));
-            }
+        let capture = if bytes.len() < crate::format::BUFFER_HEADER_SIZE {
+            Err(ProfilerError::Invalid(format!(
+                "launch {launch_id}: {} bytes came back, less than a buffer header",
+                bytes.len()
+            )))
+        } else {
             header.write_to(&mut bytes);
             OwnedBuffer::decode(bytes, Some(&self.registry))
                 .map_err(|source| ProfilerError::Decode { launch_id, source })
-        });
+        };
         let capture = match capture {
             Ok(c) => c,
             Err(e) => {
-                drop(span);
-                return self.shared.finish_one(|st| {
+                return self.shared.finish(1, |st| {
                     st.stats.failed += 1;
                     st.errors.push(e);
                 });
@@ -484,8 +702,8 @@ impl Worker {
         self.held.push_back(Held {
             launch,
             capture,
-            dispatch,
-            span,
+            dispatch: dispatch.clone(),
+            span: span.clone(),
             first_device_ns,
             last_device_ns,
             since: Instant::now(),
@@ -519,7 +737,7 @@ impl Worker {
         drop(span);
         let mut sinks = Vec::new();
         deliver::for_each_sink(&dispatch, |_, s| sinks.push(s.clone()));
-        self.shared.finish_one(|st| {
+        self.shared.finish(1, |st| {
             st.stats.delivered += 1;
             st.stats.events += events;
             st.stats.dropped_events += dropped;

@@ -8,10 +8,13 @@
 pub mod calibrate;
 mod collector;
 mod compile;
+mod device;
 mod error;
-mod pool;
+mod graph;
+mod memory;
 mod profiler;
 mod recorder;
+mod ring;
 
 pub use cudarc;
 
@@ -20,8 +23,10 @@ pub use compile::{
     compile, ensure_libraries, ensure_nvrtc, KernelBuild, HEADER_NAME, HEADER_PATH, HEADER_SOURCE,
 };
 pub use error::{CalibrateError, CudaError, ProfilerError};
+pub use graph::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
 pub use profiler::{
-    Profiler, ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_MEMORY_LIMIT, DEFAULT_RECALIBRATION,
+    Profiler, ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
+    DEFAULT_RECALIBRATION,
 };
 pub use recorder::{CaptureLayer, CaptureRecorder};
 

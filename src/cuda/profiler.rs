@@ -51,16 +51,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{sys, CudaContext, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{sys, CudaContext, CudaGraph, CudaStream, DeviceRepr, LaunchConfig};
 
 use super::calibrate::Calibrator;
 use super::collector::ProfilerStats;
 use super::collector::{
-    Collector, CollectorConfig, Completion, Job, Recalibrate, Recalibration, Round, Shared,
+    Collector, CollectorConfig, Job, Recalibrate, Recalibration, Round, Shared, Work,
 };
+use super::device::{allocate, CudaDevice, Events};
 use super::error::{CalibrateError, ProfilerError};
-use super::pool::{Pool, Stream, TraceBuffer};
+use super::graph::{Graphs, ProfiledGraph};
+use super::memory::{Kind, Mark, Memory, Place};
 use super::recorder::CaptureRecorder;
+use super::ring::{Arena, Region};
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
 use crate::format::{self, BufferHeader, KernelArg};
@@ -70,17 +73,31 @@ use crate::registry::EventRegistry;
 // `tgpu::Trace` in the header: it can be copied into the parameter bank as is.
 unsafe impl DeviceRepr for KernelArg {}
 
-/// The next launch id: one counter for the whole process, so that launches of
-/// several profilers (several GPUs) never share an id in one trace.
+/// Launch ids: one counter for the whole process, so that launches of several
+/// profilers (several GPUs) never share an id in one trace.
+static NEXT_LAUNCH_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The next launch id.
 pub fn next_launch_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    NEXT_LAUNCH_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `n` consecutive launch ids (a graph replay's nodes); returns the first.
+fn reserve_launch_ids(n: u64) -> u64 {
+    NEXT_LAUNCH_ID.fetch_add(n, Ordering::Relaxed)
 }
 
 /// Default records per warp slot.
 pub const DEFAULT_CAPACITY: u32 = 256;
-/// Default memory limit of the buffer pool: 1 GiB.
-pub const DEFAULT_MEMORY_LIMIT: usize = 1 << 30;
+/// Default size of the arena: 128 MiB of device memory (and as much pinned
+/// host memory), allocated when the profiler is built.
+pub const DEFAULT_MEMORY_LIMIT: usize = 128 << 20;
+/// Default number of replay regions of a profiled graph: replays in flight
+/// (launched, not yet brought back) beyond it run unrecorded and are counted.
+pub const DEFAULT_GRAPH_REGIONS: usize = 4;
+/// How long a launch waits for room with [`ProfilerBuilder::wait_for_buffers`]
+/// before it runs unrecorded.
+const WAIT_FOR_ROOM: Duration = Duration::from_secs(10);
 /// Default recalibration period.
 pub const DEFAULT_RECALIBRATION: Duration = Duration::from_secs(1);
 
@@ -92,6 +109,7 @@ pub struct ProfilerBuilder {
     capacity: u32,
     memory_limit: usize,
     wait_for_buffers: bool,
+    graph_regions: usize,
     registries: Vec<EventRegistry>,
     events: Vec<(u16, String)>,
     recalibrate_every: Option<Duration>,
@@ -109,6 +127,7 @@ impl Default for ProfilerBuilder {
             capacity: DEFAULT_CAPACITY,
             memory_limit: DEFAULT_MEMORY_LIMIT,
             wait_for_buffers: false,
+            graph_regions: DEFAULT_GRAPH_REGIONS,
             registries: Vec::new(),
             events: Vec::new(),
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
@@ -140,17 +159,29 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Device memory the buffer pool may hold, free and in use (default
-    /// [`DEFAULT_MEMORY_LIMIT`]). The same amount of pinned host memory mirrors it.
+    /// Size of the arena, the device memory that launches' records go to
+    /// (default [`DEFAULT_MEMORY_LIMIT`]), allocated once when the profiler is
+    /// built, with as much pinned host memory to copy it back into. A launch
+    /// that finds no room runs unrecorded ([`ProfilerStats::skipped`]).
     pub fn memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = bytes;
         self
     }
 
-    /// When every buffer is in use: wait for one (`true`), or launch without
-    /// recording (`false`, the default: profiling never blocks the application).
+    /// When the arena is full: wait for room (`true`, up to 10 s, then the
+    /// launch runs unrecorded), or launch without recording (`false`, the
+    /// default: profiling never blocks the application).
     pub fn wait_for_buffers(mut self, wait: bool) -> Self {
         self.wait_for_buffers = wait;
+        self
+    }
+
+    /// Replay regions of each profiled graph (default [`DEFAULT_GRAPH_REGIONS`],
+    /// rounded up to a power of two): how many replays may be in flight, not
+    /// yet brought back, before further ones run unrecorded. Each holds every
+    /// profiled node's buffer, allocated by [`Profiler::graph`].
+    pub fn graph_regions(mut self, regions: usize) -> Self {
+        self.graph_regions = regions;
         self
     }
 
@@ -232,10 +263,11 @@ impl ProfilerBuilder {
                 CudaContext::new(ordinal)?
             }
         };
-        if self.capacity == 0 {
-            return Err(ProfilerError::Invalid(
-                "capacity must be at least one record per warp".into(),
-            ));
+        if self.capacity == 0 || self.capacity & format::TRACE_INDIRECT != 0 {
+            return Err(ProfilerError::Invalid(format!(
+                "capacity must be 1 to {} records per warp",
+                format::TRACE_INDIRECT - 1
+            )));
         }
         let mut registry = EventRegistry::new();
         for r in &self.registries {
@@ -268,6 +300,11 @@ impl ProfilerBuilder {
             None => None,
         };
         let shared = Shared::new(Calibration::new(first.checkpoint.clone()));
+        let memory = Arc::new(allocate(&ctx, Kind::Arena, self.memory_limit, None, None)?);
+        let arena = Arc::new(Arena::new(self.memory_limit));
+        // Enough for the launches a busy stream holds in its queue.
+        let events = Arc::new(Events::new(&ctx, 1024)?);
+        let graphs = Graphs::new(&ctx, self.lineinfo)?;
         let bind = ctx.clone();
         let collector = Collector::spawn(
             CollectorConfig {
@@ -275,19 +312,30 @@ impl ProfilerBuilder {
                 registry: Arc::new(registry),
                 recalibrate,
                 archive,
+                backend: Box::new(CudaDevice::new(&ctx, events.clone())?),
+                arena: arena.clone(),
                 on_start: Some(Box::new(move || {
                     let _ = bind.bind_to_thread();
+                    // The collector's calls must not invalidate a graph the
+                    // application captures meanwhile (in the global mode,
+                    // another thread's "unsafe" call would).
+                    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+                    // SAFETY: a valid in/out pointer.
+                    let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
                 })),
             },
             shared.clone(),
         )?;
         Ok(Profiler {
-            copy_stream: Arc::new(Stream::new(&ctx)?),
-            pool: Arc::new(Pool::new(&ctx, self.memory_limit)),
             ctx,
             device,
             capacity: self.capacity,
-            wait_for_buffers: self.wait_for_buffers,
+            wait: self.wait_for_buffers.then_some(WAIT_FOR_ROOM),
+            graph_regions: self.graph_regions,
+            memory,
+            arena,
+            events,
+            graphs,
             shared,
             collector,
         })
@@ -299,9 +347,13 @@ pub struct Profiler {
     ctx: Arc<CudaContext>,
     device: Arc<DeviceInfo>,
     capacity: u32,
-    wait_for_buffers: bool,
-    pool: Arc<Pool>,
-    copy_stream: Arc<Stream>,
+    wait: Option<Duration>,
+    graph_regions: usize,
+    /// The arena's device memory and mirror; `arena` says which bytes are whose.
+    memory: Arc<Memory>,
+    arena: Arc<Arena>,
+    events: Arc<Events>,
+    graphs: Arc<Graphs>,
     shared: Arc<Shared>,
     collector: Collector,
 }
@@ -398,16 +450,6 @@ impl Profiler {
             .map_or("sm_70", |(_, a)| a)
     }
 
-    /// Allocates `count` trace buffers for launches of shape `cfg` now (within
-    /// the memory limit; returns how many). A loop that launches faster than
-    /// the collector brings buffers back otherwise grows the pool from the
-    /// launching thread, and each new buffer costs a device and a pinned host
-    /// allocation there (tens to hundreds of µs).
-    pub fn reserve(&self, cfg: &LaunchConfig, count: usize) -> Result<usize, ProfilerError> {
-        let shape = Shape::of(cfg, self.capacity, self.pool.limit())?;
-        Ok(self.pool.reserve(shape.bytes, count)?)
-    }
-
     /// The current device → host clock mapping.
     pub fn calibration(&self) -> Arc<Calibration> {
         self.shared.calibration()
@@ -416,7 +458,8 @@ impl Profiler {
     /// Counters so far.
     pub fn stats(&self) -> ProfilerStats {
         ProfilerStats {
-            pool_bytes: self.pool.allocated() as u64,
+            memory_bytes: self.arena.capacity() as u64,
+            arena_in_use: self.arena.used() as u64,
             ..self.shared.stats()
         }
     }
@@ -448,31 +491,32 @@ impl Profiler {
                 stream_device: stream.context().ordinal(),
             });
         }
-        let shape = Shape::of(&cfg, self.capacity, self.pool.limit())?;
+        let shape = Shape::of(&cfg, self.capacity, self.arena.capacity())?;
+        let header = BufferHeader {
+            version: format::VERSION,
+            slot_capacity: self.capacity,
+            slot_count: shape.slots,
+            warps_per_block: shape.warps_per_block,
+            launch_id,
+            grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
+            block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
+            flags: 0,
+        };
         self.ctx.bind_to_thread()?;
         // SAFETY: the stream is live (borrowed) and its context is bound.
         let capture = unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? };
         if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            // The completion event and the copy back cannot be part of a graph.
-            return Err(ProfilerError::Invalid(format!(
-                "{kernel}: the stream is capturing a CUDA graph; profile launches outside capture"
-            )));
+            // A node of a graph: it finds its memory at each replay (graph.rs).
+            let _entered = span.enter();
+            return self
+                .graphs
+                .launch_captured(stream, kernel, &shape, header, launch);
         }
-        let mut buffer = self.pool.acquire(shape.bytes, self.wait_for_buffers)?;
-        let mut fresh = false;
-        if let Some(b) = buffer.as_mut() {
-            fresh = match b.zero_before_use(stream.cu_stream()) {
-                Ok(f) => f,
-                Err(e) => {
-                    self.pool.discard(buffer.take().expect("present"));
-                    return Err(e.into());
-                }
-            };
-        }
-        self.shared.count_launch(buffer.is_none());
-        let arg = match &buffer {
-            Some(b) => KernelArg {
-                base: b.dptr,
+        let region = self.arena.alloc(shape.bytes, self.wait);
+        self.shared.count_launch(region.is_none());
+        let arg = match &region {
+            Some(r) => KernelArg {
+                base: self.memory.dptr + r.offset as u64,
                 capacity: self.capacity,
                 slot_count: shape.slots,
             },
@@ -484,45 +528,27 @@ impl Profiler {
         drop(entered);
         // Recorded after the launch call, so that the call follows the clock read at once.
         span.record("gpu.host_launch_ns", host_launch_ns);
-        let Some(buffer) = buffer else {
+        let Some(region) = region else {
             return result.map_err(Into::into);
         };
         let value = match result {
             Ok(v) => v,
             Err(e) => {
-                // Nothing ran: the buffer is zero, once a first zeroing queued
-                // on this stream is done (other streams are not ordered after it).
-                let settled = !fresh
-                    || buffer
-                        .done
-                        .record(stream.cu_stream())
-                        .and_then(|()| buffer.done.synchronize())
-                        .is_ok();
-                if settled {
-                    self.pool.release(buffer);
-                } else {
-                    self.pool.discard(buffer);
-                }
+                // Nothing ran: the region is still zero.
+                self.arena.free([region]);
                 return Err(e.into());
             }
         };
-        if let Err(e) = buffer.done.record(stream.cu_stream()) {
-            // The launch happened; only its trace is lost (say so at the next
-            // flush). The kernel may still write the buffer: wait before freeing it.
-            let _ = stream.synchronize();
-            self.pool.discard(buffer);
-            self.shared.push_error(e.into());
-            return Ok(value);
-        }
-        let header = BufferHeader {
-            version: format::VERSION,
-            slot_capacity: self.capacity,
-            slot_count: shape.slots,
-            warps_per_block: shape.warps_per_block,
-            launch_id,
-            grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
-            block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
-            flags: 0,
+        let event = match self.events.record(stream.cu_stream()) {
+            Ok(ev) => ev,
+            Err(e) => {
+                // The launch happened; only its trace is lost (say so at the
+                // next flush). The kernel may still write the region: wait for
+                // it, then give the region back through the collector's zeroing.
+                let _ = stream.synchronize();
+                self.shared.push_error(e.into());
+                return Ok(value);
+            }
         };
         let launch = LaunchInfo {
             launch_id,
@@ -534,25 +560,124 @@ impl Profiler {
             parent: span.id(),
             host_thread: thread_name(),
         };
-        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
-        // The copy back is enqueued here, on the launching thread (on the
-        // profiler's own stream), not by the collector. Enqueued by the collector,
-        // H200 (driver 580, docs/performance.md): a launch call on the legacy
-        // stream took 35-55 µs longer whenever the collector enqueued work at the
-        // same time, and in a storm of short launches the collector fell behind, so
-        // the pool allocated a new buffer for most launches (40-60 µs a call, and
-        // memory growing with the number of launches). From here the four calls
-        // cost the launch a few µs, and a buffer is back as soon as its kernel is.
-        let completion =
-            CudaCompletion::enqueued(buffer, shape.bytes, &self.copy_stream, self.pool.clone());
         self.collector.send(Job {
             launch,
-            header,
-            dispatch,
+            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
             span,
-            completion: Box::new(completion),
+            mark: Mark {
+                stream: stream.cu_stream() as u64,
+                event,
+            },
+            work: Work::Launch {
+                header,
+                place: Place {
+                    memory: self.memory.clone(),
+                    region,
+                },
+            },
         });
         Ok(value)
+    }
+
+    /// Adopts a graph captured with profiled launches in it (made with
+    /// [`gpu_profile!`](crate::gpu_profile) while its stream captured), so that
+    /// [`Profiler::launch_graph`] records every replay: allocates its replay
+    /// regions ([`ProfilerBuilder::graph_regions`]) and writes its state on the
+    /// device. A graph without profiled launches is adopted as it is.
+    pub fn graph(&self, graph: CudaGraph) -> Result<ProfiledGraph, ProfilerError> {
+        self.graphs.adopt(graph, self.graph_regions)
+    }
+
+    /// Replays `graph` on `stream`, inside an `INFO` span `gpu.graph` (fields
+    /// `gpu.graph`: `name`, `gpu.replay`, `gpu.launch_id` of its first node,
+    /// `gpu.nodes`): one batch per profiled kernel node reaches the
+    /// subscriber, each with its own launch id (consecutive, in capture
+    /// order), under the replay's span. A replay that finds its region still
+    /// in use (more than [`ProfilerBuilder::graph_regions`] replays in flight)
+    /// runs unrecorded and its nodes are counted as skipped.
+    ///
+    /// Every replay of a profiled graph must go through here: the device
+    /// numbers replays as they run, and the host numbers them here.
+    pub fn launch_graph(
+        &self,
+        graph: &ProfiledGraph,
+        stream: &CudaStream,
+        name: &str,
+    ) -> Result<(), ProfilerError> {
+        if **stream.context() != *self.ctx {
+            return Err(ProfilerError::WrongContext {
+                profiler_device: self.ctx.ordinal(),
+                stream_device: stream.context().ordinal(),
+            });
+        }
+        self.ctx.bind_to_thread()?;
+        let exec = graph.graph().cu_graph_exec();
+        let Some(ready) = &graph.ready else {
+            // SAFETY: a live executable graph and stream of this context.
+            unsafe { sys::cuGraphLaunch(exec, stream.cu_stream()).result()? };
+            return Ok(());
+        };
+        let n = ready.nodes.len() as u64;
+        let first_id = reserve_launch_ids(n);
+        let mut next = ready.next.lock();
+        let replay = *next;
+        let span = tracing::info_span!(
+            "gpu.graph",
+            gpu.graph = name,
+            gpu.replay = replay,
+            gpu.launch_id = first_id,
+            gpu.nodes = n,
+            gpu.device = self.device.ordinal as u64,
+            gpu.host_launch_ns = tracing::field::Empty,
+        );
+        let entered = span.enter();
+        let host_launch_ns = HostClock::Boottime.now_ns();
+        // SAFETY: a live executable graph and stream of this context.
+        unsafe { sys::cuGraphLaunch(exec, stream.cu_stream()).result()? };
+        *next += 1;
+        drop(next);
+        drop(entered);
+        span.record("gpu.host_launch_ns", host_launch_ns);
+        self.shared.count_replay(n);
+        let event = match self.events.record(stream.cu_stream()) {
+            Ok(ev) => ev,
+            Err(e) => {
+                let _ = stream.synchronize();
+                self.shared.push_error(e.into());
+                return Ok(());
+            }
+        };
+        let place = Place {
+            memory: ready.ring.clone(),
+            region: Region {
+                offset: (replay & ready.mask) as usize * ready.region,
+                len: ready.region,
+                seq: replay,
+            },
+        };
+        self.collector.send(Job {
+            launch: LaunchInfo {
+                launch_id: first_id,
+                kernel: name.to_string(),
+                host_launch_ns,
+                host_complete_ns: 0,
+                parent: span.id(),
+                host_thread: thread_name(),
+                ..Default::default()
+            },
+            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
+            span,
+            mark: Mark {
+                stream: stream.cu_stream() as u64,
+                event,
+            },
+            work: Work::Replay {
+                replay,
+                place,
+                nodes: ready.nodes.clone(),
+            },
+        });
+        Ok(())
     }
 
     /// Waits until every launch made so far has reached the subscriber, then
@@ -651,68 +776,6 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, ProfilerError> {
         driver_version: format!("CUDA {}.{}", version / 1000, (version % 1000) / 10),
         compute_capability: (major as u32, minor as u32),
     })
-}
-
-/// A launch's buffer on its way back: copy after the launch's `done` event,
-/// on the profiler's stream, then zero for reuse; enqueued by the launching thread.
-struct CudaCompletion {
-    /// `None` once finished, or if the copy back could not be enqueued.
-    buffer: Option<TraceBuffer>,
-    used: usize,
-    pool: Arc<Pool>,
-    /// Why the copy back could not be enqueued, for `finish` to report.
-    error: Option<ProfilerError>,
-}
-
-impl CudaCompletion {
-    /// Enqueues the copy back of `buffer`'s first `used` bytes on `stream` now;
-    /// on failure the buffer is discarded and `finish` reports the error.
-    fn enqueued(mut buffer: TraceBuffer, used: usize, stream: &Stream, pool: Arc<Pool>) -> Self {
-        let (buffer, error) = match buffer.enqueue_copy_back(used, stream) {
-            Ok(()) => (Some(buffer), None),
-            Err(e) => {
-                pool.discard(buffer);
-                (None, Some(e.into()))
-            }
-        };
-        CudaCompletion {
-            buffer,
-            used,
-            pool,
-            error,
-        }
-    }
-}
-
-impl Completion for CudaCompletion {
-    fn finish(mut self: Box<Self>) -> Result<Vec<u8>, ProfilerError> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        let buf = self.buffer.take().expect("finished once");
-        match buf.copied.synchronize() {
-            Ok(()) => {
-                let bytes = buf.mirror(self.used).to_vec();
-                self.pool.release(buf);
-                Ok(bytes)
-            }
-            Err(e) => {
-                self.pool.discard(buf);
-                Err(e.into())
-            }
-        }
-    }
-}
-
-impl Drop for CudaCompletion {
-    fn drop(&mut self) {
-        // A job dropped unfinished (the collector stopped): the buffer may still
-        // be in use by the device, so wait for its copy before freeing it.
-        if let Some(buf) = self.buffer.take() {
-            let _ = buf.copied.synchronize();
-            self.pool.discard(buf);
-        }
-    }
 }
 
 /// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one

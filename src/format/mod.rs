@@ -45,6 +45,10 @@ pub const SLOT_FLAG_MIGRATED: u32 = 1;
 pub const SLOT_FLAG_OPEN_AT_FLUSH: u32 = 2;
 /// Cluster rank written by devices without thread-block clusters (before sm_90).
 pub const NO_CLUSTER: u32 = u32::MAX;
+/// [`KernelArg::capacity`] with this bit set: `base` is the device address of a
+/// `u64` holding the buffer's address (0: record nothing), which a captured
+/// graph's prologue writes before each replay's kernel nodes run.
+pub const TRACE_INDIRECT: u32 = 0x8000_0000;
 
 /// Field offsets of the buffer header, as the header file and `docs/format.md` give them.
 #[doc(hidden)]

@@ -1,0 +1,176 @@
+//! What the collector needs of a device, and nothing of CUDA: trace memory with
+//! its host mirror ([`Memory`]), a launch's place in it ([`Place`]), the mark
+//! that says a launch has finished ([`Mark`]), and the [`Device`] operations
+//! the collector calls in bulk. The CUDA implementation is in `device.rs`; the
+//! collector's tests implement [`Device`] on host memory, which is how a device
+//! (or a second one) is simulated without a GPU.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::error::ProfilerError;
+use super::ring::Region;
+
+/// What a piece of trace memory is for, which decides how it is recycled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The profiler's arena: regions go back to the ring, zeroed.
+    Arena,
+    /// A graph's replay ring: a region is zeroed and armed again for the
+    /// graph's prologue (its first word set to [`ARMED`]).
+    Replays,
+}
+
+/// A replay region starts with this header (the prologue writes it); the
+/// kernel nodes' buffers follow it.
+///
+/// | offset | type | field |
+/// |---:|---|---|
+/// | 0 | u32 | state: 0 in use or being recycled, [`ARMED`] free, [`TAKEN`] taken by a replay |
+/// | 8 | u64 | the replay that took it |
+pub(crate) const REPLAY_HEADER: usize = 256;
+/// The region is free: the next replay whose turn it is may take it.
+pub(crate) const ARMED: u32 = 1;
+/// A replay's prologue took the region.
+pub(crate) const TAKEN: u32 = 2;
+
+/// Whether replay `replay` took the region whose bytes (header first) are `region`.
+pub(crate) fn replay_taken(region: &[u8], replay: u64) -> bool {
+    let u32_at = |i: usize| u32::from_le_bytes(region[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(region[i..i + 8].try_into().expect("8 bytes"));
+    region.len() >= 16 && u32_at(0) == TAKEN && u64_at(8) == replay
+}
+
+/// Device memory and its host mirror, of the same size. The mirror is written
+/// only by [`Device::fetch`], on the collector thread, and read after it.
+pub(crate) struct Memory {
+    /// What the memory is for.
+    pub kind: Kind,
+    /// Device address (the simulator's: any key it likes).
+    pub dptr: u64,
+    /// Bytes of each side.
+    pub len: usize,
+    host: NonNull<u8>,
+    /// Frees both sides (CUDA: the device memory and the pinned mirror).
+    free: Option<Free>,
+}
+
+/// How a [`Memory`] frees its device address and mirror.
+pub(crate) type Free = Box<dyn FnOnce(u64, NonNull<u8>) + Send + Sync>;
+
+// SAFETY: the mirror is plain host memory; `Memory` hands out views of it only
+// through `mirror`/`mirror_mut`, whose callers (the collector thread) order
+// the writes before the reads.
+unsafe impl Send for Memory {}
+unsafe impl Sync for Memory {}
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Memory")
+            .field("kind", &self.kind)
+            .field("dptr", &format_args!("{:#x}", self.dptr))
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Memory {
+    /// Memory whose mirror is `host` (`len` bytes), freed by `free`.
+    pub(crate) fn new(
+        kind: Kind,
+        dptr: u64,
+        len: usize,
+        host: NonNull<u8>,
+        free: Free,
+    ) -> Memory {
+        Memory {
+            kind,
+            dptr,
+            len,
+            host,
+            free: Some(free),
+        }
+    }
+
+    /// Memory with a zeroed mirror on the heap (the simulator's, and tests').
+    #[cfg(test)]
+    pub(crate) fn on_heap(kind: Kind, dptr: u64, len: usize) -> Memory {
+        let b: Box<[u8]> = vec![0u8; len.max(1)].into_boxed_slice();
+        let host = NonNull::new(Box::into_raw(b).cast::<u8>()).expect("box is not null");
+        let n = len.max(1);
+        Memory::new(
+            kind,
+            dptr,
+            len,
+            host,
+            Box::new(move |_, p| {
+                // SAFETY: made by Box::into_raw above with this length, freed once.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p.as_ptr(), n)) })
+            }),
+        )
+    }
+
+    /// The mirror's bytes of `region`. Valid after a [`Device::fetch`] of it.
+    pub(crate) fn mirror(&self, region: &Region) -> &[u8] {
+        assert!(region.offset + region.len <= self.len, "{region:?} outside {self:?}");
+        // SAFETY: in bounds (checked); nobody writes the mirror while the
+        // collector reads it (only the collector's fetch writes it).
+        unsafe { std::slice::from_raw_parts(self.host.as_ptr().add(region.offset), region.len) }
+    }
+
+    /// The mirror's bytes at `offset..offset + len`, for the copy back to write.
+    ///
+    /// # Safety
+    /// Only the collector thread may call it, and no view of the same bytes
+    /// may be alive.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn mirror_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        assert!(offset + len <= self.len, "{offset}+{len} outside {self:?}");
+        std::slice::from_raw_parts_mut(self.host.as_ptr().add(offset), len)
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Some(free) = self.free.take() {
+            free(self.dptr, self.host);
+        }
+    }
+}
+
+/// Where one launch's records are.
+#[derive(Debug, Clone)]
+pub(crate) struct Place {
+    /// The memory (kept alive by every launch that uses it).
+    pub memory: Arc<Memory>,
+    /// The launch's bytes in it.
+    pub region: Region,
+}
+
+/// What says a launch has finished: an event recorded after it on its stream.
+/// Launches on one stream finish in order, so the collector asks only about
+/// the oldest unfinished mark of each stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mark {
+    /// The stream the launch went to (a key: only compared).
+    pub stream: u64,
+    /// The event (the simulator's: any key it likes).
+    pub event: u64,
+}
+
+/// The device operations of the collector thread. Everything is done in bulk:
+/// one call for all the launches found finished at once.
+pub(crate) trait Device: Send {
+    /// Whether the work before `mark` has finished. Never blocks.
+    fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError>;
+    /// Copies `places` back into their memories' mirrors, all before returning
+    /// (neighbouring regions of one memory in one copy).
+    fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;
+    /// Zeroes `places` on the device (and arms replay regions again), all
+    /// before returning; then the regions may be used again.
+    fn recycle(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;
+    /// The collector is done with `mark`: its event may be reused.
+    fn release(&mut self, mark: Mark);
+    /// Nothing has finished: wait a little (the poll interval) before asking again.
+    fn idle(&mut self);
+}
