@@ -90,7 +90,7 @@ pub enum ProfilerError {
         /// Block in threads.
         block: [u32; 3],
     },
-    /// The trace buffer for this launch exceeds the pool's memory limit.
+    /// The trace buffer for this launch is larger than the arena.
     #[error("the trace buffer for this launch needs {needed} bytes ({slots} warps × {capacity} records); the profiler's limit is {limit} bytes (ProfilerBuilder::memory_limit, ::capacity)")]
     BufferTooLarge {
         /// Bytes needed.
@@ -99,7 +99,7 @@ pub enum ProfilerError {
         slots: u64,
         /// Records per slot.
         capacity: u32,
-        /// The pool's limit.
+        /// The arena's size.
         limit: usize,
     },
     /// A launch's buffer did not decode.

@@ -300,3 +300,36 @@ impl ProfiledGraph {
         self.ready.as_ref().map_or(0, |r| r.nodes.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_layout_is_the_prologues() {
+        // kernels/graph.cu indexes u64 words: offsets at 8 + i, current at 8 + MAX + i.
+        assert_eq!(STATE_CURRENT / 8, 8 + MAX_GRAPH_NODES);
+        assert_eq!(STATE_RING, 8);
+        assert_eq!(STATE_BYTES, STATE_CURRENT + 8 * MAX_GRAPH_NODES);
+        assert!(PROLOGUE_SOURCE.contains("state[8 + TGPU_MAX_NODES + i]"));
+        assert!(PROLOGUE_SOURCE.contains("state[8 + i]"));
+    }
+
+    #[test]
+    fn the_prologue_compiles_with_nvrtc() {
+        if let Err(e) = super::super::compile::ensure_nvrtc() {
+            eprintln!("skipped (needs NVRTC, installed by scripts/test-env.sh): {e}");
+            return;
+        }
+        let ptx = compile(
+            PROLOGUE_SOURCE,
+            &KernelBuild::new("graph.cu", "compute_75")
+                .define(format!("TGPU_MAX_NODES={MAX_GRAPH_NODES}")),
+        )
+        .unwrap();
+        let text = ptx.to_src();
+        assert!(text.contains(".entry tgpu_graph_prologue"), "{text}");
+        // No atomics: replays of one graph never overlap.
+        assert!(!text.contains("atom."), "{text}");
+    }
+}

@@ -1,6 +1,7 @@
 //! [`Profiler`]: one per CUDA context. It owns the device's clock calibration,
-//! a pool of trace buffers, and a collector thread that brings each profiled
-//! launch back, decodes it and hands it to the subscriber ([`crate::deliver`]).
+//! an arena of trace memory, and a collector thread that brings profiled
+//! launches back in bulk, decodes them and hands them to the subscriber
+//! ([`crate::deliver`]).
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,23 +22,35 @@
 //!
 //! # What a launch costs the application
 //!
-//! On the launching thread: a host span, taking a zeroed buffer from the pool
-//! (a mutex; an allocation when none is free), one clock read, the launch
-//! itself, one event record on the application's stream, the copy back enqueued
-//! on the profiler's own stream (four driver calls), and a channel send. No
-//! copy, memset or synchronisation is added to the application's stream:
-//! buffers leave the pool zeroed, the device never reads the buffer header
-//! (`docs/format.md`), so the collector writes the header into the host copy,
-//! and the copy back waits for the event on the profiler's stream. It is
-//! enqueued here, not by the collector thread: from there it slowed
-//! legacy-stream launch calls by tens of µs and fell behind storms of short
-//! launches (docs/performance.md).
+//! On the launching thread: a host span, a region of the arena (a short lock
+//! shared with the collector, which holds it only to give regions back), one
+//! clock read, the launch itself, and one event recorded after it on the
+//! application's stream (events are made ahead and reused), and a channel
+//! send. Besides the launch, two driver calls: the event, and asking whether
+//! the stream is capturing a graph. Nothing is allocated on the device, and no
+//! copy, memset or synchronisation is added to the application's stream: the
+//! arena was zeroed when it was made, and the collector zeroes each region
+//! (on its own stream) before giving it back. The device never reads the
+//! buffer header (`docs/format.md`), so the collector writes it into the host
+//! copy.
 //!
-//! The application never waits for profiling unless it asks: when the pool's
-//! memory limit is reached, a launch runs without a trace buffer (counted in
+//! The collector asks each stream for its oldest unfinished launch, copies
+//! every finished one back at once (one copy per run of neighbouring regions),
+//! zeroes them, and decodes (`collector.rs`); docs/architecture.md says why
+//! it is built this way, and which designs were weighed.
+//!
+//! The application never waits for profiling unless it asks: when the arena
+//! is full, a launch runs without recording (counted in
 //! [`ProfilerStats::skipped`]) unless [`ProfilerBuilder::wait_for_buffers`] is
 //! set. [`Profiler::flush`] and dropping the profiler wait for every launch made
 //! so far to reach the subscriber.
+//!
+//! # CUDA graphs
+//!
+//! `gpu_profile!` on a stream that is capturing makes the launch a profiled
+//! kernel node (`graph.rs`); [`Profiler::graph`] adopts the captured graph, and
+//! [`Profiler::launch_graph`] replays it: one batch per profiled node per
+//! replay, each with its own launch id, under the replay's span.
 //!
 //! # Several GPUs
 //!
@@ -83,7 +96,7 @@ pub fn next_launch_id() -> u64 {
 }
 
 /// `n` consecutive launch ids (a graph replay's nodes); returns the first.
-fn reserve_launch_ids(n: u64) -> u64 {
+pub(crate) fn reserve_launch_ids(n: u64) -> u64 {
     NEXT_LAUNCH_ID.fetch_add(n, Ordering::Relaxed)
 }
 

@@ -1,0 +1,702 @@
+//! The collector without a GPU: a simulated device ([`Sim`]) stands in for
+//! CUDA, with host memory for device memory and flags for events; the tests
+//! play the launching thread (the arena, the counts, the jobs) and the kernels
+//! (buffers written with `BufferBuilder`), and the graph prologue. This is also
+//! how a second device is simulated.
+use super::*;
+use crate::clock::{ClockMap, HostOffsets};
+use crate::cuda::memory::{Memory, ARMED, REPLAY_HEADER, TAKEN};
+use crate::format::BufferBuilder;
+use crate::test_support::Recorder;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tracing_subscriber::layer::SubscriberExt;
+
+/// The simulated GPU: device memory by address, and which events have fired.
+#[derive(Default)]
+struct Gpu {
+    memory: Mutex<HashMap<u64, Vec<u8>>>,
+    fired: Mutex<HashSet<u64>>,
+    next_event: AtomicU64,
+    /// Bulk operations the collector made (fetches and recycles), and the
+    /// places they covered, to check that draining is done in bulk.
+    fetches: AtomicU64,
+    fetched_places: AtomicU64,
+    /// Fail the next fetch.
+    fail_fetch: Mutex<bool>,
+}
+
+impl Gpu {
+    /// Device memory of `len` bytes at a new address, with its host mirror.
+    fn allocate(&self, kind: Kind, len: usize) -> Arc<Memory> {
+        static NEXT: AtomicU64 = AtomicU64::new(1 << 40);
+        let dptr = NEXT.fetch_add(1 << 32, Ordering::Relaxed);
+        self.memory.lock().insert(dptr, vec![0; len]);
+        Arc::new(Memory::on_heap(kind, dptr, len))
+    }
+
+    fn write(&self, memory: &Memory, offset: usize, bytes: &[u8]) {
+        let mut m = self.memory.lock();
+        let dev = m.get_mut(&memory.dptr).expect("allocated");
+        dev[offset..offset + bytes.len()].copy_from_slice(bytes);
+    }
+
+    fn read(&self, memory: &Memory, offset: usize, len: usize) -> Vec<u8> {
+        self.memory.lock()[&memory.dptr][offset..offset + len].to_vec()
+    }
+
+    /// An event recorded now on a stream; fires at once if `fired`.
+    fn event(&self, fired: bool) -> u64 {
+        let e = self.next_event.fetch_add(1, Ordering::Relaxed);
+        if fired {
+            self.fire(e);
+        }
+        e
+    }
+
+    fn fire(&self, event: u64) {
+        self.fired.lock().insert(event);
+    }
+}
+
+/// The collector's side of the simulated GPU.
+struct Sim(Arc<Gpu>);
+
+impl Device for Sim {
+    fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
+        Ok(self.0.fired.lock().contains(&mark.event))
+    }
+
+    fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError> {
+        if std::mem::take(&mut *self.0.fail_fetch.lock()) {
+            return Err(ProfilerError::Invalid("copy failed".into()));
+        }
+        self.0.fetches.fetch_add(1, Ordering::Relaxed);
+        self.0
+            .fetched_places
+            .fetch_add(places.len() as u64, Ordering::Relaxed);
+        for p in places {
+            let bytes = self.0.read(&p.memory, p.region.offset, p.region.len);
+            // SAFETY: the collector thread, no view alive.
+            unsafe { p.memory.mirror_mut(p.region.offset, p.region.len) }.copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+
+    fn recycle(&mut self, places: &[&Place]) -> Result<(), ProfilerError> {
+        for p in places {
+            self.0
+                .write(&p.memory, p.region.offset, &vec![0; p.region.len]);
+            if p.memory.kind == Kind::Replays {
+                self.0
+                    .write(&p.memory, p.region.offset, &ARMED.to_le_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, mark: Mark) {
+        self.0.fired.lock().remove(&mark.event);
+    }
+
+    fn idle(&mut self) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Checkpoints at device time 10 ms, 20 ms, ... with host = device + offset.
+struct Steps {
+    next: u64,
+    offset: u64,
+}
+
+impl Recalibrate for Steps {
+    fn round(&mut self) -> Result<Round, ProfilerError> {
+        self.next += 10_000_000;
+        Ok(Round {
+            samples: Vec::new(),
+            checkpoint: Checkpoint {
+                map: ClockMap::exact(self.next, self.next + self.offset, 0.0),
+                host_offsets: HostOffsets::default(),
+            },
+        })
+    }
+}
+
+fn device(ordinal: u32) -> Arc<DeviceInfo> {
+    Arc::new(DeviceInfo {
+        ordinal,
+        name: format!("Sim {ordinal}"),
+        sm_count: 4,
+        ..Default::default()
+    })
+}
+
+/// One simulated GPU with its profiler's host side: the arena, the counts, the collector.
+struct Rig {
+    gpu: Arc<Gpu>,
+    arena: Arc<Arena>,
+    memory: Arc<Memory>,
+    shared: Arc<Shared>,
+    collector: Collector,
+    device: u32,
+}
+
+impl Rig {
+    fn new(ordinal: u32, recalibrate: Option<Recalibration>) -> Rig {
+        Rig::with(ordinal, recalibrate, Calibration::exact(0, 5_000, 0.0), 1 << 20)
+    }
+
+    fn with(
+        ordinal: u32,
+        recalibrate: Option<Recalibration>,
+        calibration: Calibration,
+        arena_bytes: usize,
+    ) -> Rig {
+        let gpu = Arc::new(Gpu::default());
+        let shared = Shared::new(calibration);
+        let arena = Arc::new(Arena::new(arena_bytes));
+        let memory = gpu.allocate(Kind::Arena, arena_bytes);
+        let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
+        let collector = Collector::spawn(
+            CollectorConfig {
+                device: device(ordinal),
+                registry: Arc::new(registry),
+                recalibrate,
+                archive: None,
+                backend: Box::new(Sim(gpu.clone())),
+                arena: arena.clone(),
+                on_start: None,
+            },
+            shared.clone(),
+        )
+        .unwrap();
+        Rig {
+            gpu,
+            arena,
+            memory,
+            shared,
+            collector,
+            device: ordinal,
+        }
+    }
+
+    /// A launch as `Profiler::launch` makes it, of one kernel of 2 blocks × 2
+    /// warps whose events start at `t0` device ns (the kernel writes `bytes`
+    /// instead when given): a region, the count, the kernel's writes, the
+    /// event on `stream` (fired at once if `fired`), the job. Returns the
+    /// event, or `None` if the arena was full (the launch is skipped).
+    fn launch(&self, stream: u64, t0: u64, bytes: Option<Vec<u8>>, fired: bool) -> Option<u64> {
+        let launch_id = crate::cuda::__private::next_launch_id();
+        let b = kernel(self.device, t0);
+        let mut header = *b.header();
+        header.launch_id = launch_id;
+        let mut made = bytes.unwrap_or_else(|| b.finish());
+        // The device never writes the buffer header: the collector must.
+        made[..crate::format::BUFFER_HEADER_SIZE].fill(0);
+        let region = self.arena.alloc(made.len(), None);
+        self.shared.count_launch(region.is_none());
+        let region = region?;
+        let span = tracing::info_span!("sim_kernel", gpu.launch_id = launch_id);
+        span.in_scope(|| self.gpu.write(&self.memory, region.offset, &made));
+        let event = self.gpu.event(fired);
+        self.collector.send(Job {
+            launch: LaunchInfo {
+                launch_id,
+                kernel: "sim_kernel".into(),
+                host_launch_ns: t0,
+                grid: header.grid,
+                block: header.block,
+                parent: span.id(),
+                host_thread: "main".into(),
+                ..Default::default()
+            },
+            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
+            span,
+            mark: Mark { stream, event },
+            work: Work::Launch {
+                header,
+                place: Place {
+                    memory: self.memory.clone(),
+                    region,
+                },
+            },
+        });
+        Some(event)
+    }
+}
+
+/// The simulated kernel: 2 blocks × 2 warps, two ranges on two of the warps.
+fn kernel(device: u32, t0: u64) -> BufferBuilder {
+    let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 8);
+    for (block, warp) in [(0, 0), (1, 1)] {
+        b.warp(block, warp)
+            .unwrap()
+            .sm(block * 2 + device, block * 2 + device)
+            .range(1, t0, t0 + 100, 0)
+            .range(2, t0 + 100, t0 + 400, 1);
+    }
+    b
+}
+
+fn recorder_dispatch() -> (Recorder, Dispatch) {
+    let rec = Recorder::default();
+    (
+        rec.clone(),
+        Dispatch::new(tracing_subscriber::registry().with(rec)),
+    )
+}
+
+/// Every launch is delivered, failed or skipped, each once.
+fn assert_accounted(st: &ProfilerStats) {
+    assert_eq!(
+        st.launches,
+        st.delivered + st.failed + st.skipped,
+        "launches not all accounted for: {st:?}"
+    );
+}
+
+#[test]
+fn two_simulated_devices_feed_one_subscriber() {
+    let (rec, dispatch) = recorder_dispatch();
+    let r0 = Rig::new(0, None);
+    let r1 = Rig::new(1, None);
+    tracing::dispatcher::with_default(&dispatch, || {
+        for i in 0..3 {
+            r0.launch(7, 1_000_000 + i * 10_000, None, true).unwrap();
+            r1.launch(7, 1_000_000 + i * 10_000, None, true).unwrap();
+        }
+    });
+    r0.collector.flush().unwrap();
+    r1.collector.flush().unwrap();
+    for s in [&r0.shared, &r1.shared] {
+        let st = s.stats();
+        assert_eq!((st.delivered, st.events, st.failed), (3, 12, 0));
+    }
+    let seen = rec.0.lock();
+    assert_eq!(seen.spans.len(), 24);
+    assert!(seen
+        .parents
+        .iter()
+        .all(|p| p.as_deref() == Some("sim_kernel")));
+    for d in ["0", "1"] {
+        let on: Vec<_> = seen.spans.iter().filter(|s| s["gpu.device"] == d).collect();
+        assert_eq!(on.len(), 12);
+        assert!(on
+            .iter()
+            .all(|s| s["gpu.thread"].starts_with(&format!("GPU {d} / SM "))));
+    }
+    // Launch ids are unique across the two devices' profilers.
+    let ids: std::collections::BTreeSet<&String> =
+        seen.spans.iter().map(|s| &s["gpu.launch_id"]).collect();
+    assert_eq!(ids.len(), 6);
+    // The calibration (host = device + 5000) was applied.
+    let first = seen.spans.iter().find(|s| s["gpu.device"] == "0").unwrap();
+    assert_eq!(first["gpu.start_ns"], "1005000");
+}
+
+#[test]
+fn launches_wait_for_a_checkpoint_after_them() {
+    let (_rec, dispatch) = recorder_dispatch();
+    let steps = Steps {
+        next: 0,
+        offset: 5_000,
+    };
+    let r = Rig::new(0, Some((Box::new(steps), Duration::from_secs(3600))));
+    tracing::dispatcher::with_default(&dispatch, || r.launch(1, 3_000_000, None, true));
+    // Held: the only checkpoint (device 0) lies before the launch.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(r.shared.stats().delivered, 0);
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.calibrations), (1, 2));
+    // The checkpoint taken for it (device 10 ms) brackets its events.
+    let cal = r.shared.calibration();
+    assert_eq!(cal.checkpoints().len(), 2);
+    assert_eq!(cal.latest().map.anchor().0, 10_000_000);
+}
+
+#[test]
+fn a_bad_buffer_is_an_error_at_flush_and_loses_nothing_else() {
+    let (rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    tracing::dispatcher::with_default(&dispatch, || {
+        r.launch(1, 1_000_000, None, true).unwrap();
+        // A slot magic that is neither zero nor "SLOT".
+        let mut bytes = BufferBuilder::new([2, 1, 1], [64, 1, 1], 8).finish();
+        bytes[crate::format::BUFFER_HEADER_SIZE] = 0xAB;
+        r.launch(1, 1_100_000, Some(bytes), true).unwrap();
+        r.launch(1, 1_300_000, None, true).unwrap();
+    });
+    let err = r.collector.flush().unwrap_err();
+    assert!(matches!(err, ProfilerError::Decode { .. }), "{err}");
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.failed), (2, 1));
+    assert_eq!(rec.0.lock().spans.len(), 8);
+    // The errors were handed out once; the bad launch's region came back zeroed.
+    r.collector.flush().unwrap();
+    assert_eq!(r.arena.used(), 0);
+    assert!(r.gpu.memory.lock()[&r.memory.dptr].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_failed_copy_fails_its_launches_and_keeps_their_regions_out_of_use() {
+    let (_rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    *r.gpu.fail_fetch.lock() = true;
+    tracing::dispatcher::with_default(&dispatch, || r.launch(1, 1_000_000, None, true));
+    assert!(r.collector.flush().is_err());
+    tracing::dispatcher::with_default(&dispatch, || r.launch(1, 1_100_000, None, true));
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_eq!((st.launches, st.delivered, st.failed), (2, 1, 1));
+    assert_accounted(&st);
+}
+
+#[test]
+fn dropping_the_collector_delivers_everything() {
+    let (rec, dispatch) = recorder_dispatch();
+    let steps = Steps { next: 0, offset: 0 };
+    let r = Rig::new(0, Some((Box::new(steps), Duration::from_secs(3600))));
+    tracing::dispatcher::with_default(&dispatch, || {
+        for i in 0..5 {
+            r.launch(1, 1_000_000 + i * 1_000, None, true).unwrap();
+        }
+    });
+    let Rig {
+        collector, shared, ..
+    } = r;
+    drop(collector);
+    assert_eq!(shared.stats().delivered, 5);
+    assert_eq!(rec.0.lock().spans.len(), 20);
+}
+
+#[test]
+fn the_arena_wraps_around_and_every_launch_is_delivered_or_skipped() {
+    let (rec, dispatch) = recorder_dispatch();
+    // Room for about three launches' buffers at a time.
+    let one = kernel(0, 0).finish().len().next_multiple_of(crate::cuda::ring::ALIGN);
+    let r = Rig::with(0, None, Calibration::exact(0, 5_000, 0.0), 3 * one);
+    let mut skipped = 0;
+    tracing::dispatcher::with_default(&dispatch, || {
+        for i in 0..200u64 {
+            // Unfired launches pile up until the arena is full; then the
+            // oldest fire, the collector brings them back, and room returns.
+            if r.launch(1, 1_000_000 + i * 1_000, None, true).is_none() {
+                skipped += 1;
+                // Wait for the collector to bring regions back.
+                let t = std::time::Instant::now();
+                while r.arena.used() > one && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
+    });
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_accounted(&st);
+    assert_eq!(st.skipped, skipped);
+    assert_eq!(st.delivered, 200 - skipped);
+    assert_eq!(rec.0.lock().spans.len() as u64, 4 * st.delivered);
+    assert_eq!(r.arena.used(), 0);
+}
+
+#[test]
+fn launches_on_two_streams_finish_out_of_order() {
+    let (rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    let (slow, fast) = tracing::dispatcher::with_default(&dispatch, || {
+        let slow = r.launch(1, 1_000_000, None, false).unwrap();
+        let fast: Vec<u64> = (0..3)
+            .map(|i| r.launch(2, 1_010_000 + i * 1_000, None, true).unwrap())
+            .collect();
+        (slow, fast)
+    });
+    // Stream 2's launches are delivered while stream 1's is still running.
+    let t = std::time::Instant::now();
+    while r.shared.stats().delivered < 3 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(r.shared.stats().delivered, 3);
+    assert_eq!(fast.len(), 3);
+    // The slow launch's region still holds the arena's tail: nothing behind
+    // it is reclaimed out of order, and nothing is lost.
+    assert!(r.arena.used() > 0);
+    r.gpu.fire(slow);
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.failed), (4, 0));
+    assert_eq!(r.arena.used(), 0);
+    assert_eq!(rec.0.lock().spans.len(), 16);
+}
+
+#[test]
+fn finished_launches_are_brought_back_in_bulk() {
+    let (_rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    let events: Vec<u64> = tracing::dispatcher::with_default(&dispatch, || {
+        (0..50)
+            .map(|i| r.launch(1, 1_000_000 + i * 1_000, None, false).unwrap())
+            .collect()
+    });
+    // Let the collector see them all pending, then finish them at once.
+    std::thread::sleep(Duration::from_millis(20));
+    for e in events {
+        r.gpu.fire(e);
+    }
+    r.collector.flush().unwrap();
+    assert_eq!(r.shared.stats().delivered, 50);
+    assert_eq!(r.gpu.fetched_places.load(Ordering::Relaxed), 50);
+    // One fetch (maybe two, if the collector looked mid-way) for 50 launches.
+    assert!(r.gpu.fetches.load(Ordering::Relaxed) <= 2);
+}
+
+#[test]
+fn a_drain_racing_new_launches_loses_nothing() {
+    let (rec, dispatch) = recorder_dispatch();
+    let one = kernel(0, 0).finish().len().next_multiple_of(crate::cuda::ring::ALIGN);
+    let r = Arc::new(Rig::with(
+        0,
+        None,
+        Calibration::exact(0, 5_000, 0.0),
+        8 * one,
+    ));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (r, dispatch) = (r.clone(), dispatch.clone());
+            std::thread::spawn(move || {
+                tracing::dispatcher::with_default(&dispatch, || {
+                    for i in 0..300 {
+                        // Each thread's launches on its own stream, finishing
+                        // at once or one launch late.
+                        let fired = i % 3 != 0;
+                        if let Some(e) = r.launch(t, 1_000_000 + i * 1_000, None, fired) {
+                            if !fired {
+                                r.gpu.fire(e);
+                            }
+                        }
+                    }
+                })
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_eq!(st.launches, 1200);
+    assert_accounted(&st);
+    assert_eq!(st.failed, 0);
+    assert_eq!(rec.0.lock().spans.len() as u64, 4 * st.delivered);
+    assert_eq!(r.arena.used(), 0);
+}
+
+/// A graph of `nodes` simulated kernels with its replay ring of `k` regions,
+/// and the prologue the device runs at each replay.
+struct SimGraph {
+    nodes: Arc<[Node]>,
+    ring: Arc<Memory>,
+    region: usize,
+    k: u64,
+    next: u64,
+}
+
+impl SimGraph {
+    fn new(gpu: &Gpu, nodes: usize, k: u64) -> SimGraph {
+        let mut offset = REPLAY_HEADER;
+        let nodes: Vec<Node> = (0..nodes)
+            .map(|i| {
+                let b = kernel(0, 0);
+                let len = b.finish().len();
+                let n = Node {
+                    kernel: format!("node{i}"),
+                    header: *b.header(),
+                    offset,
+                    len,
+                };
+                offset += len.next_multiple_of(crate::cuda::ring::ALIGN);
+                n
+            })
+            .collect();
+        let region = offset.next_multiple_of(crate::cuda::ring::ALIGN);
+        let ring = gpu.allocate(Kind::Replays, region * k as usize);
+        for j in 0..k as usize {
+            gpu.write(&ring, j * region, &ARMED.to_le_bytes());
+        }
+        SimGraph {
+            nodes: nodes.into(),
+            ring,
+            region,
+            k,
+            next: 0,
+        }
+    }
+
+    /// One replay on `stream`, as `Profiler::launch_graph` and the prologue
+    /// make it; the nodes record at device time `t0`. Returns whether the
+    /// prologue took a region, and the replay's event.
+    fn replay(&mut self, rig: &Rig, stream: u64, t0: u64, fired: bool) -> (bool, u64) {
+        let replay = self.next;
+        self.next += 1;
+        let n = self.nodes.len() as u64;
+        let first_id = crate::cuda::profiler::reserve_launch_ids(n);
+        let span = tracing::info_span!("gpu.graph", gpu.replay = replay);
+        rig.shared.count_replay(n);
+        let offset = (replay % self.k) as usize * self.region;
+        // The prologue.
+        let head = rig.gpu.read(&self.ring, offset, 4);
+        let taken = u32::from_le_bytes(head.try_into().unwrap()) == ARMED;
+        if taken {
+            let mut h = TAKEN.to_le_bytes().to_vec();
+            h.extend([0; 4]);
+            h.extend(replay.to_le_bytes());
+            rig.gpu.write(&self.ring, offset, &h);
+            for node in self.nodes.iter() {
+                let mut b = kernel(0, t0).finish();
+                b[..crate::format::BUFFER_HEADER_SIZE].fill(0);
+                rig.gpu.write(&self.ring, offset + node.offset, &b);
+            }
+        }
+        let event = rig.gpu.event(fired);
+        rig.collector.send(Job {
+            launch: LaunchInfo {
+                launch_id: first_id,
+                kernel: "step".into(),
+                host_launch_ns: t0,
+                parent: span.id(),
+                host_thread: "main".into(),
+                ..Default::default()
+            },
+            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
+            span,
+            mark: Mark { stream, event },
+            work: Work::Replay {
+                replay,
+                place: Place {
+                    memory: self.ring.clone(),
+                    region: Region {
+                        offset,
+                        len: self.region,
+                        seq: replay,
+                    },
+                },
+                nodes: self.nodes.clone(),
+            },
+        });
+        (taken, event)
+    }
+}
+
+#[test]
+fn graph_replays_make_one_batch_per_node_and_skip_when_the_ring_is_full() {
+    let (rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    let mut g = SimGraph::new(&r.gpu, 3, 2);
+    let mut held = Vec::new();
+    let mut taken = 0u64;
+    tracing::dispatcher::with_default(&dispatch, || {
+        // Two replays in flight fill the ring of two: the third is skipped.
+        for i in 0..3 {
+            let (t, e) = g.replay(&r, 5, 1_000_000 + i * 10_000, false);
+            taken += t as u64;
+            held.push(e);
+        }
+    });
+    assert_eq!(taken, 2);
+    for e in held.drain(..) {
+        r.gpu.fire(e);
+    }
+    r.collector.flush().unwrap();
+    // Brought back and armed again: the next replays record.
+    tracing::dispatcher::with_default(&dispatch, || {
+        for i in 3..9 {
+            let (t, _) = g.replay(&r, 5, 1_000_000 + i * 10_000, true);
+            taken += t as u64;
+            // Let the collector re-arm before the next replay.
+            r.collector.flush().unwrap();
+        }
+    });
+    let st = r.shared.stats();
+    assert_eq!(taken, 8);
+    assert_eq!((st.replays, st.launches), (9, 27));
+    assert_eq!((st.delivered, st.skipped, st.failed), (24, 3, 0));
+    assert_accounted(&st);
+    let seen = rec.0.lock();
+    // 4 device spans per node batch, under the replay's span.
+    assert_eq!(seen.spans.len(), 24 * 4);
+    assert!(seen.parents.iter().all(|p| p.as_deref() == Some("gpu.graph")));
+    // Node by node: kernel names and consecutive launch ids per replay.
+    let kernels: std::collections::BTreeSet<&String> =
+        seen.spans.iter().map(|s| &s["gpu.kernel"]).collect();
+    assert_eq!(
+        kernels.into_iter().cloned().collect::<Vec<_>>(),
+        ["node0", "node1", "node2"]
+    );
+    let ids: std::collections::BTreeSet<&String> =
+        seen.spans.iter().map(|s| &s["gpu.launch_id"]).collect();
+    assert_eq!(ids.len(), 24);
+}
+
+#[test]
+fn a_region_taken_by_a_later_replay_is_not_read_as_an_earlier_one() {
+    let (_rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    let mut g = SimGraph::new(&r.gpu, 2, 1);
+    tracing::dispatcher::with_default(&dispatch, || {
+        // Replay 0 takes the only region; replay 1 finds it in use.
+        let (t0, e0) = g.replay(&r, 5, 1_000_000, false);
+        let (t1, e1) = g.replay(&r, 5, 1_010_000, false);
+        assert!(t0 && !t1);
+        r.gpu.fire(e0);
+        r.gpu.fire(e1);
+    });
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.skipped), (2, 2));
+    assert_accounted(&st);
+}
+
+#[test]
+fn two_simulated_devices_make_one_perfetto_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("two-gpus.perfetto-trace");
+    let (layer, guard) = crate::perfetto::PerfettoLayer::builder()
+        .file(&path)
+        .build()
+        .unwrap();
+    let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
+    // Device time 1 ms lands a second from now: after the launch spans.
+    let host = HostClock::Boottime.now_ns() + 1_000_000_000;
+    let map = |skew: u64| Calibration::exact(1_000_000, host + skew, 0.0);
+    let r0 = Rig::with(0, None, map(0), 1 << 20);
+    let r1 = Rig::with(1, None, map(3_000), 1 << 20);
+    tracing::dispatcher::with_default(&dispatch, || {
+        let _step = tracing::info_span!("step").entered();
+        for i in 0..3 {
+            r0.launch(1, 1_000_000 + i * 10_000, None, true).unwrap();
+            r1.launch(1, 1_000_000 + i * 10_000, None, true).unwrap();
+        }
+    });
+    r0.collector.flush().unwrap();
+    r1.collector.flush().unwrap();
+    let stats = guard.finish().unwrap();
+    assert_eq!(
+        (stats.kernels, stats.flows, stats.device_events),
+        (6, 6, 24)
+    );
+    assert_eq!(r0.shared.stats().events + r1.shared.stats().events, 24);
+    super::perfetto_check::check(
+        &path,
+        &[
+            "--expect-gpus",
+            "2",
+            "--expect-kernels",
+            "6",
+            "--expect-flows",
+            "6",
+            "--expect-device-slices",
+            "24",
+        ],
+    );
+}
