@@ -118,8 +118,15 @@ impl Graphs {
                 let mut node = p.prologue as sys::CUgraphNode;
                 // SAFETY: a node of the graph this stream captures into.
                 unsafe {
-                    sys::cuStreamUpdateCaptureDependencies_v2(raw, &mut node, std::ptr::null(), 1, 1)
-                        .result()?;
+                    let add = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES;
+                    sys::cuStreamUpdateCaptureDependencies_v2(
+                        raw,
+                        &mut node,
+                        std::ptr::null(),
+                        1,
+                        add as u32,
+                    )
+                    .result()?;
                 }
                 p
             }
