@@ -370,16 +370,20 @@ class Recorder {
   /// Finds this warp's slot and stamps the start. Call it in every thread of the warp
   /// (only lane 0 writes); one recorder per warp per launch.
   __device__ __forceinline__ explicit Recorder(Trace trace) : idx_(0xFFFFFFFFu), open_(0) {
+    const unsigned int tid = detail::thread_linear();
+    const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
+    const unsigned long long slot =
+        static_cast<unsigned long long>(detail::block_linear()) * ((threads + 31u) >> 5) + (tid >> 5);
+    const bool lane = slot < trace.slot_count && (tid & 31u) == 0;
+    // Whether to stamp the start: decided from the argument alone, so that a graph node's
+    // load below is waited for only where its result is first used (the first store).
+    const bool stamps = lane && trace.base != 0;
     if (trace.capacity & TRACE_INDIRECT) {
       // A kernel node of a graph: each replay's prologue has written where its buffer is.
       trace.capacity &= ~TRACE_INDIRECT;
       trace.base = trace.base != 0 ? *reinterpret_cast<const unsigned long long*>(trace.base) : 0ull;
     }
-    const unsigned int tid = detail::thread_linear();
-    const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
-    const unsigned long long slot =
-        static_cast<unsigned long long>(detail::block_linear()) * ((threads + 31u) >> 5) + (tid >> 5);
-    const bool writes = trace.base != 0 && slot < trace.slot_count && (tid & 31u) == 0;
+    const bool writes = lane && trace.base != 0;
     const unsigned long long stride =
         SLOT_HEADER_SIZE + static_cast<unsigned long long>(trace.capacity) * RECORD_SIZE;
     rec0_ = writes ? trace.base + BUFFER_HEADER_SIZE + slot * stride + SLOT_HEADER_SIZE : 0ull;
@@ -393,7 +397,7 @@ class Recorder {
         "setp.ne.u32 q, %1, 0;\n\t"
         "@q mov.u64 %0, %%globaltimer;\n\t}"
         : "+l"(first_)
-        : "r"(static_cast<unsigned int>(writes))
+        : "r"(static_cast<unsigned int>(stamps))
         : "memory");
     sm_first_ = smid();
     set_pending(0u, 0u, 0u, 0u);
