@@ -1,11 +1,14 @@
 //! What the binaries' command lines share: clap argument groups (`--no-lineinfo`,
-//! `--size M N K`), value parsers, and the way a run ends (message and exit status).
+//! `--size M N K`), `--stream`, value parsers, and the way a run ends (message and exit
+//! status).
 
 use std::error::Error;
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::sync::Arc;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 /// `--no-lineinfo`: the kernels compile without line info (`KernelBuild::lineinfo`).
 #[derive(Args, Debug, Clone, Copy)]
@@ -42,6 +45,35 @@ impl Size {
         match self.size[..] {
             [m, n, k] => (m, n, k),
             _ => unreachable!("clap takes exactly three values"),
+        }
+    }
+}
+
+/// `--stream`: the stream launched on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StreamKind {
+    /// The legacy default stream (which synchronizes with every blocking stream).
+    #[value(alias = "default")]
+    Legacy,
+    /// A stream of its own.
+    #[value(alias = "new")]
+    Own,
+}
+
+impl StreamKind {
+    /// The name the command line takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamKind::Legacy => "legacy",
+            StreamKind::Own => "own",
+        }
+    }
+
+    /// The legacy stream, or a new one.
+    pub fn open(self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
+        match self {
+            StreamKind::Legacy => Ok(ctx.default_stream()),
+            StreamKind::Own => ctx.new_stream(),
         }
     }
 }

@@ -97,4 +97,22 @@ impl Timer {
         self.end.synchronize()?;
         Ok(self.start.elapsed_ms(&self.end)? as f64)
     }
+
+    /// The median over `count` runs of `f` (which enqueues work on `stream`), each
+    /// alone on the GPU (waited for before the next), of the milliseconds between the
+    /// events around it.
+    pub fn median_ms<E: From<DriverError>>(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        count: usize,
+        mut f: impl FnMut() -> Result<(), E>,
+    ) -> Result<f64, E> {
+        let timer = Timer::new(ctx)?;
+        let mut ms = Vec::with_capacity(count);
+        for _ in 0..count {
+            timer.around(stream, &mut f)?;
+            ms.push(timer.ms()?);
+        }
+        Ok(crate::stats::median(&mut ms))
+    }
 }

@@ -9,17 +9,21 @@
 //! | `profile_overhead` | what `gpu_profile!` costs the launching thread |
 //! | `delivery_rate` | the collector's decode-and-deliver rate per launch (no GPU) |
 //! | `calibrate` | the GPU clocks against the host's: offset, drift, bounds, costs |
-//! | `causality` | every device event between its launch call and the synchronize after it |
+//! | `storm` | ≥ 100,000 short launches back to back, plain against profiled: the launch call's p50 and p99, the GPU's busy fraction, memory, counts |
+//! | `graph_replay` | a CUDA graph of 100 short kernels replayed 1,000 times, plain against `Profiler::launch_graph` |
+//! | `causality` | every device event between its launch call (or graph replay) and the synchronize after it |
 
 pub mod cli;
 pub mod device;
 pub mod error;
 pub mod gemm;
 pub mod kernels;
+pub mod short;
 pub mod stats;
+pub mod trace;
 
 /// The library's quickstart example (`examples/quickstart.rs`): its kernel, which
-/// `causality` and `profile_overhead` launch.
+/// `causality`, `profile_overhead` and the storms ([`short`]) launch.
 #[path = "../../../examples/quickstart.rs"]
 #[allow(dead_code)] // the example's own `main`
 pub mod quickstart;

@@ -3,23 +3,21 @@
 //! one block, built with the recorder on; the plain launch passes a null trace).
 //!
 //! ```text
-//! cargo run --release -p tracing-gpu-bench --bin profile_overhead -- [--rounds 30] [--launches 200] [--reserve 0] \
-//!     [--subscriber perfetto|registry|none] [--stream default|new]
+//! cargo run --release -p tracing-gpu-bench --bin profile_overhead -- [--rounds 30] [--launches 200] \
+//!     [--subscriber perfetto|registry|none] [--stream legacy|own]
 //! ```
 //!
 //! Each round times `--launches` back-to-back launch calls of each variant (in
 //! alternating order), then synchronizes; the figures are medians over rounds of
 //! the mean time per call. The subscriber is a `PerfettoLayer` writing to a
 //! temporary file, so the launch span is really recorded. The profiled variant
-//! also counts how many launches the pool had to skip (none expected).
-//! `--reserve N` allocates N trace buffers before the loop (`Profiler::reserve`);
-//! without it, a loop that outruns the collector grows the pool from the
-//! launching thread, and those allocations are part of the time measured.
+//! also counts how many launches found the arena full and ran unrecorded
+//! (skipped; none expected), and says how much memory the profiler holds.
 //! `--subscriber` picks what receives the spans and batches (default: the
 //! Perfetto layer; `registry`: a bare registry; `none`: no subscriber at all),
 //! and `--stream` the stream launched on (default: the legacy default stream;
-//! `new`: a stream of its own), to tell the launch path apart from what the
-//! sinks and the stream cost.
+//! `own`: a stream of its own), to tell the launch path apart from what the
+//! sinks and the stream cost. `storm` measures the same at 100,000 launches.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -28,12 +26,11 @@ use clap::{Parser, ValueEnum};
 use tracing_gpu::cuda::cudarc::driver::LaunchConfig;
 use tracing_gpu::cuda::{gpu_profile, Profiler};
 use tracing_gpu::format::KernelArg;
-use tracing_gpu::perfetto::PerfettoLayer;
-use tracing_gpu_bench::cli;
+use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::quickstart::{self, Kernel};
 use tracing_gpu_bench::stats::upper_median;
+use tracing_gpu_bench::trace::{self, PerfettoTrace};
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::EnvFilter;
 
 /// What receives the spans and batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -46,15 +43,6 @@ enum Subscriber {
     None,
 }
 
-/// The stream launched on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum Stream {
-    /// The legacy default stream.
-    Default,
-    /// A stream of its own.
-    New,
-}
-
 /// What `gpu_profile!` costs the launching thread.
 #[derive(Parser, Debug)]
 #[command(name = "profile_overhead")]
@@ -65,15 +53,12 @@ struct Args {
     /// Back-to-back launch calls of each variant per round.
     #[arg(long, default_value_t = 200, value_parser = cli::positive::<usize>)]
     launches: usize,
-    /// Trace buffers to allocate before the loop (`Profiler::reserve`).
-    #[arg(long, default_value_t = 0)]
-    reserve: usize,
     /// What receives the spans and batches.
     #[arg(long, value_enum, default_value_t = Subscriber::Perfetto)]
     subscriber: Subscriber,
     /// The stream launched on.
-    #[arg(long, value_enum, default_value_t = Stream::Default)]
-    stream: Stream,
+    #[arg(long, value_enum, default_value_t = StreamKind::Legacy)]
+    stream: StreamKind,
 }
 
 fn main() -> ExitCode {
@@ -81,21 +66,14 @@ fn main() -> ExitCode {
 }
 
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let (rounds, launches, reserve) = (a.rounds, a.launches, a.reserve);
-    let dir = std::env::temp_dir().join(format!("tgpu-overhead-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    // Device events go to the Perfetto layer in bulk; no plain spans (see tracing_gpu::deliver).
-    let filter = || EnvFilter::new("trace,tracing_gpu::device=info");
-    let (dispatch, guard) = match a.subscriber {
+    let (rounds, launches) = (a.rounds, a.launches);
+    let (dispatch, perfetto) = match a.subscriber {
         Subscriber::Perfetto => {
-            let (layer, guard) = PerfettoLayer::builder()
-                .file(dir.join("overhead.perfetto-trace"))
-                .build()?;
-            let s = tracing_subscriber::registry().with(filter()).with(layer);
-            (tracing::Dispatch::new(s), Some(guard))
+            let t = PerfettoTrace::new("overhead")?;
+            (t.dispatch.clone(), Some(t))
         }
         Subscriber::Registry => (
-            tracing::Dispatch::new(tracing_subscriber::registry().with(filter())),
+            tracing::Dispatch::new(tracing_subscriber::registry().with(trace::filter())),
             None,
         ),
         Subscriber::None => (tracing::Dispatch::none(), None),
@@ -108,10 +86,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let kernel = Kernel::load(&profiler, true)?;
     let ctx = profiler.context();
-    let stream = match a.stream {
-        Stream::New => ctx.new_stream()?,
-        Stream::Default => ctx.default_stream(),
-    };
+    let stream = a.stream.open(ctx)?;
     let (n, tiles, work) = (256u32, 1u32, 16u32);
     let x = stream.clone_htod(&vec![0.5f32; n as usize])?;
     let mut y = stream.alloc_zeros::<f32>(n as usize)?;
@@ -120,11 +95,8 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         block_dim: (256, 1, 1),
         shared_mem_bytes: 1024,
     };
-    // Buffers allocated up front (Profiler::reserve) rather than by the loop.
-    let reserved = profiler.reserve(&cfg, reserve)?;
-
     let mut per_call = [Vec::new(), Vec::new()];
-    // One warm-up round, not counted (first buffer allocation, module load).
+    // One warm-up round, not counted (module load, first launches).
     for round in 0..=rounds {
         for k in 0..2 {
             let profiled = (k + round) % 2 == 1;
@@ -151,10 +123,9 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     profiler.flush()?;
     let stats = profiler.stats();
     drop(profiler);
-    if let Some(guard) = guard {
-        guard.finish()?;
+    if let Some(t) = perfetto {
+        t.finish()?;
     }
-    let _ = std::fs::remove_dir_all(&dir);
 
     let plain = upper_median(&mut per_call[0]);
     let profiled = upper_median(&mut per_call[1]);
@@ -164,10 +135,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .to_possible_value()
             .expect("not skipped")
             .get_name(),
-        match a.stream {
-            Stream::New => "own",
-            Stream::Default => "default",
-        }
+        a.stream.name()
     );
     println!("| launch call | µs per call (median of {rounds} rounds × {launches}) |");
     println!("|---|---:|");
@@ -175,8 +143,15 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("| gpu_profile! | {profiled:.2} |");
     println!("| added by profiling | {:.2} |", profiled - plain);
     println!(
-        "profiled launches: {} delivered, {} skipped (pool full), {} failed, {} device events; {reserved} buffers reserved; pool {:.1} MB at the end",
-        stats.delivered, stats.skipped, stats.failed, stats.events, stats.pool_bytes as f64 / 1e6
+        "profiled launches: {} made, {} delivered, {} skipped (arena full), {} failed, {} device events; \
+         profiler memory {:.1} MB, arena in use at the end {:.1} MB",
+        stats.launches,
+        stats.delivered,
+        stats.skipped,
+        stats.failed,
+        stats.events,
+        stats.memory_bytes as f64 / 1e6,
+        stats.arena_in_use as f64 / 1e6
     );
     Ok(())
 }

@@ -1,0 +1,285 @@
+//! A CUDA graph of short kernels replayed, plain against profiled (issue #12): what
+//! `Profiler::launch_graph` adds per replay and per kernel node, and whether every node
+//! of every replay is delivered or counted.
+//!
+//! ```text
+//! cargo run --release -p tracing-gpu-bench --bin graph_replay -- [--nodes 100] [--replays 1000] \
+//!     [--block 50] [--capacity 16] [--regions 4] [--memory BYTES] [--work 1024]
+//! ```
+//!
+//! Two graphs of `--nodes` launches of [`tracing_gpu_bench::short`]'s kernel are
+//! captured on a stream of their own (`CU_STREAM_CAPTURE_MODE_GLOBAL`): the plain one
+//! with a null trace, the profiled one with `gpu_profile!` (which puts the prologue in
+//! front), adopted by `Profiler::graph`. Each is replayed `--replays` times, in blocks
+//! of `--block` back-to-back replays, plain (`CudaGraph::launch`) and profiled
+//! (`Profiler::launch_graph`) alternating (one warm-up block of each first, not
+//! counted). Per variant: the replay call (p50, p99, `Instant`), the wall time per
+//! replay (a block's calls and its synchronize, over its replays), the GPU time per
+//! replay (CUDA events around the block, over its replays), both per kernel node, and
+//! the slowdown of the profiled replay in %. `--regions` is
+//! `ProfilerBuilder::graph_regions`: replays in flight beyond it are skipped.
+//!
+//! After `Profiler::flush`: replays must be the profiled replays made, launches
+//! replays × nodes, and launches = delivered + skipped + failed; the run fails
+//! otherwise. The subscriber is a `PerfettoLayer` writing to a temporary file.
+//!
+//! Output: a table, then one JSON line (`{"bench":"graph_replay",...}`).
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use tracing_gpu::cuda::cudarc::driver::{sys, CudaGraph, CudaStream};
+use tracing_gpu::cuda::{
+    gpu_profile, Profiler, ProfilerError, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
+};
+use tracing_gpu::format::KernelArg;
+use tracing_gpu_bench::cli;
+use tracing_gpu_bench::device::Timer;
+use tracing_gpu_bench::quickstart;
+use tracing_gpu_bench::short::Short;
+use tracing_gpu_bench::stats::Calls;
+use tracing_gpu_bench::trace::PerfettoTrace;
+
+/// A graph of short kernels replayed, plain against profiled.
+#[derive(Parser, Debug)]
+#[command(name = "graph_replay")]
+struct Args {
+    /// Kernel nodes of each graph.
+    #[arg(long, default_value_t = 100, value_parser = cli::positive::<usize>)]
+    nodes: usize,
+    /// Replays of each graph, warm-up not counted.
+    #[arg(long, default_value_t = 1000, value_parser = cli::positive::<usize>)]
+    replays: usize,
+    /// Back-to-back replays per block; blocks alternate plain and profiled.
+    #[arg(long, default_value_t = 50, value_parser = cli::positive::<usize>)]
+    block: usize,
+    /// Records per warp slot (`ProfilerBuilder::capacity`); each warp records 4.
+    #[arg(long, default_value_t = 16, value_parser = cli::positive::<u32>)]
+    capacity: u32,
+    /// Replay regions of the profiled graph (`ProfilerBuilder::graph_regions`).
+    #[arg(long, default_value_t = DEFAULT_GRAPH_REGIONS, value_parser = cli::positive::<usize>)]
+    regions: usize,
+    /// The profiler's arena in bytes (`ProfilerBuilder::memory_limit`).
+    #[arg(long, default_value_t = DEFAULT_MEMORY_LIMIT, value_parser = cli::positive::<usize>)]
+    memory: usize,
+    /// Dependent FMAs per thread: each kernel's length.
+    #[arg(long, default_value_t = 1024, value_parser = cli::positive::<u32>)]
+    work: u32,
+}
+
+fn main() -> ExitCode {
+    cli::exit("graph_replay", run(&Args::parse()))
+}
+
+/// One variant's figures.
+#[derive(Default)]
+struct Side {
+    calls: Calls,
+    wall: Duration,
+    gpu_ms: f64,
+    replays: u64,
+}
+
+impl Side {
+    fn wall_us(&self) -> f64 {
+        self.wall.as_secs_f64() * 1e6 / self.replays as f64
+    }
+    fn gpu_us(&self) -> f64 {
+        self.gpu_ms * 1e3 / self.replays as f64
+    }
+}
+
+/// The graph `f` captures on `stream`; the capture ends whatever `f` returns.
+fn capture(
+    stream: &Arc<CudaStream>,
+    f: impl FnOnce() -> Result<(), ProfilerError>,
+) -> Result<CudaGraph, ProfilerError> {
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
+    let made = f();
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    made?;
+    graph?.ok_or_else(|| ProfilerError::Invalid("the capture made no graph".into()))
+}
+
+fn percent(plain: f64, profiled: f64) -> f64 {
+    (profiled / plain - 1.0) * 100.0
+}
+
+fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
+    let trace = PerfettoTrace::new("graph_replay")?;
+    let _default = tracing::dispatcher::set_default(&trace.dispatch);
+    let profiler = Profiler::builder()
+        .device(0)
+        .events(quickstart::EVENTS)
+        .capacity(a.capacity)
+        .graph_regions(a.regions)
+        .memory_limit(a.memory)
+        .build()?;
+    let short = Short::load(&profiler, a.work)?;
+    let ctx = profiler.context().clone();
+    let stream = ctx.new_stream()?;
+    let mut b = short.buffers(&stream)?;
+    stream.synchronize()?;
+    // SAFETY: the buffers were allocated on `stream`, are used there alone, and are
+    // freed after the last synchronize; the profiler tracks nothing through cudarc's
+    // slices. (Tracking would also put event nodes in the graphs.)
+    unsafe { ctx.disable_event_tracking() };
+
+    let plain = capture(&stream, || {
+        for _ in 0..a.nodes {
+            short.launch(&stream, &mut b, &KernelArg::default())?;
+        }
+        Ok(())
+    })?;
+    let cfg = short.cfg();
+    let profiled = profiler.graph(capture(&stream, || {
+        for _ in 0..a.nodes {
+            gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| short
+                .launch(&stream, &mut b, &trace))?;
+        }
+        Ok(())
+    })?)?;
+    if profiled.profiled_nodes() != a.nodes {
+        return Err(format!(
+            "the profiled graph has {} profiled nodes, not {}",
+            profiled.profiled_nodes(),
+            a.nodes
+        )
+        .into());
+    }
+    plain.upload()?;
+    profiled.graph().upload()?;
+
+    let mut blocks = vec![(false, a.block), (true, a.block)];
+    for r in 0..a.replays.div_ceil(a.block) {
+        let count = a.block.min(a.replays - r * a.block);
+        let first = r % 2 == 1;
+        blocks.extend([(first, count), (!first, count)]);
+    }
+    let made: u64 = blocks
+        .iter()
+        .filter(|(p, _)| *p)
+        .map(|(_, n)| *n as u64)
+        .sum();
+    let mut sides: [Side; 2] = Default::default();
+    let timer = Timer::new(&ctx)?;
+    for (i, &(is_profiled, count)) in blocks.iter().enumerate() {
+        let mut calls = Calls::default();
+        let start = Instant::now();
+        timer.around(&stream, || {
+            for _ in 0..count {
+                let t = Instant::now();
+                if is_profiled {
+                    profiler.launch_graph(&profiled, &stream, "storm_graph")?;
+                } else {
+                    plain.launch()?;
+                }
+                calls.record(t.elapsed());
+            }
+            Ok::<(), ProfilerError>(())
+        })?;
+        stream.synchronize()?;
+        let wall = start.elapsed();
+        let gpu_ms = timer.ms()?;
+        if i >= 2 {
+            let side = &mut sides[usize::from(is_profiled)];
+            side.calls.add(&calls);
+            side.wall += wall;
+            side.gpu_ms += gpu_ms;
+            side.replays += count as u64;
+        }
+    }
+    profiler.flush()?;
+    let stats = profiler.stats();
+    drop(profiled);
+    drop(profiler);
+    let written = trace.finish()?;
+
+    let nodes = a.nodes as u64;
+    let counted = stats.delivered + stats.skipped + stats.failed;
+    let ok = stats.replays == made && stats.launches == made * nodes && stats.launches == counted;
+    let (p, q) = (&sides[0], &sides[1]);
+    let n = a.nodes as f64;
+    println!(
+        "graph_replay: a graph of {} tiled_poly nodes ({}×{} threads, work {}), {} replays of each \
+         variant in blocks of {}; {} records per warp, {} replay regions",
+        a.nodes,
+        cfg.grid_dim.0,
+        cfg.block_dim.0,
+        a.work,
+        a.replays,
+        a.block,
+        a.capacity,
+        a.regions
+    );
+    println!("| replay | call p50 µs | call p99 µs | wall per replay µs | GPU per replay µs | wall per node µs | GPU per node µs |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, s) in [("plain (cuGraphLaunch)", p), ("Profiler::launch_graph", q)] {
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.1} | {:.1} | {:.3} | {:.3} |",
+            s.calls.us(0.5),
+            s.calls.us(0.99),
+            s.wall_us(),
+            s.gpu_us(),
+            s.wall_us() / n,
+            s.gpu_us() / n
+        );
+    }
+    let (wall_pct, gpu_pct) = (
+        percent(p.wall_us(), q.wall_us()),
+        percent(p.gpu_us(), q.gpu_us()),
+    );
+    println!(
+        "| added | {:+.2} | {:+.2} | {:+.1} ({wall_pct:+.1} %) | {:+.1} ({gpu_pct:+.1} %) | {:+.3} | {:+.3} |",
+        q.calls.us(0.5) - p.calls.us(0.5),
+        q.calls.us(0.99) - p.calls.us(0.99),
+        q.wall_us() - p.wall_us(),
+        q.gpu_us() - p.gpu_us(),
+        (q.wall_us() - p.wall_us()) / n,
+        (q.gpu_us() - p.gpu_us()) / n
+    );
+    println!(
+        "counts: {made} profiled replays made, replays {}; launches {} (= {made} × {nodes}) = delivered {} \
+         + skipped {} + failed {}: {}; events {}, dropped {}; memory {:.1} MB; Perfetto trace {:.1} MB",
+        stats.replays,
+        stats.launches,
+        stats.delivered,
+        stats.skipped,
+        stats.failed,
+        if ok { "ok" } else { "MISMATCH" },
+        stats.events,
+        stats.dropped_events,
+        stats.memory_bytes as f64 / 1e6,
+        written.bytes as f64 / 1e6
+    );
+    let side = |s: &Side| {
+        format!(
+            r#"{{"call_p50_us":{:.3},"call_p99_us":{:.3},"wall_per_replay_us":{:.3},"gpu_per_replay_us":{:.3}}}"#,
+            s.calls.us(0.5),
+            s.calls.us(0.99),
+            s.wall_us(),
+            s.gpu_us()
+        )
+    };
+    println!(
+        r#"{{"bench":"graph_replay","nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"plain":{},"profiled":{},"slowdown_wall_pct":{wall_pct:.2},"slowdown_gpu_pct":{gpu_pct:.2},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
+        a.replays,
+        a.block,
+        a.work,
+        a.capacity,
+        a.regions,
+        side(p),
+        side(q),
+        stats.replays,
+        stats.launches,
+        stats.delivered,
+        stats.skipped,
+        stats.failed,
+        stats.events,
+        stats.memory_bytes,
+    );
+    Ok(ok)
+}
