@@ -144,7 +144,12 @@ struct Rig {
 
 impl Rig {
     fn new(ordinal: u32, recalibrate: Option<Recalibration>) -> Rig {
-        Rig::with(ordinal, recalibrate, Calibration::exact(0, 5_000, 0.0), 1 << 20)
+        Rig::with(
+            ordinal,
+            recalibrate,
+            Calibration::exact(0, 5_000, 0.0),
+            1 << 20,
+        )
     }
 
     fn with(
@@ -375,7 +380,10 @@ fn dropping_the_collector_delivers_everything() {
 fn the_arena_wraps_around_and_every_launch_is_delivered_or_skipped() {
     let (rec, dispatch) = recorder_dispatch();
     // Room for about three launches' buffers at a time.
-    let one = kernel(0, 0).finish().len().next_multiple_of(crate::cuda::ring::ALIGN);
+    let one = kernel(0, 0)
+        .finish()
+        .len()
+        .next_multiple_of(crate::cuda::ring::ALIGN);
     let r = Rig::with(0, None, Calibration::exact(0, 5_000, 0.0), 3 * one);
     let mut skipped = 0;
     tracing::dispatcher::with_default(&dispatch, || {
@@ -454,7 +462,10 @@ fn finished_launches_are_brought_back_in_bulk() {
 #[test]
 fn a_drain_racing_new_launches_loses_nothing() {
     let (rec, dispatch) = recorder_dispatch();
-    let one = kernel(0, 0).finish().len().next_multiple_of(crate::cuda::ring::ALIGN);
+    let one = kernel(0, 0)
+        .finish()
+        .len()
+        .next_multiple_of(crate::cuda::ring::ALIGN);
     let r = Arc::new(Rig::with(
         0,
         None,
@@ -625,7 +636,10 @@ fn graph_replays_make_one_batch_per_node_and_skip_when_the_ring_is_full() {
     let seen = rec.0.lock();
     // 4 device spans per node batch, under the replay's span.
     assert_eq!(seen.spans.len(), 24 * 4);
-    assert!(seen.parents.iter().all(|p| p.as_deref() == Some("gpu.graph")));
+    assert!(seen
+        .parents
+        .iter()
+        .all(|p| p.as_deref() == Some("gpu.graph")));
     // Node by node: kernel names and consecutive launch ids per replay.
     let kernels: std::collections::BTreeSet<&String> =
         seen.spans.iter().map(|s| &s["gpu.kernel"]).collect();

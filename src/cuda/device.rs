@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use super::error::ProfilerError;
 use super::memory::{Device, Kind, Mark, Memory, Place, ARMED};
 use super::ring::ALIGN;
+use crate::batch::DeviceInfo;
 
 /// An owned non-blocking stream (it never synchronises with the legacy default
 /// stream, so the application's work on stream 0 does not wait for ours).
@@ -214,7 +215,9 @@ impl CudaDevice {
             let (start, end) = (p.region.offset, p.region.offset + p.region.len);
             match self.runs.last_mut() {
                 // Only alignment padding (never written, so zero) between them.
-                Some((m, _, e)) if Arc::ptr_eq(m, &p.memory) && start >= *e && start - *e < ALIGN => {
+                Some((m, _, e))
+                    if Arc::ptr_eq(m, &p.memory) && start >= *e && start - *e < ALIGN =>
+                {
                     *e = end
                 }
                 _ => self.runs.push((p.memory.clone(), start, end)),
@@ -270,7 +273,12 @@ impl Device for CudaDevice {
             // SAFETY: the regions' launches have finished; nobody uses them
             // until they are given back, after this returns.
             unsafe {
-                result::memset_d8_async(memory.dptr + *start as u64, 0, end - start, self.stream.raw())?;
+                result::memset_d8_async(
+                    memory.dptr + *start as u64,
+                    0,
+                    end - start,
+                    self.stream.raw(),
+                )?;
             }
         }
         // Armed after the zeroing, in stream order: a prologue that sees a
@@ -297,4 +305,33 @@ impl Device for CudaDevice {
     fn idle(&mut self) {
         std::thread::sleep(Self::POLL);
     }
+}
+
+/// What the driver says of the context's device.
+pub(crate) fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, ProfilerError> {
+    let uuid = ctx.uuid()?;
+    let b: Vec<u8> = uuid.bytes.iter().map(|&c| c as u8).collect();
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let (major, minor) = ctx.compute_capability()?;
+    let mut version = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { sys::cuDriverGetVersion(&mut version).result()? };
+    Ok(DeviceInfo {
+        ordinal: ctx.ordinal() as u32,
+        name: ctx.name()?,
+        uuid: format!(
+            "GPU-{}-{}-{}-{}-{}",
+            hex(0..4),
+            hex(4..6),
+            hex(6..8),
+            hex(8..10),
+            hex(10..16)
+        ),
+        sm_count: ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32,
+        driver_version: format!("CUDA {}.{}", version / 1000, (version % 1000) / 10),
+        compute_capability: (major as u32, minor as u32),
+    })
 }

@@ -27,8 +27,7 @@ use super::collector::Node;
 use super::compile::{compile, KernelBuild};
 use super::device::allocate;
 use super::error::ProfilerError;
-use super::memory::{Kind, Memory, REPLAY_HEADER};
-use super::profiler::Shape;
+use super::memory::{Kind, Memory, Shape, REPLAY_HEADER};
 use super::ring::ALIGN;
 use crate::format::{self, BufferHeader, KernelArg};
 
@@ -71,7 +70,10 @@ pub(crate) struct Graphs {
 impl Graphs {
     /// Compiles the prologue and allocates the states (before any capture:
     /// neither is allowed while the application's thread captures).
-    pub(crate) fn new(ctx: &Arc<CudaContext>, lineinfo: bool) -> Result<Arc<Graphs>, ProfilerError> {
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        lineinfo: bool,
+    ) -> Result<Arc<Graphs>, ProfilerError> {
         let ptx = compile(
             PROLOGUE_SOURCE,
             &KernelBuild::new("graph.cu", "compute_75")
@@ -144,7 +146,12 @@ impl Graphs {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: the prologue takes the state's device address.
-                let launched = unsafe { stream.launch_builder(&self.prologue).arg(&state).launch(cfg) };
+                let launched = unsafe {
+                    stream
+                        .launch_builder(&self.prologue)
+                        .arg(&state)
+                        .launch(cfg)
+                };
                 if let Err(e) = launched {
                     table.free.push(slot);
                     return Err(e.into());
@@ -192,18 +199,25 @@ impl Graphs {
         graph: CudaGraph,
         regions: usize,
     ) -> Result<ProfiledGraph, ProfilerError> {
-        let plan = self.table.lock().capturing.remove(&(graph.cu_graph() as usize));
+        let plan = self
+            .table
+            .lock()
+            .capturing
+            .remove(&(graph.cu_graph() as usize));
         let Some(plan) = plan else {
-            return Ok(ProfiledGraph {
-                graph,
-                ready: None,
-            });
+            return Ok(ProfiledGraph { graph, ready: None });
         };
         let k = regions.max(1).next_power_of_two();
         let region = plan.bytes.next_multiple_of(ALIGN);
         let (graphs, slot) = (self.clone(), plan.slot);
         let give_back = Box::new(move || graphs.table.lock().free.push(slot));
-        let ring = match allocate(&self.ctx, Kind::Replays, k * region, Some((k, region)), Some(give_back)) {
+        let ring = match allocate(
+            &self.ctx,
+            Kind::Replays,
+            k * region,
+            Some((k, region)),
+            Some(give_back),
+        ) {
             Ok(r) => r,
             Err(e) => {
                 // The closure that gives the slot back was dropped uncalled.

@@ -8,8 +8,11 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use cudarc::driver::LaunchConfig;
+
 use super::error::ProfilerError;
 use super::ring::Region;
+use crate::format;
 
 /// What a piece of trace memory is for, which decides how it is recycled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,13 +79,7 @@ impl std::fmt::Debug for Memory {
 
 impl Memory {
     /// Memory whose mirror is `host` (`len` bytes), freed by `free`.
-    pub(crate) fn new(
-        kind: Kind,
-        dptr: u64,
-        len: usize,
-        host: NonNull<u8>,
-        free: Free,
-    ) -> Memory {
+    pub(crate) fn new(kind: Kind, dptr: u64, len: usize, host: NonNull<u8>, free: Free) -> Memory {
         Memory {
             kind,
             dptr,
@@ -112,7 +109,10 @@ impl Memory {
 
     /// The mirror's bytes of `region`. Valid after a [`Device::fetch`] of it.
     pub(crate) fn mirror(&self, region: &Region) -> &[u8] {
-        assert!(region.offset + region.len <= self.len, "{region:?} outside {self:?}");
+        assert!(
+            region.offset + region.len <= self.len,
+            "{region:?} outside {self:?}"
+        );
         // SAFETY: in bounds (checked); nobody writes the mirror while the
         // collector reads it (only the collector's fetch writes it).
         unsafe { std::slice::from_raw_parts(self.host.as_ptr().add(region.offset), region.len) }
@@ -173,4 +173,46 @@ pub(crate) trait Device: Send {
     fn release(&mut self, mark: Mark);
     /// Nothing has finished: wait a little (the poll interval) before asking again.
     fn idle(&mut self);
+}
+
+/// The trace buffer a launch needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub slots: u32,
+    pub warps_per_block: u32,
+    pub bytes: usize,
+}
+
+impl Shape {
+    /// One slot per warp of the grid, `capacity` records each.
+    pub(crate) fn of(
+        cfg: &LaunchConfig,
+        capacity: u32,
+        limit: usize,
+    ) -> Result<Shape, ProfilerError> {
+        let grid = [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2];
+        let block = [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2];
+        if grid.contains(&0) || block.contains(&0) {
+            return Err(ProfilerError::EmptyLaunch { grid, block });
+        }
+        let threads = block.iter().map(|&d| d as u64).product::<u64>();
+        let warps_per_block = threads.div_ceil(32);
+        let slots = grid.iter().map(|&d| d as u64).product::<u64>() * warps_per_block;
+        let needed = format::BUFFER_HEADER_SIZE as u128
+            + slots as u128 * format::slot_stride(capacity) as u128;
+        let too_large = || ProfilerError::BufferTooLarge {
+            needed,
+            slots,
+            capacity,
+            limit,
+        };
+        if needed > limit as u128 || slots > u32::MAX as u64 || warps_per_block > u32::MAX as u64 {
+            return Err(too_large());
+        }
+        Ok(Shape {
+            slots: slots as u32,
+            warps_per_block: warps_per_block as u32,
+            bytes: needed as usize,
+        })
+    }
 }

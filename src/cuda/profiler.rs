@@ -71,10 +71,10 @@ use super::collector::ProfilerStats;
 use super::collector::{
     Collector, CollectorConfig, Job, Recalibrate, Recalibration, Round, Shared, Work,
 };
-use super::device::{allocate, CudaDevice, Events};
+use super::device::{allocate, device_info, CudaDevice, Events};
 use super::error::{CalibrateError, ProfilerError};
 use super::graph::{Graphs, ProfiledGraph};
-use super::memory::{Kind, Mark, Memory, Place};
+use super::memory::{Kind, Mark, Memory, Place, Shape};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};
 use crate::batch::{DeviceInfo, LaunchInfo};
@@ -378,48 +378,6 @@ impl std::fmt::Debug for Profiler {
             .field("capacity", &self.capacity)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
-    }
-}
-
-/// The trace buffer a launch needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Shape {
-    pub slots: u32,
-    pub warps_per_block: u32,
-    pub bytes: usize,
-}
-
-impl Shape {
-    /// One slot per warp of the grid, `capacity` records each.
-    pub(crate) fn of(
-        cfg: &LaunchConfig,
-        capacity: u32,
-        limit: usize,
-    ) -> Result<Shape, ProfilerError> {
-        let grid = [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2];
-        let block = [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2];
-        if grid.contains(&0) || block.contains(&0) {
-            return Err(ProfilerError::EmptyLaunch { grid, block });
-        }
-        let threads = block.iter().map(|&d| d as u64).product::<u64>();
-        let warps_per_block = threads.div_ceil(32);
-        let slots = grid.iter().map(|&d| d as u64).product::<u64>() * warps_per_block;
-        let needed = format::BUFFER_HEADER_SIZE as u128
-            + slots as u128 * format::slot_stride(capacity) as u128;
-        let too_large = || ProfilerError::BufferTooLarge {
-            needed,
-            slots,
-            capacity,
-            limit,
-        };
-        if needed > limit as u128 || slots > u32::MAX as u64 || warps_per_block > u32::MAX as u64 {
-            return Err(too_large());
-        }
-        Ok(Shape {
-            slots: slots as u32,
-            warps_per_block: warps_per_block as u32,
-            bytes: needed as usize,
-        })
     }
 }
 
@@ -760,35 +718,6 @@ fn thread_name() -> String {
         Some(n) => n.to_string(),
         None => format!("{:?}", t.id()),
     }
-}
-
-/// What the driver says of the context's device.
-fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo, ProfilerError> {
-    let uuid = ctx.uuid()?;
-    let b: Vec<u8> = uuid.bytes.iter().map(|&c| c as u8).collect();
-    let hex =
-        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    let (major, minor) = ctx.compute_capability()?;
-    let mut version = 0;
-    // SAFETY: a valid out-pointer.
-    unsafe { sys::cuDriverGetVersion(&mut version).result()? };
-    Ok(DeviceInfo {
-        ordinal: ctx.ordinal() as u32,
-        name: ctx.name()?,
-        uuid: format!(
-            "GPU-{}-{}-{}-{}-{}",
-            hex(0..4),
-            hex(4..6),
-            hex(6..8),
-            hex(8..10),
-            hex(10..16)
-        ),
-        sm_count: ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-            as u32,
-        driver_version: format!("CUDA {}.{}", version / 1000, (version % 1000) / 10),
-        compute_capability: (major as u32, minor as u32),
-    })
 }
 
 /// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one

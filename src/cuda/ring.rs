@@ -132,7 +132,10 @@ impl Ring {
             return false;
         };
         let e = &mut self.entries[i];
-        debug_assert!(!e.freed && e.offset == region.offset, "{region:?} freed twice");
+        debug_assert!(
+            !e.freed && e.offset == region.offset,
+            "{region:?} freed twice"
+        );
         e.freed = true;
         let mut reclaimed = false;
         while self.entries.front().is_some_and(|e| e.freed) {
