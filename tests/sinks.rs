@@ -1,6 +1,6 @@
 //! A `BatchSink` defined here, outside the crate, receives whole batches
-//! beside `PerfettoLayer` and `OtlpLayer`, in every subscriber shape that
-//! forwards `downcast_raw`; nothing names it to the crate.
+//! beside `PerfettoLayer` and `OtlpLayer`, in every subscriber shape users
+//! write, `reload` included; nothing names it to the crate.
 #![cfg(feature = "otlp")]
 
 mod otlp_receiver;
@@ -18,7 +18,7 @@ use tracing_gpu::otlp::{Detail, OtlpLayer, Protocol};
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::{Layer, Registry};
+use tracing_subscriber::{reload, Layer, Registry};
 
 /// What a sink of ours saw: the launch ids of its batches, and its flushes.
 #[derive(Default)]
@@ -100,9 +100,10 @@ fn an_outside_sink_gets_every_batch_beside_perfetto_and_otlp() {
     assert_eq!((named("launch"), named("k")), (3, 3), "{spans:#?}");
 }
 
-/// Layer shapes users write: each must hand every batch to the sink once.
+/// Layer shapes users write: each must hand every batch to the sink once,
+/// and flush it once.
 #[test]
-fn sinks_are_found_in_every_shape_that_forwards_downcasts() {
+fn sinks_are_found_in_every_shape() {
     type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
     type Make = Box<dyn Fn(Counter) -> Dispatch>;
     let shapes: Vec<(&str, Make)> = vec![
@@ -139,6 +140,15 @@ fn sinks_are_found_in_every_shape_that_forwards_downcasts() {
                     Registry::default()
                         .with(SinkLayer::new(c).unwrap().with_filter(LevelFilter::INFO)),
                 )
+            }),
+        ),
+        (
+            // Does not forward `downcast_raw`; events and
+            // `on_register_dispatch` are enough.
+            "reload",
+            Box::new(|c| {
+                let (layer, _handle) = reload::Layer::new(SinkLayer::new(c).unwrap());
+                Dispatch::new(Registry::default().with(layer))
             }),
         ),
     ];

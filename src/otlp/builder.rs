@@ -275,6 +275,7 @@ impl OtlpLayerBuilder {
             mode: AtomicU8::new(MODE_UNKNOWN),
             materialize: ReentrantMutex::new(()),
             lookup: OnceLock::new(),
+            slot: OnceLock::new(),
             jobs: tx,
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
@@ -297,6 +298,7 @@ impl OtlpLayerBuilder {
             done: false,
         };
         let sink = SinkHandle::new(inner.clone())?;
+        let _ = inner.slot.set(sink.slot());
         Ok((OtlpLayer { inner, sink }, guard))
     }
 }
