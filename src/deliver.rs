@@ -341,6 +341,7 @@ impl SinkHandle {
     }
 
     /// The slot this sink takes.
+    #[cfg(feature = "otlp")]
     pub(crate) fn slot(&self) -> usize {
         self.slot.0
     }
