@@ -304,13 +304,18 @@ fn stream_perfetto(path: &Path, out: &Path) -> Result<WriteStats, Failure> {
     let count = reader.launch_count();
     let batches = reader.batches().map_err(failure)?;
     let head = batches.head();
+    note_missing_host_spans(path, head);
+    write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
+}
+
+/// Without host spans a replay has no launch spans (nor, in Perfetto, arrows):
+/// says why, if the capture says.
+fn note_missing_host_spans(path: &Path, head: &Capture) {
     if head.host_spans.is_empty() {
-        // Without host spans a replay has no launch spans and no arrows: say why.
         if let Some((_, why)) = head.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE) {
             eprintln!("note: {} has no host spans ({why})", path.display());
         }
     }
-    write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
 }
 
 fn convert(
@@ -331,6 +336,9 @@ fn convert(
     }
     if let Some((endpoint, protocol, timeout, detail)) = otlp {
         let recorded = read_capture(capture)?;
+        if out.is_none() {
+            note_missing_host_spans(capture, &recorded);
+        }
         let batches = batches(&recorded, capture)?;
         export_otlp(&recorded, &batches, endpoint, (protocol, detail), timeout)?;
     }

@@ -225,6 +225,44 @@ fn report_prints_statistics_and_draws_the_timeline() {
     assert_exit(&o, 2, "neither a launch id");
 }
 
+/// A capture recorded without `CaptureRecorder::layer()` says so, and
+/// `convert` repeats it: no launch spans, and how to get them.
+#[test]
+fn convert_says_how_to_get_missing_host_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut capture = sample_dump();
+    capture.host_spans.clear();
+    capture.metadata.push((
+        tracing_gpu::capture::HOST_SPANS_NOTE.into(),
+        "not recorded: add CaptureRecorder::layer() to the subscriber".into(),
+    ));
+    let path = dir.path().join("bare.tgpu");
+    capture.write(&path).unwrap();
+    let out = dir.path().join("bare.perfetto-trace");
+    let o = run(&[
+        "convert",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "has no host spans (not recorded: add CaptureRecorder::layer() to the subscriber)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    // With host spans, no such note.
+    let o = run(&[
+        "convert",
+        write_sample(dir.path()).to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!stderr(&o).contains("no host spans"), "{}", stderr(&o));
+}
+
 #[test]
 fn missing_and_unreadable_inputs_exit_3() {
     let dir = tempfile::tempdir().unwrap();

@@ -615,6 +615,50 @@ impl std::io::Write for Line {
     }
 }
 
+/// The plain fallback spans (`tracing_gpu::device=trace`) through the
+/// application's tracing-opentelemetry layer, to the receiver: under the
+/// launch span, in its trace, every key once, numbers as numbers.
+#[test]
+fn fallback_spans_through_tracing_opentelemetry_keep_numbers_and_unique_keys() {
+    let rx = Receiver::start(Transport::Http);
+    let app = app_provider(&rx);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
+        .with(EnvFilter::new("info,tracing_gpu::device=trace"));
+    let batch = tracing::subscriber::with_default(subscriber, || launch_and_deliver(|| {}));
+    app.force_flush().unwrap();
+    let events = batch.buffer.event_count() as usize;
+    let spans = rx.wait_spans(1 + events);
+    assert_eq!(spans.len(), 1 + events, "the launch and one span per event");
+    let launch = one(&spans, "launch");
+    for s in spans.iter().filter(|s| s.span.name != "launch") {
+        assert!(is_child_of(s, launch), "{}", s.span.name);
+        let mut keys: Vec<&str> = s.span.attributes.iter().map(|a| a.key.as_str()).collect();
+        keys.sort_unstable();
+        let n = keys.len();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "a key twice: {keys:?}");
+        for key in [
+            "gpu.sm",
+            "gpu.block",
+            "gpu.warp",
+            "gpu.start_ns",
+            "gpu.end_ns",
+            "gpu.launch_id",
+            "gpu.payload",
+        ] {
+            assert!(
+                s.int_attr(key).is_some(),
+                "{key} is not an integer: {:?}",
+                s.attr(key)
+            );
+        }
+        assert!(s.str_attr("gpu.thread").unwrap().starts_with("GPU 0 / SM "));
+        assert!(s.int_attr("gpu.start_ns") <= s.int_attr("gpu.end_ns"));
+    }
+    app.shutdown().unwrap();
+}
+
 #[test]
 fn skip_exports_only_device_spans() {
     let rx = Receiver::start(Transport::Http);

@@ -18,7 +18,7 @@ use tracing_gpu::otlp::{Detail, OtlpLayer, Protocol};
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::{reload, Layer, Registry};
+use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
 /// What a sink of ours saw: the launch ids of its batches, and its flushes.
 #[derive(Default)]
@@ -180,4 +180,57 @@ fn several_sinks_of_one_type_each_get_every_batch() {
     let _kept = SinkLayer::new(outside.clone()).unwrap();
     deliver_all(&dispatch, &[6]);
     assert!(outside.0.lock().launches.is_empty());
+}
+
+/// Device data obeys filters in the crate's own sinks: a global `warn` (as
+/// `RUST_LOG=warn`) sends nothing; `tracing_gpu::device=off` turns device data
+/// off and leaves the host spans; a per-layer filter turns it off for one sink.
+#[test]
+fn the_crate_sinks_obey_global_and_per_layer_filters() {
+    // (global filter, OTLP's own filter) → (Perfetto kernels, OTLP span names)
+    let cases: [(&str, Option<&str>, u64, &[&str]); 4] = [
+        ("warn", None, 0, &[]),
+        (
+            "info,tracing_gpu::device=off",
+            None,
+            0,
+            &["launch", "launch"],
+        ),
+        (
+            "info",
+            Some("info,tracing_gpu::device=off"),
+            2,
+            &["launch", "launch"],
+        ),
+        ("info", Some("info"), 2, &["k", "k", "launch", "launch"]),
+    ];
+    for (global, own, kernels, names) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("t.perfetto-trace");
+        let (perfetto, perfetto_guard) = PerfettoLayer::builder().file(&trace).build().unwrap();
+        let rx = Receiver::start(Transport::Http);
+        let (otlp, otlp_guard) = OtlpLayer::builder()
+            .protocol(Protocol::HttpProtobuf)
+            .endpoint(rx.endpoint())
+            .detail(Detail::Kernel)
+            .shutdown_timeout(otlp_receiver::PATIENCE)
+            .build()
+            .unwrap();
+        let otlp = otlp.with_filter(EnvFilter::new(own.unwrap_or("trace")));
+        let dispatch = Dispatch::new(
+            tracing_subscriber::registry()
+                .with(perfetto)
+                .with(otlp)
+                .with(EnvFilter::new(global)),
+        );
+        deliver_all(&dispatch, &[1, 2]);
+        drop(dispatch);
+        let case = format!("{global} / {own:?}");
+        let stats = perfetto_guard.finish().unwrap();
+        assert_eq!(stats.kernels, kernels, "{case}");
+        otlp_guard.flush().unwrap();
+        let mut got: Vec<String> = rx.spans().into_iter().map(|s| s.span.name).collect();
+        got.sort();
+        assert_eq!(got, names, "{case}");
+    }
 }
