@@ -170,9 +170,6 @@ pub struct TrackDescriptor {
     /// Rank among siblings when the parent orders explicitly.
     #[prost(int32, optional, tag = "12")]
     pub sibling_order_rank: Option<i32>,
-    /// Order of process tracks (root descriptor, uuid 0, only).
-    #[prost(int32, optional, tag = "19")]
-    pub process_ordering: Option<i32>,
 }
 
 /// `TrackDescriptor.child_ordering`: children ordered by `sibling_order_rank`.
