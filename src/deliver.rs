@@ -88,16 +88,21 @@
 //! of that slot alone (`Slot<N>`, a distinct type for each `N`); [`deliver`]
 //! asks for the marker of every slot in use. This sees through `Layered`,
 //! `Filtered`, `Option`, `Vec` and `Box<dyn Layer>`, which forward
-//! `downcast_raw`; `tracing_subscriber::reload` does not, so a sink behind it is
-//! not found. The cost is one downcast per live sink and batch, and one event
-//! (the gate) per batch.
+//! `downcast_raw`. [`deliver`] itself needs no downcast: each sink that sees
+//! the batch's gate event hands itself over then, through any layer that
+//! forwards events, `tracing_subscriber::reload` included. [`flush`] asks by
+//! downcast, and for a sink behind `reload` (which does not forward
+//! `downcast_raw`) by what the sink learnt in `Layer::on_register_dispatch`
+//! ([`SinkHandle::on_register_dispatch`]): the subscriber's
+//! `tracing_subscriber::Registry`. The cost is one event (the gate) per batch.
 
 use std::any::TypeId;
 use std::borrow::Cow;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use tracing::{Dispatch, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 
@@ -171,8 +176,29 @@ impl Taken {
 
 impl Drop for Taken {
     fn drop(&mut self) {
+        HIDDEN.lock().retain(|h| h.slot != self.0);
         IN_USE[self.0 / 64].fetch_and(!(1 << (self.0 % 64)), Ordering::AcqRel);
     }
+}
+
+/// A sink that its subscriber cannot find by downcast (it sits behind
+/// `tracing_subscriber::reload`), and the subscriber it was registered with,
+/// named by the address of that subscriber's `Registry`.
+struct Hidden {
+    slot: usize,
+    registry: usize,
+    sink: Weak<dyn BatchSink>,
+}
+
+/// Every [`Hidden`] sink; at most one entry per slot and subscriber.
+static HIDDEN: Mutex<Vec<Hidden>> = Mutex::new(Vec::new());
+
+/// The address of `dispatch`'s `Registry`, which names the subscriber (no
+/// two live subscribers share one).
+fn registry_of(dispatch: &Dispatch) -> Option<usize> {
+    dispatch
+        .downcast_ref::<tracing_subscriber::Registry>()
+        .map(|r| r as *const tracing_subscriber::Registry as usize)
 }
 
 /// Every slot in use.
@@ -196,7 +222,7 @@ fn slots_in_use() -> impl Iterator<Item = usize> {
 pub struct TooManySinks;
 
 /// What makes a [`BatchSink`] findable: a layer that is a sink holds one and
-/// forwards its `downcast_raw` to [`SinkHandle::downcast_raw`]. Clones share
+/// forwards its `on_event`, `on_register_dispatch` and `downcast_raw` to it. Clones share
 /// the slot; it is freed when the last one is dropped.
 ///
 /// ```
@@ -219,6 +245,13 @@ pub struct TooManySinks;
 ///     handle: SinkHandle,
 /// }
 /// impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for MyLayer {
+///     // The three calls a sink needs, forwarded to the handle.
+///     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+///         self.handle.on_event(event);
+///     }
+///     fn on_register_dispatch(&self, dispatch: &tracing::Dispatch) {
+///         self.handle.on_register_dispatch(dispatch);
+///     }
 ///     unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
 ///         // Safety: forwarded as `Layer::downcast_raw` requires.
 ///         unsafe { self.handle.downcast_raw(self, id) }
@@ -255,16 +288,62 @@ impl SinkHandle {
 
     /// `Layer::on_event` for a layer that holds this handle: notes that the
     /// subscriber's filters let the current batch through to this sink (see
-    /// [the module docs](self#filters)). A layer of your own that holds a
-    /// handle calls it from its `on_event`, or it gets no batches.
+    /// [the module docs](self#filters)), and hands the sink to [`deliver`]. A
+    /// layer of your own that holds a handle calls it from its `on_event`, or
+    /// it gets no batches.
     pub fn on_event(&self, event: &tracing::Event<'_>) {
-        if is_gate(event.metadata()) {
-            OPEN.with(|open| {
-                let mut bits = open.get();
-                bits[self.slot.0 / 64] |= 1 << (self.slot.0 % 64);
-                open.set(bits);
+        if !is_gate(event.metadata()) {
+            return;
+        }
+        let (word, bit) = (self.slot.0 / 64, 1 << (self.slot.0 % 64));
+        let mut bits = OPEN.get();
+        if bits[word] & bit != 0 {
+            return; // the same sink twice in one subscriber: one batch
+        }
+        bits[word] |= bit;
+        OPEN.set(bits);
+        GATED.with(|gated| {
+            if let Ok(mut gated) = gated.try_borrow_mut() {
+                if let Some(gated) = gated.as_mut() {
+                    gated.push(self.sink.clone());
+                }
+            }
+        });
+    }
+
+    /// `Layer::on_register_dispatch` for a layer that holds this handle. A sink
+    /// that `dispatch` cannot find by downcast (behind
+    /// `tracing_subscriber::reload`) is remembered here for [`flush`]; batches
+    /// reach it either way.
+    pub fn on_register_dispatch(&self, dispatch: &Dispatch) {
+        if self.is_in(dispatch) {
+            return;
+        }
+        let Some(registry) = registry_of(dispatch) else {
+            return;
+        };
+        let mut hidden = HIDDEN.lock();
+        if !hidden
+            .iter()
+            .any(|h| h.slot == self.slot.0 && h.registry == registry)
+        {
+            hidden.push(Hidden {
+                slot: self.slot.0,
+                registry,
+                sink: Arc::downgrade(&self.sink),
             });
         }
+    }
+
+    /// Whether `dispatch` holds this sink and finds it by downcast.
+    pub(crate) fn is_in(&self, dispatch: &Dispatch) -> bool {
+        holds(dispatch, self.slot.0, Arc::as_ptr(&self.sink) as *const ())
+    }
+
+    /// The slot this sink takes.
+    #[cfg(feature = "otlp")]
+    pub(crate) fn slot(&self) -> usize {
+        self.slot.0
     }
 
     /// `Layer::downcast_raw(id)` for `layer`, a layer that holds this handle
@@ -342,18 +421,42 @@ impl<S: Subscriber, T: BatchSink + 'static> Layer<S> for SinkLayer<T> {
         self.handle.on_event(event);
     }
 
+    fn on_register_dispatch(&self, dispatch: &Dispatch) {
+        self.handle.on_register_dispatch(dispatch);
+    }
+
     unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
         // Safety: forwarded from our own `downcast_raw`.
         unsafe { self.handle.downcast_raw(self, id) }
     }
 }
 
-/// Calls `f` with every sink in `dispatch` and its slot, in slot order.
+/// Whether `dispatch` finds, by downcast, the sink in `slot` at address `sink`.
+pub(crate) fn holds(dispatch: &Dispatch, slot: usize, sink: *const ()) -> bool {
+    PROBES[slot](dispatch).is_some_and(|s| Arc::as_ptr(s) as *const () == sink)
+}
+
+/// Calls `f` with every sink in `dispatch` and its slot: those found by
+/// downcast, in slot order, then those behind `reload` ([`Hidden`]).
 pub(crate) fn for_each_sink(dispatch: &Dispatch, mut f: impl FnMut(usize, &Arc<dyn BatchSink>)) {
+    let mut found = [0u64; MAX_SINKS / 64];
     for slot in slots_in_use() {
         if let Some(sink) = PROBES[slot](dispatch) {
+            found[slot / 64] |= 1 << (slot % 64);
             f(slot, sink);
         }
+    }
+    let Some(registry) = registry_of(dispatch) else {
+        return;
+    };
+    let hidden: Vec<_> = HIDDEN
+        .lock()
+        .iter()
+        .filter(|h| h.registry == registry && found[h.slot / 64] & (1 << (h.slot % 64)) == 0)
+        .filter_map(|h| Some((h.slot, h.sink.upgrade()?)))
+        .collect();
+    for (slot, sink) in hidden {
+        f(slot, &sink);
     }
 }
 
@@ -369,6 +472,9 @@ fn is_gate(meta: &tracing::Metadata<'_>) -> bool {
 thread_local! {
     /// The slots of the sinks that have seen the current batch's gate event.
     static OPEN: Cell<[u64; MAX_SINKS / 64]> = const { Cell::new([0; MAX_SINKS / 64]) };
+    /// Those sinks, in the order the gate reached them; `Some` only while
+    /// [`deliver`] emits the gate.
+    static GATED: RefCell<Option<Vec<Arc<dyn BatchSink>>>> = const { RefCell::new(None) };
 }
 
 /// The most plain spans one batch becomes (see [the module docs](self#the-fields-of-a-device-span));
@@ -386,7 +492,8 @@ pub const FALLBACK_SPAN_LIMIT: usize = 4096;
 /// d.clone());`, then call `deliver(&d, batch)`, as the profiler's collector does.
 pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) {
     tracing::dispatcher::with_default(dispatch, || {
-        OPEN.with(|open| open.set([0; MAX_SINKS / 64]));
+        OPEN.set([0; MAX_SINKS / 64]);
+        let outer = GATED.replace(Some(Vec::new()));
         let launch = &batch.launch;
         tracing::event!(
             name: GATE_EVENT,
@@ -397,12 +504,11 @@ pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) {
             gpu.kernel = launch.kernel.as_str(),
             gpu.device = i64::from(batch.device.ordinal),
         );
-        let open = OPEN.with(Cell::take);
-        for_each_sink(dispatch, |slot, sink| {
-            if open[slot / 64] & (1 << (slot % 64)) != 0 {
-                sink.on_batch(&batch);
-            }
-        });
+        OPEN.take();
+        let sinks = GATED.replace(outer).unwrap_or_default();
+        for sink in &sinks {
+            sink.on_batch(&batch);
+        }
         if tracing::level_enabled!(tracing::Level::TRACE) {
             emit_spans(&batch);
         }

@@ -46,3 +46,9 @@ pub(crate) mod test_support;
 #[cfg(all(doctest, feature = "cuda"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/subscriber.md's Rust code blocks, compiled as doctests (the OTLP setup
+/// needs the `otlp` feature).
+#[cfg(all(doctest, feature = "otlp"))]
+#[doc = include_str!("../docs/subscriber.md")]
+pub struct SubscriberDoctests;

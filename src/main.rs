@@ -15,7 +15,9 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing_gpu::batch::Batch;
-use tracing_gpu::capture::{Capture, CaptureError, CaptureReader, HOST_SPANS_NOTE};
+use tracing_gpu::capture::{
+    Capture, CaptureDevice, CaptureError, CaptureLaunch, CaptureReader, HOST_SPANS_NOTE,
+};
 use tracing_gpu::output::AtomicFile;
 use tracing_gpu::perfetto::{TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
@@ -32,7 +34,7 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  a run failed (a CUDA or driver error during a live run)
-  2  bad usage (unknown option, missing argument, launch index out of range)
+  2  bad usage (unknown option, missing argument, no launch with the id given)
   3  an input file cannot be read (missing, permission)
   4  an input file is not a valid capture (wrong magic, truncated, corrupt)
   5  an output file cannot be written
@@ -117,6 +119,12 @@ enum Command {
             requires = "otlp"
         )]
         otlp_timeout: std::time::Duration,
+        /// How much of each launch becomes OTLP spans: `kernel` (one span a
+        /// launch, with per-type summaries), `phase` (also one span per event
+        /// type and warp role) or `warp` (also every event, under one span per
+        /// warp: large).
+        #[arg(long, value_enum, default_value_t = OtlpDetail::Phase, requires = "otlp")]
+        detail: OtlpDetail,
     },
     /// Statistics per event type and per SM, and an SVG timeline of SMs against time.
     #[command(after_help = EXIT_CODES)]
@@ -125,11 +133,15 @@ enum Command {
         capture: PathBuf,
         /// Also draw the timeline into this SVG file (opens in any browser). With
         /// several GPUs, GPU n's goes to FILE with `.gpu<n>` before the extension.
+        /// Of several launches it draws the one with the most events, unless
+        /// --launch says otherwise.
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
-        /// Only this launch (its index in the capture, from 0).
-        #[arg(long, value_name = "N")]
-        launch: Option<usize>,
+        /// Only the launch with this launch id (the `gpu.launch_id` of the
+        /// traces, from 1, unique in a capture), or `all`: every launch, the
+        /// SVG's on one time axis. Default: the text covers every launch.
+        #[arg(long, value_name = "ID|all", value_parser = parse_launch)]
+        launch: Option<LaunchPick>,
         /// Width of the SVG's plot area in pixels (100 to 20000).
         #[arg(long, value_name = "PX", default_value_t = 1600,
               value_parser = clap::value_parser!(u32)
@@ -292,19 +304,24 @@ fn stream_perfetto(path: &Path, out: &Path) -> Result<WriteStats, Failure> {
     let count = reader.launch_count();
     let batches = reader.batches().map_err(failure)?;
     let head = batches.head();
+    note_missing_host_spans(path, head);
+    write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
+}
+
+/// Without host spans a replay has no launch spans (nor, in Perfetto, arrows):
+/// says why, if the capture says.
+fn note_missing_host_spans(path: &Path, head: &Capture) {
     if head.host_spans.is_empty() {
-        // Without host spans a replay has no launch spans and no arrows: say why.
         if let Some((_, why)) = head.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE) {
             eprintln!("note: {} has no host spans ({why})", path.display());
         }
     }
-    write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
 }
 
 fn convert(
     capture: &Path,
     out: Option<&Path>,
-    otlp: Option<(&str, &str, std::time::Duration)>,
+    otlp: Option<(&str, &str, std::time::Duration, OtlpDetail)>,
 ) -> Result<(), Failure> {
     if let Some(out) = out {
         let stats = stream_perfetto(capture, out)?;
@@ -317,12 +334,40 @@ fn convert(
             stats.bytes
         );
     }
-    if let Some((endpoint, protocol, timeout)) = otlp {
+    if let Some((endpoint, protocol, timeout, detail)) = otlp {
         let recorded = read_capture(capture)?;
+        if out.is_none() {
+            note_missing_host_spans(capture, &recorded);
+        }
         let batches = batches(&recorded, capture)?;
-        export_otlp(&recorded, &batches, endpoint, protocol, timeout)?;
+        export_otlp(&recorded, &batches, endpoint, (protocol, detail), timeout)?;
     }
     Ok(())
+}
+
+/// `convert --detail`: `tracing_gpu::otlp::Detail`, which this build may lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OtlpDetail {
+    Kernel,
+    Phase,
+    Warp,
+}
+
+/// `report --launch`: one launch, by its launch id, or every launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LaunchPick {
+    Id(u64),
+    All,
+}
+
+fn parse_launch(s: &str) -> Result<LaunchPick, String> {
+    match s.trim() {
+        "all" => Ok(LaunchPick::All),
+        id => id
+            .parse()
+            .map(LaunchPick::Id)
+            .map_err(|_| format!("{s:?} is neither a launch id (a whole number) nor `all`")),
+    }
 }
 
 /// `--otlp-timeout`: a positive number of seconds, at most a day.
@@ -342,11 +387,11 @@ fn export_otlp(
     recorded: &Capture,
     batches: &[Arc<Batch>],
     endpoint: &str,
-    protocol: &str,
+    (protocol, detail): (&str, OtlpDetail),
     timeout: std::time::Duration,
 ) -> Result<(), Failure> {
     use std::time::{Duration, Instant};
-    use tracing_gpu::otlp::{ExportFailure, OtlpError, OtlpLayer, Protocol};
+    use tracing_gpu::otlp::{Detail, ExportFailure, OtlpError, OtlpLayer, Protocol};
     let failed = |e: String| Failure::new(Exit::Export, format!("OTLP export to {endpoint}: {e}"));
     let protocol: Protocol = protocol
         .parse()
@@ -356,6 +401,11 @@ fn export_otlp(
         .service_name("tracing-gpu")
         .endpoint(endpoint)
         .protocol(protocol)
+        .detail(match detail {
+            OtlpDetail::Kernel => Detail::Kernel,
+            OtlpDetail::Phase => Detail::Phase,
+            OtlpDetail::Warp => Detail::Warp,
+        })
         .timeout(timeout)
         .shutdown_timeout(timeout)
         .build()
@@ -419,7 +469,7 @@ fn export_otlp(
     _: &Capture,
     _: &[Arc<Batch>],
     endpoint: &str,
-    _: &str,
+    _: (&str, OtlpDetail),
     _: std::time::Duration,
 ) -> Result<(), Failure> {
     Err(Failure::new(
@@ -509,89 +559,144 @@ fn per_device_path(path: &Path, ordinal: u32) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// What `report` gathers for one GPU.
+struct DeviceReport {
+    /// The statistics (and, unless the SVG draws the busiest launch, the picture).
+    timeline: Timeline,
+    launches: usize,
+    /// The first few kernel names.
+    kernels: Vec<String>,
+    /// With neither `--launch` nor one launch only: the launch with the most
+    /// events, which the SVG draws.
+    busiest: Option<CaptureLaunch>,
+}
+
 fn report(
     capture: &Path,
     svg: Option<&Path>,
-    launch: Option<usize>,
+    launch: Option<LaunchPick>,
     width: u32,
 ) -> Result<(), Failure> {
     // A launch at a time (CaptureReader): memory does not grow with the
-    // number of launches; the timelines keep statistics and binned pictures.
+    // number of launches; the timelines keep statistics and binned pictures,
+    // and at most one launch is kept whole per GPU (the busiest, to draw).
     let failure = |e| capture_failure(capture, e);
     let mut reader = CaptureReader::open(capture).map_err(failure)?;
     let count = reader.launch_count();
-    if let Some(n) = launch {
-        if n >= count {
-            return Err(Failure::new(
-                Exit::Usage,
-                format!(
-                    "--launch {n}: {} holds {count} launches (0 to {})",
-                    capture.display(),
-                    count.saturating_sub(1)
-                ),
-            ));
-        }
-    }
     if count == 0 {
         print_out(&format!("{}: no launches\n", capture.display()))?;
         return Ok(());
     }
     let head = reader.head().clone();
-    // Per device: its timeline, its launches, and the first few kernel names.
-    let mut timelines: Vec<(Timeline, usize, Vec<String>)> = head
+    let new_timeline = |d: &CaptureDevice, svg: bool| {
+        // The picture is binned launch by launch as they are added, only if asked for.
+        let mut t = match svg {
+            true => Timeline::with_svg(SvgOptions {
+                width,
+                ..SvgOptions::default()
+            }),
+            false => Timeline::new(),
+        };
+        t.set_names(&head.registry);
+        t.set_sm_count(d.info.sm_count);
+        t
+    };
+    // By default the SVG draws the busiest launch, kept aside.
+    let draw_busiest = svg.is_some() && launch.is_none();
+    let mut devices: Vec<DeviceReport> = head
         .devices
         .iter()
-        .map(|d| {
-            // The picture is binned launch by launch as they are added, only if asked for.
-            let mut t = match svg {
-                Some(_) => Timeline::with_svg(SvgOptions {
-                    width,
-                    ..SvgOptions::default()
-                }),
-                None => Timeline::new(),
-            };
-            t.set_names(&head.registry);
-            t.set_sm_count(d.info.sm_count);
-            (t, 0, Vec::new())
+        .map(|d| DeviceReport {
+            timeline: new_timeline(d, svg.is_some() && !draw_busiest),
+            launches: 0,
+            kernels: Vec::new(),
+            busiest: None,
         })
         .collect();
-    for (i, l) in reader.launches().map_err(failure)?.enumerate() {
+    let (mut first_id, mut last_id) = (u64::MAX, 0);
+    for l in reader.launches().map_err(failure)? {
         let l = l.map_err(failure)?;
-        if launch.is_some_and(|n| n != i) {
+        (first_id, last_id) = (first_id.min(l.launch_id), last_id.max(l.launch_id));
+        if launch.is_some_and(|p| p != LaunchPick::All && p != LaunchPick::Id(l.launch_id)) {
             continue;
         }
         let Some(d) = head.devices.iter().position(|d| d.info.ordinal == l.device) else {
             continue; // The reader refuses such a launch; nothing to draw it on.
         };
-        let (timeline, launches, kernels) = &mut timelines[d];
-        timeline.add_buffer(&l.buffer.view());
-        *launches += 1;
-        if kernels.len() < 4 && !kernels.contains(&l.kernel) {
-            kernels.push(l.kernel.clone());
+        let r = &mut devices[d];
+        r.timeline.add_buffer(&l.buffer.view());
+        r.launches += 1;
+        if r.kernels.len() < 4 && !r.kernels.contains(&l.kernel) {
+            r.kernels.push(l.kernel.clone());
+        }
+        let events = l.buffer.event_count();
+        if draw_busiest
+            && r.busiest
+                .as_ref()
+                .is_none_or(|b| b.buffer.event_count() < events)
+        {
+            r.busiest = Some(l);
         }
     }
-    let several = timelines.iter().filter(|(_, n, _)| *n > 0).count() > 1;
-    for (device, (mut timeline, launches, kernels)) in head.devices.iter().zip(timelines) {
-        if launches == 0 {
+    if let Some(LaunchPick::Id(id)) = launch {
+        if devices.iter().all(|r| r.launches == 0) {
+            return Err(Failure::new(
+                Exit::Usage,
+                format!(
+                    "--launch {id}: {} has no launch with that id (its {count} launches have ids {first_id} to {last_id})",
+                    capture.display()
+                ),
+            ));
+        }
+    }
+    let several = devices.iter().filter(|r| r.launches > 0).count() > 1;
+    for (device, mut r) in head.devices.iter().zip(devices) {
+        if r.launches == 0 {
             continue;
         }
-        let names = match kernels.len() {
-            4 => format!("{}, …", kernels[..3].join(", ")),
-            _ => kernels.join(", "),
+        let names = match r.kernels.len() {
+            4 => format!("{}, …", r.kernels[..3].join(", ")),
+            _ => r.kernels.join(", "),
         };
-        timeline.set_title(format!(
+        let title = format!(
             "{names} on GPU {} ({})",
             device.info.ordinal, device.info.name
-        ));
-        print_out(&format!("{}\n", timeline.report()))?;
-        if let (Some(svg), Some(picture)) = (svg, timeline.to_svg()) {
-            let path = if several {
-                per_device_path(svg, device.info.ordinal)
-            } else {
-                svg.to_path_buf()
-            };
-            write_output(&path, picture.as_bytes())?;
-            eprintln!("timeline: {} (open it in a browser)", path.display());
+        );
+        r.timeline.set_title(title.clone());
+        print_out(&format!("{}\n", r.timeline.report()))?;
+        let Some(svg) = svg else { continue };
+        // What the picture shows, when it is not every launch of the text.
+        let mut note = String::new();
+        let picture = match r.busiest.take() {
+            Some(busiest) => {
+                let mut t = new_timeline(device, true);
+                t.add_buffer(&busiest.buffer.view());
+                if r.launches > 1 {
+                    note = format!(
+                        "launch {} ({}), the one with the most events of {}; --launch ID draws another, --launch all every one on one axis",
+                        busiest.launch_id, busiest.kernel, r.launches
+                    );
+                    t.set_title(format!("{title}: {note}"));
+                } else {
+                    t.set_title(title);
+                }
+                t.to_svg()
+            }
+            None => r.timeline.to_svg(),
+        };
+        let Some(picture) = picture else { continue };
+        let path = if several {
+            per_device_path(svg, device.info.ordinal)
+        } else {
+            svg.to_path_buf()
+        };
+        write_output(&path, picture.as_bytes())?;
+        match note.is_empty() {
+            true => eprintln!("timeline: {} (open it in a browser)", path.display()),
+            false => eprintln!(
+                "timeline: {} (open it in a browser): {note}",
+                path.display()
+            ),
         }
     }
     Ok(())
@@ -611,11 +716,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             otlp,
             otlp_protocol,
             otlp_timeout,
+            detail,
         } => convert(
             &capture,
             out.as_deref(),
             otlp.as_deref()
-                .map(|e| (e, otlp_protocol.as_str(), otlp_timeout)),
+                .map(|e| (e, otlp_protocol.as_str(), otlp_timeout, detail)),
         ),
         Command::Calibrate {
             samples,

@@ -209,12 +209,58 @@ fn report_prints_statistics_and_draws_the_timeline() {
     assert!(doc.descendants().filter(|n| n.has_tag_name("rect")).count() > 16);
     assert!(stderr(&o).contains("open it in a browser"));
 
-    // One launch only.
-    let o = run(&["report", capture.to_str().unwrap(), "--launch", "1"]);
+    // One launch only, by its launch id (1 and 2 here).
+    for id in ["1", "2"] {
+        let o = run(&["report", capture.to_str().unwrap(), "--launch", id]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stdout(&o).contains("1 launch,"), "{}", stdout(&o));
+    }
+    let o = run(&["report", capture.to_str().unwrap(), "--launch", "3"]);
+    assert_exit(
+        &o,
+        2,
+        "no launch with that id (its 2 launches have ids 1 to 2)",
+    );
+    let o = run(&["report", capture.to_str().unwrap(), "--launch", "first"]);
+    assert_exit(&o, 2, "neither a launch id");
+}
+
+/// A capture recorded without `CaptureRecorder::layer()` says so, and
+/// `convert` repeats it: no launch spans, and how to get them.
+#[test]
+fn convert_says_how_to_get_missing_host_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut capture = sample_dump();
+    capture.host_spans.clear();
+    capture.metadata.push((
+        tracing_gpu::capture::HOST_SPANS_NOTE.into(),
+        "not recorded: add CaptureRecorder::layer() to the subscriber".into(),
+    ));
+    let path = dir.path().join("bare.tgpu");
+    capture.write(&path).unwrap();
+    let out = dir.path().join("bare.perfetto-trace");
+    let o = run(&[
+        "convert",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("1 launch,"), "{}", stdout(&o));
-    let o = run(&["report", capture.to_str().unwrap(), "--launch", "2"]);
-    assert_exit(&o, 2, "holds 2 launches");
+    assert!(
+        stderr(&o).contains(
+            "has no host spans (not recorded: add CaptureRecorder::layer() to the subscriber)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    // With host spans, no such note.
+    let o = run(&[
+        "convert",
+        write_sample(dir.path()).to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!stderr(&o).contains("no host spans"), "{}", stderr(&o));
 }
 
 #[test]
@@ -554,6 +600,41 @@ fn convert_sends_host_and_device_spans_to_an_otlp_receiver() {
             "{protocol}: the device span is not in a launch span's trace"
         );
     }
+}
+
+/// `convert --otlp --detail`: one kernel span a launch, or phases, or every
+/// event under its warp's span (2 launches × 8 blocks × 3 warps here).
+#[cfg(feature = "otlp")]
+#[test]
+fn convert_otlp_detail_picks_the_spans() {
+    use otlp_receiver::{Receiver, Transport};
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    // (detail, warp spans, mma spans): Phase has one mma span per launch and
+    // consumer role (warps 1 and 2).
+    for (detail, warps, mmas) in [("kernel", 0, 0), ("phase", 0, 4), ("warp", 48, 256)] {
+        let receiver = Receiver::start(Transport::Http);
+        let endpoint = receiver.endpoint();
+        let o = run(&[
+            "convert",
+            capture.to_str().unwrap(),
+            "--otlp",
+            &endpoint,
+            "--detail",
+            detail,
+        ]);
+        assert!(o.status.success(), "{detail}: {}", stderr(&o));
+        // The export has ended: everything is in.
+        let spans = receiver.spans();
+        let count = |f: &dyn Fn(&str) -> bool| spans.iter().filter(|r| f(&r.span.name)).count();
+        assert_eq!(count(&|n| n.starts_with("block ")), warps, "{detail}");
+        assert_eq!(count(&|n| n == "mma"), mmas, "{detail}");
+        // Two kernel spans, whatever the detail: the launches' host spans and
+        // the kernels share the name.
+        assert_eq!(count(&|n| n == "gemm"), 4, "{detail}");
+    }
+    let o = run(&["convert", capture.to_str().unwrap(), "--detail", "warp"]);
+    assert_eq!(o.status.code(), Some(2), "--detail needs --otlp");
 }
 
 #[test]

@@ -18,7 +18,9 @@ use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostClock, HostOffse
 use tracing_gpu::format::{BufferBuilder, EventKind};
 use tracing_gpu::otlp::{Detail, HostSpans, OtlpGuard, OtlpLayer, PhaseGroup, Protocol};
 use tracing_gpu::registry::EventRegistry;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
 fn protocol(t: Transport) -> Protocol {
     match t {
@@ -422,6 +424,7 @@ fn app_provider(rx: &Receiver) -> opentelemetry_sdk::trace::SdkTracerProvider {
 
 fn check_joined(rx: &Receiver, guard: OtlpGuard, app: opentelemetry_sdk::trace::SdkTracerProvider) {
     guard.flush().unwrap();
+    let guard_unjoined = guard.stats().unjoined;
     app.force_flush().unwrap();
     // launch + prepare from the application; kernel + 6 phases from us.
     let spans = rx.wait_spans(2 + 1 + 6);
@@ -440,6 +443,13 @@ fn check_joined(rx: &Receiver, guard: OtlpGuard, app: opentelemetry_sdk::trace::
         "the kernel span joins the application's trace, under its launch span"
     );
     assert_eq!(spans.iter().filter(|s| s.scope == "tracing-gpu").count(), 7);
+    assert!(
+        spans
+            .iter()
+            .all(|s| s.span.trace_id == launch.span.trace_id),
+        "one trace for the request"
+    );
+    assert_eq!(guard_unjoined, 0, "the layer found its subscriber");
     app.shutdown().unwrap();
 }
 
@@ -457,7 +467,7 @@ fn joins_the_application_trace_with_the_opentelemetry_layer_below() {
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
         .with(layer)
-        .with(tracing_subscriber::filter::LevelFilter::INFO);
+        .with(LevelFilter::INFO);
     tracing::subscriber::with_default(subscriber, || launch_and_deliver(prepare));
     check_joined(&rx, guard, app);
 }
@@ -470,9 +480,183 @@ fn joins_the_application_trace_with_the_opentelemetry_layer_above() {
     let subscriber = tracing_subscriber::registry()
         .with(layer)
         .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
-        .with(tracing_subscriber::filter::LevelFilter::INFO);
+        .with(LevelFilter::INFO);
     tracing::subscriber::with_default(subscriber, || launch_and_deliver(prepare));
     check_joined(&rx, guard, app);
+}
+
+/// The application's `tracing-opentelemetry` layer, boxed, for the bottom of
+/// a registry.
+type AppLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
+/// Joined mode with the OTLP layer in shape `make` (the application's layer
+/// below it): one trace, device spans under the launch span, no host span
+/// twice (`check_joined`).
+fn joined_in<S>(make: impl FnOnce(AppLayer, OtlpLayer) -> S)
+where
+    S: tracing::Subscriber + Send + Sync + 'static,
+{
+    let rx = Receiver::start(Transport::Http);
+    let app = app_provider(&rx);
+    let (layer, guard) = layer(&rx, Detail::Phase);
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(app.tracer("app"))
+        .boxed();
+    let subscriber = make(otel, layer);
+    tracing::subscriber::with_default(subscriber, || launch_and_deliver(prepare));
+    check_joined(&rx, guard, app);
+}
+
+// tracing-subscriber 0.3 does not pass `on_register_dispatch` through `Option`
+// and `Vec`: the layer learns its subscriber another way (`learn_dispatch`).
+#[test]
+fn joins_through_option() {
+    joined_in(|otel, otlp| {
+        tracing_subscriber::registry()
+            .with(otel)
+            .with(Some(otlp))
+            .with(LevelFilter::INFO)
+    });
+}
+
+#[test]
+fn joins_through_vec_of_boxed_layers() {
+    joined_in(|otel, otlp| {
+        let layers: Vec<AppLayer> = vec![otel, otlp.boxed()];
+        tracing_subscriber::registry()
+            .with(layers)
+            .with(LevelFilter::INFO)
+    });
+}
+
+#[test]
+fn joins_through_box_dyn_layer() {
+    joined_in(|otel, otlp| {
+        tracing_subscriber::registry()
+            .with(otel)
+            .with(otlp.boxed())
+            .with(LevelFilter::INFO)
+    });
+}
+
+#[test]
+fn joins_through_a_per_layer_filter() {
+    joined_in(|otel, otlp| {
+        tracing_subscriber::registry()
+            .with(otel)
+            .with(otlp.with_filter(EnvFilter::new("info")))
+            .with(LevelFilter::INFO)
+    });
+}
+
+// `reload` does not pass `downcast_raw`: batches reach the layer through the
+// gate event, and it learns its subscriber from `on_register_dispatch`.
+#[test]
+fn joins_through_reload() {
+    joined_in(|otel, otlp| {
+        let (otlp, _handle) = reload::Layer::new(otlp);
+        tracing_subscriber::registry()
+            .with(otel)
+            .with(otlp)
+            .with(LevelFilter::INFO)
+    });
+}
+
+/// `Option` inside `reload` passes neither call: the layer cannot tell that
+/// tracing-opentelemetry exports the host spans. It says so, in its stats and
+/// in one warning at the flush, rather than duplicating in silence.
+#[test]
+fn option_inside_reload_fails_loudly() {
+    let rx = Receiver::start(Transport::Http);
+    let app = app_provider(&rx);
+    let (layer, guard) = layer(&rx, Detail::Phase);
+    let (otlp, _handle) = reload::Layer::new(Some(layer));
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
+        .with(otlp)
+        .with(LevelFilter::INFO);
+    let warnings = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let dispatch = tracing::Dispatch::new(subscriber);
+    tracing::dispatcher::with_default(&dispatch, || launch_and_deliver(prepare));
+    // The flush warns into the application's subscriber, here a recorder.
+    let recorder = tracing_subscriber::fmt()
+        .with_writer({
+            let warnings = warnings.clone();
+            move || Line(warnings.clone())
+        })
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    tracing::subscriber::with_default(recorder, || guard.flush().unwrap());
+    let unjoined = guard.stats().unjoined;
+    // The launch and prepare spans, and the batch (no launch span found).
+    assert_eq!(unjoined, 3, "{:?}", guard.stats());
+    let warnings = warnings.lock();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("did not find its subscriber for 3 host spans or launches"),
+        "{warnings:?}"
+    );
+    drop(dispatch);
+    app.shutdown().unwrap();
+}
+
+/// A writer that keeps each line `fmt` writes.
+struct Line(Arc<parking_lot::Mutex<Vec<String>>>);
+
+impl std::io::Write for Line {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .push(String::from_utf8_lossy(buf).into_owned());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The plain fallback spans (`tracing_gpu::device=trace`) through the
+/// application's tracing-opentelemetry layer, to the receiver: under the
+/// launch span, in its trace, every key once, numbers as numbers.
+#[test]
+fn fallback_spans_through_tracing_opentelemetry_keep_numbers_and_unique_keys() {
+    let rx = Receiver::start(Transport::Http);
+    let app = app_provider(&rx);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
+        .with(EnvFilter::new("info,tracing_gpu::device=trace"));
+    let batch = tracing::subscriber::with_default(subscriber, || launch_and_deliver(|| {}));
+    app.force_flush().unwrap();
+    let events = batch.buffer.event_count() as usize;
+    let spans = rx.wait_spans(1 + events);
+    assert_eq!(spans.len(), 1 + events, "the launch and one span per event");
+    let launch = one(&spans, "launch");
+    for s in spans.iter().filter(|s| s.span.name != "launch") {
+        assert!(is_child_of(s, launch), "{}", s.span.name);
+        let mut keys: Vec<&str> = s.span.attributes.iter().map(|a| a.key.as_str()).collect();
+        keys.sort_unstable();
+        let n = keys.len();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "a key twice: {keys:?}");
+        for key in [
+            "gpu.sm",
+            "gpu.block",
+            "gpu.warp",
+            "gpu.start_ns",
+            "gpu.end_ns",
+            "gpu.launch_id",
+            "gpu.payload",
+        ] {
+            assert!(
+                s.int_attr(key).is_some(),
+                "{key} is not an integer: {:?}",
+                s.attr(key)
+            );
+        }
+        assert!(s.str_attr("gpu.thread").unwrap().starts_with("GPU 0 / SM "));
+        assert!(s.int_attr("gpu.start_ns") <= s.int_attr("gpu.end_ns"));
+    }
+    app.shutdown().unwrap();
 }
 
 #[test]

@@ -139,7 +139,7 @@ fn report_both(capture: &Path, dir: &Path) -> Option<(String, String)> {
     if text.code != Some(0) {
         return None;
     }
-    assert!(text.stdout.contains(" events over "), "{}", text.stdout);
+    assert!(text.stdout.contains(" events, "), "{}", text.stdout);
     Some((text.stdout, std::fs::read_to_string(&svg).expect("the SVG")))
 }
 

@@ -1,6 +1,6 @@
 //! A `BatchSink` defined here, outside the crate, receives whole batches
-//! beside `PerfettoLayer` and `OtlpLayer`, in every subscriber shape that
-//! forwards `downcast_raw`; nothing names it to the crate.
+//! beside `PerfettoLayer` and `OtlpLayer`, in every subscriber shape users
+//! write, `reload` included; nothing names it to the crate.
 #![cfg(feature = "otlp")]
 
 mod otlp_receiver;
@@ -18,7 +18,7 @@ use tracing_gpu::otlp::{Detail, OtlpLayer, Protocol};
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::{Layer, Registry};
+use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
 /// What a sink of ours saw: the launch ids of its batches, and its flushes.
 #[derive(Default)]
@@ -100,9 +100,10 @@ fn an_outside_sink_gets_every_batch_beside_perfetto_and_otlp() {
     assert_eq!((named("launch"), named("k")), (3, 3), "{spans:#?}");
 }
 
-/// Layer shapes users write: each must hand every batch to the sink once.
+/// Layer shapes users write: each must hand every batch to the sink once,
+/// and flush it once.
 #[test]
-fn sinks_are_found_in_every_shape_that_forwards_downcasts() {
+fn sinks_are_found_in_every_shape() {
     type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
     type Make = Box<dyn Fn(Counter) -> Dispatch>;
     let shapes: Vec<(&str, Make)> = vec![
@@ -141,6 +142,15 @@ fn sinks_are_found_in_every_shape_that_forwards_downcasts() {
                 )
             }),
         ),
+        (
+            // Does not forward `downcast_raw`; events and
+            // `on_register_dispatch` are enough.
+            "reload",
+            Box::new(|c| {
+                let (layer, _handle) = reload::Layer::new(SinkLayer::new(c).unwrap());
+                Dispatch::new(Registry::default().with(layer))
+            }),
+        ),
     ];
     for (shape, make) in shapes {
         let mine = Counter::default();
@@ -170,4 +180,57 @@ fn several_sinks_of_one_type_each_get_every_batch() {
     let _kept = SinkLayer::new(outside.clone()).unwrap();
     deliver_all(&dispatch, &[6]);
     assert!(outside.0.lock().launches.is_empty());
+}
+
+/// Device data obeys filters in the crate's own sinks: a global `warn` (as
+/// `RUST_LOG=warn`) sends nothing; `tracing_gpu::device=off` turns device data
+/// off and leaves the host spans; a per-layer filter turns it off for one sink.
+#[test]
+fn the_crate_sinks_obey_global_and_per_layer_filters() {
+    // (global filter, OTLP's own filter) → (Perfetto kernels, OTLP span names)
+    let cases: [(&str, Option<&str>, u64, &[&str]); 4] = [
+        ("warn", None, 0, &[]),
+        (
+            "info,tracing_gpu::device=off",
+            None,
+            0,
+            &["launch", "launch"],
+        ),
+        (
+            "info",
+            Some("info,tracing_gpu::device=off"),
+            2,
+            &["launch", "launch"],
+        ),
+        ("info", Some("info"), 2, &["k", "k", "launch", "launch"]),
+    ];
+    for (global, own, kernels, names) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("t.perfetto-trace");
+        let (perfetto, perfetto_guard) = PerfettoLayer::builder().file(&trace).build().unwrap();
+        let rx = Receiver::start(Transport::Http);
+        let (otlp, otlp_guard) = OtlpLayer::builder()
+            .protocol(Protocol::HttpProtobuf)
+            .endpoint(rx.endpoint())
+            .detail(Detail::Kernel)
+            .shutdown_timeout(otlp_receiver::PATIENCE)
+            .build()
+            .unwrap();
+        let otlp = otlp.with_filter(EnvFilter::new(own.unwrap_or("trace")));
+        let dispatch = Dispatch::new(
+            tracing_subscriber::registry()
+                .with(perfetto)
+                .with(otlp)
+                .with(EnvFilter::new(global)),
+        );
+        deliver_all(&dispatch, &[1, 2]);
+        drop(dispatch);
+        let case = format!("{global} / {own:?}");
+        let stats = perfetto_guard.finish().unwrap();
+        assert_eq!(stats.kernels, kernels, "{case}");
+        otlp_guard.flush().unwrap();
+        let mut got: Vec<String> = rx.spans().into_iter().map(|s| s.span.name).collect();
+        got.sort();
+        assert_eq!(got, names, "{case}");
+    }
 }

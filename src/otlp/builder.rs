@@ -72,14 +72,28 @@ impl Default for OtlpLayerBuilder {
     }
 }
 
-pub(crate) const OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
-pub(crate) const OTEL_EXPORTER_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
-pub(crate) const OTEL_BSP_MAX_QUEUE_SIZE: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
-pub(crate) const DEFAULT_MAX_QUEUE_SIZE: usize = 2048;
-pub(crate) const DEFAULT_MAX_EXPORT_BATCH_SIZE: usize = 512;
-pub(crate) const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-pub(crate) const OTEL_EXPORTER_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+// The `OTEL_*` variables. opentelemetry-otlp and opentelemetry_sdk 0.33 read
+// most of them themselves, and this builder leaves those to them: the endpoint
+// (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, when none is given in code), the
+// headers, `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` (`Resource`),
+// `OTEL_BSP_SCHEDULE_DELAY` and the other batch settings
+// (`BatchConfigBuilder::default`). Three it reads here, because the layer needs
+// their values and the crates read them without saying what they found
+// (`Protocol::from_env`, `resolve_timeout` and `BatchConfig`'s fields are
+// private): the protocol, which picks the exporter's type before it is built;
+// the timeout, which is also this crate's own deadline for an export
+// (`CountingExporter`); and the queue size, which the layer's counters and the
+// conversion thread's patience are sized by. Their names and defaults are the
+// crates'; unlike the crates, a value that does not parse is an error
+// (`OtlpError::Config`), not silently the default.
+use opentelemetry_otlp::{
+    OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT_DEFAULT,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+};
+use opentelemetry_sdk::trace::{
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE_DEFAULT, OTEL_BSP_MAX_QUEUE_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT,
+};
 
 impl OtlpLayerBuilder {
     /// `service.name` of the resource. Default: `OTEL_SERVICE_NAME`, else the
@@ -232,7 +246,7 @@ impl OtlpLayerBuilder {
             // An export starts once the conversion thread waits for room (a full
             // batch is due), not at the next scheduled export.
             .with_max_export_batch_size(
-                DEFAULT_MAX_EXPORT_BATCH_SIZE.min(shared.patient_limit() as usize),
+                OTEL_BSP_MAX_EXPORT_BATCH_SIZE_DEFAULT.min(shared.patient_limit() as usize),
             );
         if let Some(d) = self.scheduled_delay {
             batch_config = batch_config.with_scheduled_delay(d);
@@ -275,6 +289,7 @@ impl OtlpLayerBuilder {
             mode: AtomicU8::new(MODE_UNKNOWN),
             materialize: ReentrantMutex::new(()),
             lookup: OnceLock::new(),
+            slot: OnceLock::new(),
             jobs: tx,
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
@@ -297,6 +312,7 @@ impl OtlpLayerBuilder {
             done: false,
         };
         let sink = SinkHandle::new(inner.clone())?;
+        let _ = inner.slot.set(sink.slot());
         Ok((OtlpLayer { inner, sink }, guard))
     }
 }
@@ -331,12 +347,12 @@ pub(crate) fn timeout_from_env() -> Result<Duration, OtlpError> {
             };
         }
     }
-    Ok(DEFAULT_TIMEOUT)
+    Ok(OTEL_EXPORTER_OTLP_TIMEOUT_DEFAULT)
 }
 
 pub(crate) fn queue_size_from_env() -> Result<usize, OtlpError> {
     match env_value(OTEL_BSP_MAX_QUEUE_SIZE)? {
-        None => Ok(DEFAULT_MAX_QUEUE_SIZE),
+        None => Ok(OTEL_BSP_MAX_QUEUE_SIZE_DEFAULT),
         Some(v) => match v.trim().parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(OtlpError::Config {

@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     pub(crate) dropped_at_export: AtomicU64,
     /// The subscriber this layer sits in: warnings go there, from any thread.
     pub(crate) dispatch: OnceLock<WeakDispatch>,
+    /// [`OtlpStats::unjoined`](super::OtlpStats::unjoined), and whether it was warned about.
+    pub(crate) unjoined: AtomicU64,
+    pub(crate) unjoined_warned: AtomicBool,
     /// Set when the guard shuts down: conversion stops waiting for room.
     pub(crate) stopped: AtomicBool,
     /// The warning of [`Shared::warn_once`], until a thread of ours logs it.
@@ -99,7 +102,7 @@ pub(crate) struct Shared {
 
 /// The target of the exporter's own (rare) events, whatever file emits them:
 /// what users filter on.
-const LOG_TARGET: &str = "tracing_gpu::otlp";
+pub(crate) const LOG_TARGET: &str = "tracing_gpu::otlp";
 
 thread_local! {
     /// Set on the conversion thread: there, a full queue means waiting for room
@@ -139,6 +142,8 @@ impl Shared {
             degraded: AtomicBool::new(false),
             dropped_at_export: AtomicU64::new(0),
             dispatch: OnceLock::new(),
+            unjoined: AtomicU64::new(0),
+            unjoined_warned: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             pending_warning: Mutex::new(None),
             cut: Mutex::new(Cut::default()),
@@ -299,7 +304,7 @@ impl Shared {
         });
     }
 
-    fn emit(&self, event: impl FnOnce()) {
+    pub(crate) fn emit(&self, event: impl FnOnce()) {
         match self.dispatch.get().and_then(WeakDispatch::upgrade) {
             Some(d) => tracing::dispatcher::with_default(&d, event),
             None => event(),
@@ -316,6 +321,7 @@ impl Shared {
             last_failure: *self.last_failure.lock(),
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             queue_capacity: self.max_queue,
+            unjoined: self.unjoined.load(Ordering::Relaxed),
         }
     }
 }

@@ -11,7 +11,6 @@ use opentelemetry::trace::{SpanBuilder, SpanKind, TraceContextExt, Tracer as _};
 use opentelemetry::{Context as OtelContext, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use parking_lot::{Condvar, Mutex, ReentrantMutex};
-use tracing::dispatcher::WeakDispatch;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Dispatch, Subscriber};
@@ -52,6 +51,9 @@ pub(crate) struct Inner {
     /// emit tracing events).
     pub(crate) materialize: ReentrantMutex<()>,
     pub(crate) lookup: OnceLock<Lookup>,
+    /// The slot of the layer's [`SinkHandle`]: how a dispatcher is checked to
+    /// be ours ([`Inner::learn_dispatch`]).
+    pub(crate) slot: OnceLock<usize>,
     pub(crate) jobs: SyncSender<Job>,
     pub(crate) progress: Mutex<Progress>,
     pub(crate) progress_cv: Condvar,
@@ -170,6 +172,7 @@ impl OtlpGuard {
         let left = deadline.saturating_duration_since(Instant::now());
         let result = inner.provider.shutdown_with_timeout(left);
         inner.shared.log_pending();
+        inner.log_unjoined();
         match (drained, result) {
             (true, Ok(())) => Ok(()),
             (false, _) => Err(OtlpError::Unfinished("finish")),
@@ -209,6 +212,7 @@ impl Inner {
         let _cut = self.shared.flush_cut(cut);
         let drained = self.drain(deadline);
         self.shared.log_pending();
+        self.log_unjoined();
         if !drained {
             return Err(OtlpError::Unfinished(what));
         }
@@ -217,6 +221,58 @@ impl Inner {
         self.provider
             .force_flush()
             .map_err(|source| OtlpError::Sdk { what, source })
+    }
+
+    /// The subscriber the layer sits in, if known yet.
+    fn dispatch(&self) -> Option<Dispatch> {
+        self.shared.dispatch.get()?.upgrade()
+    }
+
+    /// Learns the subscriber the layer sits in where
+    /// [`Layer::on_register_dispatch`] did not tell it: `Option<OtlpLayer>` and
+    /// `Vec<…>` do not forward that call (tracing-subscriber 0.3), though they
+    /// forward `downcast_raw`. The thread's default dispatcher is taken if it
+    /// holds this layer's sink. Inside a `tracing` call that is still
+    /// choosing its dispatcher (a span being created under a scoped default)
+    /// the default reads as "none", so this is tried again at every span
+    /// entered or closed, and at every batch.
+    fn learn_dispatch(&self) {
+        if self.shared.dispatch.get().is_some() {
+            return;
+        }
+        let Some(&slot) = self.slot.get() else { return };
+        let current = tracing::dispatcher::get_default(Dispatch::clone);
+        if crate::deliver::holds(&current, slot, self as *const Inner as *const ()) {
+            let _ = self.shared.dispatch.set(current.downgrade());
+        }
+    }
+
+    /// Counts a host span exported, or a batch converted, before the layer
+    /// found its subscriber: it may duplicate the span of a
+    /// `tracing-opentelemetry` layer, or hang the device spans under no launch
+    /// span. Warned about at the next flush ([`Inner::log_unjoined`]).
+    fn unjoined(&self) {
+        self.shared.unjoined.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Warns once if [`Inner::unjoined`] counted anything.
+    fn log_unjoined(&self) {
+        let n = self.shared.unjoined.load(Ordering::Relaxed);
+        if n == 0 || self.shared.unjoined_warned.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.emit(|| {
+            tracing::warn!(
+                target: super::export::LOG_TARGET,
+                unjoined = n,
+                "the OTLP layer did not find its subscriber for {n} host spans or launches: \
+                 they may duplicate tracing-opentelemetry's spans, and device spans may not \
+                 hang under their launch span (OtlpStats::unjoined). tracing-subscriber \
+                 passes neither on_register_dispatch nor downcast_raw through `reload` \
+                 around an `Option` or `Vec`: put the OtlpLayer in the reload handle \
+                 unwrapped, or choose HostSpans::Export or Skip (docs/subscriber.md)"
+            )
+        });
     }
 
     fn exports_host_spans(&self) -> bool {
@@ -237,7 +293,7 @@ impl Inner {
         {
             return None;
         }
-        let dispatch = self.shared.dispatch.get()?.upgrade()?;
+        let dispatch = self.dispatch()?;
         let cx = tracing_opentelemetry::get_otel_context(id, &dispatch)
             .filter(|cx| cx.span().span_context().is_valid());
         if cx.is_some() {
@@ -260,17 +316,24 @@ impl Inner {
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         let _serial = self.materialize.lock();
-        let (start, parent) = {
+        let start = {
             let ext = span.extensions();
             let host = ext.get::<HostSpan>()?;
             if let Some(cx) = &host.cx {
                 return Some(cx.clone());
             }
-            (host.start, host.parent.clone())
+            host.start
         };
+        // The registry keeps a span's parent until its last child closes, so
+        // the parent is still there, and asked for only now: by then the
+        // layer may have learnt its subscriber (see `learn_dispatch`).
+        let parent = span.parent().and_then(|p| self.materialize(&p, true));
         let (cx, owned) = if let Some(cx) = self.joined_context(&span.id(), reliable) {
             (cx, false)
         } else if self.exports_host_spans() {
+            if self.host_spans == HostSpans::Auto && self.shared.dispatch.get().is_none() {
+                self.unjoined();
+            }
             let parent = parent.unwrap_or_default();
             let builder = SpanBuilder::from_name(span.name())
                 .with_kind(SpanKind::Internal)
@@ -292,11 +355,12 @@ impl Inner {
     /// keeps that span open until [`BatchSink::on_batch`] returns (see
     /// [`crate::deliver`]), so its id is looked up now, on the caller's thread.
     fn launch_context(&self, batch: &Batch) -> OtelContext {
-        let (Some(id), Some(lookup), Some(dispatch)) = (
-            &batch.launch.parent,
-            self.lookup.get(),
-            self.shared.dispatch.get().and_then(WeakDispatch::upgrade),
-        ) else {
+        let Some(id) = &batch.launch.parent else {
+            return OtelContext::new();
+        };
+        self.learn_dispatch();
+        let (Some(lookup), Some(dispatch)) = (self.lookup.get(), self.dispatch()) else {
+            self.unjoined();
             return OtelContext::new();
         };
         lookup(self, &dispatch, id).unwrap_or_default()
@@ -327,8 +391,6 @@ where
 pub(crate) struct HostSpan {
     pub(crate) start: SystemTime,
     pub(crate) attributes: Vec<KeyValue>,
-    /// The parent's context, taken when the span opened (the parent may close first).
-    pub(crate) parent: Option<OtelContext>,
     /// Set once materialized: our span's context, or `tracing-opentelemetry`'s.
     pub(crate) cx: Option<OtelContext>,
     /// Whether `cx` holds a span we created and must end.
@@ -412,6 +474,7 @@ where
 
     fn on_register_dispatch(&self, dispatch: &Dispatch) {
         let _ = self.inner.shared.dispatch.set(dispatch.downgrade());
+        self.sink.on_register_dispatch(dispatch);
     }
 
     fn on_layer(&mut self, _subscriber: &mut S) {
@@ -424,13 +487,10 @@ where
             return;
         }
         let Some(span) = ctx.span(id) else { return };
-        // Every layer has seen the parent's creation by now: a reliable time to
-        // ask for (or create) its context.
-        let parent = span.parent().and_then(|p| self.inner.materialize(&p, true));
+        self.inner.learn_dispatch();
         let mut host = HostSpan {
             start: wall_now(),
             attributes: Vec::with_capacity(meta.fields().len() + 3),
-            parent,
             cx: None,
             owned: false,
         };
@@ -458,6 +518,7 @@ where
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        self.inner.learn_dispatch();
         // Entered: every layer has seen the span, so this is where Auto decides.
         if self.inner.host_spans != HostSpans::Auto
             || self.inner.mode.load(Ordering::Acquire) != MODE_UNKNOWN
@@ -474,6 +535,7 @@ where
         if span.extensions().get::<HostSpan>().is_none() {
             return;
         }
+        self.inner.learn_dispatch();
         if self.inner.exports_host_spans() {
             // Not reliable: a tracing-opentelemetry layer below us may have
             // closed the span already.

@@ -24,10 +24,20 @@
 //!   span is exported twice. Point both exporters at the same collector.
 //!
 //! [`HostSpans::Auto`] (the default) picks the mode by itself: the first time a
-//! span is entered or gets a child, it asks whether `tracing-opentelemetry`
-//! knows that span. Until then (a root span closed without ever being entered)
-//! it cannot tell, and exports the span itself; [`HostSpans::Skip`] or
-//! [`HostSpans::Export`] fix the mode explicitly.
+//! span is entered or closes, it asks whether `tracing-opentelemetry`
+//! knows that span; [`HostSpans::Skip`] or [`HostSpans::Export`] fix the mode
+//! explicitly.
+//!
+//! Asking needs the subscriber the layer sits in. It works in every shape users
+//! wrap a layer in: plain, `Option<OtlpLayer>`, `Vec<Box<dyn Layer>>`,
+//! `Box<dyn Layer>`, a per-layer filter, `tracing_subscriber::reload`
+//! (tests/otlp_export.rs, against a real receiver). tracing-subscriber 0.3
+//! does not pass `Layer::on_register_dispatch` through `Option` and `Vec`, so
+//! there the layer takes the thread's default dispatcher once it is sure that
+//! dispatcher holds it. `Option` or `Vec` *inside* `reload` hides the
+//! subscriber entirely: the layer then counts what it could not join
+//! ([`OtlpStats::unjoined`]) and warns once at the next flush, rather than
+//! duplicating host spans in silence.
 //!
 //! # Levels of detail ([`Detail`])
 //!
@@ -309,4 +319,10 @@ pub struct OtlpStats {
     pub queue_peak: u64,
     /// The queue's bound, `max_queue_size`.
     pub queue_capacity: u64,
+    /// Host spans exported, and launches converted, before the layer found
+    /// the subscriber it sits in (with [`HostSpans::Auto`]): host spans that
+    /// `tracing-opentelemetry` may export too, device spans not under their
+    /// launch span. Stays 0 in every shape tracing-subscriber lets the layer
+    /// see its subscriber through (docs/subscriber.md); warned about once.
+    pub unjoined: u64,
 }

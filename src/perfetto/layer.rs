@@ -549,6 +549,10 @@ where
         unsafe { self.sink.downcast_raw(self, id) }
     }
 
+    fn on_register_dispatch(&self, dispatch: &tracing::Dispatch) {
+        self.sink.on_register_dispatch(dispatch);
+    }
+
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         if attrs.metadata().target() == DEVICE_TARGET
             || attrs.values().is_empty()

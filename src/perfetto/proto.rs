@@ -13,6 +13,24 @@
 //!
 //! Every field is proto2 `optional`: presence matters to Perfetto (a packet
 //! without `timestamp` is not a packet at time 0).
+//!
+//! Weighed against a crate generated from Perfetto's own .proto files,
+//! `perfetto_protos` 0.51.1 (rust-protobuf 3, Perfetto v51.1), and kept:
+//! - **Speed**, the packets this file builds as messages, encoded into one
+//!   buffer, release build, best of 7 rounds, 5 runs on a shared 2-core
+//!   machine: a slice with a payload argument 145-223 ns here against
+//!   331-512 ns, a track descriptor 164-259 ns against 314-333 ns; the same
+//!   bytes per packet (25.0 and 35.8). The per-event packets use neither
+//!   (`Enc`, and `encode.rs`'s fixed byte patterns).
+//! - **Schema fidelity**: the same. perfetto_protos' parser reads our packets as
+//!   equal to its own, with no unknown fields; and each of the 55 fields here has
+//!   the number and type of Perfetto v51.1's .proto files (enums as `int32`).
+//!   That comparison found `TrackDescriptor.process_ordering` (tag 19), unused
+//!   and absent from v51.1: removed. `tests/check_perfetto.py` parses the
+//!   traces the tests write with Perfetto's own schema (PyPI's `perfetto`).
+//! - **Cost**: perfetto_protos generates 14 MB of Rust from 226 files at build
+//!   time, with a vendored `protoc`: a 137 MB rlib, and about 10 minutes of a
+//!   release build here, for the 15 messages we use.
 
 /// A whole trace file: a stream of `packet` fields (what the tests read back).
 #[cfg(test)]
@@ -170,9 +188,6 @@ pub struct TrackDescriptor {
     /// Rank among siblings when the parent orders explicitly.
     #[prost(int32, optional, tag = "12")]
     pub sibling_order_rank: Option<i32>,
-    /// Order of process tracks (root descriptor, uuid 0, only).
-    #[prost(int32, optional, tag = "19")]
-    pub process_ordering: Option<i32>,
 }
 
 /// `TrackDescriptor.child_ordering`: children ordered by `sibling_order_rank`.

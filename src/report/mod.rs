@@ -68,6 +68,8 @@ pub struct Timeline {
     sms: BTreeMap<u32, SmAcc>,
     launches: usize,
     window_ns: u64,
+    /// The earliest warp start and the latest warp end over the launches.
+    span: Option<(u64, u64)>,
     events: u64,
     warps: u64,
     dropped: u64,
@@ -246,8 +248,14 @@ pub struct Report {
     pub title: String,
     /// Number of launches (captures).
     pub launches: usize,
-    /// Sum of the launch windows, ns.
+    /// Sum of the launch windows (each from its first warp's start to its
+    /// last warp's end), ns.
     pub window_ns: u64,
+    /// From the earliest warp start to the latest warp end over all the
+    /// launches, ns (device clock): the wall time they spread over, gaps
+    /// between launches included; what the SVG's time axis spans. Equals
+    /// `window_ns` for one launch.
+    pub span_ns: u64,
     /// Events recorded.
     pub events: u64,
     /// Records the device dropped because a slot was full.
@@ -386,6 +394,10 @@ impl Timeline {
         };
         let t1 = slots.iter().map(|s| s.last_ts).max().unwrap_or(t0).max(t0);
         self.window_ns = self.window_ns.saturating_add(t1 - t0);
+        self.span = Some(match self.span {
+            Some((a, b)) => (a.min(t0), b.max(t1)),
+            None => (t0, t1),
+        });
         // Ties in start go by slot order, so that lanes do not depend on the sort.
         slots.sort_unstable_by_key(|s| (s.sm, s.first_ts, s.at));
         let (mut events, mut intervals) = (Vec::new(), Vec::new());
@@ -504,6 +516,7 @@ impl Timeline {
             title: t.title.clone(),
             launches: t.launches,
             window_ns: t.window_ns,
+            span_ns: t.span.map_or(0, |(a, b)| b - a),
             events: t.events,
             dropped: t.dropped,
             migrated_warps: t.migrated,
@@ -605,6 +618,25 @@ pub fn format_ns(ns: f64) -> String {
     }
 }
 
+impl Report {
+    /// The launch window(s) and the wall span, worded alike in the text and
+    /// in the SVG's header.
+    pub(crate) fn time_line(&self) -> String {
+        if self.launches <= 1 {
+            format!(
+                "launch window {} (first warp start to last warp end)",
+                format_ns(self.window_ns as f64)
+            )
+        } else {
+            format!(
+                "launch windows {} summed (each first warp start to last warp end), wall span {} (first launch start to last launch end)",
+                format_ns(self.window_ns as f64),
+                format_ns(self.span_ns as f64)
+            )
+        }
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.title.is_empty() {
@@ -612,14 +644,14 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "{} launch{}, {} events over {}, {} dropped, {} migrated warp{}",
+            "{} launch{}, {} events, {} dropped, {} migrated warp{}; {}",
             self.launches,
             if self.launches == 1 { "" } else { "es" },
             self.events,
-            format_ns(self.window_ns as f64),
             self.dropped,
             self.migrated_warps,
             if self.migrated_warps == 1 { "" } else { "s" },
+            self.time_line(),
         )?;
         writeln!(
             f,

@@ -166,13 +166,13 @@ impl Timeline {
             &t.title
         };
         let subtitle = format!(
-            "{} events, {} warps, {} SMs, {} launch{}, {}. One row per SM, one lane per concurrent warp; a nested phase hides its parent.",
+            "{} events, {} warps, {} SMs, {} launch{}; {}. One row per SM, one lane per concurrent warp; a nested phase hides its parent.",
             report.events,
             t.warps,
             rows,
             report.launches,
             if report.launches == 1 { "" } else { "es" },
-            format_ns(dur)
+            report.time_line()
         );
         let _ = write!(
             svg,
