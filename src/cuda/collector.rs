@@ -15,6 +15,7 @@
 //! storms of short launches and disturbs the launching threads as little as it can.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -170,12 +171,18 @@ pub struct ProfilerStats {
 pub(crate) struct Shared {
     state: Mutex<SharedState>,
     progress: Condvar,
+    /// The launching threads' counters: atomics, so that a launch call takes no
+    /// lock the collector takes (it takes `state` for every launch it finishes).
+    launches: AtomicU64,
+    skipped: AtomicU64,
+    replays: AtomicU64,
+    /// Launches handed to the collector (a replay counts its nodes).
+    sent: AtomicU64,
 }
 
 struct SharedState {
+    /// Everything but the launching threads' counters.
     stats: ProfilerStats,
-    /// Launches handed to the collector (a replay counts its nodes).
-    sent: u64,
     /// Launches it has finished with (delivered, failed or skipped).
     finished: u64,
     /// Errors since the last flush; the first is returned by `flush`.
@@ -192,7 +199,6 @@ impl Shared {
                 calibrations: 1,
                 ..Default::default()
             },
-            sent: 0,
             finished: 0,
             errors: Vec::new(),
             sinks: Vec::new(),
@@ -201,11 +207,21 @@ impl Shared {
         Arc::new(Shared {
             state: Mutex::new(state),
             progress: Condvar::new(),
+            launches: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            replays: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
         })
     }
 
     pub(crate) fn stats(&self) -> ProfilerStats {
-        self.state.lock().stats
+        let st = self.state.lock().stats;
+        ProfilerStats {
+            launches: self.launches.load(Ordering::Acquire),
+            skipped: self.skipped.load(Ordering::Acquire),
+            replays: self.replays.load(Ordering::Acquire),
+            ..st
+        }
     }
 
     /// Every checkpoint so far.
@@ -215,16 +231,16 @@ impl Shared {
 
     /// Counts a launch; `skipped` if it ran without a region.
     pub(crate) fn count_launch(&self, skipped: bool) {
-        let mut st = self.state.lock();
-        st.stats.launches += 1;
-        st.stats.skipped += skipped as u64;
+        if skipped {
+            self.skipped.fetch_add(1, Ordering::AcqRel);
+        }
+        self.launches.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Counts a graph replay of `nodes` profiled kernel nodes.
     pub(crate) fn count_replay(&self, nodes: u64) {
-        let mut st = self.state.lock();
-        st.stats.replays += 1;
-        st.stats.launches += nodes;
+        self.replays.fetch_add(1, Ordering::AcqRel);
+        self.launches.fetch_add(nodes, Ordering::AcqRel);
     }
 
     /// Keeps an error for the next flush.
@@ -246,8 +262,8 @@ impl Shared {
     /// the last flush.
     fn wait_and_flush(&self) -> Result<(), ProfilerError> {
         let (sinks, errors) = {
+            let target = self.sent.load(Ordering::Acquire);
             let mut st = self.state.lock();
-            let target = st.sent;
             while st.finished < target {
                 self.progress.wait(&mut st);
             }
@@ -335,7 +351,7 @@ impl Collector {
     /// Hands a job over. Never blocks.
     pub(crate) fn send(&self, job: Job) {
         let n = job.work.launches();
-        self.shared.state.lock().sent += n;
+        self.shared.sent.fetch_add(n, Ordering::AcqRel);
         if let Err(mpsc::SendError(msg)) = self.tx.send(Msg::Job(Box::new(job))) {
             // The thread is gone (a sink panicked): count the job as failed so
             // that flush does not wait for it forever.
@@ -581,7 +597,8 @@ impl Worker {
             }
             Work::Replay { nodes, .. } if !taken => {
                 let n = nodes.len() as u64;
-                self.shared.finish(n, |st| st.stats.skipped += n);
+                self.shared.skipped.fetch_add(n, Ordering::AcqRel);
+                self.shared.finish(n, |_| {});
             }
             Work::Replay { place, nodes, .. } => {
                 let region = place.memory.mirror(&place.region);

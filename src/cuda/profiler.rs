@@ -713,11 +713,17 @@ fn start_clock(
 }
 
 fn thread_name() -> String {
-    let t = std::thread::current();
-    match t.name() {
-        Some(n) => n.to_string(),
-        None => format!("{:?}", t.id()),
+    thread_local! {
+        // Named once per thread: `format!` of a `ThreadId` is not free.
+        static NAME: String = {
+            let t = std::thread::current();
+            match t.name() {
+                Some(n) => n.to_string(),
+                None => format!("{:?}", t.id()),
+            }
+        };
     }
+    NAME.with(String::clone)
 }
 
 /// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one

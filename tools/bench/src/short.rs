@@ -33,10 +33,17 @@ pub struct Buffers {
 }
 
 impl Short {
-    /// Compiles and loads the kernel for the profiler's GPU: one block per SM, `work`
-    /// FMAs per thread.
-    pub fn load(profiler: &Profiler, work: u32) -> Result<Short, ProfilerError> {
-        let blocks = device::sm_count(profiler.context())?;
+    /// Compiles and loads the kernel for the profiler's GPU: `blocks` blocks (default
+    /// one per SM), `work` FMAs per thread.
+    pub fn load(
+        profiler: &Profiler,
+        work: u32,
+        blocks: Option<u32>,
+    ) -> Result<Short, ProfilerError> {
+        let blocks = match blocks {
+            Some(b) => b,
+            None => device::sm_count(profiler.context())?,
+        };
         Ok(Short {
             kernel: Kernel::load(profiler, true)?,
             cfg: LaunchConfig {

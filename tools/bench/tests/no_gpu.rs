@@ -28,8 +28,13 @@ fn without_gpu(bin: &str, args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn gpu_benchmarks_say_why_they_stop_without_a_gpu() {
-    let bins: [(&str, &str, &[&str]); 4] = [
+    let bins: [(&str, &str, &[&str]); 5] = [
         ("storm", env!("CARGO_BIN_EXE_storm"), &["--launches", "10"]),
+        (
+            "gemm_loop",
+            env!("CARGO_BIN_EXE_gemm_loop"),
+            &["--size", "512", "512", "512", "--launches", "2"],
+        ),
         (
             "graph_replay",
             env!("CARGO_BIN_EXE_graph_replay"),

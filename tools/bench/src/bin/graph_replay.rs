@@ -68,6 +68,9 @@ struct Args {
     /// Dependent FMAs per thread: each kernel's length.
     #[arg(long, default_value_t = 1024, value_parser = cli::positive::<u32>)]
     work: u32,
+    /// Blocks per kernel (default: one per SM); fewer blocks record fewer events.
+    #[arg(long, value_parser = cli::positive::<u32>)]
+    blocks: Option<u32>,
 }
 
 fn main() -> ExitCode {
@@ -118,7 +121,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .graph_regions(a.regions)
         .memory_limit(a.memory)
         .build()?;
-    let short = Short::load(&profiler, a.work)?;
+    let short = Short::load(&profiler, a.work, a.blocks)?;
     let ctx = profiler.context().clone();
     let stream = ctx.new_stream()?;
     let mut b = short.buffers(&stream)?;

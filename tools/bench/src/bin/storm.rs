@@ -7,10 +7,18 @@
 //!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000]
 //! ```
 //!
-//! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, a
-//! few µs; the plain launch passes a null trace). `--launches` launch calls of each
-//! variant are made in blocks of `--block`, plain and profiled alternating (one warm-up
-//! block of each first, not counted), by `--threads` threads in step (each block starts
+//! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
+//! `--blocks`, a few µs; the plain launch passes a null trace). Four variants:
+//! - *plain*: the launch alone;
+//! - *floor*: the launch, then the two driver calls the profiled launch makes besides
+//!   it (`cuStreamIsCapturing`, `cuEventRecord` of one reused event): what the design
+//!   cannot go under;
+//! - *no subscriber*: `gpu_profile!` with no subscriber (the launch span disabled);
+//! - *gpu_profile!*: with the Perfetto layer, the launch span included.
+//!
+//! `--launches` launch calls of each variant are made in blocks of `--block`, the
+//! variants in turn (one warm-up block of each first, not counted), by `--threads`
+//! threads in step (each block starts
 //! on all threads at once and ends when all have synchronized): on the legacy stream,
 //! or each thread on a stream of its own (`--stream own`). Each launch call is timed
 //! with `Instant` (p50, p99, mean over all calls of all threads). The subscriber is a
@@ -39,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use parking_lot::Mutex;
-use tracing_gpu::cuda::cudarc::driver::CudaStream;
+use tracing_gpu::cuda::cudarc::driver::{result, sys, CudaStream, DriverError};
 use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError, DEFAULT_MEMORY_LIMIT};
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, StreamKind};
@@ -71,9 +79,52 @@ struct Args {
     /// Dependent FMAs per thread: the kernel's length.
     #[arg(long, default_value_t = 1024, value_parser = cli::positive::<u32>)]
     work: u32,
-    /// Launch calls per block (all threads together); blocks alternate plain and profiled.
+    /// Launch calls per block (all threads together); blocks take the variants in turn.
     #[arg(long, default_value_t = 1000, value_parser = cli::positive::<usize>)]
     block: usize,
+    /// Blocks per launch (default: one per SM); fewer blocks record fewer events.
+    #[arg(long, value_parser = cli::positive::<u32>)]
+    blocks: Option<u32>,
+}
+
+/// What a block of launch calls does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Plain,
+    Floor,
+    Unsubscribed,
+    Profiled,
+}
+
+impl Variant {
+    const ALL: [Variant; 4] = [
+        Variant::Plain,
+        Variant::Floor,
+        Variant::Unsubscribed,
+        Variant::Profiled,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::Floor => "floor (+ 2 driver calls)",
+            Variant::Unsubscribed => "gpu_profile!, no subscriber",
+            Variant::Profiled => "gpu_profile!, Perfetto layer",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::Floor => "floor",
+            Variant::Unsubscribed => "unsubscribed",
+            Variant::Profiled => "profiled",
+        }
+    }
+
+    fn profiled(self) -> bool {
+        matches!(self, Variant::Unsubscribed | Variant::Profiled)
+    }
 }
 
 fn main() -> ExitCode {
@@ -114,8 +165,8 @@ struct Storm<'a> {
     profiler: &'a Profiler,
     short: &'a Short,
     threads: usize,
-    /// Per block: profiled?, launch calls (all threads). The first two are warm-up.
-    blocks: Vec<(bool, usize)>,
+    /// Per block: the variant, launch calls (all threads). The first four are warm-up.
+    blocks: Vec<(Variant, usize)>,
     barrier: Barrier,
     failed: AtomicBool,
     error: Mutex<Option<ProfilerError>>,
@@ -124,11 +175,11 @@ struct Storm<'a> {
 /// What one thread measured: calls per variant; thread 0 also the walls and the peak.
 #[derive(Default)]
 struct Tally {
-    sides: [Side; 2],
+    sides: [Side; 4],
     peak_in_use: u64,
 }
 
-const WARM_UP: usize = 2;
+const WARM_UP: usize = Variant::ALL.len();
 
 impl Storm<'_> {
     /// Thread `t`'s part of every block, in step with the others. An error stops
@@ -138,7 +189,14 @@ impl Storm<'_> {
         if let Err(e) = self.profiler.context().bind_to_thread() {
             self.fail(e.into());
         }
-        for (i, &(profiled, count)) in self.blocks.iter().enumerate() {
+        let event = match Event::new() {
+            Ok(e) => e,
+            Err(e) => {
+                self.fail(e.into());
+                Event(std::ptr::null_mut())
+            }
+        };
+        for (i, &(variant, count)) in self.blocks.iter().enumerate() {
             self.barrier.wait();
             if self.failed.load(Ordering::Relaxed) {
                 break;
@@ -147,12 +205,19 @@ impl Storm<'_> {
             let mut calls = Calls::default();
             let mine = count / self.threads + usize::from(t < count % self.threads);
             let peak = &mut tally.peak_in_use;
-            if let Err(e) = self.block(t == 0, profiled, mine, stream, b, &mut calls, peak) {
+            let none = tracing::Dispatch::none();
+            let result = match variant {
+                Variant::Unsubscribed => tracing::dispatcher::with_default(&none, || {
+                    self.block(t == 0, variant, mine, stream, b, &event, &mut calls, peak)
+                }),
+                _ => self.block(t == 0, variant, mine, stream, b, &event, &mut calls, peak),
+            };
+            if let Err(e) = result {
                 self.fail(e);
             }
             self.barrier.wait();
             if i >= WARM_UP {
-                let side = &mut tally.sides[usize::from(profiled)];
+                let side = &mut tally.sides[variant as usize];
                 side.calls.add(&calls);
                 side.wall += start.elapsed();
                 side.launches += count as u64;
@@ -171,25 +236,31 @@ impl Storm<'_> {
     fn block(
         &self,
         sample: bool,
-        profiled: bool,
+        variant: Variant,
         count: usize,
         stream: &Arc<CudaStream>,
         b: &mut Buffers,
+        event: &Event,
         calls: &mut Calls,
         peak: &mut u64,
     ) -> Result<(), ProfilerError> {
         let (short, cfg) = (self.short, self.short.cfg());
         for _ in 0..count {
             let t = Instant::now();
-            if profiled {
-                gpu_profile!(self.profiler, stream, "tiled_poly", cfg, |trace| short
-                    .launch(stream, b, &trace))?;
-            } else {
-                short.launch(stream, b, &KernelArg::default())?;
+            match variant {
+                Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
+                Variant::Floor => {
+                    short.launch(stream, b, &KernelArg::default())?;
+                    event.after_capture_check(stream)?;
+                }
+                Variant::Unsubscribed | Variant::Profiled => {
+                    gpu_profile!(self.profiler, stream, "tiled_poly", cfg, |trace| short
+                        .launch(stream, b, &trace))?
+                }
             }
             calls.record(t.elapsed());
         }
-        if sample && profiled {
+        if sample && variant == Variant::Profiled {
             *peak = (*peak).max(self.profiler.stats().arena_in_use);
         }
         stream.synchronize()?;
@@ -207,7 +278,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .memory_limit(a.memory)
         .build()?;
     let threads = usize::from(a.threads);
-    let short = Short::load(&profiler, a.work)?;
+    let short = Short::load(&profiler, a.work, a.blocks)?;
     let ctx = profiler.context().clone();
     let streams = (0..threads)
         .map(|_| a.stream.open(&ctx))
@@ -235,16 +306,18 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             .launch(s0, b0, &trace))
     })?;
 
-    let mut blocks = vec![(false, a.block), (true, a.block)];
+    let mut blocks: Vec<(Variant, usize)> = Variant::ALL.iter().map(|&v| (v, a.block)).collect();
     for r in 0..a.launches.div_ceil(a.block) {
         let count = a.block.min(a.launches - r * a.block);
-        let first = r % 2 == 1;
-        blocks.extend([(first, count), (!first, count)]);
+        // Each round in another order, so that no variant always follows the same one.
+        let mut order = Variant::ALL;
+        order.rotate_left(r % Variant::ALL.len());
+        blocks.extend(order.iter().map(|&v| (v, count)));
     }
     let made = ALONE as u64
         + blocks
             .iter()
-            .filter(|(p, _)| *p)
+            .filter(|(v, _)| v.profiled())
             .map(|(_, n)| *n as u64)
             .sum::<u64>();
     let storm = Storm {
@@ -282,7 +355,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     drop(profiler);
     let written = trace.finish()?;
 
-    let mut sides: [Side; 2] = Default::default();
+    let mut sides: [Side; 4] = Default::default();
     for (k, side) in sides.iter_mut().enumerate() {
         for t in &tallies {
             side.calls.add(&t.sides[k].calls);
@@ -291,7 +364,9 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         side.launches = tallies[0].sides[k].launches;
     }
     sides[0].kernel_us = plain_ms * 1e3;
-    sides[1].kernel_us = profiled_ms * 1e3;
+    sides[1].kernel_us = plain_ms * 1e3;
+    sides[2].kernel_us = profiled_ms * 1e3;
+    sides[3].kernel_us = profiled_ms * 1e3;
     let peak = tallies[0].peak_in_use;
     let counted = stats.delivered + stats.skipped + stats.failed;
     let ok = stats.launches == made && stats.launches == counted;
@@ -311,9 +386,11 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     );
     println!("| launch call | p50 µs | p99 µs | mean µs | wall per launch µs | kernel alone µs | GPU busy |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (name, s) in [("plain", &sides[0]), ("gpu_profile!", &sides[1])] {
+    for v in Variant::ALL {
+        let s = &sides[v as usize];
         println!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            v.name(),
             s.calls.us(0.5),
             s.calls.us(0.99),
             s.calls.mean_us(),
@@ -322,17 +399,19 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             s.busy()
         );
     }
-    let (p, q) = (&sides[0], &sides[1]);
-    let (d50, d99) = (
-        q.calls.us(0.5) - p.calls.us(0.5),
-        q.calls.us(0.99) - p.calls.us(0.99),
-    );
-    println!(
-        "| added | {d50:+.2} | {d99:+.2} | {:+.2} | {:+.2} | {:+.2} | |",
-        q.calls.mean_us() - p.calls.mean_us(),
-        q.wall_per_launch_us() - p.wall_per_launch_us(),
-        q.kernel_us - p.kernel_us
-    );
+    let p = &sides[0];
+    let added = |v: Variant| {
+        let q = &sides[v as usize];
+        (
+            q.calls.us(0.5) - p.calls.us(0.5),
+            q.calls.us(0.99) - p.calls.us(0.99),
+        )
+    };
+    for v in &Variant::ALL[1..] {
+        let (d50, d99) = added(*v);
+        println!("| added: {} | {d50:+.2} | {d99:+.2} | | | | |", v.name());
+    }
+    let (d50, d99) = added(Variant::Profiled);
     println!(
         "memory: {:.1} MB held by the profiler, peak arena in use {:.1} MB (of {:.1} MB)",
         stats.memory_bytes as f64 / 1e6,
@@ -353,15 +432,18 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         written.bytes as f64 / 1e6
     );
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"threads":{threads},"stream":"{}","work":{},"capacity":{},"memory":{},"plain":{},"profiled":{},"added_p50_us":{d50:.3},"added_p99_us":{d99:.3},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"threads":{threads},"stream":"{}","work":{},"capacity":{},"memory":{},"variants":{{{}}},"added_p50_us":{d50:.3},"added_p99_us":{d99:.3},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
         a.stream.name(),
         a.work,
         a.capacity,
         a.memory,
-        p.json(),
-        q.json(),
+        Variant::ALL
+            .iter()
+            .map(|v| format!(r#""{}":{}"#, v.key(), sides[*v as usize].json()))
+            .collect::<Vec<_>>()
+            .join(","),
         stats.memory_bytes,
         stats.launches,
         stats.delivered,
@@ -371,4 +453,35 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stats.dropped_events,
     );
     Ok(ok)
+}
+
+/// A driver event of its own, recorded after a capture check: the floor variant's
+/// two driver calls, as `Profiler::launch` makes them.
+struct Event(sys::CUevent);
+
+impl Event {
+    fn new() -> Result<Event, DriverError> {
+        let mut raw = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: a valid out-pointer; the thread has bound the profiler's context.
+        unsafe { sys::cuEventCreate(&mut raw, flags).result()? };
+        Ok(Event(raw))
+    }
+
+    fn after_capture_check(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        // SAFETY: a live stream and event of the bound context.
+        unsafe {
+            result::stream::is_capturing(stream.cu_stream())?;
+            sys::cuEventRecord(self.0, stream.cu_stream()).result()
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: owned, destroyed once.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+        }
+    }
 }
