@@ -27,7 +27,7 @@ use crate::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
 use crate::decode::OwnedBuffer;
 use crate::deliver;
-use crate::format::BufferHeader;
+use crate::format::{trimmed, BufferHeader};
 use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
@@ -592,7 +592,7 @@ impl Worker {
         launch.host_complete_ns = complete_ns;
         match work {
             Work::Launch { header, place } => {
-                let bytes = place.memory.mirror(&place.region).to_vec();
+                let bytes = place.memory.mirror(&place.region);
                 self.hold(launch, header, bytes, &dispatch, &span);
             }
             Work::Replay { nodes, .. } if !taken => {
@@ -611,7 +611,7 @@ impl Worker {
                     l.kernel.clone_from(&node.kernel);
                     l.grid = header.grid;
                     l.block = header.block;
-                    let bytes = region[node.offset..node.offset + node.len].to_vec();
+                    let bytes = &region[node.offset..node.offset + node.len];
                     self.hold(l, header, bytes, &dispatch, &span);
                 }
             }
@@ -682,12 +682,13 @@ impl Worker {
     }
 
     /// Decodes one launch's bytes (its buffer header written here: the device
-    /// never writes it) and holds it for its checkpoint.
+    /// never writes it; its slots cut to the records written, `format::trimmed`)
+    /// and holds it for its checkpoint.
     fn hold(
         &mut self,
         launch: LaunchInfo,
         header: BufferHeader,
-        mut bytes: Vec<u8>,
+        bytes: &[u8],
         dispatch: &Dispatch,
         span: &tracing::Span,
     ) {
@@ -698,8 +699,7 @@ impl Worker {
                 bytes.len()
             )))
         } else {
-            header.write_to(&mut bytes);
-            OwnedBuffer::decode(bytes, Some(&self.registry))
+            OwnedBuffer::decode(trimmed(bytes, &header), Some(&self.registry))
                 .map_err(|source| ProfilerError::Decode { launch_id, source })
         };
         let capture = match capture {

@@ -222,3 +222,118 @@ impl SlotBuilder {
         self
     }
 }
+
+/// The same buffer with its slots cut to the longest slot's records (the
+/// collector's copy of a launch, `src/cuda/collector.rs`): `bytes` is a
+/// v1 buffer (its header may be zero) of `header`'s shape; the result is a valid v1
+/// buffer, with `header` written into it, whose capacity is the largest
+/// `record_count` of its slots. Nothing a reader sees changes (the records past a
+/// slot's count are never read), but the copy holds only what the device wrote: a
+/// launch that records 4 events per warp into slots of 256 keeps 128 bytes a warp,
+/// not 4,160. A buffer whose slot headers do not fit its shape (a count past the
+/// capacity, or too few bytes) is copied whole, for the reader to reject.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) fn trimmed(bytes: &[u8], header: &BufferHeader) -> Vec<u8> {
+    let whole = || {
+        let mut v = bytes.to_vec();
+        if v.len() >= BUFFER_HEADER_SIZE {
+            header.write_to(&mut v);
+        }
+        v
+    };
+    let (slots, capacity) = (header.slot_count as usize, header.slot_capacity);
+    let Some(size) = super::buffer_size(header.slot_count, capacity) else {
+        return whole();
+    };
+    if bytes.len() < size {
+        return whole();
+    }
+    let stride = super::slot_stride(capacity);
+    let count_at = |i: usize| {
+        let at = BUFFER_HEADER_SIZE + i * stride + super::slot_offsets::RECORD_COUNT;
+        u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+    };
+    let longest = (0..slots).map(count_at).max().unwrap_or(0);
+    if longest > capacity {
+        return whole();
+    }
+    let keep = SLOT_HEADER_SIZE + longest as usize * RECORD_SIZE;
+    let mut out = Vec::with_capacity(BUFFER_HEADER_SIZE + slots * keep);
+    out.extend_from_slice(&[0; BUFFER_HEADER_SIZE]);
+    for i in 0..slots {
+        let at = BUFFER_HEADER_SIZE + i * stride;
+        out.extend_from_slice(&bytes[at..at + keep]);
+    }
+    BufferHeader {
+        slot_capacity: longest,
+        ..*header
+    }
+    .write_to(&mut out);
+    out
+}
+
+#[cfg(test)]
+mod trim_tests {
+    use super::*;
+    use crate::decode::Buffer;
+
+    fn events(bytes: &[u8]) -> Vec<(u32, Vec<Event>, u32)> {
+        let b = Buffer::decode(bytes, None).unwrap();
+        b.slots()
+            .map(|s| (s.index, s.events().collect(), s.drop_count()))
+            .collect()
+    }
+
+    #[test]
+    fn a_trimmed_buffer_decodes_to_the_same_events() {
+        let mut b = BufferBuilder::new([3, 1, 1], [96, 1, 1], 64);
+        b.warp(0, 1)
+            .unwrap()
+            .range(1, 100, 200, 7)
+            .instant(2, 250, 0);
+        b.warp(2, 2).unwrap().range(1, 300, 400, 0);
+        let header = *b.header();
+        let mut bytes = b.finish();
+        let want = events(&bytes);
+        // As the device leaves it: no buffer header.
+        bytes[..BUFFER_HEADER_SIZE].fill(0);
+        let t = trimmed(&bytes, &header);
+        assert_eq!(
+            t.len(),
+            BUFFER_HEADER_SIZE + 9 * (SLOT_HEADER_SIZE + 2 * RECORD_SIZE)
+        );
+        assert_eq!(events(&t), want);
+        let h = *Buffer::decode(&t, None).unwrap().header();
+        assert_eq!((h.slot_capacity, h.slot_count), (2, 9));
+    }
+
+    #[test]
+    fn drops_and_empty_buffers_survive_trimming() {
+        let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 2);
+        b.warp(0, 0)
+            .unwrap()
+            .range(1, 100, 200, 0)
+            .range(1, 200, 300, 0)
+            .range(1, 300, 400, 0);
+        let header = *b.header();
+        let bytes = b.finish();
+        assert_eq!(events(&trimmed(&bytes, &header)), events(&bytes));
+        let empty = BufferBuilder::new([2, 1, 1], [32, 1, 1], 8);
+        let h = *empty.header();
+        let t = trimmed(&empty.finish(), &h);
+        assert_eq!(t.len(), BUFFER_HEADER_SIZE + 2 * SLOT_HEADER_SIZE);
+        assert_eq!(Buffer::decode(&t, None).unwrap().event_count(), 0);
+    }
+
+    #[test]
+    fn a_count_past_the_capacity_is_left_for_the_reader_to_reject() {
+        let b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 2);
+        let header = *b.header();
+        let mut bytes = b.finish();
+        let at = BUFFER_HEADER_SIZE + super::super::slot_offsets::RECORD_COUNT;
+        bytes[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+        let t = trimmed(&bytes, &header);
+        assert_eq!(t.len(), bytes.len());
+        assert!(Buffer::decode(&t, None).is_err());
+    }
+}

@@ -18,6 +18,8 @@
 //! Only lane 0 of the warp writes it, so no atomics are needed.
 
 mod builder;
+#[cfg(feature = "cuda")]
+pub(crate) use builder::trimmed;
 pub use builder::{BufferBuilder, SlotBuilder};
 
 /// `"TGPU"` read as a little-endian `u32`: the first four bytes of every buffer.
