@@ -308,13 +308,16 @@ fn stream_perfetto(path: &Path, out: &Path) -> Result<WriteStats, Failure> {
     write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
 }
 
-/// Without host spans a replay has no launch spans (nor, in Perfetto, arrows):
-/// says why, if the capture says.
+/// Without host spans a replay has no launch spans (nor, in Perfetto, arrows),
+/// and a capture recorded without the recorder's layer holds only the launch
+/// spans: says so, and why, if the capture says.
 fn note_missing_host_spans(path: &Path, head: &Capture) {
-    if head.host_spans.is_empty() {
-        if let Some((_, why)) = head.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE) {
-            eprintln!("note: {} has no host spans ({why})", path.display());
-        }
+    if let Some((_, why)) = head.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE) {
+        let what = match head.host_spans.is_empty() {
+            true => "has no host spans",
+            false => "has some host spans only",
+        };
+        eprintln!("note: {} {what} ({why})", path.display());
     }
 }
 

@@ -253,6 +253,28 @@ fn convert_says_how_to_get_missing_host_spans() {
         "{}",
         stderr(&o)
     );
+    // Recorded without the layer: the launch spans only, and the note says so.
+    let mut launches_only = sample_dump();
+    launches_only.host_spans.retain(|s| s.launch_id.is_some());
+    launches_only.metadata.push((
+        tracing_gpu::capture::HOST_SPANS_NOTE.into(),
+        "only the launch spans: add CaptureRecorder::layer() to the subscriber for the others"
+            .into(),
+    ));
+    let some = dir.path().join("launches-only.tgpu");
+    launches_only.write(&some).unwrap();
+    let o = run(&[
+        "convert",
+        some.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("has some host spans only (only the launch spans"),
+        "{}",
+        stderr(&o)
+    );
     // With host spans, no such note.
     let o = run(&[
         "convert",

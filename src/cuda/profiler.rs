@@ -236,13 +236,15 @@ impl ProfilerBuilder {
     }
 
     /// Also record the run (devices, calibrations, launches) into a capture
-    /// file at `path`, written when the profiler is dropped. The host spans
-    /// (and with them the arrows from launches to kernels in a replay) are
-    /// recorded only by the recorder's layer in the subscriber: for them, and
-    /// for one file from several profilers, make a [`CaptureRecorder`], add its
-    /// [`layer`](CaptureRecorder::layer) to the subscriber and pass it to
-    /// [`ProfilerBuilder::recorder`]. A capture without them says so in its
-    /// metadata, and the CLI says it when it replays the file.
+    /// file at `path`, written when the profiler is dropped, with each launch's
+    /// own span (from the clock read before the launch call to its completion),
+    /// so that a replay has launch slices and arrows to the kernels. The other
+    /// host spans are recorded only by the recorder's layer in the subscriber:
+    /// for them, and for one file from several profilers, make a
+    /// [`CaptureRecorder`], add its [`layer`](CaptureRecorder::layer) to the
+    /// subscriber and pass it to [`ProfilerBuilder::recorder`]. A capture
+    /// without them says so in its metadata, and the CLI says it when it
+    /// replays the file.
     pub fn capture_to(self, path: impl Into<PathBuf>) -> Self {
         self.recorder(CaptureRecorder::new(path))
     }

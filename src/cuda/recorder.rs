@@ -98,7 +98,8 @@ impl CaptureRecorder {
         {
             snapshot.metadata.push((
                 HOST_SPANS_NOTE.into(),
-                "not recorded: add CaptureRecorder::layer() to the subscriber".into(),
+                "only the launch spans: add CaptureRecorder::layer() to the subscriber for the others"
+                    .into(),
             ));
         }
         snapshot.write(&self.path).map_err(ProfilerError::Capture)
@@ -164,11 +165,42 @@ impl Archive for RecorderArchive {
 
     fn record(&mut self, batch: &Batch) {
         let launch = CaptureLaunch::new(batch.device.ordinal, &batch.launch, batch.buffer.clone());
-        self.0.capture.lock().launches.push(launch);
+        let mut capture = self.0.capture.lock();
+        capture.launches.push(launch);
+        if !self.0.layer_seen.load(Ordering::Relaxed) {
+            // Without the layer, the launch's own span still goes in (so a replay
+            // has its launch slices and arrows): from what the launch knows.
+            capture.host_spans.push(launch_span(&batch.launch));
+        }
     }
 
     fn finish(&mut self) -> Result<(), ProfilerError> {
         self.0.write()
+    }
+}
+
+/// The host span of a launch whose recorder's layer is not in the subscriber:
+/// its name and thread, from the clock read before the launch call to the
+/// completion the collector saw (the layer would record the call alone).
+fn launch_span(l: &crate::batch::LaunchInfo) -> HostSpan {
+    // No OS thread id is known here: one derived from the name keeps the
+    // launches of one thread on one track (FNV-1a).
+    let thread_id = l
+        .host_thread
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    HostSpan {
+        name: l.kernel.clone(),
+        target: "tracing_gpu".into(),
+        thread_name: l.host_thread.clone(),
+        thread_id,
+        start_ns: l.host_launch_ns,
+        end_ns: l.host_complete_ns.max(l.host_launch_ns),
+        parent: None,
+        launch_id: Some(l.launch_id),
+        fields: vec![("gpu.launch_id".into(), l.launch_id.to_string())],
     }
 }
 
@@ -367,7 +399,7 @@ mod tests {
     }
 
     #[test]
-    fn a_capture_without_the_layer_says_how_to_get_host_spans() {
+    fn a_capture_without_the_layer_keeps_the_launch_spans_and_says_how_to_get_the_others() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.tgpu");
         let rec = CaptureRecorder::new(&path);
@@ -377,7 +409,10 @@ mod tests {
         rec.archive().record(&b);
         rec.write().unwrap();
         let back = Capture::read(&path).unwrap();
-        assert!(back.host_spans.is_empty());
+        // The launch's own span is there, linked to its launch.
+        assert_eq!(back.host_spans.len(), 1);
+        assert_eq!(back.host_spans[0].launch_id, Some(b.launch.launch_id));
+        assert_eq!(back.host_spans[0].name, b.launch.kernel);
         let note = back.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE);
         assert!(
             note.is_some_and(|(_, v)| v.contains("CaptureRecorder::layer()")),
