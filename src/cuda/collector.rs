@@ -302,6 +302,8 @@ pub(crate) struct CollectorConfig {
     pub backend: Box<dyn Device>,
     /// The arena the launches' regions come from, given back here.
     pub arena: Arc<Arena>,
+    /// Threads a pass decodes on when it brings back many launches.
+    pub decoders: usize,
     /// Called on the collector thread before anything else (binds the CUDA context).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -324,6 +326,7 @@ impl Collector {
             backend: config.backend,
             arena: config.arena,
             streams: Vec::new(),
+            decoders: config.decoders.max(1),
             held: VecDeque::new(),
             held_bytes: 0,
             held_newest: 0,
@@ -421,6 +424,8 @@ struct Worker {
     arena: Arc<Arena>,
     /// Scratch for a pass: the streams seen with an unfinished launch.
     streams: Vec<u64>,
+    /// Threads a pass decodes on (`decode_all`).
+    decoders: usize,
     held: VecDeque<Held>,
     held_bytes: usize,
     /// The latest `last_device_ns` among the launches held (or ever held: it
@@ -563,6 +568,7 @@ impl Worker {
             Err(e) => self.shared.push_error(e),
         }
         let fetch_failed = fetched.is_err();
+        let mut kept = Vec::with_capacity(done.len());
         if let Err(e) = fetched {
             self.shared.push_error(e);
         }
@@ -575,46 +581,20 @@ impl Worker {
                     st.errors.push(e);
                 }),
                 Ok(()) if fetch_failed => self.shared.finish(n, |st| st.stats.failed += n),
-                Ok(()) => self.take(job, taken, complete_ns),
+                Ok(()) if !taken => {
+                    // A replay whose prologue found its region in use.
+                    self.shared.skipped.fetch_add(n, Ordering::AcqRel);
+                    self.shared.finish(n, |_| {});
+                }
+                Ok(()) => kept.push(job),
             }
         }
-    }
-
-    /// Decodes a finished job's launches and holds them for their checkpoint.
-    fn take(&mut self, job: Job, taken: bool, complete_ns: u64) {
-        let Job {
-            mut launch,
-            dispatch,
-            span,
-            work,
-            ..
-        } = job;
-        launch.host_complete_ns = complete_ns;
-        match work {
-            Work::Launch { header, place } => {
-                let bytes = place.memory.mirror(&place.region);
-                self.hold(launch, header, bytes, &dispatch, &span);
-            }
-            Work::Replay { nodes, .. } if !taken => {
-                let n = nodes.len() as u64;
-                self.shared.skipped.fetch_add(n, Ordering::AcqRel);
-                self.shared.finish(n, |_| {});
-            }
-            Work::Replay { place, nodes, .. } => {
-                let region = place.memory.mirror(&place.region);
-                let first = launch.launch_id;
-                for (i, node) in nodes.iter().enumerate() {
-                    let mut header = node.header;
-                    header.launch_id = first + i as u64;
-                    let mut l = launch.clone();
-                    l.launch_id = header.launch_id;
-                    l.kernel.clone_from(&node.kernel);
-                    l.grid = header.grid;
-                    l.block = header.block;
-                    let bytes = &region[node.offset..node.offset + node.len];
-                    self.hold(l, header, bytes, &dispatch, &span);
-                }
-            }
+        let launches = Taken::of(&kept, complete_ns);
+        let inputs: Vec<(BufferHeader, &[u8])> =
+            launches.iter().map(|t| (t.header, t.bytes)).collect();
+        let decoded = decode_all(&self.registry, &inputs, self.decoders);
+        for (t, d) in launches.into_iter().zip(decoded) {
+            self.hold(t.launch, d, t.dispatch, t.span);
         }
     }
 
@@ -681,27 +661,14 @@ impl Worker {
         }
     }
 
-    /// Decodes one launch's bytes (its buffer header written here: the device
-    /// never writes it; its slots cut to the records written, `format::trimmed`)
-    /// and holds it for its checkpoint.
+    /// Holds a decoded launch for its checkpoint (or counts it as failed).
     fn hold(
         &mut self,
         launch: LaunchInfo,
-        header: BufferHeader,
-        bytes: &[u8],
+        capture: Result<OwnedBuffer, ProfilerError>,
         dispatch: &Dispatch,
         span: &tracing::Span,
     ) {
-        let launch_id = launch.launch_id;
-        let capture = if bytes.len() < crate::format::BUFFER_HEADER_SIZE {
-            Err(ProfilerError::Invalid(format!(
-                "launch {launch_id}: {} bytes came back, less than a buffer header",
-                bytes.len()
-            )))
-        } else {
-            OwnedBuffer::decode(trimmed(bytes, &header), Some(&self.registry))
-                .map_err(|source| ProfilerError::Decode { launch_id, source })
-        };
         let capture = match capture {
             Ok(c) => c,
             Err(e) => {
@@ -765,6 +732,96 @@ impl Worker {
             }
         });
     }
+}
+
+/// One launch of a finished job, ready to decode: its bytes in the mirror.
+struct Taken<'a> {
+    launch: LaunchInfo,
+    header: BufferHeader,
+    bytes: &'a [u8],
+    dispatch: &'a Dispatch,
+    span: &'a tracing::Span,
+}
+
+impl Taken<'_> {
+    /// The launches of `jobs` (a replay's nodes each), completed at `complete_ns`.
+    fn of(jobs: &[Job], complete_ns: u64) -> Vec<Taken<'_>> {
+        let mut out = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let mut launch = job.launch.clone();
+            launch.host_complete_ns = complete_ns;
+            let (dispatch, span) = (&job.dispatch, &job.span);
+            match &job.work {
+                Work::Launch { header, place } => out.push(Taken {
+                    launch,
+                    header: *header,
+                    bytes: place.memory.mirror(&place.region),
+                    dispatch,
+                    span,
+                }),
+                Work::Replay { place, nodes, .. } => {
+                    let region = place.memory.mirror(&place.region);
+                    for (i, node) in nodes.iter().enumerate() {
+                        let mut header = node.header;
+                        header.launch_id = launch.launch_id + i as u64;
+                        let mut l = launch.clone();
+                        l.launch_id = header.launch_id;
+                        l.kernel.clone_from(&node.kernel);
+                        l.grid = header.grid;
+                        l.block = header.block;
+                        out.push(Taken {
+                            launch: l,
+                            header,
+                            bytes: &region[node.offset..node.offset + node.len],
+                            dispatch,
+                            span,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Fewer launches than this in a pass are decoded on the collector thread alone.
+const PARALLEL_FROM: usize = 8;
+
+/// Decodes launches' bytes (each buffer header written here, the device never
+/// writes it; the slots cut to the records written, `format::trimmed`), on up
+/// to `workers` threads when there are many: decoding is most of the
+/// collector's work per launch, and a storm of short launches brings back more
+/// than one core decodes.
+fn decode_all(
+    registry: &EventRegistry,
+    inputs: &[(BufferHeader, &[u8])],
+    workers: usize,
+) -> Vec<Result<OwnedBuffer, ProfilerError>> {
+    let one = |(header, bytes): &(BufferHeader, &[u8])| {
+        let launch_id = header.launch_id;
+        if bytes.len() < crate::format::BUFFER_HEADER_SIZE {
+            return Err(ProfilerError::Invalid(format!(
+                "launch {launch_id}: {} bytes came back, less than a buffer header",
+                bytes.len()
+            )));
+        }
+        OwnedBuffer::decode(trimmed(bytes, header), Some(registry))
+            .map_err(|source| ProfilerError::Decode { launch_id, source })
+    };
+    if workers <= 1 || inputs.len() < PARALLEL_FROM {
+        return inputs.iter().map(one).collect();
+    }
+    let chunk = inputs.len().div_ceil(workers);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = inputs
+            .chunks(chunk)
+            .map(|c| scope.spawn(move || c.iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().expect("decoding does not panic"))
+            .collect()
+    })
 }
 
 /// The Perfetto schema checker the integration tests use (`tests/check_perfetto.py`).

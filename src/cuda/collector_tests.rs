@@ -171,6 +171,8 @@ impl Rig {
                 archive: None,
                 backend: Box::new(Sim(gpu.clone())),
                 arena: arena.clone(),
+                // Several, whatever this machine has: the parallel decode is tested.
+                decoders: 3,
                 on_start: None,
             },
             shared.clone(),
@@ -440,7 +442,7 @@ fn launches_on_two_streams_finish_out_of_order() {
 
 #[test]
 fn finished_launches_are_brought_back_in_bulk() {
-    let (_rec, dispatch) = recorder_dispatch();
+    let (rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
     let events: Vec<u64> = tracing::dispatcher::with_default(&dispatch, || {
         (0..50)
@@ -457,6 +459,16 @@ fn finished_launches_are_brought_back_in_bulk() {
     assert_eq!(r.gpu.fetched_places.load(Ordering::Relaxed), 50);
     // One fetch (maybe two, if the collector looked mid-way) for 50 launches.
     assert!(r.gpu.fetches.load(Ordering::Relaxed) <= 2);
+    // Decoded on several threads, delivered whole and in launch order.
+    let seen = rec.0.lock();
+    assert_eq!(seen.spans.len(), 200);
+    let ids: Vec<u64> = seen
+        .spans
+        .iter()
+        .map(|s| s["gpu.launch_id"].parse().unwrap())
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] <= w[1]), "{ids:?}");
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 50);
 }
 
 #[test]

@@ -329,6 +329,11 @@ impl ProfilerBuilder {
                 archive,
                 backend: Box::new(CudaDevice::new(&ctx, events.clone())?),
                 arena: arena.clone(),
+                // Half the cores, up to 4: the application and the sinks' writer
+                // threads need the rest.
+                decoders: std::thread::available_parallelism()
+                    .map_or(1, |n| n.get() / 2)
+                    .clamp(1, 4),
                 on_start: Some(Box::new(move || {
                     let _ = bind.bind_to_thread();
                     // The collector's calls must not invalidate a graph the
