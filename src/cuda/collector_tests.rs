@@ -5,7 +5,8 @@
 //! how a second device is simulated.
 use super::*;
 use crate::clock::{ClockMap, HostOffsets};
-use crate::cuda::memory::{Memory, ARMED, REPLAY_HEADER, TAKEN};
+use crate::cuda::job::Node;
+use crate::cuda::memory::{Mark, Memory, ARMED, REPLAY_HEADER, TAKEN};
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
 use std::collections::{HashMap, HashSet};

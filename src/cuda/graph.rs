@@ -23,10 +23,10 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaGraph, CudaStre
 use cudarc::driver::{DriverError, PushKernelArg};
 use parking_lot::Mutex;
 
-use super::collector::Node;
 use super::compile::{compile, KernelBuild};
 use super::device::allocate;
 use super::error::ProfilerError;
+use super::job::Node;
 use super::memory::{Kind, Memory, Shape, REPLAY_HEADER};
 use super::ring::ALIGN;
 use crate::format::{self, BufferHeader, KernelArg};

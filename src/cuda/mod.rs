@@ -11,6 +11,7 @@ mod compile;
 mod device;
 mod error;
 mod graph;
+mod job;
 mod memory;
 mod profiler;
 mod recorder;

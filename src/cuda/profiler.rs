@@ -68,12 +68,11 @@ use cudarc::driver::{sys, CudaContext, CudaGraph, CudaStream, DeviceRepr, Launch
 
 use super::calibrate::Calibrator;
 use super::collector::ProfilerStats;
-use super::collector::{
-    Collector, CollectorConfig, Job, Recalibrate, Recalibration, Round, Shared, Work,
-};
+use super::collector::{Collector, CollectorConfig, Recalibrate, Recalibration, Round, Shared};
 use super::device::{allocate, device_info, CudaDevice, Events};
 use super::error::{CalibrateError, ProfilerError};
 use super::graph::{Graphs, ProfiledGraph};
+use super::job::{Job, Work};
 use super::memory::{Kind, Mark, Memory, Place, Shape};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};

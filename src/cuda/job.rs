@@ -1,0 +1,174 @@
+//! What a launch hands the collector ([`Job`]: a direct launch or a graph
+//! replay, and where its records are), and how the collector turns a pass's
+//! finished jobs into decoded buffers ([`Taken`], [`decode_all`]).
+
+use std::sync::Arc;
+
+use tracing::Dispatch;
+
+use crate::batch::LaunchInfo;
+use crate::decode::OwnedBuffer;
+use crate::format::{trimmed, BufferHeader};
+use crate::registry::EventRegistry;
+
+use super::error::ProfilerError;
+use super::memory::{Mark, Place};
+
+/// One profiled launch, or one replay of a profiled graph, on its way to the sinks.
+pub(crate) struct Job {
+    /// The launch (its `host_complete_ns` is filled in by the collector). For
+    /// a replay: the replay's, which each node's batch copies, with the node's
+    /// kernel, shape and launch id (`launch_id` + the node's index).
+    pub launch: LaunchInfo,
+    /// The dispatcher that was current when the launch was made.
+    pub dispatch: Dispatch,
+    /// The launch span, kept open until delivery so that `launch.parent` stays valid.
+    pub span: tracing::Span,
+    /// Recorded after the launch on its stream.
+    pub mark: Mark,
+    /// Where its records are.
+    pub work: Work,
+}
+
+/// Where a job's records are, and what they hold.
+pub(crate) enum Work {
+    /// A direct launch: its region of the arena, and the buffer header the
+    /// host would have written before it (the device never reads it).
+    Launch {
+        /// The buffer header.
+        header: BufferHeader,
+        /// The region.
+        place: Place,
+    },
+    /// A replay of a captured graph: the region of the graph's replay ring that
+    /// the replay's prologue takes (if it was armed), holding one buffer per
+    /// profiled kernel node.
+    Replay {
+        /// The replay's number, counted from 0 by the device and by the host alike.
+        replay: u64,
+        /// The region replay `replay` takes.
+        place: Place,
+        /// The graph's profiled kernel nodes, in capture order.
+        nodes: Arc<[Node]>,
+    },
+}
+
+impl Work {
+    /// Where the records are.
+    pub(crate) fn place(&self) -> &Place {
+        match self {
+            Work::Launch { place, .. } | Work::Replay { place, .. } => place,
+        }
+    }
+
+    /// How many launches the job stands for.
+    pub(crate) fn launches(&self) -> u64 {
+        match self {
+            Work::Launch { .. } => 1,
+            Work::Replay { nodes, .. } => nodes.len() as u64,
+        }
+    }
+}
+
+/// A profiled kernel node of a captured graph.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    /// The kernel's name in the trace.
+    pub kernel: String,
+    /// Its buffer header (the launch id is set per replay).
+    pub header: BufferHeader,
+    /// Its buffer's offset in a replay region.
+    pub offset: usize,
+    /// Its buffer's size.
+    pub len: usize,
+}
+
+/// One launch of a finished job, ready to decode: its bytes in the mirror.
+pub(crate) struct Taken<'a> {
+    pub launch: LaunchInfo,
+    pub header: BufferHeader,
+    pub bytes: &'a [u8],
+    pub dispatch: &'a Dispatch,
+    pub span: &'a tracing::Span,
+}
+
+impl Taken<'_> {
+    /// The launches of `jobs` (a replay's nodes each), completed at `complete_ns`.
+    pub(crate) fn of(jobs: &[Job], complete_ns: u64) -> Vec<Taken<'_>> {
+        let mut out = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let mut launch = job.launch.clone();
+            launch.host_complete_ns = complete_ns;
+            let (dispatch, span) = (&job.dispatch, &job.span);
+            match &job.work {
+                Work::Launch { header, place } => out.push(Taken {
+                    launch,
+                    header: *header,
+                    bytes: place.memory.mirror(&place.region),
+                    dispatch,
+                    span,
+                }),
+                Work::Replay { place, nodes, .. } => {
+                    let region = place.memory.mirror(&place.region);
+                    for (i, node) in nodes.iter().enumerate() {
+                        let mut header = node.header;
+                        header.launch_id = launch.launch_id + i as u64;
+                        let mut l = launch.clone();
+                        l.launch_id = header.launch_id;
+                        l.kernel.clone_from(&node.kernel);
+                        l.grid = header.grid;
+                        l.block = header.block;
+                        out.push(Taken {
+                            launch: l,
+                            header,
+                            bytes: &region[node.offset..node.offset + node.len],
+                            dispatch,
+                            span,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Fewer launches than this in a pass are decoded on the collector thread alone.
+const PARALLEL_FROM: usize = 8;
+
+/// Decodes launches' bytes (each buffer header written here, the device never
+/// writes it; the slots cut to the records written, `format::trimmed`), on up
+/// to `workers` threads when there are many: decoding is most of the
+/// collector's work per launch, and a storm of short launches brings back more
+/// than one core decodes.
+pub(crate) fn decode_all(
+    registry: &EventRegistry,
+    inputs: &[(BufferHeader, &[u8])],
+    workers: usize,
+) -> Vec<Result<OwnedBuffer, ProfilerError>> {
+    let one = |(header, bytes): &(BufferHeader, &[u8])| {
+        let launch_id = header.launch_id;
+        if bytes.len() < crate::format::BUFFER_HEADER_SIZE {
+            return Err(ProfilerError::Invalid(format!(
+                "launch {launch_id}: {} bytes came back, less than a buffer header",
+                bytes.len()
+            )));
+        }
+        OwnedBuffer::decode(trimmed(bytes, header), Some(registry))
+            .map_err(|source| ProfilerError::Decode { launch_id, source })
+    };
+    if workers <= 1 || inputs.len() < PARALLEL_FROM {
+        return inputs.iter().map(one).collect();
+    }
+    let chunk = inputs.len().div_ceil(workers);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = inputs
+            .chunks(chunk)
+            .map(|c| scope.spawn(move || c.iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().expect("decoding does not panic"))
+            .collect()
+    })
+}
