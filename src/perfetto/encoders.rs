@@ -15,10 +15,14 @@
 //! need not ask), a warp lane's in its encoder's output before its first
 //! event.
 //!
-//! Bounds: at most [`DEPTH_PER_ENCODER`] × `n` batches are in the encoders'
-//! hands (a new one waits until the oldest is written); an encoder's output
-//! goes out in pieces of about [`FLUSH_AT`] bytes, or as soon as it has
-//! nothing else to do, through a channel of [`OUTPUT_QUEUE`] pieces.
+//! Bounds: at most [`DEPTH_PER_ENCODER`] × `n` groups of batches (each of
+//! at most [`GROUP_BATCHES`] batches and about [`GROUP_EVENTS`] events, or one
+//! larger batch) are in the encoders' hands (a new one waits until the oldest
+//! is written); an encoder's output
+//! goes out in pieces of at most about [`FLUSH_AT`] bytes, or as soon as it
+//! has nothing else to do, through a channel of [`OUTPUT_QUEUE`] pieces, in
+//! buffers that the writer gives back: at most `OUTPUT_QUEUE + 2` of them
+//! per encoder.
 //!
 //! [`PerfettoLayerBuilder::encoder_threads`]: super::PerfettoLayerBuilder::encoder_threads
 
@@ -34,24 +38,35 @@ use super::writer::TraceWriter;
 use super::PerfettoError;
 use crate::batch::Batch;
 
-/// Batches each encoder may have been handed and not finished: enough that
-/// an encoder whose share of one batch is small goes on with the next ones.
+/// Groups of batches each encoder may have been handed and not finished:
+/// enough that an encoder whose share of one group is small goes on with the
+/// next ones.
 pub(crate) const DEPTH_PER_ENCODER: usize = 4;
 
-/// Output pieces waiting for the writer, all encoders together.
-const OUTPUT_QUEUE: usize = 16;
+/// Batches are handed out in groups of at most this many batches, or of
+/// about [`GROUP_EVENTS`] events (a larger batch is a group by itself): a
+/// storm of short launches then costs the threads one hand-over (and the
+/// encoders one wake-up) per group rather than per launch. A group goes out
+/// early when no batch waits for the writer.
+const GROUP_BATCHES: usize = 64;
+const GROUP_EVENTS: u64 = 32 << 10;
 
-/// What an encoder hands back: encoded packets, and how many batches they
+/// Output pieces waiting for the writer, all encoders together. Each
+/// encoder then owns at most this many buffers plus the one it fills and the
+/// one being written (about [`FLUSH_AT`] each): the writer gives them back.
+const OUTPUT_QUEUE: usize = 4;
+
+/// What an encoder hands back: encoded packets, and how many groups they
 /// complete (their last packets are in `bytes` or in earlier pieces);
-/// [`DIED`] batches: the encoder panicked (a bug), and will hand back no more.
+/// [`DIED`] groups: the encoder panicked (a bug), and will hand back no more.
 struct Piece {
     encoder: usize,
     bytes: Vec<u8>,
-    batches: u64,
+    groups: u64,
     events: u64,
 }
 
-/// [`Piece::batches`] of an encoder's last word when it panics.
+/// [`Piece::groups`] of an encoder's last word when it panics.
 const DIED: u64 = u64::MAX;
 
 /// Tells the writer that its encoder panicked, so that it does not wait for
@@ -67,24 +82,28 @@ impl Drop for Obituary<'_> {
             let _ = self.out.send(Piece {
                 encoder: self.encoder,
                 bytes: Vec::new(),
-                batches: DIED,
+                groups: DIED,
                 events: 0,
             });
         }
     }
 }
 
-struct Job {
-    batch: Arc<Batch>,
-    window: (u64, u64),
-}
+/// A group of batches, each with its device time window ([`Core::head`](super::encode::Core::head)).
+type Group = Arc<[(Arc<Batch>, (u64, u64))]>;
 
 /// The encoder threads of one layer, seen from its writer thread.
 pub(crate) struct Encoders {
-    jobs: Vec<SyncSender<Job>>,
+    jobs: Vec<SyncSender<Group>>,
+    /// Per encoder: its written pieces' buffers, given back to be reused
+    /// (never more than the pieces in flight).
+    spare: Vec<mpsc::Sender<Vec<u8>>>,
     threads: Vec<JoinHandle<()>>,
     out: Receiver<Piece>,
-    /// Batches handed out so far, and per encoder, batches it has finished
+    /// The group being gathered, and its events.
+    group: Vec<(Arc<Batch>, (u64, u64))>,
+    group_events: u64,
+    /// Groups handed out so far, and per encoder, groups it has finished
     /// and whose output is written.
     handed: u64,
     done: Vec<u64>,
@@ -94,6 +113,7 @@ impl std::fmt::Debug for Encoders {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Encoders")
             .field("threads", &self.threads.len())
+            .field("group", &self.group.len())
             .field("handed", &self.handed)
             .field("done", &self.done)
             .finish()
@@ -110,10 +130,21 @@ impl Encoders {
         wake: impl Fn() + Clone + Send + 'static,
     ) -> std::io::Result<Encoders> {
         let (tx, out) = mpsc::sync_channel(OUTPUT_QUEUE);
-        let (mut jobs, mut threads) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for index in 0..n {
-            // Never full: at most DEPTH_PER_ENCODER × n batches are handed out.
+        let (mut jobs, mut threads, mut spare) = (Vec::new(), Vec::new(), Vec::new());
+        // The one-byte sequence ids left, dealt out now: drawn as each
+        // encoder needs them, they would go to whichever asks first.
+        let mut short = vec![Vec::new(); n];
+        for k in 0.. {
+            let id = ids.sequence();
+            if id >= 128 {
+                break;
+            }
+            short[k % n].push(id);
+        }
+        for (index, short) in short.into_iter().enumerate() {
+            // Never full: at most DEPTH_PER_ENCODER × n groups are handed out.
             let (job_tx, rx) = mpsc::sync_channel(DEPTH_PER_ENCODER * n);
+            let (spare_tx, spare_rx) = mpsc::channel();
             let shard = Shard {
                 index: index as u32,
                 of: n as u32,
@@ -121,11 +152,15 @@ impl Encoders {
             let (ids, tx, wake) = (ids.clone(), tx.clone(), wake.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("tracing-gpu perfetto encoder {index}"))
-                .spawn(move || encode(index, shard, &ids, &rx, &tx, &wake));
+                .spawn(move || {
+                    let warps = WarpEncoder::with_short_ids(short);
+                    encode(index, shard, warps, &ids, (&rx, &spare_rx), &tx, &wake)
+                });
             match spawned {
                 Ok(t) => {
                     jobs.push(job_tx);
                     threads.push(t);
+                    spare.push(spare_tx);
                 }
                 Err(e) => {
                     // The threads started end, with nothing to hand back,
@@ -140,21 +175,24 @@ impl Encoders {
         }
         Ok(Encoders {
             jobs,
+            spare,
             threads,
             out,
+            group: Vec::new(),
+            group_events: 0,
             handed: 0,
             done: vec![0; n],
         })
     }
 
-    /// Batches handed out whose output is not all written yet.
+    /// Groups handed out whose output is not all written yet.
     fn pending(&self) -> u64 {
         self.handed - self.done.iter().min().copied().unwrap_or(self.handed)
     }
 
     /// Writes the batch's GPU and SM descriptors, kernel slice and drops, and
-    /// hands its warps to the encoders; first writes what they have finished,
-    /// waiting for the oldest batch if too many are out.
+    /// adds the batch to the group for the encoders (handed out when full);
+    /// first writes what they have finished.
     pub(crate) fn submit<W: Write>(
         &mut self,
         w: &mut TraceWriter<W>,
@@ -162,24 +200,39 @@ impl Encoders {
         failed: &mut Option<PerfettoError>,
     ) {
         self.take_ready(w, failed);
-        while self.pending() >= (DEPTH_PER_ENCODER * self.jobs.len()) as u64 {
-            if !self.take_one(w, failed) {
-                return;
-            }
-        }
         let core = w.core();
         let head = core.head(batch);
         core.kernel(batch, &head);
         if let Err(e) = w.drain(FLUSH_AT) {
             failed.get_or_insert(e);
         }
+        self.group.push((batch.clone(), head.window));
+        self.group_events += batch.buffer.event_count();
+        if self.group.len() >= GROUP_BATCHES || self.group_events >= GROUP_EVENTS {
+            self.hand_out(w, failed);
+        }
+    }
+
+    /// Hands the group gathered so far to the encoders, after waiting (and
+    /// writing what they make) while too many groups are out.
+    pub(crate) fn hand_out<W: Write>(
+        &mut self,
+        w: &mut TraceWriter<W>,
+        failed: &mut Option<PerfettoError>,
+    ) {
+        if self.group.is_empty() {
+            return;
+        }
+        while self.pending() >= (DEPTH_PER_ENCODER * self.jobs.len()) as u64 {
+            if !self.take_one(w, failed) {
+                break;
+            }
+        }
+        let group: Group = std::mem::take(&mut self.group).into();
+        self.group_events = 0;
         for jobs in &self.jobs {
-            let job = Job {
-                batch: batch.clone(),
-                window: head.window,
-            };
             // Cannot fail while the encoder lives; if it died, take_one says so.
-            let _ = jobs.send(job);
+            let _ = jobs.send(group.clone());
         }
         self.handed += 1;
     }
@@ -202,12 +255,14 @@ impl Encoders {
         }
     }
 
-    /// Waits until every batch handed out is written.
+    /// Hands out the group gathered so far and waits until every batch
+    /// submitted is written.
     pub(crate) fn wait_all<W: Write>(
         &mut self,
         w: &mut TraceWriter<W>,
         failed: &mut Option<PerfettoError>,
     ) {
+        self.hand_out(w, failed);
         while self.pending() > 0 && self.take_one(w, failed) {}
     }
 
@@ -240,11 +295,13 @@ impl Encoders {
                 *failed = Some(e);
             }
         }
+        // A dead encoder's channel is gone: the buffer is freed then.
+        let _ = self.spare[p.encoder].send(p.bytes);
         w.core().stats.device_events += p.events;
-        if p.batches == DIED {
+        if p.groups == DIED {
             failed.get_or_insert(PerfettoError::WriterPanicked);
         }
-        self.done[p.encoder] = self.done[p.encoder].saturating_add(p.batches);
+        self.done[p.encoder] = self.done[p.encoder].saturating_add(p.groups);
     }
 }
 
@@ -267,22 +324,28 @@ impl Drop for Encoders {
 fn encode(
     encoder: usize,
     shard: Shard,
+    mut warps: WarpEncoder,
     ids: &Ids,
-    jobs: &Receiver<Job>,
+    (jobs, spare): (&Receiver<Group>, &Receiver<Vec<u8>>),
     out: &SyncSender<Piece>,
     wake: &dyn Fn(),
 ) {
     let _obituary = Obituary { encoder, out };
-    let mut warps = WarpEncoder::default();
     let mut enc = Enc::with_capacity(FLUSH_AT + (64 << 10));
-    let (mut batches, mut events) = (0u64, 0u64);
+    let (mut groups, mut events) = (0u64, 0u64);
     // Hands back what `enc` holds; `false` once the writer is gone.
-    let hand_back = |enc: &mut Enc, batches: &mut u64, events: &mut u64| {
-        let bytes = std::mem::replace(&mut enc.buf, Vec::with_capacity(FLUSH_AT + (64 << 10)));
+    let hand_back = |enc: &mut Enc, groups: &mut u64, events: &mut u64| {
+        // A buffer the writer is done with, or a new one (while there are
+        // fewer than the pieces in flight).
+        let mut next = spare
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(FLUSH_AT + (64 << 10)));
+        next.clear();
+        let bytes = std::mem::replace(&mut enc.buf, next);
         let piece = Piece {
             encoder,
             bytes,
-            batches: std::mem::take(batches),
+            groups: std::mem::take(groups),
             events: std::mem::take(events),
         };
         let sent = out.send(piece).is_ok();
@@ -290,38 +353,37 @@ fn encode(
         sent
     };
     loop {
-        let job = match jobs.try_recv() {
-            Ok(job) => job,
+        let group = match jobs.try_recv() {
+            Ok(group) => group,
             Err(TryRecvError::Empty) => {
-                if (batches > 0 || !enc.is_empty())
-                    && !hand_back(&mut enc, &mut batches, &mut events)
+                if (groups > 0 || !enc.is_empty()) && !hand_back(&mut enc, &mut groups, &mut events)
                 {
                     return;
                 }
                 match jobs.recv() {
-                    Ok(job) => job,
+                    Ok(group) => group,
                     Err(_) => return,
                 }
             }
             Err(TryRecvError::Disconnected) => return,
         };
-        let r = warps.batch(ids, &mut enc, &job.batch, job.window, shard, &mut |enc| {
-            // The writer is gone (finished or failed): nobody to tell.
-            let (mut none, mut no_events) = (0, 0);
-            if hand_back(enc, &mut none, &mut no_events) {
-                Ok(())
-            } else {
-                Err(PerfettoError::WriterPanicked)
+        for (batch, window) in group.iter() {
+            let r = warps.batch(ids, &mut enc, batch, *window, shard, &mut |enc| {
+                // The writer is gone (finished or failed): nobody to tell.
+                let (mut none, mut no_events) = (0, 0);
+                if hand_back(enc, &mut none, &mut no_events) {
+                    Ok(())
+                } else {
+                    Err(PerfettoError::WriterPanicked)
+                }
+            });
+            match r {
+                Ok(n) => events += n,
+                Err(_) => return,
             }
-        });
-        match r {
-            Ok(n) => {
-                events += n;
-                batches += 1;
-            }
-            Err(_) => return,
         }
-        if enc.len() > FLUSH_AT && !hand_back(&mut enc, &mut batches, &mut events) {
+        groups += 1;
+        if enc.len() > FLUSH_AT && !hand_back(&mut enc, &mut groups, &mut events) {
             return;
         }
     }

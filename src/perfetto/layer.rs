@@ -22,7 +22,7 @@ use std::collections::{HashSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -666,11 +666,14 @@ fn run_writer(
     let mut failed: Option<PerfettoError> = None;
     // Whether a trace with nothing in it is still written (see PerfettoGuard).
     let mut keep_empty = true;
-    let mut handle = |msg: Msg, w: &mut TraceWriter<Output>, failed: &mut Option<PerfettoError>| {
+    let handle = |msg: Msg,
+                  w: &mut TraceWriter<Output>,
+                  failed: &mut Option<PerfettoError>,
+                  encoders: &mut Option<Encoders>| {
         let r = match msg {
             Msg::Batch(b) => {
                 collect(shared, w, false, false, failed);
-                match (&mut encoders, failed.is_none()) {
+                match (&mut *encoders, failed.is_none()) {
                     (_, false) => {}
                     (Some(e), true) => e.submit(w, &b, failed),
                     (None, true) => {
@@ -686,7 +689,7 @@ fn run_writer(
                 None
             }
             Msg::Flush(ack) => {
-                if let Some(e) = &mut encoders {
+                if let Some(e) = encoders {
                     e.wait_all(w, failed);
                 }
                 collect(shared, w, true, false, failed);
@@ -701,20 +704,34 @@ fn run_writer(
             Msg::Finish(keep) => Some(keep),
         };
         // What the encoders finished meanwhile (they send a Wake for each).
-        if let Some(e) = &mut encoders {
+        if let Some(e) = encoders {
             e.take_ready(w, failed);
         }
         r
     };
-    while let Ok(msg) = rx.recv() {
-        if let Some(keep) = handle(msg, &mut w, &mut failed) {
+    loop {
+        let msg = match rx.try_recv() {
+            Ok(msg) => msg,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                // Nothing waits: the encoders get the batches gathered so far.
+                if let Some(e) = &mut encoders {
+                    e.hand_out(&mut w, &mut failed);
+                }
+                match rx.recv() {
+                    Ok(msg) => msg,
+                    Err(_) => break,
+                }
+            }
+        };
+        if let Some(keep) = handle(msg, &mut w, &mut failed, &mut encoders) {
             keep_empty = keep;
             break;
         }
     }
     // Batches queued before the finish are still written.
     while let Ok(msg) = rx.try_recv() {
-        handle(msg, &mut w, &mut failed);
+        handle(msg, &mut w, &mut failed, &mut encoders);
     }
     if let Some(mut e) = encoders.take() {
         e.wait_all(&mut w, &mut failed);

@@ -190,6 +190,18 @@ pub(crate) struct ShortSeqs {
 }
 
 impl ShortSeqs {
+    /// A pool of these ids and no others: an encoder's share, when several
+    /// encoders write one trace (each id is restarted by one encoder only).
+    pub(crate) fn reserved(ids: Vec<u32>) -> ShortSeqs {
+        ShortSeqs {
+            // Lane uuids and rounds start at 1: (0, 0) is held by nobody.
+            holder: vec![(0, 0); ids.len()],
+            ids,
+            next: 0,
+            exhausted: true,
+        }
+    }
+
     /// An id for lane `uuid`; `None` when every id is held by a lane of the
     /// current `round` (a warp with over a hundred lanes).
     fn take(&mut self, ids: &Ids, uuid: u64, round: u64) -> Option<(usize, u32)> {

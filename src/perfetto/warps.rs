@@ -186,6 +186,14 @@ pub(crate) struct WarpEncoder {
 }
 
 impl WarpEncoder {
+    /// An encoder that borrows only these short sequence ids ([`ShortSeqs::reserved`]).
+    pub(crate) fn with_short_ids(ids: Vec<u32>) -> WarpEncoder {
+        WarpEncoder {
+            short: ShortSeqs::reserved(ids),
+            ..WarpEncoder::default()
+        }
+    }
+
     /// Encodes the events of the warps of `b` that `shard` owns into `enc`,
     /// `window` being the batch's device time window ([`Core::head`], which
     /// also declared their SMs). Whenever more than [`FLUSH_AT`] bytes are
