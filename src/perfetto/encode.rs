@@ -48,7 +48,7 @@ pub(crate) fn start_flow(origins: &Mutex<HashSet<u64>>, launch_id: u64) -> u64 {
 }
 
 /// The encoder state of one trace: tracks, sequences, interned names. Writes
-/// into an in-memory buffer; [`TraceWriter`] drains that to its output.
+/// into an in-memory buffer; [`super::TraceWriter`] drains that to its output.
 ///
 /// A batch is encoded in two parts: the part above the warps
 /// ([`Core::head`], [`Core::kernel`]: GPU and SM tracks, the kernel slice, the

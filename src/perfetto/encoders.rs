@@ -1,28 +1,29 @@
-//! Device batches encoded on several threads ([`PerfettoLayerBuilder::encoder_threads`]).
+//! Device batches encoded on several threads
+//! ([`PerfettoLayerBuilder::encoder_threads`]).
 //!
 //! The layer's writer thread stays the one that writes the file. For each
-//! batch it writes, itself, what lies above the warps ([`Core::head`](super::encode::Core::head) and
-//! [`Core::kernel`](super::encode::Core::kernel): the GPU and SM descriptors, the kernel slice, the drop
-//! counter), then hands the batch to every encoder thread. Encoder `i` of `n`
-//! writes the warps whose key hashes to `i` ([`Shard`]): the same warps,
-//! batch after batch, so each warp's lanes and their writer sequences belong
-//! to one encoder, which writes their packets in order, with its own interned
-//! names and its own short sequence ids. Packets of different sequences may
-//! interleave in a trace; each encoder's output is written in the order it was
-//! made, so every sequence stays in order. Descriptors come before the events
-//! on their tracks: the SMs' go out before the batch is handed over (their
-//! uuids are derived, [`sm_uuid`](super::tracks::sm_uuid), so the encoders
-//! need not ask), a warp lane's in its encoder's output before its first
-//! event.
+//! batch it writes, itself, what lies above the warps
+//! ([`Core::head`](super::encode::Core::head),
+//! [`Core::kernel`](super::encode::Core::kernel): the GPU and SM descriptors,
+//! the kernel slice, the drop counter), then hands the batch to every encoder
+//! thread. Encoder `i` of `n` writes the warps that [`Shard`] `i` owns: the
+//! same warps, batch after batch, so each warp's lanes and their writer
+//! sequences belong to one encoder, which writes their packets in order, with
+//! its own interned names and its own one-byte sequence ids. Packets of
+//! different sequences may interleave in a trace; each encoder's output is
+//! written in the order it was made, so every sequence stays in order.
+//! Descriptors come before the events on their tracks: the SMs' go out
+//! before the batch is handed over (their uuids are derived,
+//! [`sm_uuid`](super::tracks::sm_uuid), so the encoders need not ask), a
+//! warp lane's in its encoder's output before its first event.
 //!
-//! Bounds: at most [`DEPTH_PER_ENCODER`] × `n` groups of batches (each of
-//! at most [`GROUP_BATCHES`] batches and about [`GROUP_EVENTS`] events, or one
-//! larger batch) are in the encoders' hands (a new one waits until the oldest
-//! is written); an encoder's output
-//! goes out in pieces of at most about [`FLUSH_AT`] bytes, or as soon as it
-//! has nothing else to do, through a channel of [`OUTPUT_QUEUE`] pieces, in
-//! buffers that the writer gives back: at most `OUTPUT_QUEUE + 2` of them
-//! per encoder.
+//! Bounds: at most [`DEPTH_PER_ENCODER`] × `n` groups of batches (a group
+//! closes at [`GROUP_BATCHES`] batches or [`GROUP_EVENTS`] events) are in the
+//! encoders' hands (a new one waits until the oldest is written). An
+//! encoder's output goes out in pieces of at most about [`FLUSH_AT`] bytes,
+//! or as soon as it has nothing else to do, through a channel of
+//! [`OUTPUT_QUEUE`] pieces, in buffers that the writer gives back: at most
+//! `OUTPUT_QUEUE + 2` of them per encoder.
 //!
 //! [`PerfettoLayerBuilder::encoder_threads`]: super::PerfettoLayerBuilder::encoder_threads
 
@@ -43,8 +44,8 @@ use crate::batch::Batch;
 /// next ones.
 pub(crate) const DEPTH_PER_ENCODER: usize = 4;
 
-/// Batches are handed out in groups of at most this many batches, or of
-/// about [`GROUP_EVENTS`] events (a larger batch is a group by itself): a
+/// Batches are handed out in groups, closed at this many batches or once
+/// they hold [`GROUP_EVENTS`] events (so a large batch closes its group): a
 /// storm of short launches then costs the threads one hand-over (and the
 /// encoders one wake-up) per group rather than per launch. A group goes out
 /// early when no batch waits for the writer.

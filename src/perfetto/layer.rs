@@ -14,7 +14,7 @@
 //! Memory is bounded: each thread keeps at most [`PerfettoLayerBuilder::queued_chunks`]
 //! full chunks waiting for the writer (then it waits for the writer to catch
 //! up), the batch queue holds at most [`PerfettoLayerBuilder::batch_queue`] batches,
-//! and the encoders at most 4 per encoder thread.
+//! and the encoders at most 4 groups of batches per encoder thread.
 
 use std::any::TypeId;
 use std::cell::RefCell;
@@ -127,8 +127,10 @@ impl PerfettoLayerBuilder {
     /// writes; with more, it writes each batch's kernel slice and hands the
     /// batch's warps to the encoders (each warp always to the same one), and
     /// writes what they make: the same slices on the same tracks, encoded on
-    /// several cores. Up to 4 × `n` batches more than
-    /// [`PerfettoLayerBuilder::batch_queue`] are then held while they are encoded.
+    /// several cores. Besides [`PerfettoLayerBuilder::batch_queue`], up to
+    /// 4 × `n` groups of batches are then held while they are encoded (a
+    /// group closes at 64 batches or 32 Ki events), and up to 6 output
+    /// buffers of about 1 MiB per encoder.
     pub fn encoder_threads(mut self, n: usize) -> Self {
         self.encoder_threads = n.clamp(1, 64);
         self

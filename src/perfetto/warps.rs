@@ -195,7 +195,7 @@ impl WarpEncoder {
     }
 
     /// Encodes the events of the warps of `b` that `shard` owns into `enc`,
-    /// `window` being the batch's device time window ([`Core::head`], which
+    /// `window` being the batch's device time window ([`Core::head`](super::encode::Core::head), which
     /// also declared their SMs). Whenever more than [`FLUSH_AT`] bytes are
     /// buffered after a warp, `sink` takes them (and leaves `enc` empty).
     /// Returns the device events written.
