@@ -190,3 +190,77 @@ fn several_encoders_write_the_same_slices_as_one() {
         }
     }
 }
+
+/// A `Write` that blocks while `closed` (a disk that stalls).
+struct Gate(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+impl std::io::Write for Gate {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let (closed, open) = &*self.0;
+        let _g = open.wait_while(closed.lock().unwrap(), |c| *c).unwrap();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// While the output stalls, the layer holds a bounded number of batches
+/// (the queue, the groups out with the encoders, the group being gathered):
+/// `on_batch` waits rather than queue more. Once the output moves, every
+/// batch is written.
+#[test]
+fn a_stalled_output_holds_back_the_batches_not_memory() {
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let (layer, guard) = PerfettoLayer::builder()
+        .writer(Gate(gate.clone()))
+        .batch_queue(4)
+        .encoder_threads(2)
+        .build()
+        .unwrap();
+    *gate.0.lock().unwrap() = true;
+    let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 8);
+    b.warp(0, 0)
+        .unwrap()
+        .sm(0, 0)
+        .range(LOAD, 100, 200, 1)
+        .range(MMA, 300, 400, 2);
+    let one = launch(0, 1, 0);
+    let buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
+    let batches: Vec<Arc<Batch>> = (0..5_000u64)
+        .map(|i| {
+            Arc::new(Batch {
+                buffer: buffer.clone(),
+                // 10 µs apart on the host: one lane.
+                calibration: Arc::new(Calibration::exact(0, 1_000_000_000 + i * 10_000, 0.0)),
+                ..(*one).clone()
+            })
+        })
+        .collect();
+    let handed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let feeder = {
+        let (handed, batches) = (handed.clone(), batches.clone());
+        std::thread::spawn(move || {
+            for b in &batches {
+                layer.on_batch(b);
+                handed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            layer
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let held = handed.load(std::sync::atomic::Ordering::SeqCst);
+    // 4 queued, 4 × 2 groups of at most 64 out, one group gathered, one in
+    // the writer's hands.
+    assert!(
+        held > 0 && held <= 4 + 8 * 64 + 64 + 1,
+        "{held} batches handed in"
+    );
+    *gate.0.lock().unwrap() = false;
+    gate.1.notify_all();
+    let layer = feeder.join().unwrap();
+    drop(layer);
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.kernels, 5_000);
+    assert_eq!(stats.device_events, 2 * 5_000);
+}
