@@ -9,6 +9,14 @@
 //!   `k_tile payload` (both types declare their payload, the k-tile index,
 //!   so every slice carries it).
 //! - `device/decode`, `device/write`: the two halves.
+//! - `encoders/gemm ×8`, `encoders/storm`: device batches through a
+//!   `PerfettoLayer` (into a byte counter) with 1, 2 and 4 encoder threads
+//!   (`PerfettoLayerBuilder::encoder_threads`); wall time from the first
+//!   batch handed in to the finished trace, so events/s over all cores. `gemm
+//!   ×8`: the capture above, 8 launches one after the other (8,650,752 events);
+//!   `storm`: 4,096 launches of 4 blocks × 4 warps × 16 events (1,048,576
+//!   events), the shape of a storm of short launches. The same figures, median
+//!   of 5, are printed as `perfetto layer, ...` lines (also with 8 encoders).
 //! - `host/span`: one plain span (enter + exit) through the generic `tracing`
 //!   path into a `PerfettoLayer`; spans/s.
 //! - The same 1,081,344 events written by tg4perfetto (the writer FlashInfer's
@@ -21,7 +29,7 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
@@ -215,6 +223,124 @@ fn cpu_seconds(bytes: &[u8], registry: &EventRegistry, b: &Batch, level: Option<
     runs[2]
 }
 
+/// `n` launches of `bytes`' capture, 10 ms apart on the host clock.
+fn launches(bytes: &[u8], registry: &Arc<EventRegistry>, n: u64) -> Vec<Arc<Batch>> {
+    let one = batch(bytes, registry);
+    (0..n)
+        .map(|i| {
+            Arc::new(Batch {
+                launch: LaunchInfo {
+                    launch_id: i + 1,
+                    ..one.launch.clone()
+                },
+                calibration: Arc::new(Calibration::exact(
+                    1_000_000_000,
+                    5_000_000_000_000 + i * 10_000_000,
+                    4.0,
+                )),
+                ..one.clone()
+            })
+        })
+        .collect()
+}
+
+/// 4,096 launches of 4 blocks × 4 warps × 16 ranges (`load`/`mma`, 200 ns
+/// each), 5 µs apart, on SMs spread as the block scheduler spreads them.
+fn storm(registry: &Arc<EventRegistry>) -> Vec<Arc<Batch>> {
+    (0..4096u64)
+        .map(|i| {
+            let mut b = BufferBuilder::new([4, 1, 1], [128, 1, 1], 16);
+            let d0 = 1_000_000_000 + i * 5_000;
+            for block in 0..4 {
+                let sm = (2 * (i as u32 * 4 + block)) % 132;
+                for warp in 0..4 {
+                    let s = b.warp(block, warp).unwrap().sm(sm, sm);
+                    for k in 0..16 {
+                        let t = d0 + u64::from(warp) * 32 + k * 224;
+                        s.range(1 + (k % 2) as u16, t, t + 200, k as u32);
+                    }
+                }
+            }
+            let capture = OwnedBuffer::decode(b.finish(), Some(registry)).unwrap();
+            Arc::new(Batch {
+                device: Arc::new(DeviceInfo {
+                    ordinal: 0,
+                    name: "bench".into(),
+                    sm_count: BLOCKS,
+                    ..Default::default()
+                }),
+                launch: LaunchInfo {
+                    launch_id: i + 1,
+                    kernel: "short".into(),
+                    grid: [4, 1, 1],
+                    block: [128, 1, 1],
+                    ..Default::default()
+                },
+                buffer: Arc::new(capture),
+                calibration: Arc::new(Calibration::exact(1_000_000_000, 5_000_000_000_000, 4.0)),
+                registry: registry.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The batches through a layer with `threads` encoders into a byte counter,
+/// to the finished trace; returns the wall time and the trace's size.
+fn through_layer(batches: &[Arc<Batch>], threads: usize) -> (Duration, u64) {
+    let t = Instant::now();
+    let (layer, guard) = PerfettoLayer::builder()
+        .writer(Count::default())
+        .encoder_threads(threads)
+        .build()
+        .unwrap();
+    for b in batches {
+        tracing_gpu::batch::BatchSink::on_batch(&layer, b);
+    }
+    let stats = guard.finish().unwrap();
+    let events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
+    assert_eq!(stats.device_events, events);
+    (t.elapsed(), stats.bytes)
+}
+
+fn encoders(c: &mut Criterion) {
+    let bytes = capture();
+    let registry = &variants()[0].1;
+    let cases = [
+        ("gemm ×8", launches(&bytes, registry, 8)),
+        ("storm", storm(registry)),
+    ];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (name, batches) in &cases {
+        let events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
+        for threads in [1, 2, 4, 8] {
+            let mut runs: Vec<(Duration, u64)> =
+                (0..5).map(|_| through_layer(batches, threads)).collect();
+            runs.sort();
+            let (wall, bytes) = runs[2];
+            println!(
+                "perfetto layer, {name}, {threads} encoder(s), {cores} cores: {events} events in \
+                 {:.4} s wall (median of 5): {:.1} M events/s, {:.2} bytes/event",
+                wall.as_secs_f64(),
+                events as f64 / wall.as_secs_f64() / 1e6,
+                bytes as f64 / events as f64
+            );
+        }
+    }
+    let mut g = c.benchmark_group("encoders");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(8));
+    for (name, batches) in &cases {
+        let events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
+        g.throughput(Throughput::Elements(events));
+        for threads in [1, 2, 4] {
+            g.bench_function(BenchmarkId::new(*name, threads), |it| {
+                it.iter(|| through_layer(batches, threads))
+            });
+        }
+    }
+    g.finish();
+}
+
 fn host(c: &mut Criterion) {
     let (layer, guard) = PerfettoLayer::builder().writer(io::sink()).build().unwrap();
     let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(layer));
@@ -287,5 +413,5 @@ fn compare_with_tg4perfetto(bytes: &[u8], ours: f64, payload: bool) {
     );
 }
 
-criterion_group!(benches, device, host);
+criterion_group!(benches, device, encoders, host);
 criterion_main!(benches);

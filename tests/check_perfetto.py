@@ -6,6 +6,7 @@
                             [--expect-gpus N] [--expect-flows N]
                             [--expect-dropped N] [--expect-payload EVENT=ARG ...]
                             [--allow-open-flows] [--clock-tolerance-ns NS] [--json]
+                            [--slices-out FILE]
     check_perfetto.py --self-test
 
 The file is parsed with `perfetto_trace_pb2` from PyPI's `perfetto` package and
@@ -28,6 +29,11 @@ packet defaults, incremental clocks. Then it checks:
   incremental clock anchored to BOOTTIME); every device slice lies within a
   kernel slice of its GPU;
 - the counts given with --expect-*.
+
+--slices-out writes every slice and counter value as JSON, one per line, sorted:
+[track path, name, start, end, arguments] (the path: the track's and its
+ancestors' names, so that two traces of the same events compare equal
+whatever their uuids, sequences and packet order).
 
 Exit status 0 and a one-line summary (or --json) when everything holds;
 1 with one line per failure on stderr otherwise; 2 on usage errors.
@@ -77,6 +83,7 @@ class Checker:
         self.drop_marks = 0
         self.marked_drops = 0
         self.compressed = 0
+        self.listed = []  # (path, name, start, end, args): for --slices-out
 
     def err(self, msg):
         if len(self.errors) < 50:
@@ -337,6 +344,7 @@ class Checker:
             for e in evs:
                 ts, order, _, typ, name, args, flows, terms, cval = e
                 if typ == COUNTER:
+                    self.listed.append((self.path(uuid), "counter", ts, ts, {"value": cval}))
                     if k != "counter":
                         self.err(f"counter value on non-counter track {self.name_of(self.tracks[uuid])!r}")
                     elif self.name_of(self.tracks[uuid]) == "dropped events":
@@ -422,8 +430,18 @@ class Checker:
         )
         return summary
 
+    def path(self, uuid):
+        names = []
+        while uuid in self.tracks:
+            names.append(self.name_of(self.tracks[uuid]))
+            if not self.tracks[uuid].HasField("parent_uuid"):
+                break
+            uuid = self.tracks[uuid].parent_uuid
+        return "/".join(reversed(names))
+
     def slice(self, k, uuid, e, start, end, counts, origins, ends, kernel_spans, device_slices):
         name, flows, terms = e[4], e[6], e[7]
+        self.listed.append((self.path(uuid), name, start, end, e[5]))
         if k == "warp" and name == DROP_MARK:
             # Not a device event: the instant that marks a warp's lost records.
             args = e[5]
@@ -703,6 +721,8 @@ def main(argv=None):
     ap.add_argument("--clock-tolerance-ns", type=int, default=0,
                     help="slack for the kernel-after-launch and device-in-kernel checks")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--slices-out", metavar="FILE",
+                    help="write every slice and counter value to FILE (JSON lines, sorted)")
     a = ap.parse_args(argv)
     try:
         with open(a.trace, "rb") as f:
@@ -732,6 +752,10 @@ def main(argv=None):
         for e in c.errors:
             sys.stderr.write(f"check_perfetto: {a.trace}: {e}\n")
         return 1
+    if a.slices_out:
+        lines = sorted(json.dumps([p, n, b, e, args], sort_keys=True) for p, n, b, e, args in c.listed)
+        with open(a.slices_out, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
     if a.json:
         print(json.dumps(s, sort_keys=True))
     else:

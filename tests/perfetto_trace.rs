@@ -131,20 +131,24 @@ fn others(path: &Path) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn host_and_device_trace_through_the_real_subscriber_passes_the_schema_check() {
-    host_and_device(None);
+    // One encoder (the writer thread encodes), and several.
+    host_and_device(None, 1);
+    host_and_device(None, 3);
 }
 
 #[test]
 fn a_compressed_trace_passes_the_same_check() {
-    host_and_device(Some(6));
+    host_and_device(Some(6), 1);
+    host_and_device(Some(6), 2);
 }
 
-fn host_and_device(compress: Option<u32>) {
+fn host_and_device(compress: Option<u32>, encoders: usize) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("host-device.perfetto-trace");
     let mut builder = PerfettoLayer::builder()
         .file(&path)
-        .process_name("perfetto-test");
+        .process_name("perfetto-test")
+        .encoder_threads(encoders);
     if let Some(level) = compress {
         builder = builder.compress(level);
     }
@@ -268,43 +272,69 @@ fn host_and_device(compress: Option<u32>) {
 #[test]
 fn overlapping_launches_get_lanes_and_still_nest() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("overlap.perfetto-trace");
-    overlapping(&path, None);
-    overlapping(&dir.path().join("overlap-z.perfetto-trace"), Some(1));
+    for encoders in [None, Some(1), Some(3)] {
+        let path = dir
+            .path()
+            .join(format!("overlap-{encoders:?}.perfetto-trace"));
+        overlapping(&path, None, encoders);
+        let path = dir
+            .path()
+            .join(format!("overlap-z-{encoders:?}.perfetto-trace"));
+        overlapping(&path, Some(1), encoders);
+    }
 }
 
-/// Writes `batches`, finishes and commits the file; checks and returns the
-/// number of device events written.
+/// Writes `batches` into `path` (zlib-compressed at `compress`), finishes
+/// and commits the file; checks and returns the number of device events
+/// written. `encoders`: through a `PerfettoLayer` with that many encoder
+/// threads; `None`: with a `TraceWriter`.
 fn write_all<'a>(
-    mut w: TraceWriter<AtomicFile>,
+    path: &Path,
+    compress: Option<u32>,
+    encoders: Option<usize>,
     batches: impl IntoIterator<Item = &'a Arc<Batch>>,
 ) -> u64 {
-    let mut events = 0;
-    for b in batches {
-        w.write_batch(b).unwrap();
-        events += b.buffer.event_count();
-    }
-    let (file, stats) = w.finish().unwrap();
-    file.commit().unwrap();
+    let batches: Vec<_> = batches.into_iter().collect();
+    let events = batches.iter().map(|b| b.buffer.event_count()).sum();
+    let stats = match encoders {
+        None => {
+            let mut w = TraceWriter::new(AtomicFile::create(path).unwrap()).unwrap();
+            if let Some(level) = compress {
+                w = w.compress(level);
+            }
+            for b in batches {
+                w.write_batch(b).unwrap();
+            }
+            let (file, stats) = w.finish().unwrap();
+            file.commit().unwrap();
+            stats
+        }
+        Some(n) => {
+            let mut builder = PerfettoLayer::builder().file(path).encoder_threads(n);
+            if let Some(level) = compress {
+                builder = builder.compress(level);
+            }
+            let (layer, guard) = builder.build().unwrap();
+            for b in batches {
+                layer.on_batch(b);
+            }
+            guard.finish().unwrap()
+        }
+    };
     assert_eq!(stats.device_events, events);
     events
 }
 
-fn overlapping(path: &Path, compress: Option<u32>) {
-    let path = path.to_path_buf();
-    let mut w = TraceWriter::new(AtomicFile::create(&path).unwrap()).unwrap();
-    if let Some(level) = compress {
-        w = w.compress(level);
-    }
+fn overlapping(path: &Path, compress: Option<u32>, encoders: Option<usize>) {
     let h0 = HostClock::Boottime.now_ns();
     // Two launches of one GPU whose device times overlap (two streams), and
     // a third after both, which reuses the first lanes.
     let a = batch(0, 10, 1_000_000, h0, false, None);
     let b = batch(0, 11, 1_000_250, h0 + 250, false, None);
     let c = batch(0, 12, 9_000_000, h0 + 8_000_000, true, None);
-    let events = write_all(w, [&a, &b, &c]);
+    let events = write_all(path, compress, encoders, [&a, &b, &c]);
     let Some(s) = perfetto_check::check(
-        &path,
+        path,
         &[
             "--expect-device-slices",
             &events.to_string(),
@@ -421,10 +451,14 @@ fn busy_warps_share_short_sequence_ids_and_still_pass() {
         busy(3, 4, 2_000_000, h0 + 1_000_000),
         busy(4, 80, 3_000_000, h0 + 2_000_000),
     ];
-    for (name, n) in [("two", 2), ("four", 4)] {
-        let path = dir.path().join(format!("{name}.perfetto-trace"));
-        let w = TraceWriter::new(AtomicFile::create(&path).unwrap()).unwrap();
-        let events = write_all(w, &batches[..n]);
+    for ((name, n), encoders) in [("two", 2), ("four", 4)]
+        .into_iter()
+        .flat_map(|c| [(c, None), (c, Some(3))])
+    {
+        let path = dir
+            .path()
+            .join(format!("{name}-{encoders:?}.perfetto-trace"));
+        let events = write_all(&path, None, encoders, &batches[..n]);
         let Some(s) = perfetto_check::check(
             &path,
             &[

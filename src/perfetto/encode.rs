@@ -1,37 +1,21 @@
 //! Device batches → TrackEvent packets: the encoding core that both
-//! [`super::TraceWriter`] and the layer's writer thread run.
-//!
-//! The bulk path (one warp's events) allocates nothing per event: events are
-//! collected into a reused scratch vector, put in begin order only if they are
-//! not already, and encoded straight into the output buffer, two small
-//! packets per range: a begin (timestamp delta, sequence id, name iid, and the
-//! payload if its type declares one) and an end (timestamp delta, sequence id).
+//! [`super::TraceWriter`] and the layer's writer thread run. The warps'
+//! events, the hot path, are `warps.rs`'s.
 
-use std::cmp::Reverse;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::proto::{
-    field, Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket,
-    TracePacketDefaults, TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME,
-    SEQ_INCREMENTAL_STATE_CLEARED,
+    Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket, TracePacketDefaults,
+    TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME, SEQ_INCREMENTAL_STATE_CLEARED,
 };
-use super::tracks::{sequence_start, DeviceTracks, Ids, Lane, ShortSeqs, Warp, MISC_SEQUENCE};
+use super::tracks::{DeviceTracks, Ids, MISC_SEQUENCE};
+use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use super::PerfettoError;
 use crate::batch::Batch;
 use crate::clock::HostClock;
-use crate::format::EventKind;
-use crate::registry::{unknown_event_name, EventRegistry};
-
-/// Output is handed to the underlying writer in pieces of about this size.
-pub(crate) const FLUSH_AT: usize = 1 << 20;
-
-/// A warp with at least this many events in a batch writes them on a short
-/// sequence id: restarting a sequence costs about 50 bytes, one byte less per
-/// packet (two per range) repays that after about 25 events.
-pub(crate) const SHORT_SEQ_MIN_EVENTS: usize = 64;
 
 /// What a [`super::TraceWriter`] has written so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,123 +47,14 @@ pub(crate) fn start_flow(origins: &Mutex<HashSet<u64>>, launch_id: u64) -> u64 {
     launch_flow_id(launch_id)
 }
 
-/// Strings interned by iid, the same on every sequence: iid `i` is
-/// `strings[i]` wherever it is used (iid 0 is never used).
-#[derive(Debug)]
-pub(crate) struct Interned {
-    strings: Vec<Arc<str>>,
-    by_string: HashMap<Arc<str>, u32>,
-}
-
-impl Interned {
-    fn new() -> Interned {
-        Interned {
-            strings: vec![Arc::from("")],
-            by_string: HashMap::new(),
-        }
-    }
-
-    fn iid(&mut self, s: &Arc<str>) -> u32 {
-        let next = self.strings.len() as u32;
-        let iid = *self.by_string.entry(s.clone()).or_insert(next);
-        if iid == next {
-            self.strings.push(s.clone());
-        }
-        iid
-    }
-}
-
-/// Event id → the iids of its name and of its payload's argument name, for
-/// the registry of the batch at hand.
-#[derive(Debug)]
-pub(crate) struct Names {
-    /// Event names (`TrackEvent.name_iid`).
-    names: Interned,
-    /// Declared payload names (`DebugAnnotation.name_iid`).
-    args: Interned,
-    /// Event id → (name iid, argument iid or 0: no payload); (0, _) not looked
-    /// up yet. Only as long as the largest id seen, so that a change of
-    /// registry costs little.
-    table: Vec<(u32, u32)>,
-    registry: Option<Arc<EventRegistry>>,
-    /// The iids of the instant that marks a warp's dropped records, once used.
-    dropped: Option<(u32, u32)>,
-}
-
-impl Names {
-    fn new() -> Names {
-        Names {
-            names: Interned::new(),
-            args: Interned::new(),
-            table: Vec::new(),
-            registry: None,
-            dropped: None,
-        }
-    }
-
-    /// The iids of the instant a warp with dropped records gets: name
-    /// `dropped records`, argument `records` (the count).
-    fn dropped(&mut self) -> (u32, u32) {
-        *self.dropped.get_or_insert_with(|| {
-            (
-                self.names.iid(&Arc::from("dropped records")),
-                self.args.iid(&Arc::from("records")),
-            )
-        })
-    }
-
-    fn use_registry(&mut self, r: &Arc<EventRegistry>) {
-        if !self
-            .registry
-            .as_ref()
-            .is_some_and(|cur| Arc::ptr_eq(cur, r))
-        {
-            self.table.clear();
-            self.registry = Some(r.clone());
-        }
-    }
-
-    #[inline]
-    fn iids(&mut self, id: u16) -> (u32, u32) {
-        match self.table.get(id as usize) {
-            Some(&(n, a)) if n != 0 => (n, a),
-            _ => self.intern(id),
-        }
-    }
-
-    #[cold]
-    fn intern(&mut self, id: u16) -> (u32, u32) {
-        let (name, arg): (Arc<str>, Option<&Arc<str>>) = match &self.registry {
-            Some(r) => (
-                Arc::from(&*r.display_name(id)),
-                r.info(id).and_then(|e| e.payload.as_ref()),
-            ),
-            None => (Arc::from(unknown_event_name(id)), None),
-        };
-        let arg = arg.map_or(0, |a| self.args.iid(a));
-        let iids = (self.names.iid(&name), arg);
-        if self.table.len() <= id as usize {
-            self.table.resize(id as usize + 1, (0, 0));
-        }
-        self.table[id as usize] = iids;
-        iids
-    }
-}
-
-/// One device event, on the trace clock, ready to encode.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DevEvent {
-    start: u64,
-    end: u64,
-    iid: u32,
-    /// The payload's argument name iid; 0: the type declares no payload.
-    arg: u32,
-    payload: u32,
-    instant: bool,
-}
-
 /// The encoder state of one trace: tracks, sequences, interned names. Writes
-/// into an in-memory buffer; [`TraceWriter`] drains that to its output.
+/// into an in-memory buffer; [`super::TraceWriter`] drains that to its output.
+///
+/// A batch is encoded in two parts: the part above the warps
+/// ([`Core::head`], [`Core::kernel`]: GPU and SM tracks, the kernel slice, the
+/// drop counter), which this core always writes, and the warps' events
+/// ([`WarpEncoder`]), which it writes itself ([`Core::batch`]) or which
+/// encoder threads share ([`super::encoders`]).
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) ids: Arc<Ids>,
@@ -188,11 +63,17 @@ pub(crate) struct Core {
     pub(crate) enc: Enc,
     pub(crate) stats: WriteStats,
     tracks: DeviceTracks,
-    names: Names,
-    scratch: Vec<DevEvent>,
-    short: ShortSeqs,
-    /// Warp writes so far (the round of [`ShortSeqs`]).
-    round: u64,
+    warps: WarpEncoder,
+}
+
+/// What [`Core::head`] learnt of a batch from its slots' headers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Head {
+    gpu: usize,
+    /// The device time window of the batch's records (`u64::MAX, 0`: none).
+    pub(crate) window: (u64, u64),
+    slots: u64,
+    dropped: u64,
 }
 
 impl Core {
@@ -232,10 +113,7 @@ impl Core {
             enc,
             stats: WriteStats::default(),
             tracks: DeviceTracks::default(),
-            names: Names::new(),
-            scratch: Vec::new(),
-            short: ShortSeqs::default(),
-            round: 0,
+            warps: WarpEncoder::default(),
         }
     }
 
@@ -248,99 +126,65 @@ impl Core {
         b: &Batch,
         sink: &mut dyn FnMut(&[u8]) -> Result<u64, PerfettoError>,
     ) -> Result<(), PerfettoError> {
+        let head = self.head(b);
         let Core {
             ids,
             enc,
-            tracks,
-            names,
-            scratch,
             stats,
-            short,
-            round,
+            warps,
             ..
         } = self;
+        stats.device_events += warps.batch(ids, enc, b, head.window, Shard::ALL, &mut |enc| {
+            stats.bytes += sink(&enc.buf)?;
+            enc.clear();
+            Ok(())
+        })?;
+        self.kernel(b, &head);
+        Ok(())
+    }
+
+    /// Declares the batch's GPU and SMs (those not declared yet), before any
+    /// of its warps is written; reads its time window and drop count.
+    pub(crate) fn head(&mut self, b: &Batch) -> Head {
+        let Core {
+            ids, enc, tracks, ..
+        } = self;
         let gpu = tracks.gpu(ids, b.device.ordinal, &b.device.name, enc);
-        names.use_registry(&b.registry);
-        let cap = b.buffer.view();
-        let cal = &*b.calibration;
+        let g = tracks.get(gpu);
         let (mut first, mut last) = (u64::MAX, 0u64);
-        for slot in cap.slots() {
-            first = first.min(slot.header.first_ts);
-            last = last.max(slot.header.last_ts);
-        }
-        // The checkpoint segment is found once for the batch's device window.
-        let map = cal.mapper(first, last);
-        let mut dropped = 0u64;
-        let mut slots = 0u64;
-        for slot in cap.slots() {
+        let (mut slots, mut dropped) = (0u64, 0u64);
+        let mut sm = None;
+        for slot in b.buffer.view().slots() {
             let h = &slot.header;
+            first = first.min(h.first_ts);
+            last = last.max(h.last_ts);
             slots += 1;
             dropped += u64::from(h.drop_count);
-            scratch.clear();
-            let mut in_order = true;
-            let mut prev = (0u64, Reverse(u64::MAX));
-            for ev in slot.events() {
-                let start = map.boottime(ev.start_ns);
-                let (end, instant) = match ev.kind {
-                    EventKind::Range => (map.boottime(ev.end_ns), false),
-                    EventKind::Instant => (start, true),
-                };
-                let key = (start, Reverse(end));
-                in_order &= key >= prev;
-                prev = key;
-                let (iid, arg) = names.iids(ev.id);
-                scratch.push(DevEvent {
-                    start,
-                    end,
-                    iid,
-                    arg,
-                    payload: ev.payload,
-                    instant,
-                });
-            }
-            let events = scratch.len() as u64;
-            if h.drop_count > 0 {
-                // Where the loss happened: an instant on the warp's own track at
-                // its last record, after every event it kept (so still in order).
-                let at = map.boottime(h.last_ts);
-                let (iid, arg) = names.dropped();
-                in_order &= (at, Reverse(at)) >= prev;
-                scratch.push(DevEvent {
-                    start: at,
-                    end: at,
-                    iid,
-                    arg,
-                    payload: h.drop_count,
-                    instant: true,
-                });
-            }
-            if scratch.is_empty() {
-                continue;
-            }
-            if !in_order {
-                // Records are in end order; slices must open in start order,
-                // the outer one first. Stable, so equal events keep record order.
-                scratch.sort_by_key(|e| (e.start, Reverse(e.end)));
-            }
-            let warp = tracks
-                .get(gpu)
-                .warp(ids, h.sm_first, h.block_linear, h.warp, enc);
-            *round += 1;
-            emit_warp(enc, ids, (short, *round), warp, scratch, names);
-            stats.device_events += events;
-            if enc.len() > FLUSH_AT {
-                stats.bytes += sink(&enc.buf)?;
-                enc.clear();
+            // Neighbouring slots are mostly on one SM: look it up once.
+            if sm != Some(h.sm_first) {
+                sm = Some(h.sm_first);
+                g.declare_sm(h.sm_first, enc);
             }
         }
-        stats.dropped += dropped;
-        let (start, end) = if slots > 0 {
-            (map.boottime(first), map.boottime(last))
+        Head {
+            gpu,
+            window: (first, last),
+            slots,
+            dropped,
+        }
+    }
+
+    /// Writes the batch's kernel slice and its drops on the GPU's counter.
+    pub(crate) fn kernel(&mut self, b: &Batch, head: &Head) {
+        self.stats.dropped += head.dropped;
+        let map = b.calibration.mapper(head.window.0, head.window.1);
+        let (start, end) = if head.slots > 0 {
+            (map.boottime(head.window.0), map.boottime(head.window.1))
         } else {
             (b.launch.host_launch_ns, b.launch.host_complete_ns)
         };
         if start == 0 || end < start {
-            return Ok(()); // Nothing recorded and no host times: no kernel to draw.
+            return; // Nothing recorded and no host times: no kernel to draw.
         }
         // The flow of a launch whose host span started one ([`start_flow`]).
         let flow = self
@@ -348,21 +192,16 @@ impl Core {
             .lock()
             .remove(&b.launch.launch_id)
             .then(|| launch_flow_id(b.launch.launch_id));
-        self.kernel(gpu, b, start, end, slots, dropped, flow);
-        Ok(())
+        self.kernel_slice(b, head, start, end, flow);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn kernel(
-        &mut self,
-        gpu: usize,
-        b: &Batch,
-        start: u64,
-        end: u64,
-        warps: u64,
-        dropped: u64,
-        flow: Option<u64>,
-    ) {
+    fn kernel_slice(&mut self, b: &Batch, head: &Head, start: u64, end: u64, flow: Option<u64>) {
+        let Head {
+            gpu,
+            slots: warps,
+            dropped,
+            ..
+        } = *head;
         let Core {
             ids, enc, tracks, ..
         } = self;
@@ -459,252 +298,6 @@ impl Core {
     }
 }
 
-/// Puts a warp's events (in begin order) on its lanes: an event goes on the
-/// first lane where it nests inside the open slice (or where nothing is open
-/// and the lane's clock has not passed its start), so slices on each lane
-/// nest strictly and each lane's packets are in time order.
-pub(crate) fn emit_warp(
-    enc: &mut Enc,
-    ids: &Ids,
-    (pool, round): (&mut ShortSeqs, u64),
-    warp: &mut Warp,
-    events: &[DevEvent],
-    names: &Names,
-) {
-    let short = events.len() >= SHORT_SEQ_MIN_EVENTS;
-    for lane in &mut warp.lanes {
-        lane.bind(ids, pool, short, round);
-    }
-    for ev in events {
-        let mut li = 0;
-        loop {
-            if li == warp.lanes.len() {
-                let n = warp.add_lane(ids, enc);
-                warp.lanes[n].bind(ids, pool, short, round);
-            }
-            let lane = &mut warp.lanes[li];
-            while let Some(&end) = lane.stack.last() {
-                if end > ev.start {
-                    break;
-                }
-                lane.stack.pop();
-                emit_end(enc, lane, end);
-            }
-            let fits = match lane.stack.last() {
-                Some(&open_end) => open_end >= ev.end,
-                None => lane.last_ts.is_none_or(|t| t <= ev.start),
-            };
-            if fits {
-                break;
-            }
-            li += 1;
-        }
-        let lane = &mut warp.lanes[li];
-        let kind = if ev.instant {
-            EventType::Instant
-        } else {
-            lane.stack.push(ev.end);
-            EventType::SliceBegin
-        };
-        emit_named(enc, lane, ev.start, kind, ev, names);
-    }
-    for lane in &mut warp.lanes {
-        while let Some(end) = lane.stack.pop() {
-            emit_end(enc, lane, end);
-        }
-    }
-}
-
-/// The sequence clock of `lane` before its next packet, (re)starting the
-/// sequence first if needed.
-#[inline]
-pub(crate) fn lane_clock(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
-    match lane.seq.clock {
-        Some(t) => t,
-        None => start_lane(enc, lane, ts),
-    }
-}
-
-/// Starts the lane's sequence: its own at `ts`; a short one at 0. A short id
-/// is restarted for lane after lane, and Perfetto rejects a clock snapshot
-/// whose BOOTTIME is earlier than the previous one of the same clocks (the
-/// same sequence): 0 is never earlier, at the cost of one long first delta.
-#[cold]
-pub(crate) fn start_lane(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
-    let t0 = if lane.is_short() { 0 } else { ts };
-    enc.packet(&sequence_start(lane.seq.id, lane.uuid, t0, None));
-    t0
-}
-
-/// A varint at `b[n..]`; returns the index after it. `b` has room: callers
-/// size it for the longest packet.
-#[inline(always)]
-pub(crate) fn put_varint(b: &mut [u8], mut n: usize, mut v: u64) -> usize {
-    while v >= 0x80 {
-        b[n] = v as u8 | 0x80;
-        v >>= 7;
-        n += 1;
-    }
-    b[n] = v as u8;
-    n + 1
-}
-
-/// Field keys of the hot packets, as single bytes (all field numbers < 16).
-pub(crate) const KEY_PACKET: u8 = (field::TRACE_PACKET << 3 | 2) as u8;
-pub(crate) const KEY_TIMESTAMP: u8 = (field::PACKET_TIMESTAMP << 3) as u8;
-pub(crate) const KEY_TRACK_EVENT: u8 = (field::PACKET_TRACK_EVENT << 3 | 2) as u8;
-pub(crate) const KEY_TYPE: u8 = (field::EVENT_TYPE << 3) as u8;
-pub(crate) const KEY_NAME_IID: u8 = (field::EVENT_NAME_IID << 3) as u8;
-pub(crate) const KEY_ANNOTATIONS: u8 = (field::EVENT_DEBUG_ANNOTATIONS << 3 | 2) as u8;
-pub(crate) const KEY_ANNOTATION_NAME_IID: u8 = (field::ANNOTATION_NAME_IID << 3) as u8;
-pub(crate) const KEY_ANNOTATION_UINT: u8 = (field::ANNOTATION_UINT << 3) as u8;
-
-/// Writes the packet header (`Trace.packet` key, length placeholder, timestamp
-/// delta, sequence id) into `b`; returns the index after it.
-#[inline(always)]
-pub(crate) fn packet_head(b: &mut [u8; 64], lane: &Lane, delta: u64) -> usize {
-    b[0] = KEY_PACKET;
-    b[2] = KEY_TIMESTAMP;
-    let n = put_varint(b, 3, delta);
-    let s = lane.seq.field_len as usize;
-    b[n..n + s].copy_from_slice(&lane.seq.field[..s]);
-    n + s
-}
-
-/// A slice begin or an instant on `lane` at `ts`: one packet of at most 49
-/// bytes, written in place ([`put_packet`]) (the first use of a name on the
-/// lane takes the general path, which interns it). The payload goes in only
-/// if the event's type declares one.
-#[inline]
-pub(crate) fn emit_named(
-    enc: &mut Enc,
-    lane: &mut Lane,
-    ts: u64,
-    kind: EventType,
-    ev: &DevEvent,
-    names: &Names,
-) {
-    let prev = lane_clock(enc, lane, ts);
-    if !lane.seq.names.has(ev.iid) || (ev.arg != 0 && !lane.seq.args.has(ev.arg)) {
-        return emit_interning(enc, lane, ts, ts - prev, kind, ev, names);
-    }
-    lane.last_ts = Some(ts);
-    lane.seq.clock = Some(ts);
-    let (iid, arg, payload) = (ev.iid, ev.arg, ev.payload);
-    put_packet(enc, |b| {
-        let mut n = packet_head(b, lane, ts - prev);
-        b[n] = KEY_TRACK_EVENT;
-        let te = n + 2;
-        b[te] = KEY_TYPE;
-        b[te + 1] = kind as u8;
-        b[te + 2] = KEY_NAME_IID;
-        n = put_varint(b, te + 3, u64::from(iid));
-        if arg != 0 {
-            b[n] = KEY_ANNOTATIONS;
-            let an = n + 2;
-            b[an] = KEY_ANNOTATION_NAME_IID;
-            n = put_varint(b, an + 1, u64::from(arg));
-            b[n] = KEY_ANNOTATION_UINT;
-            n = put_varint(b, n + 1, u64::from(payload));
-            b[an - 1] = (n - an) as u8;
-        }
-        // Every length here is below 128: one byte each.
-        b[te - 1] = (n - te) as u8;
-        b[1] = (n - 2) as u8;
-        n
-    });
-}
-
-/// Appends one hot packet: `build` writes it into 64 zeroed bytes at the end
-/// of the output and returns its length, and the rest is cut off again. The
-/// bytes are written in place: building the packet in a stack array and
-/// copying it would reload freshly stored bytes as wide words, which stalls
-/// on store forwarding (measured: about 40 % of the writer's time).
-#[inline(always)]
-pub(crate) fn put_packet(enc: &mut Enc, build: impl FnOnce(&mut [u8; 64]) -> usize) {
-    let len = enc.buf.len();
-    enc.buf.resize(len + 64, 0);
-    let room: &mut [u8; 64] = (&mut enc.buf[len..])
-        .try_into()
-        .expect("64 bytes were just added");
-    let n = build(room);
-    enc.buf.truncate(len + n);
-}
-
-/// [`emit_named`] for a name (or payload name) not yet interned on the
-/// lane's sequence.
-#[cold]
-pub(crate) fn emit_interning(
-    enc: &mut Enc,
-    lane: &mut Lane,
-    ts: u64,
-    delta: u64,
-    kind: EventType,
-    ev: &DevEvent,
-    names: &Names,
-) {
-    lane.last_ts = Some(ts);
-    lane.seq.clock = Some(ts);
-    let new_name = !lane.seq.names.has(ev.iid);
-    let new_arg = ev.arg != 0 && !lane.seq.args.has(ev.arg);
-    lane.seq.names.mark(ev.iid);
-    if ev.arg != 0 {
-        lane.seq.args.mark(ev.arg);
-    }
-    let p = enc.open(field::TRACE_PACKET);
-    enc.uint(field::PACKET_TIMESTAMP, delta);
-    enc.uint(field::PACKET_SEQUENCE_ID, u64::from(lane.seq.id));
-    let i = enc.open(field::PACKET_INTERNED_DATA);
-    for (new, field_no, iid, strings) in [
-        (new_name, field::INTERNED_EVENT_NAMES, ev.iid, &names.names),
-        (
-            new_arg,
-            field::INTERNED_ANNOTATION_NAMES,
-            ev.arg,
-            &names.args,
-        ),
-    ] {
-        if new {
-            let e = enc.open(field_no);
-            enc.uint(field::INTERNED_IID, u64::from(iid));
-            enc.bytes(
-                field::INTERNED_NAME,
-                strings.strings[iid as usize].as_bytes(),
-            );
-            enc.close(e);
-        }
-    }
-    enc.close(i);
-    let t = enc.open(field::PACKET_TRACK_EVENT);
-    enc.uint(field::EVENT_TYPE, kind as u64);
-    enc.uint(field::EVENT_NAME_IID, u64::from(ev.iid));
-    if ev.arg != 0 {
-        let a = enc.open(field::EVENT_DEBUG_ANNOTATIONS);
-        enc.uint(field::ANNOTATION_NAME_IID, u64::from(ev.arg));
-        enc.uint(field::ANNOTATION_UINT, u64::from(ev.payload));
-        enc.close(a);
-    }
-    enc.close(t);
-    enc.close(p);
-}
-
-/// A slice end on `lane`: one packet of at most 23 bytes.
-#[inline]
-pub(crate) fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
-    let prev = lane_clock(enc, lane, ts);
-    lane.last_ts = Some(ts);
-    lane.seq.clock = Some(ts);
-    put_packet(enc, |b| {
-        let n = packet_head(b, lane, ts - prev);
-        b[n] = KEY_TRACK_EVENT;
-        b[n + 1] = 2;
-        b[n + 2] = KEY_TYPE;
-        b[n + 3] = EventType::SliceEnd as u8;
-        b[1] = (n + 4 - 2) as u8;
-        n + 4
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -713,6 +306,7 @@ mod tests {
     use crate::decode::OwnedBuffer;
     use crate::format::BufferBuilder;
     use crate::perfetto::{proto, TraceWriter};
+    use crate::registry::EventRegistry;
     use prost::Message;
 
     /// The hot path's hand-built packets, read back with the prost messages.

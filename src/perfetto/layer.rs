@@ -6,25 +6,27 @@
 //! takes except the writer thread when it collects full chunks. A span costs a
 //! clock read and two small packets; nothing crosses a channel per event.
 //! Device side: [`BatchSink::on_batch`] queues the batch (an `Arc`) on a
-//! bounded channel to the writer thread, which encodes it there.
+//! bounded channel to the writer thread, which encodes it there, or, with
+//! [`PerfettoLayerBuilder::encoder_threads`] above 1, writes its kernel slice
+//! and hands its warps to the encoder threads (`encoders.rs`), then writes
+//! what they encode.
 //!
 //! Memory is bounded: each thread keeps at most [`PerfettoLayerBuilder::queued_chunks`]
 //! full chunks waiting for the writer (then it waits for the writer to catch
-//! up), and the batch queue holds at most [`PerfettoLayerBuilder::batch_queue`] batches.
+//! up), the batch queue holds at most [`PerfettoLayerBuilder::batch_queue`] batches,
+//! and the encoders at most 4 groups of batches per encoder thread.
 
 use std::any::TypeId;
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
-use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
-use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::layer::Context;
@@ -32,8 +34,9 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 use super::encode::{start_flow, Core, WriteStats};
-use super::host::{annotation, process, HostThread};
-use super::proto::{field, Enc};
+use super::encoders::Encoders;
+use super::fields::{with_fields, SpanArgs};
+use super::host::{process, HostThread};
 use super::tracks::Ids;
 use super::writer::TraceWriter;
 use super::PerfettoError;
@@ -41,10 +44,6 @@ use crate::batch::{Batch, BatchSink, DEVICE_TARGET};
 use crate::clock::HostClock;
 use crate::deliver::SinkHandle;
 use crate::output::AtomicFile;
-
-/// The field that marks a launch span: its value is the launch id, and the
-/// span's first slice starts a flow arrow to that launch's kernel slice.
-pub const LAUNCH_ID_FIELD: &str = "gpu.launch_id";
 
 /// Builds a [`PerfettoLayer`] and its [`PerfettoGuard`].
 pub struct PerfettoLayerBuilder {
@@ -55,6 +54,7 @@ pub struct PerfettoLayerBuilder {
     queued_chunks: usize,
     batch_queue: usize,
     compress: Option<u32>,
+    encoder_threads: usize,
 }
 
 impl Default for PerfettoLayerBuilder {
@@ -67,6 +67,7 @@ impl Default for PerfettoLayerBuilder {
             queued_chunks: 16,
             batch_queue: 64,
             compress: None,
+            encoder_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         }
     }
 }
@@ -121,6 +122,20 @@ impl PerfettoLayerBuilder {
         self
     }
 
+    /// Threads that encode device batches (default: the cores available, at
+    /// most 4). With 1, the writer thread encodes every batch itself, as it
+    /// writes; with more, it writes each batch's kernel slice and hands the
+    /// batch's warps to the encoders (each warp always to the same one), and
+    /// writes what they make: the same slices on the same tracks, encoded on
+    /// several cores. Besides [`PerfettoLayerBuilder::batch_queue`], up to
+    /// 4 × `n` groups of batches are then held while they are encoded (a
+    /// group closes at 64 batches or 32 Ki events), and up to 6 output
+    /// buffers of about 1 MiB per encoder.
+    pub fn encoder_threads(mut self, n: usize) -> Self {
+        self.encoder_threads = n.clamp(1, 64);
+        self
+    }
+
     /// Opens the output (a file appears at its path, whole, when the guard
     /// finishes), writes the trace's preamble, starts the writer thread.
     pub fn build(self) -> Result<(PerfettoLayer, PerfettoGuard), PerfettoError> {
@@ -158,10 +173,21 @@ impl PerfettoLayerBuilder {
             chunk_bytes: self.chunk_bytes,
             queued_chunks: self.queued_chunks,
         });
+        let encoders = if self.encoder_threads > 1 {
+            let wake = shared.tx.clone();
+            let wake = move || {
+                // A full queue wakes the writer anyway.
+                let _ = wake.try_send(Msg::Wake);
+            };
+            let e = Encoders::start(self.encoder_threads, &shared.ids, wake);
+            Some(e.map_err(PerfettoError::Thread)?)
+        } else {
+            None
+        };
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("tracing-gpu perfetto writer".into())
-            .spawn(move || run_writer(&s, rx, writer))
+            .spawn(move || run_writer(&s, rx, writer, encoders))
             .map_err(PerfettoError::Thread)?;
         Ok((
             PerfettoLayer {
@@ -186,6 +212,7 @@ impl std::fmt::Debug for PerfettoLayerBuilder {
             .field("queued_chunks", &self.queued_chunks)
             .field("batch_queue", &self.batch_queue)
             .field("compress", &self.compress)
+            .field("encoder_threads", &self.encoder_threads)
             .finish()
     }
 }
@@ -397,7 +424,6 @@ impl Shared {
 
 thread_local! {
     static LOCAL: RefCell<Vec<(usize, Arc<ThreadSlot>)>> = const { RefCell::new(Vec::new()) };
-    static SCRATCH: RefCell<Fields> = RefCell::new(Fields::default());
 }
 
 #[derive(Debug)]
@@ -436,108 +462,6 @@ struct ThreadBuf {
 /// The key a callsite's name is interned under: callsites are unique statics.
 fn callsite(meta: &'static Metadata<'static>) -> usize {
     meta as *const Metadata<'static> as usize
-}
-
-/// Fields of a span or event, encoded as `TrackEvent.debug_annotations`.
-#[derive(Debug, Default)]
-struct Fields {
-    args: Enc,
-    /// An event's `message` (its name in the trace).
-    message: String,
-    /// The value of [`LAUNCH_ID_FIELD`], if present.
-    launch: Option<u64>,
-    /// Whether `message` becomes the name (events) or an argument (spans).
-    message_is_name: bool,
-}
-
-impl Fields {
-    fn clear(&mut self, message_is_name: bool) {
-        self.args.clear();
-        self.message.clear();
-        self.launch = None;
-        self.message_is_name = message_is_name;
-    }
-
-    fn annotation(&mut self, name: &str, value: impl FnOnce(&mut Enc)) {
-        annotation(&mut self.args, name, value);
-    }
-}
-
-impl Visit for Fields {
-    fn record_debug(&mut self, f: &Field, value: &dyn std::fmt::Debug) {
-        if f.name() == "message" && self.message_is_name {
-            let _ = write!(self.message, "{value:?}");
-            return;
-        }
-        let mut s = std::mem::take(&mut self.message);
-        let at = s.len();
-        let _ = write!(s, "{value:?}");
-        self.annotation(f.name(), |e| {
-            e.bytes(field::ANNOTATION_STRING, &s.as_bytes()[at..])
-        });
-        s.truncate(at);
-        self.message = s;
-    }
-    fn record_str(&mut self, f: &Field, value: &str) {
-        if f.name() == "message" && self.message_is_name {
-            self.message.push_str(value);
-            return;
-        }
-        self.annotation(f.name(), |e| {
-            e.bytes(field::ANNOTATION_STRING, value.as_bytes())
-        });
-    }
-    fn record_u64(&mut self, f: &Field, value: u64) {
-        if f.name() == LAUNCH_ID_FIELD {
-            self.launch = Some(value);
-        }
-        self.annotation(f.name(), |e| e.uint(field::ANNOTATION_UINT, value));
-    }
-    fn record_i64(&mut self, f: &Field, value: i64) {
-        if f.name() == LAUNCH_ID_FIELD && value >= 0 {
-            self.launch = Some(value as u64);
-        }
-        self.annotation(f.name(), |e| e.int(field::ANNOTATION_INT, value));
-    }
-    fn record_bool(&mut self, f: &Field, value: bool) {
-        self.annotation(f.name(), |e| {
-            e.uint(field::ANNOTATION_BOOL, u64::from(value))
-        });
-    }
-    fn record_f64(&mut self, f: &Field, value: f64) {
-        self.annotation(f.name(), |e| e.double(field::ANNOTATION_DOUBLE, value));
-    }
-}
-
-/// What a span keeps between its creation and its enters: its encoded
-/// fields, and the launch whose flow its first slice starts.
-#[derive(Debug, Default)]
-struct SpanArgs {
-    args: Vec<u8>,
-    launch: Option<u64>,
-}
-
-/// Visits `record` with the thread's scratch fields (or fresh ones if a
-/// field's `Debug` re-entered tracing).
-fn with_fields<R>(message_is_name: bool, f: impl FnOnce(&mut Fields) -> R) -> R {
-    let mut f = Some(f);
-    let r = SCRATCH
-        .try_with(|s| {
-            let mut s = s.try_borrow_mut().ok()?;
-            s.clear(message_is_name);
-            f.take().map(|f| f(&mut s))
-        })
-        .ok()
-        .flatten();
-    match (r, f) {
-        (Some(r), _) => r,
-        (None, Some(f)) => {
-            let mut fresh = Fields::default();
-            fresh.clear(message_is_name);
-            f(&mut fresh)
-        }
-        (None, None) => unreachable!("the closure ran and returned"),
-    }
 }
 
 impl<S> Layer<S> for PerfettoLayer
@@ -738,18 +662,26 @@ fn run_writer(
     shared: &Shared,
     rx: Receiver<Msg>,
     mut w: TraceWriter<Output>,
+    mut encoders: Option<Encoders>,
 ) -> Result<WriteStats, PerfettoError> {
     let _close = CloseOnExit(shared);
     let mut failed: Option<PerfettoError> = None;
     // Whether a trace with nothing in it is still written (see PerfettoGuard).
     let mut keep_empty = true;
-    let handle =
-        |msg: Msg, w: &mut TraceWriter<Output>, failed: &mut Option<PerfettoError>| match msg {
+    let handle = |msg: Msg,
+                  w: &mut TraceWriter<Output>,
+                  failed: &mut Option<PerfettoError>,
+                  encoders: &mut Option<Encoders>| {
+        let r = match msg {
             Msg::Batch(b) => {
                 collect(shared, w, false, false, failed);
-                if failed.is_none() {
-                    if let Err(e) = w.write_batch(&b) {
-                        *failed = Some(e);
+                match (&mut *encoders, failed.is_none()) {
+                    (_, false) => {}
+                    (Some(e), true) => e.submit(w, &b, failed),
+                    (None, true) => {
+                        if let Err(e) = w.write_batch(&b) {
+                            *failed = Some(e);
+                        }
                     }
                 }
                 None
@@ -759,6 +691,9 @@ fn run_writer(
                 None
             }
             Msg::Flush(ack) => {
+                if let Some(e) = encoders {
+                    e.wait_all(w, failed);
+                }
                 collect(shared, w, true, false, failed);
                 if failed.is_none() {
                     if let Err(e) = w.flush() {
@@ -770,15 +705,38 @@ fn run_writer(
             }
             Msg::Finish(keep) => Some(keep),
         };
-    while let Ok(msg) = rx.recv() {
-        if let Some(keep) = handle(msg, &mut w, &mut failed) {
+        // What the encoders finished meanwhile (they send a Wake for each).
+        if let Some(e) = encoders {
+            e.take_ready(w, failed);
+        }
+        r
+    };
+    loop {
+        let msg = match rx.try_recv() {
+            Ok(msg) => msg,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                // Nothing waits: the encoders get the batches gathered so far.
+                if let Some(e) = &mut encoders {
+                    e.hand_out(&mut w, &mut failed);
+                }
+                match rx.recv() {
+                    Ok(msg) => msg,
+                    Err(_) => break,
+                }
+            }
+        };
+        if let Some(keep) = handle(msg, &mut w, &mut failed, &mut encoders) {
             keep_empty = keep;
             break;
         }
     }
     // Batches queued before the finish are still written.
     while let Ok(msg) = rx.try_recv() {
-        handle(msg, &mut w, &mut failed);
+        handle(msg, &mut w, &mut failed, &mut encoders);
+    }
+    if let Some(mut e) = encoders.take() {
+        e.wait_all(&mut w, &mut failed);
     }
     collect(shared, &mut w, true, true, &mut failed);
     if let Some(e) = failed {

@@ -5,8 +5,9 @@
 //!   slices on their threads' tracks; device batches (through
 //!   [`crate::batch::BatchSink`]) become slices on GPU → SM → warp tracks,
 //!   with a kernel slice per launch and a flow arrow from the launch span to
-//!   it. A writer thread streams the file to disk in bounded memory;
-//!   [`PerfettoGuard`] finishes it.
+//!   it. A writer thread streams the file to disk in bounded memory, the
+//!   batches encoded on several threads
+//!   ([`PerfettoLayerBuilder::encoder_threads`]); [`PerfettoGuard`] finishes it.
 //! - [`TraceWriter`] is the synchronous core, for writing batches without a
 //!   subscriber (the CLI's `convert`), into a [`crate::output::AtomicFile`] or
 //!   any `io::Write`;
@@ -38,16 +39,20 @@
 //!   they repeat, for other layers, what this layer gets in bulk.
 
 mod encode;
+mod encoders;
+mod fields;
 mod host;
 mod layer;
 pub(crate) mod proto;
 mod tracks;
+mod warps;
 mod writer;
 
 use std::path::PathBuf;
 
 pub use encode::WriteStats;
-pub use layer::{PerfettoGuard, PerfettoLayer, PerfettoLayerBuilder, LAUNCH_ID_FIELD};
+pub use fields::LAUNCH_ID_FIELD;
+pub use layer::{PerfettoGuard, PerfettoLayer, PerfettoLayerBuilder};
 pub use writer::TraceWriter;
 
 /// Why a trace could not be written.

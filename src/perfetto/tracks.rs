@@ -13,6 +13,12 @@
 //!         └── block 7 warp 3 #2 a second lane, only if its events overlap
 //! ```
 //!
+//! The GPU, its "SMs" track, its SMs, kernel lanes and counter are declared
+//! by the thread that writes the batch's kernel slice, before the batch's
+//! warps are encoded; a warp's lanes by the encoder that writes its events
+//! ([`WarpTracks`]), in the same output and before them. An SM's uuid is
+//! derived from the GPU and the SM ([`sm_uuid`]), so any encoder names it.
+//!
 //! The "SMs" level exists because Perfetto ignores `child_ordering` on a
 //! process track: an ordinary track in between is what makes the explicit
 //! order hold.
@@ -24,7 +30,7 @@
 //! ids below 128 (one byte instead of two; [`ShortSeqs`]) and restarts that
 //! sequence for its track; a warp with few keeps the lane's own id.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::proto::{
@@ -184,6 +190,18 @@ pub(crate) struct ShortSeqs {
 }
 
 impl ShortSeqs {
+    /// A pool of these ids and no others: an encoder's share, when several
+    /// encoders write one trace (each id is restarted by one encoder only).
+    pub(crate) fn reserved(ids: Vec<u32>) -> ShortSeqs {
+        ShortSeqs {
+            // Lane uuids and rounds start at 1: (0, 0) is held by nobody.
+            holder: vec![(0, 0); ids.len()],
+            ids,
+            next: 0,
+            exhausted: true,
+        }
+    }
+
     /// An id for lane `uuid`; `None` when every id is held by a lane of the
     /// current `round` (a warp with over a hundred lanes).
     fn take(&mut self, ids: &Ids, uuid: u64, round: u64) -> Option<(usize, u32)> {
@@ -266,12 +284,6 @@ pub(crate) struct Warp {
     sm_uuid: u64,
 }
 
-#[derive(Debug)]
-struct Sm {
-    uuid: u64,
-    warps: HashMap<(u32, u32), Warp>,
-}
-
 /// A lane of the kernels track.
 #[derive(Debug)]
 pub(crate) struct KernelLane {
@@ -279,20 +291,22 @@ pub(crate) struct KernelLane {
     pub(crate) last_end: u64,
 }
 
-/// One GPU's tracks.
+/// One GPU's tracks above its warps.
 #[derive(Debug)]
 pub(crate) struct Gpu {
     ordinal: u32,
     uuid: u64,
     sms_uuid: u64,
-    sms: BTreeMap<u32, Sm>,
+    /// The SMs declared so far.
+    sms: HashSet<u32>,
     pub(crate) kernel_lanes: Vec<KernelLane>,
     pub(crate) dropped: Option<u64>,
     /// Records dropped so far on this GPU (the counter's value).
     pub(crate) dropped_total: u64,
 }
 
-/// Every device track of a trace.
+/// Every device track of a trace above the warps: GPUs, their SMs, kernel
+/// lanes and counters. The warps' tracks are [`WarpTracks`].
 #[derive(Debug, Default)]
 pub(crate) struct DeviceTracks {
     gpus: Vec<Gpu>,
@@ -308,7 +322,7 @@ impl DeviceTracks {
             ordinal,
             uuid: ids.uuid(),
             sms_uuid: ids.uuid(),
-            sms: BTreeMap::new(),
+            sms: HashSet::new(),
             kernel_lanes: Vec::new(),
             dropped: None,
             dropped_total: 0,
@@ -383,40 +397,58 @@ impl Gpu {
         uuid
     }
 
-    /// The warp (block `block`, warp `warp`) on SM `sm`, its SM and its first
-    /// lane declared on first use.
-    pub(crate) fn warp(
-        &mut self,
-        ids: &Ids,
-        sm: u32,
-        block: u32,
-        warp: u32,
-        out: &mut Enc,
-    ) -> &mut Warp {
-        let sms_uuid = self.sms_uuid;
-        let s = self.sms.entry(sm).or_insert_with(|| {
-            let uuid = ids.uuid();
+    /// Declares SM `sm` (into `out`) if it is new. Its uuid is [`sm_uuid`],
+    /// so whichever encoder writes its warps knows it without asking.
+    pub(crate) fn declare_sm(&mut self, sm: u32, out: &mut Enc) {
+        if self.sms.insert(sm) {
             out.packet(&descriptor(TrackDescriptor {
-                uuid: Some(uuid),
-                parent_uuid: Some(sms_uuid),
+                uuid: Some(sm_uuid(self.ordinal, sm)),
+                parent_uuid: Some(self.sms_uuid),
                 name: Some(format!("SM {sm}")),
                 child_ordering: Some(CHILD_ORDERING_EXPLICIT),
                 sibling_order_rank: Some(rank(u64::from(sm))),
                 ..Default::default()
             }));
-            Sm {
-                uuid,
-                warps: HashMap::new(),
-            }
-        });
-        let sm_uuid = s.uuid;
-        let w = s.warps.entry((block, warp)).or_insert_with(|| Warp {
-            lanes: Vec::new(),
-            // A block has at most 32 warps; 64 lanes per warp leave room.
-            rank: rank((u64::from(block) * 32 + u64::from(warp)) * 64),
-            name: format!("block {block} warp {warp}"),
-            sm_uuid,
-        });
+        }
+    }
+}
+
+/// SM tracks' uuids: `ordinal << 32 | sm` above 2⁶², a range that the
+/// counter of [`Ids`] (one per track, from 1) never reaches. Derived rather
+/// than counted, because the SMs are declared by the thread that writes the
+/// batch's kernel slice ([`Gpu::declare_sm`]) and their warps by any encoder.
+pub(crate) fn sm_uuid(ordinal: u32, sm: u32) -> u64 {
+    1 << 62 | u64::from(ordinal) << 32 | u64::from(sm)
+}
+
+/// The warps' tracks of an encoder: (GPU ordinal, SM, block, warp) → lanes.
+/// Their SMs must have been declared ([`Gpu::declare_sm`]).
+#[derive(Debug, Default)]
+pub(crate) struct WarpTracks {
+    warps: HashMap<(u32, u32, u32, u32), Warp>,
+}
+
+impl WarpTracks {
+    /// The warp (block `block`, warp `warp`) on SM `sm` of GPU `ordinal`, its
+    /// first lane declared on first use.
+    pub(crate) fn warp(
+        &mut self,
+        ids: &Ids,
+        (ordinal, sm): (u32, u32),
+        block: u32,
+        warp: u32,
+        out: &mut Enc,
+    ) -> &mut Warp {
+        let w = self
+            .warps
+            .entry((ordinal, sm, block, warp))
+            .or_insert_with(|| Warp {
+                lanes: Vec::new(),
+                // A block has at most 32 warps; 64 lanes per warp leave room.
+                rank: rank((u64::from(block) * 32 + u64::from(warp)) * 64),
+                name: format!("block {block} warp {warp}"),
+                sm_uuid: sm_uuid(ordinal, sm),
+            });
         if w.lanes.is_empty() {
             w.add_lane(ids, out);
         }

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use super::encode::start_flow;
 use super::encode::Core;
 use super::encode::WriteStats;
-use super::encode::FLUSH_AT;
 use super::proto::{field, Enc};
 use super::tracks::Ids;
+use super::warps::FLUSH_AT;
 use super::PerfettoError;
 use crate::batch::{Batch, HostSpan};
 

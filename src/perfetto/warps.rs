@@ -1,0 +1,573 @@
+//! Warps' events → TrackEvent packets: the hot path, which one encoder
+//! ([`super::encode::Core`]) or several encoder threads ([`super::encoders`])
+//! run.
+//!
+//! The bulk path (one warp's events) allocates nothing per event: events are
+//! collected into a reused scratch vector, put in begin order only if they are
+//! not already, and encoded straight into the output buffer, two small
+//! packets per range: a begin (timestamp delta, sequence id, name iid, and the
+//! payload if its type declares one) and an end (timestamp delta, sequence id).
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::proto::{field, Enc, EventType};
+use super::tracks::{sequence_start, Ids, Lane, ShortSeqs, Warp, WarpTracks};
+use super::PerfettoError;
+use crate::batch::Batch;
+use crate::format::EventKind;
+use crate::registry::{unknown_event_name, EventRegistry};
+
+/// Output is handed to the underlying writer in pieces of about this size.
+pub(crate) const FLUSH_AT: usize = 1 << 20;
+
+/// A warp with at least this many events in a batch writes them on a short
+/// sequence id: restarting a sequence costs about 50 bytes, one byte less per
+/// packet (two per range) repays that after about 25 events.
+pub(crate) const SHORT_SEQ_MIN_EVENTS: usize = 64;
+
+/// Strings interned by iid, the same on every sequence of one encoder: iid
+/// `i` is `strings[i]` wherever that encoder uses it (iid 0 is never used).
+#[derive(Debug)]
+pub(crate) struct Interned {
+    strings: Vec<Arc<str>>,
+    by_string: HashMap<Arc<str>, u32>,
+}
+
+impl Interned {
+    fn new() -> Interned {
+        Interned {
+            strings: vec![Arc::from("")],
+            by_string: HashMap::new(),
+        }
+    }
+
+    fn iid(&mut self, s: &Arc<str>) -> u32 {
+        let next = self.strings.len() as u32;
+        let iid = *self.by_string.entry(s.clone()).or_insert(next);
+        if iid == next {
+            self.strings.push(s.clone());
+        }
+        iid
+    }
+}
+
+/// Event id → the iids of its name and of its payload's argument name, for
+/// the registry of the batch at hand.
+#[derive(Debug)]
+pub(crate) struct Names {
+    /// Event names (`TrackEvent.name_iid`).
+    names: Interned,
+    /// Declared payload names (`DebugAnnotation.name_iid`).
+    args: Interned,
+    /// Event id → (name iid, argument iid or 0: no payload); (0, _) not looked
+    /// up yet. Only as long as the largest id seen, so that a change of
+    /// registry costs little.
+    table: Vec<(u32, u32)>,
+    registry: Option<Arc<EventRegistry>>,
+    /// The iids of the instant that marks a warp's dropped records, once used.
+    dropped: Option<(u32, u32)>,
+}
+
+impl Default for Names {
+    fn default() -> Names {
+        Names {
+            names: Interned::new(),
+            args: Interned::new(),
+            table: Vec::new(),
+            registry: None,
+            dropped: None,
+        }
+    }
+}
+
+impl Names {
+    /// The iids of the instant a warp with dropped records gets: name
+    /// `dropped records`, argument `records` (the count).
+    fn dropped(&mut self) -> (u32, u32) {
+        *self.dropped.get_or_insert_with(|| {
+            (
+                self.names.iid(&Arc::from("dropped records")),
+                self.args.iid(&Arc::from("records")),
+            )
+        })
+    }
+
+    fn use_registry(&mut self, r: &Arc<EventRegistry>) {
+        if !self
+            .registry
+            .as_ref()
+            .is_some_and(|cur| Arc::ptr_eq(cur, r))
+        {
+            self.table.clear();
+            self.registry = Some(r.clone());
+        }
+    }
+
+    #[inline]
+    fn iids(&mut self, id: u16) -> (u32, u32) {
+        match self.table.get(id as usize) {
+            Some(&(n, a)) if n != 0 => (n, a),
+            _ => self.intern(id),
+        }
+    }
+
+    #[cold]
+    fn intern(&mut self, id: u16) -> (u32, u32) {
+        let (name, arg): (Arc<str>, Option<&Arc<str>>) = match &self.registry {
+            Some(r) => (
+                Arc::from(&*r.display_name(id)),
+                r.info(id).and_then(|e| e.payload.as_ref()),
+            ),
+            None => (Arc::from(unknown_event_name(id)), None),
+        };
+        let arg = arg.map_or(0, |a| self.args.iid(a));
+        let iids = (self.names.iid(&name), arg);
+        if self.table.len() <= id as usize {
+            self.table.resize(id as usize + 1, (0, 0));
+        }
+        self.table[id as usize] = iids;
+        iids
+    }
+}
+
+/// One device event, on the trace clock, ready to encode.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DevEvent {
+    start: u64,
+    end: u64,
+    iid: u32,
+    /// The payload's argument name iid; 0: the type declares no payload.
+    arg: u32,
+    payload: u32,
+    instant: bool,
+}
+
+/// Which warps an encoder writes: those whose key hashes to `index` of
+/// `of`. A warp always goes to the same encoder, so its lanes, their
+/// sequences and their clocks are one encoder's, batch after batch, and it is
+/// laid out on lanes exactly as one encoder would lay it out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shard {
+    pub(crate) index: u32,
+    pub(crate) of: u32,
+}
+
+impl Shard {
+    /// Every warp: the only encoder.
+    pub(crate) const ALL: Shard = Shard { index: 0, of: 1 };
+
+    /// Whether this shard writes the warp (block `block`, warp `warp`) of SM `sm`.
+    #[inline]
+    fn owns(self, sm: u32, block: u32, warp: u32) -> bool {
+        if self.of == 1 {
+            return true;
+        }
+        // A block's warps go to consecutive encoders; blocks start at an
+        // encoder picked by Fibonacci hashing, so that one-warp blocks and
+        // SMs filled every other one (as the block scheduler does) spread too.
+        let block_key = u64::from(sm) << 32 | u64::from(block);
+        let h = (block_key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) + u64::from(warp);
+        h % u64::from(self.of) == u64::from(self.index)
+    }
+}
+
+/// Encodes warps' events: their tracks, their lanes' sequences, the names
+/// interned on them. One per encoder; each owns the sequences it writes on.
+#[derive(Debug, Default)]
+pub(crate) struct WarpEncoder {
+    tracks: WarpTracks,
+    names: Names,
+    scratch: Vec<DevEvent>,
+    short: ShortSeqs,
+    /// Warp writes so far (the round of [`ShortSeqs`]).
+    round: u64,
+}
+
+impl WarpEncoder {
+    /// An encoder that borrows only these short sequence ids ([`ShortSeqs::reserved`]).
+    pub(crate) fn with_short_ids(ids: Vec<u32>) -> WarpEncoder {
+        WarpEncoder {
+            short: ShortSeqs::reserved(ids),
+            ..WarpEncoder::default()
+        }
+    }
+
+    /// Encodes the events of the warps of `b` that `shard` owns into `enc`,
+    /// `window` being the batch's device time window ([`Core::head`](super::encode::Core::head), which
+    /// also declared their SMs). Whenever more than [`FLUSH_AT`] bytes are
+    /// buffered after a warp, `sink` takes them (and leaves `enc` empty).
+    /// Returns the device events written.
+    pub(crate) fn batch(
+        &mut self,
+        ids: &Ids,
+        enc: &mut Enc,
+        b: &Batch,
+        (first, last): (u64, u64),
+        shard: Shard,
+        sink: &mut dyn FnMut(&mut Enc) -> Result<(), PerfettoError>,
+    ) -> Result<u64, PerfettoError> {
+        let WarpEncoder {
+            tracks,
+            names,
+            scratch,
+            short,
+            round,
+        } = self;
+        names.use_registry(&b.registry);
+        let cap = b.buffer.view();
+        // The checkpoint segment is found once for the batch's device window.
+        let map = b.calibration.mapper(first, last);
+        let ordinal = b.device.ordinal;
+        let mut written = 0;
+        for slot in cap.slots() {
+            let h = &slot.header;
+            if !shard.owns(h.sm_first, h.block_linear, h.warp) {
+                continue;
+            }
+            scratch.clear();
+            let mut in_order = true;
+            let mut prev = (0u64, Reverse(u64::MAX));
+            for ev in slot.events() {
+                let start = map.boottime(ev.start_ns);
+                let (end, instant) = match ev.kind {
+                    EventKind::Range => (map.boottime(ev.end_ns), false),
+                    EventKind::Instant => (start, true),
+                };
+                let key = (start, Reverse(end));
+                in_order &= key >= prev;
+                prev = key;
+                let (iid, arg) = names.iids(ev.id);
+                scratch.push(DevEvent {
+                    start,
+                    end,
+                    iid,
+                    arg,
+                    payload: ev.payload,
+                    instant,
+                });
+            }
+            let events = scratch.len() as u64;
+            if h.drop_count > 0 {
+                // Where the loss happened: an instant on the warp's own track at
+                // its last record, after every event it kept (so still in order).
+                let at = map.boottime(h.last_ts);
+                let (iid, arg) = names.dropped();
+                in_order &= (at, Reverse(at)) >= prev;
+                scratch.push(DevEvent {
+                    start: at,
+                    end: at,
+                    iid,
+                    arg,
+                    payload: h.drop_count,
+                    instant: true,
+                });
+            }
+            if scratch.is_empty() {
+                continue;
+            }
+            if !in_order {
+                // Records are in end order; slices must open in start order,
+                // the outer one first. Stable, so equal events keep record order.
+                scratch.sort_by_key(|e| (e.start, Reverse(e.end)));
+            }
+            let warp = tracks.warp(ids, (ordinal, h.sm_first), h.block_linear, h.warp, enc);
+            *round += 1;
+            emit_warp(enc, ids, (short, *round), warp, scratch, names);
+            written += events;
+            if enc.len() > FLUSH_AT {
+                sink(enc)?;
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// Puts a warp's events (in begin order) on its lanes: an event goes on the
+/// first lane where it nests inside the open slice (or where nothing is open
+/// and the lane's clock has not passed its start), so slices on each lane
+/// nest strictly and each lane's packets are in time order.
+pub(crate) fn emit_warp(
+    enc: &mut Enc,
+    ids: &Ids,
+    (pool, round): (&mut ShortSeqs, u64),
+    warp: &mut Warp,
+    events: &[DevEvent],
+    names: &Names,
+) {
+    let short = events.len() >= SHORT_SEQ_MIN_EVENTS;
+    for lane in &mut warp.lanes {
+        lane.bind(ids, pool, short, round);
+    }
+    for ev in events {
+        let mut li = 0;
+        loop {
+            if li == warp.lanes.len() {
+                let n = warp.add_lane(ids, enc);
+                warp.lanes[n].bind(ids, pool, short, round);
+            }
+            let lane = &mut warp.lanes[li];
+            while let Some(&end) = lane.stack.last() {
+                if end > ev.start {
+                    break;
+                }
+                lane.stack.pop();
+                emit_end(enc, lane, end);
+            }
+            let fits = match lane.stack.last() {
+                Some(&open_end) => open_end >= ev.end,
+                None => lane.last_ts.is_none_or(|t| t <= ev.start),
+            };
+            if fits {
+                break;
+            }
+            li += 1;
+        }
+        let lane = &mut warp.lanes[li];
+        let kind = if ev.instant {
+            EventType::Instant
+        } else {
+            lane.stack.push(ev.end);
+            EventType::SliceBegin
+        };
+        emit_named(enc, lane, ev.start, kind, ev, names);
+    }
+    for lane in &mut warp.lanes {
+        while let Some(end) = lane.stack.pop() {
+            emit_end(enc, lane, end);
+        }
+    }
+}
+
+/// The sequence clock of `lane` before its next packet, (re)starting the
+/// sequence first if needed.
+#[inline]
+pub(crate) fn lane_clock(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
+    match lane.seq.clock {
+        Some(t) => t,
+        None => start_lane(enc, lane, ts),
+    }
+}
+
+/// Starts the lane's sequence: its own at `ts`; a short one at 0. A short id
+/// is restarted for lane after lane, and Perfetto rejects a clock snapshot
+/// whose BOOTTIME is earlier than the previous one of the same clocks (the
+/// same sequence): 0 is never earlier, at the cost of one long first delta.
+#[cold]
+pub(crate) fn start_lane(enc: &mut Enc, lane: &mut Lane, ts: u64) -> u64 {
+    let t0 = if lane.is_short() { 0 } else { ts };
+    enc.packet(&sequence_start(lane.seq.id, lane.uuid, t0, None));
+    t0
+}
+
+/// A varint at `b[n..]`; returns the index after it. `b` has room: callers
+/// size it for the longest packet.
+#[inline(always)]
+pub(crate) fn put_varint(b: &mut [u8], mut n: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        b[n] = v as u8 | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    b[n] = v as u8;
+    n + 1
+}
+
+/// Field keys of the hot packets, as single bytes (all field numbers < 16).
+pub(crate) const KEY_PACKET: u8 = (field::TRACE_PACKET << 3 | 2) as u8;
+pub(crate) const KEY_TIMESTAMP: u8 = (field::PACKET_TIMESTAMP << 3) as u8;
+pub(crate) const KEY_TRACK_EVENT: u8 = (field::PACKET_TRACK_EVENT << 3 | 2) as u8;
+pub(crate) const KEY_TYPE: u8 = (field::EVENT_TYPE << 3) as u8;
+pub(crate) const KEY_NAME_IID: u8 = (field::EVENT_NAME_IID << 3) as u8;
+pub(crate) const KEY_ANNOTATIONS: u8 = (field::EVENT_DEBUG_ANNOTATIONS << 3 | 2) as u8;
+pub(crate) const KEY_ANNOTATION_NAME_IID: u8 = (field::ANNOTATION_NAME_IID << 3) as u8;
+pub(crate) const KEY_ANNOTATION_UINT: u8 = (field::ANNOTATION_UINT << 3) as u8;
+
+/// Writes the packet header (`Trace.packet` key, length placeholder, timestamp
+/// delta, sequence id) into `b`; returns the index after it.
+#[inline(always)]
+pub(crate) fn packet_head(b: &mut [u8; 64], lane: &Lane, delta: u64) -> usize {
+    b[0] = KEY_PACKET;
+    b[2] = KEY_TIMESTAMP;
+    let n = put_varint(b, 3, delta);
+    let s = lane.seq.field_len as usize;
+    b[n..n + s].copy_from_slice(&lane.seq.field[..s]);
+    n + s
+}
+
+/// A slice begin or an instant on `lane` at `ts`: one packet of at most 49
+/// bytes, written in place ([`put_packet`]) (the first use of a name on the
+/// lane takes the general path, which interns it). The payload goes in only
+/// if the event's type declares one.
+#[inline]
+pub(crate) fn emit_named(
+    enc: &mut Enc,
+    lane: &mut Lane,
+    ts: u64,
+    kind: EventType,
+    ev: &DevEvent,
+    names: &Names,
+) {
+    let prev = lane_clock(enc, lane, ts);
+    if !lane.seq.names.has(ev.iid) || (ev.arg != 0 && !lane.seq.args.has(ev.arg)) {
+        return emit_interning(enc, lane, ts, ts - prev, kind, ev, names);
+    }
+    lane.last_ts = Some(ts);
+    lane.seq.clock = Some(ts);
+    let (iid, arg, payload) = (ev.iid, ev.arg, ev.payload);
+    put_packet(enc, |b| {
+        let mut n = packet_head(b, lane, ts - prev);
+        b[n] = KEY_TRACK_EVENT;
+        let te = n + 2;
+        b[te] = KEY_TYPE;
+        b[te + 1] = kind as u8;
+        b[te + 2] = KEY_NAME_IID;
+        n = put_varint(b, te + 3, u64::from(iid));
+        if arg != 0 {
+            b[n] = KEY_ANNOTATIONS;
+            let an = n + 2;
+            b[an] = KEY_ANNOTATION_NAME_IID;
+            n = put_varint(b, an + 1, u64::from(arg));
+            b[n] = KEY_ANNOTATION_UINT;
+            n = put_varint(b, n + 1, u64::from(payload));
+            b[an - 1] = (n - an) as u8;
+        }
+        // Every length here is below 128: one byte each.
+        b[te - 1] = (n - te) as u8;
+        b[1] = (n - 2) as u8;
+        n
+    });
+}
+
+/// Appends one hot packet: `build` writes it into 64 zeroed bytes at the end
+/// of the output and returns its length, and the rest is cut off again. The
+/// bytes are written in place: building the packet in a stack array and
+/// copying it would reload freshly stored bytes as wide words, which stalls
+/// on store forwarding (measured: about 40 % of the writer's time).
+#[inline(always)]
+pub(crate) fn put_packet(enc: &mut Enc, build: impl FnOnce(&mut [u8; 64]) -> usize) {
+    let len = enc.buf.len();
+    enc.buf.resize(len + 64, 0);
+    let room: &mut [u8; 64] = (&mut enc.buf[len..])
+        .try_into()
+        .expect("64 bytes were just added");
+    let n = build(room);
+    enc.buf.truncate(len + n);
+}
+
+/// [`emit_named`] for a name (or payload name) not yet interned on the
+/// lane's sequence.
+#[cold]
+pub(crate) fn emit_interning(
+    enc: &mut Enc,
+    lane: &mut Lane,
+    ts: u64,
+    delta: u64,
+    kind: EventType,
+    ev: &DevEvent,
+    names: &Names,
+) {
+    lane.last_ts = Some(ts);
+    lane.seq.clock = Some(ts);
+    let new_name = !lane.seq.names.has(ev.iid);
+    let new_arg = ev.arg != 0 && !lane.seq.args.has(ev.arg);
+    lane.seq.names.mark(ev.iid);
+    if ev.arg != 0 {
+        lane.seq.args.mark(ev.arg);
+    }
+    let p = enc.open(field::TRACE_PACKET);
+    enc.uint(field::PACKET_TIMESTAMP, delta);
+    enc.uint(field::PACKET_SEQUENCE_ID, u64::from(lane.seq.id));
+    let i = enc.open(field::PACKET_INTERNED_DATA);
+    for (new, field_no, iid, strings) in [
+        (new_name, field::INTERNED_EVENT_NAMES, ev.iid, &names.names),
+        (
+            new_arg,
+            field::INTERNED_ANNOTATION_NAMES,
+            ev.arg,
+            &names.args,
+        ),
+    ] {
+        if new {
+            let e = enc.open(field_no);
+            enc.uint(field::INTERNED_IID, u64::from(iid));
+            enc.bytes(
+                field::INTERNED_NAME,
+                strings.strings[iid as usize].as_bytes(),
+            );
+            enc.close(e);
+        }
+    }
+    enc.close(i);
+    let t = enc.open(field::PACKET_TRACK_EVENT);
+    enc.uint(field::EVENT_TYPE, kind as u64);
+    enc.uint(field::EVENT_NAME_IID, u64::from(ev.iid));
+    if ev.arg != 0 {
+        let a = enc.open(field::EVENT_DEBUG_ANNOTATIONS);
+        enc.uint(field::ANNOTATION_NAME_IID, u64::from(ev.arg));
+        enc.uint(field::ANNOTATION_UINT, u64::from(ev.payload));
+        enc.close(a);
+    }
+    enc.close(t);
+    enc.close(p);
+}
+
+/// A slice end on `lane`: one packet of at most 23 bytes.
+#[inline]
+pub(crate) fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
+    let prev = lane_clock(enc, lane, ts);
+    lane.last_ts = Some(ts);
+    lane.seq.clock = Some(ts);
+    put_packet(enc, |b| {
+        let n = packet_head(b, lane, ts - prev);
+        b[n] = KEY_TRACK_EVENT;
+        b[n + 1] = 2;
+        b[n + 2] = KEY_TYPE;
+        b[n + 3] = EventType::SliceEnd as u8;
+        b[1] = (n + 4 - 2) as u8;
+        n + 4
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shard;
+
+    /// Each warp has exactly one encoder, and a grid spread as the block
+    /// scheduler spreads it (even SMs first, then odd ones; 8 warps a block)
+    /// gives every encoder about its share.
+    #[test]
+    fn shards_partition_warps_evenly() {
+        for of in [2u32, 3, 4, 8] {
+            let mut counts = vec![0u32; of as usize];
+            let sms = (0..132).step_by(2).chain((1..132).step_by(2));
+            for (block, sm) in sms.enumerate() {
+                for warp in 0..8 {
+                    let owners: Vec<u32> = (0..of)
+                        .filter(|&index| Shard { index, of }.owns(sm, block as u32, warp))
+                        .collect();
+                    assert_eq!(owners.len(), 1, "warp {block}/{warp} on SM {sm}");
+                    counts[owners[0] as usize] += 1;
+                }
+            }
+            let share = 132 * 8 / of;
+            for c in &counts {
+                assert!(c.abs_diff(share) * 10 < share, "{of} shards: {counts:?}");
+            }
+        }
+        // One warp a block: spread by the hash alone.
+        for of in [2u32, 4] {
+            let mut counts = vec![0u32; of as usize];
+            for (block, sm) in (0..132).step_by(2).chain((1..132).step_by(2)).enumerate() {
+                let index = (0..of).find(|&index| Shard { index, of }.owns(sm, block as u32, 0));
+                counts[index.unwrap() as usize] += 1;
+            }
+            assert!(
+                counts.iter().all(|&c| c * of * 2 > 132),
+                "{of} shards: {counts:?}"
+            );
+        }
+        assert!(Shard::ALL.owns(7, 8, 9));
+    }
+}
