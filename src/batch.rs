@@ -41,8 +41,9 @@ pub struct LaunchInfo {
     /// The host's id for this launch (also in the buffer header). Unique in the
     /// process, across devices and profilers.
     pub launch_id: u64,
-    /// The name given to `gpu_profile!` (usually the kernel's).
-    pub kernel: String,
+    /// The name given to `gpu_profile!` (usually the kernel's). Shared, so that
+    /// a launch call does not allocate it.
+    pub kernel: Arc<str>,
     /// Host time read just before the launch call.
     pub host_launch_ns: u64,
     /// Host time read just after completion was observed.
@@ -55,7 +56,7 @@ pub struct LaunchInfo {
     /// batch has been delivered (see the module docs).
     pub parent: Option<tracing::span::Id>,
     /// Name of the host thread that launched.
-    pub host_thread: String,
+    pub host_thread: Arc<str>,
 }
 
 /// Everything a sink needs to draw one launch: the decoded buffer, the clock

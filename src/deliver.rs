@@ -501,7 +501,7 @@ pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) {
             parent: launch.parent.clone(),
             tracing::Level::INFO,
             gpu.launch_id = launch.launch_id as i64,
-            gpu.kernel = launch.kernel.as_str(),
+            gpu.kernel = &*launch.kernel,
             gpu.device = i64::from(batch.device.ordinal),
         );
         OPEN.take();
@@ -570,7 +570,7 @@ fn emit_spans(batch: &Batch) {
                 gpu.end_ns = batch.trace_ns(ev.end_ns) as i64,
                 gpu.payload = i64::from(ev.payload),
                 gpu.payload.name = info.and_then(|i| i.payload.as_deref()),
-                gpu.kernel = launch.kernel.as_str(),
+                gpu.kernel = &*launch.kernel,
                 gpu.launch_id = launch_id,
                 gpu.thread = thread.as_str(),
             );
@@ -591,7 +591,7 @@ fn emit_spans(batch: &Batch) {
                 gpu.block = i64::from(h.block_linear),
                 gpu.warp = i64::from(h.warp),
                 gpu.dropped = i64::from(h.drop_count),
-                gpu.kernel = launch.kernel.as_str(),
+                gpu.kernel = &*launch.kernel,
                 gpu.launch_id = launch_id,
                 gpu.thread = thread.as_str(),
                 "gpu.dropped"
@@ -605,7 +605,7 @@ fn emit_spans(batch: &Batch) {
             target: DEVICE_TARGET,
             parent: parent.clone(),
             tracing::Level::TRACE,
-            gpu.kernel = launch.kernel.as_str(),
+            gpu.kernel = &*launch.kernel,
             gpu.launch_id = launch_id,
             gpu.events = events as i64,
             gpu.emitted = emitted as i64,

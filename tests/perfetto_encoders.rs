@@ -74,7 +74,7 @@ fn launch(ordinal: u32, k: u64, h0: u64) -> Arc<Batch> {
         }),
         launch: LaunchInfo {
             launch_id: k,
-            kernel: format!("kernel_{}", k % 5),
+            kernel: format!("kernel_{}", k % 5).into(),
             grid: [blocks, 1, 1],
             block: [32 * warps, 1, 1],
             ..Default::default()

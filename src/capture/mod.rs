@@ -244,12 +244,12 @@ impl CaptureLaunch {
         CaptureLaunch {
             device,
             launch_id: info.launch_id,
-            kernel: info.kernel.clone(),
+            kernel: info.kernel.to_string(),
             host_launch_ns: info.host_launch_ns,
             host_complete_ns: info.host_complete_ns,
             grid: info.grid,
             block: info.block,
-            host_thread: info.host_thread.clone(),
+            host_thread: info.host_thread.to_string(),
             buffer,
         }
     }
@@ -259,13 +259,13 @@ impl CaptureLaunch {
     pub fn info(&self) -> LaunchInfo {
         LaunchInfo {
             launch_id: self.launch_id,
-            kernel: self.kernel.clone(),
+            kernel: self.kernel.as_str().into(),
             host_launch_ns: self.host_launch_ns,
             host_complete_ns: self.host_complete_ns,
             grid: self.grid,
             block: self.block,
             parent: None,
-            host_thread: self.host_thread.clone(),
+            host_thread: self.host_thread.as_str().into(),
         }
     }
 }

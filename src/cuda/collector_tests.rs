@@ -534,7 +534,7 @@ impl SimGraph {
                 let b = kernel(0, 0);
                 let len = b.finish().len();
                 let n = Node {
-                    kernel: format!("node{i}"),
+                    kernel: format!("node{i}").into(),
                     header: *b.header(),
                     offset,
                     len,

@@ -190,7 +190,7 @@ impl Graphs {
         let result = launch(arg);
         if result.is_ok() {
             plan.nodes.push(Node {
-                kernel: kernel.to_string(),
+                kernel: kernel.into(),
                 header,
                 offset: plan.bytes,
                 len: shape.bytes,

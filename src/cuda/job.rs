@@ -74,7 +74,7 @@ impl Work {
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
     /// The kernel's name in the trace.
-    pub kernel: String,
+    pub kernel: Arc<str>,
     /// Its buffer header (the launch id is set per replay).
     pub header: BufferHeader,
     /// Its buffer's offset in a replay region.

@@ -59,6 +59,8 @@
 //! trace), and delivers to the dispatcher current at each launch: they all
 //! feed one trace, with one GPU track per device.
 
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -529,7 +531,7 @@ impl Profiler {
         };
         let launch = LaunchInfo {
             launch_id,
-            kernel: kernel.to_string(),
+            kernel: kernel_name(kernel),
             host_launch_ns,
             host_complete_ns: 0,
             grid: header.grid,
@@ -635,7 +637,7 @@ impl Profiler {
         self.collector.send(Job {
             launch: LaunchInfo {
                 launch_id: first_id,
-                kernel: name.to_string(),
+                kernel: kernel_name(name),
                 host_launch_ns,
                 host_complete_ns: 0,
                 parent: span.id(),
@@ -718,18 +720,42 @@ fn start_clock(
     Ok((first, recalibrate))
 }
 
-fn thread_name() -> String {
+fn thread_name() -> Arc<str> {
     thread_local! {
         // Named once per thread: `format!` of a `ThreadId` is not free.
-        static NAME: String = {
+        static NAME: Arc<str> = {
             let t = std::thread::current();
             match t.name() {
-                Some(n) => n.to_string(),
-                None => format!("{:?}", t.id()),
+                Some(n) => n.into(),
+                None => format!("{:?}", t.id()).into(),
             }
         };
     }
-    NAME.with(String::clone)
+    NAME.with(Arc::clone)
+}
+
+/// The most kernel names a thread keeps (`kernel_name`); a program that names
+/// more (say, one name per launch) allocates the rest at each launch.
+const NAMES_PER_THREAD: usize = 4096;
+
+/// `kernel`, shared: each launching thread keeps the names it has launched, so
+/// that a launch call in steady state allocates nothing (a hash lookup costs
+/// about what a small allocation does; the allocation would be freed on the
+/// collector thread, which is dearer).
+fn kernel_name(kernel: &str) -> Arc<str> {
+    thread_local! {
+        static NAMES: RefCell<HashSet<Arc<str>>> = RefCell::new(HashSet::new());
+    }
+    NAMES.with_borrow_mut(|names| {
+        if let Some(n) = names.get(kernel) {
+            return Arc::clone(n);
+        }
+        let n: Arc<str> = kernel.into();
+        if names.len() < NAMES_PER_THREAD {
+            names.insert(Arc::clone(&n));
+        }
+        n
+    })
 }
 
 /// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one

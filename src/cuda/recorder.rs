@@ -192,9 +192,9 @@ fn launch_span(l: &crate::batch::LaunchInfo) -> HostSpan {
             (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
         });
     HostSpan {
-        name: l.kernel.clone(),
+        name: l.kernel.to_string(),
         target: "tracing_gpu".into(),
-        thread_name: l.host_thread.clone(),
+        thread_name: l.host_thread.to_string(),
         thread_id,
         start_ns: l.host_launch_ns,
         end_ns: l.host_complete_ns.max(l.host_launch_ns),
@@ -412,7 +412,7 @@ mod tests {
         // The launch's own span is there, linked to its launch.
         assert_eq!(back.host_spans.len(), 1);
         assert_eq!(back.host_spans[0].launch_id, Some(b.launch.launch_id));
-        assert_eq!(back.host_spans[0].name, b.launch.kernel);
+        assert_eq!(back.host_spans[0].name, *b.launch.kernel);
         let note = back.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE);
         assert!(
             note.is_some_and(|(_, v)| v.contains("CaptureRecorder::layer()")),

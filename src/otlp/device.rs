@@ -214,7 +214,7 @@ pub(crate) fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
         }
     }
     let kernel = inner.tracer.build_with_context(
-        SpanBuilder::from_name(launch.kernel.clone())
+        SpanBuilder::from_name(launch.kernel.to_string())
             .with_kind(SpanKind::Internal)
             .with_start_time(start)
             .with_attributes(attributes),

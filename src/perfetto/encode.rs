@@ -261,7 +261,7 @@ impl Core {
                 name: Some(if l.kernel.is_empty() {
                     format!("launch {}", l.launch_id)
                 } else {
-                    l.kernel.clone()
+                    l.kernel.to_string()
                 }),
                 debug_annotations: args,
                 terminating_flow_ids: flow.into_iter().collect(),
