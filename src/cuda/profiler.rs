@@ -482,8 +482,13 @@ impl Profiler {
             flags: 0,
         };
         self.ctx.bind_to_thread()?;
-        // SAFETY: the stream is live (borrowed) and its context is bound.
-        let capture = unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? };
+        // The legacy default stream (null) cannot capture: spare it the call.
+        let capture = if stream.cu_stream().is_null() {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        } else {
+            // SAFETY: the stream is live (borrowed) and its context is bound.
+            unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? }
+        };
         if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
             // A node of a graph: it finds its memory at each replay (graph.rs).
             let _entered = span.enter();
