@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin storm -- [--launches 100000] [--threads 1] \
-//!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000]
+//!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000] \
+//!     [--blocks N] [--settle]
 //! ```
 //!
 //! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
@@ -21,7 +22,9 @@
 //! threads in step (each block starts
 //! on all threads at once and ends when all have synchronized): on the legacy stream,
 //! or each thread on a stream of its own (`--stream own`). Each launch call is timed
-//! with `Instant` (p50, p99, mean over all calls of all threads). The subscriber is a
+//! with `Instant` (p50, p99, mean over all calls of all threads). With `--settle`, the
+//! collector is waited for after each block (`Profiler::flush`, not timed), so that no
+//! block's calls meet the draining of an earlier block's launches. The subscriber is a
 //! `PerfettoLayer` writing to a temporary file, so the launch span is recorded.
 //!
 //! The GPU side: *kernel alone* is the median of 101 launches timed by CUDA events,
@@ -85,6 +88,11 @@ struct Args {
     /// Blocks per launch (default: one per SM); fewer blocks record fewer events.
     #[arg(long, value_parser = cli::positive::<u32>)]
     blocks: Option<u32>,
+    /// After each block, wait until the collector has delivered every launch
+    /// (`Profiler::flush`, not timed), so that no block runs beside the draining
+    /// of an earlier one: each variant's calls then meet only their own drain.
+    #[arg(long)]
+    settle: bool,
 }
 
 /// What a block of launch calls does.
@@ -165,6 +173,8 @@ struct Storm<'a> {
     profiler: &'a Profiler,
     short: &'a Short,
     threads: usize,
+    /// `Args::settle`.
+    settle: bool,
     /// Per block: the variant, launch calls (all threads). The first four are warm-up.
     blocks: Vec<(Variant, usize)>,
     barrier: Barrier,
@@ -216,10 +226,16 @@ impl Storm<'_> {
                 self.fail(e);
             }
             self.barrier.wait();
+            let wall = start.elapsed();
+            if self.settle && t == 0 {
+                if let Err(e) = self.profiler.flush() {
+                    self.fail(e);
+                }
+            }
             if i >= WARM_UP {
                 let side = &mut tally.sides[variant as usize];
                 side.calls.add(&calls);
-                side.wall += start.elapsed();
+                side.wall += wall;
                 side.launches += count as u64;
             }
         }
@@ -324,6 +340,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         profiler: &profiler,
         short: &short,
         threads,
+        settle: a.settle,
         blocks,
         barrier: Barrier::new(threads),
         failed: AtomicBool::new(false),
@@ -373,10 +390,11 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
 
     let cfg = short.cfg();
     println!(
-        "storm: {} launches of each variant in blocks of {}, {threads} thread(s), {} stream; \
+        "storm: {} launches of each variant in blocks of {}{}, {threads} thread(s), {} stream; \
          tiled_poly {}×{} threads, work {}; {} records per warp ({:.1} KB of trace per launch)",
         a.launches,
         a.block,
+        if a.settle { " (settled)" } else { "" },
         a.stream.name(),
         cfg.grid_dim.0,
         cfg.block_dim.0,
@@ -432,9 +450,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         written.bytes as f64 / 1e6
     );
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"threads":{threads},"stream":"{}","work":{},"capacity":{},"memory":{},"variants":{{{}}},"added_p50_us":{d50:.3},"added_p99_us":{d99:.3},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"threads":{threads},"stream":"{}","work":{},"capacity":{},"memory":{},"variants":{{{}}},"added_p50_us":{d50:.3},"added_p99_us":{d99:.3},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
+        a.settle,
         a.stream.name(),
         a.work,
         a.capacity,
