@@ -183,7 +183,12 @@ fn recorder_sass_per_range_event() {
     // (name, defines, timer reads per range as written, staged)
     let variants: [(&str, &[&str], usize, bool); 11] = [
         ("off", &[], 0, false),
-        ("floor: 2 bare timer reads", &["-DTGPU_BENCH_FLOOR=1"], 2, false),
+        (
+            "floor: 2 bare timer reads",
+            &["-DTGPU_BENCH_FLOOR=1"],
+            2,
+            false,
+        ),
         ("bound: stamps + store", &["-DTGPU_BENCH_BOUND=1"], 2, false),
         ("v1: begin/end", &[ON, V1], 2, false),
         ("v1: switch_to", &[ON, V1, SWITCH], 1, false),
@@ -191,7 +196,12 @@ fn recorder_sass_per_range_event() {
         ("v2: switch_to", &[ON, BARE, SWITCH], 1, true),
         ("v2: begin/end + payload", &[ON], 2, true),
         ("v2: switch_to + payload", &[ON, SWITCH], 1, true),
-        ("lane-0 entries (FlashInfer)", &["-DTGPU_BENCH_FLASHINFER=1"], 2, false),
+        (
+            "lane-0 entries (FlashInfer)",
+            &["-DTGPU_BENCH_FLASHINFER=1"],
+            2,
+            false,
+        ),
         ("seed-style", &["-DTGPU_BENCH_SEED=1"], 2, false),
     ];
     println!("SASS per range, sm_90, event loop of tools/bench/kernels/recorder_bench.cu:");
