@@ -62,3 +62,28 @@ fn bench_kernel_compiles_in_every_build() {
         }
     }
 }
+
+/// The dense kernel (`dense`) under NVRTC in every build it times: the gate off has no
+/// trace parameter and no timer, the recording builds store their format's writes, and
+/// the silent ones keep the recorder's setup and flush.
+#[test]
+fn dense_kernel_compiles_in_every_build() {
+    if !available() {
+        return;
+    }
+    let builds: [&[&str]; 5] = [
+        &[],
+        &["TGPU_ENABLED=1", "TGPU_FORMAT=1"],
+        &["TGPU_ENABLED=1"],
+        &["TGPU_ENABLED=1", "TGPU_FORMAT=1", "DENSE_SILENT=1"],
+        &["TGPU_ENABLED=1", "DENSE_SILENT=1"],
+    ];
+    for defines in builds {
+        let p = ptx("dense", "sm_90", tracing_gpu_bench::kernels::DENSE, defines);
+        let on = !defines.is_empty();
+        let v1 = defines.contains(&"TGPU_FORMAT=1");
+        assert_eq!(p.contains("%globaltimer"), on, "{defines:?}");
+        assert_eq!(p.contains("st.global.cs.v4.u32"), v1, "{defines:?}");
+        assert_eq!(p.contains("activemask.b32"), on && !v1, "{defines:?}");
+    }
+}

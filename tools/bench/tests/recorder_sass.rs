@@ -266,3 +266,68 @@ fn recorder_sass_per_range_event() {
         );
     }
 }
+
+/// What a warp pays once, when it records nothing: a kernel whose only recorder call is
+/// never made at run time, v1 and v2, against the gate off. Counted on the path a warp
+/// runs when it takes every forward branch (past the call, and past v2's flush, which
+/// has nothing to store). Printed and bounded.
+#[test]
+fn recorder_sass_per_warp_fixed_cost() {
+    let (Some(nvcc_path), Some(cuobjdump)) = (tool("nvcc"), tool("cuobjdump")) else {
+        skip("nvcc or cuobjdump from the CUDA wheels not found under $TGPU_CUDA_HOME/bin");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = "#include \"tracing_gpu.cuh\"\nTGPU_EVENT(A, 1);\n\
+               extern \"C\" __global__ void silent(float* out, int n TGPU_TRACE_PARAM) {\n\
+               TGPU_RECORDER(rec, A);\nif (n < 0) rec.instant<A>();\nout[threadIdx.x] = 1.0f;\n}\n";
+    let count = |defines: &[&str]| {
+        let mut args = vec!["-arch=sm_90", "-cubin"];
+        args.extend_from_slice(defines);
+        let cubin = nvcc(&nvcc_path, dir.path(), "silent", src, &args, "silent.cubin");
+        let instrs = disassemble(&cuobjdump, &cubin);
+        // The code, without the padding after the final self-branch.
+        let end = instrs
+            .iter()
+            .position(|i| branch_target(i) == Some(i.addr))
+            .unwrap_or(instrs.len());
+        let path: Vec<&Instr> = taken_path(&instrs[..end])
+            .into_iter()
+            .take_while(|i| !i.text.ends_with("EXIT"))
+            .collect();
+        (end, path.len(), path.iter().map(|i| i.stall).sum::<u32>())
+    };
+    let off = count(&[]);
+    println!("SASS of a warp that records nothing, sm_90, beyond the gate-off kernel:");
+    println!(
+        "{:<8} {:>8} {:>14} {:>12}",
+        "build", "kernel", "path it runs", "stall cyc"
+    );
+    let mut path = Vec::new();
+    for (name, defines) in [
+        ("v1", &["-DTGPU_ENABLED=1", "-DTGPU_FORMAT=1"][..]),
+        ("v2", &["-DTGPU_ENABLED=1"][..]),
+    ] {
+        let (kernel, run, stalls) = count(defines);
+        let extra = run as i64 - off.1 as i64;
+        println!(
+            "{name:<8} {:>+8} {extra:>+14} {:>+12}",
+            kernel as i64 - off.0 as i64,
+            stalls as i64 - off.2 as i64
+        );
+        path.push(extra);
+    }
+    // v2 counts the warp's lanes and tests its count at the flush; v1 also stamps,
+    // reads its SM, finds its slot and writes the 64-byte slot header.
+    assert!(
+        path[1] <= 24,
+        "v2, a warp that records nothing: {} instructions",
+        path[1]
+    );
+    assert!(
+        2 * path[1] <= path[0],
+        "v2 {} vs v1 {}: the silent warp",
+        path[1],
+        path[0]
+    );
+}
