@@ -1,12 +1,18 @@
-// tracing_gpu.cuh: the tracing-gpu device recorder (wire format v1, docs/format.md).
+// tracing_gpu.cuh: the tracing-gpu device recorder (the wire format: docs/format.md).
 //
 // Header-only, C++17, NVRTC-safe: it includes nothing, not even device headers.
 //
-// Each warp owns one slot of a trace buffer, found from its (block, warp). Lane 0 writes
-// it; no atomics. A warp's state lives in registers (about 12, plus one per event type):
-// the slot's record pointer and index, the limit, the record still to be stored, the first
-// stamp and SM, and one start time per event type, picked at compile time: `begin` and
-// `end` never touch memory except for one 16-byte evict-first store per record.
+// Each warp owns one slot of a trace buffer, found from its (block, warp); no atomics.
+// Two recorders write it, with the same API; TGPU_FORMAT picks one at compile time:
+//   2 (the default): one 8-byte entry per phase boundary (a switch_to is one), staged in
+//     the warp's lanes, the n-th entry of a group in lane n's registers, and stored 32 at
+//     a time with one coalesced store; the host rebuilds begin/end pairs and nesting. Per
+//     event: a compare, the stamp, the entry's word, a count and the group test. A warp
+//     that records nothing writes nothing.
+//   1: one 16-byte record per range, stored by lane 0 at the warp's next event. A warp's
+//     state lives in registers (about 12, plus one start time per event type): `begin`
+//     and `end` never touch memory except for one evict-first store per record.
+// The host needs no setting: the buffer is the same, and each slot says which it holds.
 //
 //   #include "tracing_gpu.cuh"
 //   TGPU_EVENT(Load, 1);                       // user event types: a name and a 16-bit id
@@ -29,16 +35,21 @@
 //   TGPU_TRACE_PARAM              appended to a kernel's parameter list
 //   TGPU_TRACE_ARG                forwards the trace to a device function taking TGPU_TRACE_PARAM
 //   TGPU_RECORDER(rec, Ev...)     declares the warp's recorder over those event types
-//   rec.begin<T>()                opens T's range (restarts it if open)
-//   rec.end<T>(payload = 0)       closes T's range: one record with a 32-bit payload
+//   rec.begin<T>()                opens T's range (v1: restarts it if open; v2: ranges
+//                                 must nest, and T's must not be open)
+//   rec.end<T>(payload = 0)       closes T's range (v2: the innermost) with a 32-bit
+//                                 payload (v2: an entry more, only if one is passed)
 //   rec.switch_to<A, B>(payload)  closes A (with payload) and opens B at one timer read
+//                                 (v2: A is the innermost open range)
 //   rec.instant<T>(payload = 0)   records an instant
 //   rec.flush()                   writes the slot header now (the destructor does it anyway)
 //   Trace                         the kernel argument (base, capacity, slot_count)
 //   globaltimer(), globaltimer_lo(), smid()   the raw reads, with the gate on or off
 // Ranges of different types nest; a type's ranges do not nest with themselves. Events
-// after flush() are not recorded. A record is stored at the warp's next event (or the
-// flush), so the store sits inside the next range and out of the way of the stamps.
+// after flush() are not recorded. Every lane of the warp (v2: every lane active when the
+// recorder is constructed) makes every call. v1 stores a record at the warp's next event
+// (or the flush), so the store sits inside the next range, out of the way of the stamps;
+// v2 stores a group when its 32nd entry is staged, or at the flush.
 //
 // The gate: compile with TGPU_ENABLED=1 to record. With TGPU_ENABLED undefined or 0, the
 // kernel keeps its production parameter list and every call compiles to nothing: the PTX
