@@ -43,6 +43,53 @@ fn ends_event(kind: u16) -> bool {
     kind == ENTRY_END || kind == ENTRY_SWITCH || kind == ENTRY_INSTANT
 }
 
+/// Why an entry was refused, as found by the hot loop; made into a [`DecodeError`]
+/// only then ([`refused`]), so that the loop carries no large error.
+#[derive(Debug, Clone, Copy)]
+enum Fail {
+    Kind,
+    Payload,
+    UnknownId,
+    Backwards(u64),
+    NothingOpen,
+    NotInnermost(u16),
+    AlreadyOpen,
+    TooDeep,
+}
+
+#[cold]
+#[inline(never)]
+fn refused(slot: u32, entry: u32, e: Entry, fail: Fail) -> DecodeError {
+    let id = e.event_id;
+    match fail {
+        Fail::Kind => DecodeError::UnknownKind {
+            slot,
+            record: entry,
+            kind: e.kind,
+        },
+        Fail::Payload => DecodeError::StrayPayload { slot, entry },
+        Fail::UnknownId => DecodeError::UnknownEventId {
+            slot,
+            record: entry,
+            id,
+        },
+        Fail::Backwards(by_ns) => DecodeError::TimeBackwards {
+            slot,
+            record: entry,
+            by_ns,
+        },
+        Fail::NothingOpen => DecodeError::NothingOpen { slot, entry, id },
+        Fail::NotInnermost(open) => DecodeError::NotInnermost {
+            slot,
+            entry,
+            id,
+            open,
+        },
+        Fail::AlreadyOpen => DecodeError::AlreadyOpen { slot, entry, id },
+        Fail::TooDeep => DecodeError::TooDeep { slot, entry },
+    }
+}
+
 /// The ids of the open ranges, innermost last.
 struct Open {
     ids: [u16; MAX_DEPTH],
@@ -50,34 +97,96 @@ struct Open {
 }
 
 impl Open {
-    fn push(&mut self, slot: u32, entry: u32, id: u16) -> Result<(), DecodeError> {
+    #[inline]
+    fn push(&mut self, id: u16) -> Result<(), Fail> {
         if self.ids[..self.depth].contains(&id) {
-            return Err(DecodeError::AlreadyOpen { slot, entry, id });
+            return Err(Fail::AlreadyOpen);
         }
         if self.depth == MAX_DEPTH {
-            return Err(DecodeError::TooDeep { slot, entry });
+            return Err(Fail::TooDeep);
         }
         self.ids[self.depth] = id;
         self.depth += 1;
         Ok(())
     }
 
-    /// Closes the innermost range; `id`, if given, must be its event.
-    fn pop(&mut self, slot: u32, entry: u32, id: u16, must_be: bool) -> Result<(), DecodeError> {
-        let Some(top) = self.depth.checked_sub(1) else {
-            return Err(DecodeError::NothingOpen { slot, entry, id });
-        };
+    /// Closes the innermost range; with `must_be`, it must be `id`'s.
+    #[inline]
+    fn pop(&mut self, id: u16, must_be: bool) -> Result<(), Fail> {
+        let top = self.depth.checked_sub(1).ok_or(Fail::NothingOpen)?;
         if must_be && self.ids[top] != id {
-            return Err(DecodeError::NotInnermost {
-                slot,
-                entry,
-                id,
-                open: self.ids[top],
-            });
+            return Err(Fail::NotInnermost(self.ids[top]));
         }
         self.depth = top;
         Ok(())
     }
+}
+
+/// What one walk over a slot's entries found.
+struct Walked {
+    /// Sum of the gaps between consecutive timed entries.
+    span: u64,
+    events: u32,
+    /// The last timed entry: its index and time.
+    last: Option<(u32, u32)>,
+    /// Ranges left open.
+    depth: usize,
+}
+
+/// The hot loop: one pass over the entries, checking kinds, ids, payloads, times and
+/// nesting.
+#[inline(always)]
+fn walk(entries: &[u8], known: impl Fn(u16) -> bool) -> Result<Walked, (u32, Entry, Fail)> {
+    let mut open = Open {
+        ids: [0; MAX_DEPTH],
+        depth: 0,
+    };
+    let mut w = Walked {
+        span: 0,
+        events: 0,
+        last: None,
+        depth: 0,
+    };
+    // An event just ended (a payload may follow).
+    let mut ended = false;
+    for (n, c) in entries.chunks_exact(ENTRY_SIZE).enumerate() {
+        let e = Entry::read(c.try_into().expect("8 bytes"));
+        let fail = |f| (n as u32, e, f);
+        if !timed(e.kind) {
+            if e.event_id != 0 || !ended {
+                return Err(fail(Fail::Payload));
+            }
+            ended = false;
+            continue;
+        }
+        if e.kind > ENTRY_PAYLOAD {
+            return Err(fail(Fail::Kind));
+        }
+        if !known(e.event_id) {
+            return Err(fail(Fail::UnknownId));
+        }
+        if let Some((_, lo)) = w.last {
+            let delta = e.time_lo.wrapping_sub(lo) as u64;
+            if delta >= 1 << 31 {
+                return Err(fail(Fail::Backwards((1 << 32) - delta)));
+            }
+            w.span += delta;
+        }
+        w.last = Some((n as u32, e.time_lo));
+        match e.kind {
+            ENTRY_BEGIN => open.push(e.event_id),
+            ENTRY_END => open.pop(e.event_id, true),
+            ENTRY_SWITCH => open
+                .pop(e.event_id, false)
+                .and_then(|()| open.push(e.event_id)),
+            _ => Ok(()),
+        }
+        .map_err(fail)?;
+        ended = ends_event(e.kind);
+        w.events += u32::from(ended);
+    }
+    w.depth = open.depth;
+    Ok(w)
 }
 
 /// Checks a flushed v2 slot (its bytes, header first, as long as the stride) and
@@ -123,62 +232,13 @@ pub(super) fn check(
         });
     }
     let entries = &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + count as usize * ENTRY_SIZE];
-    let mut open = Open {
-        ids: [0; MAX_DEPTH],
-        depth: 0,
-    };
-    let (mut span, mut events) = (0u64, 0u32);
-    let mut last_timed: Option<(u32, u32)> = None; // (entry, time_lo)
-    let mut prev_kind = None;
-    for n in 0..count as usize {
-        let e = entry_at(entries, n);
-        let entry = n as u32;
-        if e.kind > ENTRY_PAYLOAD {
-            return Err(DecodeError::UnknownKind {
-                slot: i,
-                record: entry,
-                kind: e.kind,
-            });
-        }
-        if !timed(e.kind) {
-            if e.event_id != 0 || !prev_kind.is_some_and(ends_event) {
-                return Err(DecodeError::StrayPayload { slot: i, entry });
-            }
-            prev_kind = Some(e.kind);
-            continue;
-        }
-        if !known(e.event_id) {
-            return Err(DecodeError::UnknownEventId {
-                slot: i,
-                record: entry,
-                id: e.event_id,
-            });
-        }
-        if let Some((_, lo)) = last_timed {
-            let delta = e.time_lo.wrapping_sub(lo) as u64;
-            if delta >= 1 << 31 {
-                return Err(DecodeError::TimeBackwards {
-                    slot: i,
-                    record: entry,
-                    by_ns: (1 << 32) - delta,
-                });
-            }
-            span += delta;
-        }
-        last_timed = Some((entry, e.time_lo));
-        match e.kind {
-            ENTRY_BEGIN => open.push(i, entry, e.event_id)?,
-            ENTRY_END => open.pop(i, entry, e.event_id, true)?,
-            ENTRY_SWITCH => {
-                open.pop(i, entry, e.event_id, false)?;
-                open.push(i, entry, e.event_id)?;
-            }
-            _ => {}
-        }
-        events += u32::from(ends_event(e.kind));
-        prev_kind = Some(e.kind);
-    }
-    let first_ts = match last_timed {
+    let Walked {
+        mut span,
+        events,
+        last,
+        depth,
+    } = walk(entries, known).map_err(|(n, e, f)| refused(i, n, e, f))?;
+    let first_ts = match last {
         Some((entry, lo)) => {
             let tail = (anchor_ts as u32).wrapping_sub(lo) as u64;
             if tail >= 1 << 31 {
@@ -202,7 +262,7 @@ pub(super) fn check(
     let sm = u32_at(slot, so::SM);
     Ok(SlotHeader {
         magic: SLOT_MAGIC_V2,
-        flags: if open.depth != 0 {
+        flags: if depth != 0 {
             format::SLOT_FLAG_OPEN_AT_FLUSH
         } else {
             0

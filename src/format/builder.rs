@@ -10,7 +10,8 @@ use super::{
     SLOT_MAGIC_V2, VERSION,
 };
 
-/// Writes valid v1 buffers on the host, event by event: for tests, and for
+/// Writes valid buffers on the host, event by event (v1 slots, [`BufferBuilder::warp`])
+/// or boundary by boundary (v2 slots, [`BufferBuilder::warp_v2`]): for tests, and for
 /// producers other than the CUDA header (a simulator, a converter).
 ///
 /// ```
