@@ -181,9 +181,10 @@ fn check_trace(b: Build, bytes: &[u8], o: &Options, warps: u32) -> Result<()> {
         b != Build::V2Silent || bytes[64..].iter().all(|&x| x == 0),
         || "v2-silent: the buffer was written".into(),
     )?;
-    let want: Vec<(u16, EventKind, u32)> = match b.silent() {
-        true => Vec::new(),
-        false => (0..o.steps)
+    let want: Vec<(u16, EventKind, u32)> = if b.silent() {
+        Vec::new()
+    } else {
+        (0..o.steps)
             .flat_map(|s| {
                 [
                     (2, EventKind::Range, 0),
@@ -191,7 +192,7 @@ fn check_trace(b: Build, bytes: &[u8], o: &Options, warps: u32) -> Result<()> {
                     (1, EventKind::Range, s),
                 ]
             })
-            .collect(),
+            .collect()
     };
     for slot in capture.slots() {
         let got: Vec<_> = slot.events().map(|e| (e.id, e.kind, e.payload)).collect();
@@ -233,17 +234,16 @@ fn run(o: &Options) -> Result<bool> {
         } else {
             load(&ctx, arch, b)?
         };
-        let trace = match b.traced() {
-            true => {
-                let buf = device::trace_buffer(&stream, &cfg, capacity, warps)?;
-                let arg = KernelArg {
-                    base: buf.device_ptr(&stream).0,
-                    capacity,
-                    slot_count: warps,
-                };
-                Some((buf, arg))
-            }
-            false => None,
+        let trace = if b.traced() {
+            let buf = device::trace_buffer(&stream, &cfg, capacity, warps)?;
+            let arg = KernelArg {
+                base: buf.device_ptr(&stream).0,
+                capacity,
+                slot_count: warps,
+            };
+            Some((buf, arg))
+        } else {
+            None
         };
         let out = stream.alloc_zeros::<f32>((o.blocks * THREADS) as usize)?;
         runs.push(Run { f, out, trace });
