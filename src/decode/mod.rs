@@ -28,8 +28,10 @@ use crate::format::{
 };
 use crate::registry::EventRegistry;
 
+mod bytes;
 mod error;
 mod v2;
+use bytes::{u16_at, u32_at, u64_at};
 pub use error::DecodeError;
 
 /// What [`Buffer::decode`] learned, kept so that [`OwnedBuffer::view`] need not
@@ -67,18 +69,6 @@ impl fmt::Debug for Buffer<'_> {
     }
 }
 
-#[inline]
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-#[inline]
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-#[inline]
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u32_at(b, at) as u64 | (u32_at(b, at + 4) as u64) << 32
-}
 fn xyz_at(b: &[u8], at: usize) -> [u32; 3] {
     [u32_at(b, at), u32_at(b, at + 4), u32_at(b, at + 8)]
 }
@@ -567,6 +557,9 @@ impl<'a> Slot<'a> {
 #[derive(Debug, Clone)]
 pub struct Events<'a>(Walk<'a>);
 
+// The v2 walk holds its stack of open ranges inline (about 400 bytes): an iterator made
+// once per slot, on the stack; boxing it would allocate for every slot read.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 enum Walk<'a> {
     V1 {

@@ -13,7 +13,8 @@ use crate::format::{
     SLOT_MAGIC_V2,
 };
 
-use super::{u32_at, u64_at, DecodeError};
+use super::bytes::{u32_at, u64_at};
+use super::error::DecodeError;
 
 /// Where a slot lies in its launch: what the checks need from the buffer header.
 pub(super) struct Place {
