@@ -575,8 +575,9 @@ class Recorder {
 /// that records nothing does nothing but count its lanes, and writes nothing at all.
 ///
 /// The lanes are those active at construction (`activemask`), ranked: a kernel whose
-/// threads returned early still stages in the lanes it has. Every one of them must make
-/// every call, as with v1.
+/// threads returned early still stages in the lanes it has. So construct it where the
+/// warp runs converged (the kernel's start, after a barrier, outside divergent code),
+/// and let every one of those lanes make every call, as with v1.
 template <class... Events>
 class Recorder {
   using Checks = detail::checks<Events...>;

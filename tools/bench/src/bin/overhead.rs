@@ -1,4 +1,4 @@
-//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built six
+//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built eight
 //! ways and timed in the same run, interleaved (CUDA events, medians after warm-up):
 //!
 //! - `off`: the production kernel, no recorder (built twice: the two copies' difference
@@ -7,6 +7,8 @@
 //!   k-tile; every consumer warp records wait and mma per k-tile, and the epilogue);
 //! - `phases-wg`: the same phases from one warp per consumer warpgroup (and the
 //!   producer): the four warps of a warpgroup run the same wgmma in step;
+//! - `phases-v1`, `phases-wg-v1`: the same two with recorder v1 (`phases` and
+//!   `phases-wg` record v2, the default);
 //! - `full`: our recorder, every event (also the producer's wait apart from its load, a
 //!   tile range and a release instant per k-tile);
 //! - `seed-style`: the seed's published design at the phases' call sites;
