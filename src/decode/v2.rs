@@ -28,10 +28,11 @@ pub(super) struct Place {
     pub(super) warp: u32,
 }
 
-fn entry_at(entries: &[u8], n: usize) -> Entry {
-    let mut a = [0u8; ENTRY_SIZE];
-    a.copy_from_slice(&entries[n * ENTRY_SIZE..(n + 1) * ENTRY_SIZE]);
-    Entry::read(&a)
+/// The first entry of `rest`, and what follows it.
+#[inline]
+fn first(rest: &[u8]) -> Option<(Entry, &[u8])> {
+    let (e, rest) = rest.split_first_chunk::<ENTRY_SIZE>()?;
+    Some((Entry::read(e), rest))
 }
 
 /// Whether an entry of this kind carries a time (all but payloads).
@@ -150,9 +151,11 @@ fn walk(entries: &[u8], known: impl Fn(u16) -> bool) -> Result<Walked, (u32, Ent
     };
     // An event just ended (a payload may follow).
     let mut ended = false;
-    for (n, c) in entries.chunks_exact(ENTRY_SIZE).enumerate() {
-        let e = Entry::read(c.try_into().expect("8 bytes"));
-        let fail = |f| (n as u32, e, f);
+    let (mut rest, mut next) = (entries, 0u32);
+    while let Some((e, tail)) = first(rest) {
+        let n = next;
+        (rest, next) = (tail, next + 1);
+        let fail = |f| (n, e, f);
         if !timed(e.kind) {
             if e.event_id != 0 || !ended {
                 return Err(fail(Fail::Payload));
@@ -173,7 +176,7 @@ fn walk(entries: &[u8], known: impl Fn(u16) -> bool) -> Result<Walked, (u32, Ent
             }
             w.span += delta;
         }
-        w.last = Some((n as u32, e.time_lo));
+        w.last = Some((n, e.time_lo));
         match e.kind {
             ENTRY_BEGIN => open.push(e.event_id),
             ENTRY_END => open.pop(e.event_id, true),
@@ -284,8 +287,8 @@ pub(super) fn check(
 /// A v2 slot's events, rebuilt from its entries ([`super::Events`] for a v2 slot).
 #[derive(Debug, Clone)]
 pub(super) struct Events<'a> {
-    entries: &'a [u8],
-    next: usize,
+    /// The entries not read yet.
+    rest: &'a [u8],
     /// Full time of the previous timed entry (the first entry's, before it).
     prev: u64,
     ids: [u16; MAX_DEPTH],
@@ -299,8 +302,7 @@ impl<'a> Events<'a> {
     /// Over the entries of a slot that [`check`] accepted, with the header it returned.
     pub(super) fn new(entries: &'a [u8], header: &SlotHeader) -> Self {
         Events {
-            entries,
-            next: 0,
+            rest: entries,
             prev: header.first_ts,
             ids: [0; MAX_DEPTH],
             starts: [0; MAX_DEPTH],
@@ -314,15 +316,15 @@ impl<'a> Events<'a> {
     }
 
     /// The payload entry after the current one, if there is one (consumed).
+    #[inline]
     fn payload(&mut self) -> u32 {
-        if self.next * ENTRY_SIZE < self.entries.len() {
-            let e = entry_at(self.entries, self.next);
-            if e.kind == ENTRY_PAYLOAD {
-                self.next += 1;
-                return e.time_lo;
+        match first(self.rest) {
+            Some((e, rest)) if e.kind == ENTRY_PAYLOAD => {
+                self.rest = rest;
+                e.time_lo
             }
+            _ => 0,
         }
-        0
     }
 }
 
@@ -333,9 +335,9 @@ impl Iterator for Events<'_> {
     fn next(&mut self) -> Option<Event> {
         // The check accepted these entries: the stack neither under- nor overflows
         // (the `get`s only keep a wrong slice from panicking), and no time wraps.
-        while self.left != 0 && self.next * ENTRY_SIZE < self.entries.len() {
-            let e = entry_at(self.entries, self.next);
-            self.next += 1;
+        while self.left != 0 {
+            let (e, rest) = first(self.rest)?;
+            self.rest = rest;
             let t = self
                 .prev
                 .wrapping_add(e.time_lo.wrapping_sub(self.prev as u32) as u64);
