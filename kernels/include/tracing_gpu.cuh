@@ -566,7 +566,8 @@ class Recorder {
 
 /// A warp's recorder over the event types `Events...` (with the gate on, format v2).
 ///
-/// Every event is one 8-byte entry (a payload, one more), and the warp's lanes hold them:
+/// Every event is one 8-byte entry (a payload, one more, staged with it by the next lane),
+/// and the warp's lanes hold them:
 /// the n-th entry of a group stamps into lane n's registers (a predicated timer read, so
 /// ptxas cannot read the timer again later, see v1's store_pending_and_stamp), and when
 /// each lane holds one, the warp stores the group with one coalesced store: per event,
@@ -586,6 +587,8 @@ class Recorder {
   unsigned int lane_;    // this lane's rank among the warp's lanes; ~0 if it records nothing
   unsigned int group_;   // the warp's lanes, entries staged per store; 0 if it records nothing
   unsigned int last_;    // group_ - 1: k_ of the entry that fills the group
+  unsigned int last2_;   // the least k_ at which an entry and its payload fill the group
+  unsigned int before_;  // lane_ - 1: k_ at which this lane takes an entry's payload
   unsigned int k_;       // entries staged in the current group
   unsigned int stored_;  // entries of the groups before it
   unsigned int time_;    // this lane's staged entry: the stamp (or a payload)
@@ -635,29 +638,53 @@ class Recorder {
     k_ = 0;
   }
 
-  // One entry: the lane whose turn it is stamps it (Stamp) or takes `value`, and the word.
-  template <unsigned int Word, bool Stamp>
-  __device__ __forceinline__ void stage(unsigned int value) {
+  // One entry: the lane whose turn it is stamps it and takes its word.
+  template <unsigned int Word>
+  __device__ __forceinline__ void stage() {
     const bool fills = k_ == last_;
-    if (Stamp) {
-      asm volatile(
-          "{\n\t.reg .pred p;\n\t"
-          "setp.eq.u32 p, %2, %3;\n\t"
-          "@p mov.u32 %0, %%globaltimer_lo;\n\t"
-          "@p mov.u32 %1, %4;\n\t}"
-          : "+r"(time_), "+r"(word_)
-          : "r"(k_), "r"(lane_), "n"(Word)
-          : "memory");
-    } else if (k_ == lane_) {
-      time_ = value;
-      word_ = Word;
-    }
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "setp.eq.u32 p, %2, %3;\n\t"
+        "@p mov.u32 %0, %%globaltimer_lo;\n\t"
+        "@p mov.u32 %1, %4;\n\t}"
+        : "+r"(time_), "+r"(word_)
+        : "r"(k_), "r"(lane_), "n"(Word)
+        : "memory");
     ++k_;
     if (fills) store_group();
   }
 
-  __device__ __forceinline__ void payload(unsigned int value) {
-    stage<ENTRY_PAYLOAD << 16, false>(value);
+  // An entry and its payload entry, staged together: the next lane takes the payload,
+  // at the cost of one more compare and two moves, not of a second entry's count and
+  // group test. When the entry fills the group, the payload starts the next one.
+  template <unsigned int Word>
+  __device__ __forceinline__ void stage_with(unsigned int payload) {
+    const bool fills = k_ >= last2_;
+    asm volatile(
+        "{\n\t.reg .pred p, q;\n\t"
+        "setp.eq.u32 p, %2, %3;\n\t"
+        "setp.eq.u32 q, %2, %4;\n\t"
+        "@p mov.u32 %0, %%globaltimer_lo;\n\t"
+        "@p mov.u32 %1, %6;\n\t"
+        "@q mov.u32 %0, %5;\n\t"
+        "@q mov.u32 %1, %7;\n\t}"
+        : "+r"(time_), "+r"(word_)
+        : "r"(k_), "r"(lane_), "r"(before_), "r"(payload), "n"(Word), "n"(ENTRY_PAYLOAD << 16)
+        : "memory");
+    k_ += 2;
+    if (fills) {
+      // k_ is group_ (the pair filled the group) or group_ + 1 (its payload had no lane).
+      const bool carry = k_ > group_;
+      store_group();
+      if (carry) {
+        if (lane_ == 0) {
+          time_ = payload;
+          word_ = ENTRY_PAYLOAD << 16;
+        }
+        k_ = 1;
+        if (group_ == 1) store_group();
+      }
+    }
   }
 
  public:
@@ -671,7 +698,9 @@ class Recorder {
     const bool records = trace.base != 0;
     group_ = records ? __popc(active) : 0u;
     last_ = group_ - 1u;
+    last2_ = group_ > 1u ? group_ - 2u : last_;
     lane_ = records ? __popc(active & below) : 0xFFFFFFFFu;
+    before_ = records ? lane_ - 1u : 0xFFFFFFFFu;
   }
 
   Recorder(const Recorder&) = delete;
@@ -683,47 +712,45 @@ class Recorder {
   /// Opens a range of type T, nested in the ranges open now (T's own must not be open).
   template <class T>
   __device__ __forceinline__ void begin() {
-    stage<word<T, ENTRY_BEGIN>(), true>(0);
+    stage<word<T, ENTRY_BEGIN>()>();
   }
 
   /// Closes T's range, the innermost open one.
   template <class T>
   __device__ __forceinline__ void end() {
-    stage<word<T, ENTRY_END>(), true>(0);
+    stage<word<T, ENTRY_END>()>();
   }
 
   /// Closes T's range with a 32-bit payload: one more entry.
   template <class T>
   __device__ __forceinline__ void end(unsigned int payload) {
-    end<T>();
-    this->payload(payload);
+    stage_with<word<T, ENTRY_END>()>(payload);
   }
 
   /// Closes A's range (the innermost open one) and opens B's: one entry, one timer read.
   template <class A, class B>
   __device__ __forceinline__ void switch_to() {
     static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
-    stage<word<B, ENTRY_SWITCH>(), true>(0);
+    stage<word<B, ENTRY_SWITCH>()>();
   }
 
   /// Closes A's range with a payload and opens B's.
   template <class A, class B>
   __device__ __forceinline__ void switch_to(unsigned int payload) {
-    switch_to<A, B>();
-    this->payload(payload);
+    static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
+    stage_with<word<B, ENTRY_SWITCH>()>(payload);
   }
 
   /// Records an instant of type T.
   template <class T>
   __device__ __forceinline__ void instant() {
-    stage<word<T, ENTRY_INSTANT>(), true>(0);
+    stage<word<T, ENTRY_INSTANT>()>();
   }
 
   /// Records an instant of type T with a 32-bit payload.
   template <class T>
   __device__ __forceinline__ void instant(unsigned int payload) {
-    instant<T>();
-    this->payload(payload);
+    stage_with<word<T, ENTRY_INSTANT>()>(payload);
   }
 
   /// Stores the staged entries and (lane 0) the slot header, and stops recording; a warp
@@ -756,7 +783,9 @@ class Recorder {
     }
     group_ = 0;
     last_ = 0xFFFFFFFFu;
+    last2_ = 0xFFFFFFFFu;
     lane_ = 0xFFFFFFFFu;
+    before_ = 0xFFFFFFFFu;
     k_ = 0;
     stored_ = 0;
   }
