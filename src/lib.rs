@@ -6,7 +6,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`format`](mod@format) | wire format v1: the bytes the device recorder writes, and an encoder |
+//! | [`format`](mod@format) | the wire format (v1 records, v2 entries): the bytes the device recorder writes, and an encoder |
 //! | [`registry`] | event id → name, and the declared payload names |
 //! | [`decode`] | bytes → a validated, zero-copy [`decode::Buffer`] |
 //! | [`clock`] | device clock → host clock, with an error bound |

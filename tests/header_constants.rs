@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use tracing_gpu::format::{self, buffer_offsets, record_offsets, slot_offsets};
+use tracing_gpu::format::{
+    self, buffer_offsets, entry_offsets, record_offsets, slot_offsets, slot_v2_offsets,
+};
 
 const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
 const FORMAT_RS: &str = include_str!("../src/format/mod.rs");
@@ -87,7 +89,7 @@ fn format_rs_names() -> Vec<String> {
 
 /// The Rust values, by the header's names.
 fn rust_constants() -> BTreeMap<String, u64> {
-    let top: [(&str, u64); 12] = [
+    let top: [(&str, u64); 20] = [
         ("BUFFER_MAGIC", format::BUFFER_MAGIC.into()),
         ("SLOT_MAGIC", format::SLOT_MAGIC.into()),
         ("VERSION", format::VERSION.into()),
@@ -103,6 +105,14 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ),
         ("NO_CLUSTER", format::NO_CLUSTER.into()),
         ("TRACE_INDIRECT", format::TRACE_INDIRECT.into()),
+        ("SLOT_MAGIC_V2", format::SLOT_MAGIC_V2.into()),
+        ("ENTRY_SIZE", format::ENTRY_SIZE as u64),
+        ("ENTRY_BEGIN", format::ENTRY_BEGIN.into()),
+        ("ENTRY_END", format::ENTRY_END.into()),
+        ("ENTRY_SWITCH", format::ENTRY_SWITCH.into()),
+        ("ENTRY_INSTANT", format::ENTRY_INSTANT.into()),
+        ("ENTRY_PAYLOAD", format::ENTRY_PAYLOAD.into()),
+        ("MAX_DEPTH", format::MAX_DEPTH as u64),
     ];
     let buffer: [(&str, usize); 13] = [
         ("MAGIC", buffer_offsets::MAGIC),
@@ -133,6 +143,22 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("RECORD_COUNT", slot_offsets::RECORD_COUNT),
         ("DROP_COUNT", slot_offsets::DROP_COUNT),
     ];
+    let slot_v2: [(&str, usize); 9] = [
+        ("MAGIC", slot_v2_offsets::MAGIC),
+        ("ENTRY_COUNT", slot_v2_offsets::ENTRY_COUNT),
+        ("LAST_TS", slot_v2_offsets::LAST_TS),
+        ("ANCHOR_TS", slot_v2_offsets::ANCHOR_TS),
+        ("DROP_COUNT", slot_v2_offsets::DROP_COUNT),
+        ("SM", slot_v2_offsets::SM),
+        ("SLOT", slot_v2_offsets::SLOT),
+        ("CLUSTER_RANK", slot_v2_offsets::CLUSTER_RANK),
+        ("RESERVED", slot_v2_offsets::RESERVED),
+    ];
+    let entry: [(&str, usize); 3] = [
+        ("TIME_LO", entry_offsets::TIME_LO),
+        ("EVENT_ID", entry_offsets::EVENT_ID),
+        ("KIND", entry_offsets::KIND),
+    ];
     let record: [(&str, usize); 5] = [
         ("END_LO", record_offsets::END_LO),
         ("DURATION", record_offsets::DURATION),
@@ -145,6 +171,8 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("buffer_offsets", &buffer[..]),
         ("slot_offsets", &slot[..]),
         ("record_offsets", &record[..]),
+        ("slot_v2_offsets", &slot_v2[..]),
+        ("entry_offsets", &entry[..]),
     ] {
         for (k, v) in table {
             out.insert(format!("{module}::{k}"), *v as u64);

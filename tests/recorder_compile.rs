@@ -70,21 +70,26 @@ fn stripping_leaves_a_plain_cuda_kernel() {
     }
 }
 
-/// PTX that must show the recorder at work (gate on) or not at all (gate off).
-fn check_ptx(name: &str, arch: &str, on: bool, ptx: &str) {
-    let gate = if on { "on" } else { "off" };
-    let name_arch = format!("{name} {arch} gate {gate}");
+/// PTX that must show the recorder of record format `format` at work (1 or 2: the gate
+/// on) or not at all (0: the gate off).
+fn check_ptx(name: &str, arch: &str, format: u8, ptx: &str) {
+    let on = format != 0;
+    let name_arch = format!("{name} {arch} format {format} (0: gate off)");
     assert!(
         ptx.contains(&format!(".entry {name}(")),
         "{name_arch}: no entry point in the PTX"
     );
+    // v1: lane 0 stores 16-byte records, streaming; v2: each lane its staged 8-byte
+    // entry, among the lanes `activemask` found.
+    let stores: &[&str] = match format {
+        1 => &["st.global.cs.v4.u32"],
+        _ => &["st.global.v2.u32", "activemask.b32", "%lanemask_lt"],
+    };
     if on {
-        for needle in [
-            "%globaltimer_lo",
-            "%globaltimer;",
-            "st.global.cs.v4.u32",
-            "%smid",
-        ] {
+        for needle in ["%globaltimer_lo", "%globaltimer;", "%smid"]
+            .iter()
+            .chain(stores)
+        {
             assert!(ptx.contains(needle), "{name_arch}: no {needle} in the PTX");
         }
         assert_eq!(
@@ -117,8 +122,10 @@ mod nvrtc {
         }
         for (name, src) in KERNELS {
             for arch in ARCHS {
-                check_ptx(name, arch, true, &ptx(name, arch, src, &["TGPU_ENABLED=1"]));
-                check_ptx(name, arch, false, &ptx(name, arch, src, &[]));
+                check_ptx(name, arch, 2, &ptx(name, arch, src, &["TGPU_ENABLED=1"]));
+                let v1 = ptx(name, arch, src, &["TGPU_ENABLED=1", "TGPU_FORMAT=1"]);
+                check_ptx(name, arch, 1, &v1);
+                check_ptx(name, arch, 0, &ptx(name, arch, src, &[]));
             }
         }
     }
@@ -165,10 +172,10 @@ mod nvrtc {
         check_ptx(
             "k",
             "sm_90",
-            true,
+            2,
             &ptx("k", "sm_90", src, &["TGPU_ENABLED=1"]),
         );
-        check_ptx("k", "sm_90", false, &ptx("k", "sm_90", src, &[]));
+        check_ptx("k", "sm_90", 0, &ptx("k", "sm_90", src, &[]));
     }
 
     #[test]
@@ -300,8 +307,8 @@ fn gate_off_ptx_is_identical_under_nvcc() {
             let stripped = ptx_of(&strip(src), "-DTGPU_UNUSED=1");
             let off = ptx_of(src, "-DTGPU_ENABLED=0");
             let on = ptx_of(src, "-DTGPU_ENABLED=1");
-            check_ptx(name, arch, false, &off);
-            check_ptx(name, arch, true, &on);
+            check_ptx(name, arch, 0, &off);
+            check_ptx(name, arch, 2, &on);
             assert_eq!(off, stripped, "{name} {arch}");
             assert_ne!(on, stripped, "{name} {arch}: gate on");
         }

@@ -1,12 +1,18 @@
-// tracing_gpu.cuh: the tracing-gpu device recorder (wire format v1, docs/format.md).
+// tracing_gpu.cuh: the tracing-gpu device recorder (the wire format: docs/format.md).
 //
 // Header-only, C++17, NVRTC-safe: it includes nothing, not even device headers.
 //
-// Each warp owns one slot of a trace buffer, found from its (block, warp). Lane 0 writes
-// it; no atomics. A warp's state lives in registers (about 12, plus one per event type):
-// the slot's record pointer and index, the limit, the record still to be stored, the first
-// stamp and SM, and one start time per event type, picked at compile time: `begin` and
-// `end` never touch memory except for one 16-byte evict-first store per record.
+// Each warp owns one slot of a trace buffer, found from its (block, warp); no atomics.
+// Two recorders write it, with the same API; TGPU_FORMAT picks one at compile time:
+//   2 (the default): one 8-byte entry per phase boundary (a switch_to is one), staged in
+//     the warp's lanes, the n-th entry of a group in lane n's registers, and stored 32 at
+//     a time with one coalesced store; the host rebuilds begin/end pairs and nesting. Per
+//     event: a compare, the stamp, the entry's word, a count and the group test. A warp
+//     that records nothing writes nothing.
+//   1: one 16-byte record per range, stored by lane 0 at the warp's next event. A warp's
+//     state lives in registers (about 12, plus one start time per event type): `begin`
+//     and `end` never touch memory except for one evict-first store per record.
+// The host needs no setting: the buffer is the same, and each slot says which it holds.
 //
 //   #include "tracing_gpu.cuh"
 //   TGPU_EVENT(Load, 1);                       // user event types: a name and a 16-bit id
@@ -29,16 +35,21 @@
 //   TGPU_TRACE_PARAM              appended to a kernel's parameter list
 //   TGPU_TRACE_ARG                forwards the trace to a device function taking TGPU_TRACE_PARAM
 //   TGPU_RECORDER(rec, Ev...)     declares the warp's recorder over those event types
-//   rec.begin<T>()                opens T's range (restarts it if open)
-//   rec.end<T>(payload = 0)       closes T's range: one record with a 32-bit payload
+//   rec.begin<T>()                opens T's range (v1: restarts it if open; v2: ranges
+//                                 must nest, and T's must not be open)
+//   rec.end<T>(payload = 0)       closes T's range (v2: the innermost) with a 32-bit
+//                                 payload (v2: an entry more, only if one is passed)
 //   rec.switch_to<A, B>(payload)  closes A (with payload) and opens B at one timer read
+//                                 (v2: A is the innermost open range)
 //   rec.instant<T>(payload = 0)   records an instant
 //   rec.flush()                   writes the slot header now (the destructor does it anyway)
 //   Trace                         the kernel argument (base, capacity, slot_count)
 //   globaltimer(), globaltimer_lo(), smid()   the raw reads, with the gate on or off
 // Ranges of different types nest; a type's ranges do not nest with themselves. Events
-// after flush() are not recorded. A record is stored at the warp's next event (or the
-// flush), so the store sits inside the next range and out of the way of the stamps.
+// after flush() are not recorded. Every lane of the warp (v2: every lane active when the
+// recorder is constructed) makes every call. v1 stores a record at the warp's next event
+// (or the flush), so the store sits inside the next range, out of the way of the stamps;
+// v2 stores a group when its 32nd entry is staged, or at the flush.
 //
 // The gate: compile with TGPU_ENABLED=1 to record. With TGPU_ENABLED undefined or 0, the
 // kernel keeps its production parameter list and every call compiles to nothing: the PTX
@@ -141,6 +152,60 @@ static_assert(slot_offsets::WARP == 48 && slot_offsets::CLUSTER_RANK == 52 &&
 static_assert(record_offsets::END_LO == 0 && record_offsets::DURATION == 4 && record_offsets::EVENT_ID == 8 &&
                   record_offsets::KIND == 10 && record_offsets::PAYLOAD == 12 && RECORD_SIZE == 16,
               "record: end_lo, duration, event_id | kind << 16, payload");
+
+// Record format v2 (docs/format.md, "Slot format v2"): the buffer and the slots are laid
+// out as in v1 (the host cannot tell, and need not), but a slot whose magic is
+// SLOT_MAGIC_V2 holds 8-byte entries, one per phase boundary, up to 2 x capacity of them:
+// {time_lo, event_id | kind << 16}. Begin/end pairs and their nesting are rebuilt on the
+// host; a payload is one more entry, after the entry it belongs to.
+
+/// "SLT2" as a little-endian u32: the magic of a slot of v2 entries (written at flush).
+enum : unsigned int { SLOT_MAGIC_V2 = 0x32544C53u };
+/// Size of one v2 entry.
+enum : unsigned int { ENTRY_SIZE = 8u };
+/// Entry kind: a range of event_id opens.
+enum : unsigned int { ENTRY_BEGIN = 0u };
+/// Entry kind: the innermost open range closes; it must be event_id's.
+enum : unsigned int { ENTRY_END = 1u };
+/// Entry kind: the innermost open range closes and one of event_id opens, at one time.
+enum : unsigned int { ENTRY_SWITCH = 2u };
+/// Entry kind: an instant of event_id.
+enum : unsigned int { ENTRY_INSTANT = 3u };
+/// Entry kind: the time field holds the payload of the event the previous entry ended.
+enum : unsigned int { ENTRY_PAYLOAD = 4u };
+/// Deepest nesting a v2 slot may hold: a Recorder has at most 32 event types, and a type's
+/// ranges do not nest with themselves.
+enum : unsigned int { MAX_DEPTH = 32u };
+
+/// Byte offsets in a v2 slot header (written by lane 0 at flush; bytes 40-63 stay zero).
+namespace slot_v2_offsets {
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { ENTRY_COUNT = 4u };
+enum : unsigned int { LAST_TS = 8u };
+enum : unsigned int { ANCHOR_TS = 16u };
+enum : unsigned int { DROP_COUNT = 24u };
+enum : unsigned int { SM = 28u };
+enum : unsigned int { SLOT = 32u };
+enum : unsigned int { CLUSTER_RANK = 36u };
+enum : unsigned int { RESERVED = 40u };
+}  // namespace slot_v2_offsets
+
+/// Byte offsets in a v2 entry.
+namespace entry_offsets {
+enum : unsigned int { TIME_LO = 0u };
+enum : unsigned int { EVENT_ID = 4u };
+enum : unsigned int { KIND = 6u };
+}  // namespace entry_offsets
+
+static_assert(slot_v2_offsets::MAGIC == 0 && slot_v2_offsets::ENTRY_COUNT == 4 && slot_v2_offsets::LAST_TS == 8,
+              "v2 slot header word 0: magic, entry_count, last_ts");
+static_assert(slot_v2_offsets::ANCHOR_TS == 16 && slot_v2_offsets::DROP_COUNT == 24 && slot_v2_offsets::SM == 28,
+              "v2 slot header word 1: anchor_ts, drop_count, sm");
+static_assert(slot_v2_offsets::SLOT == 32 && slot_v2_offsets::CLUSTER_RANK == 36,
+              "v2 slot header: slot, cluster_rank as one 8-byte store");
+static_assert(entry_offsets::TIME_LO == 0 && entry_offsets::EVENT_ID == 4 && entry_offsets::KIND == 6 &&
+                  ENTRY_SIZE == 8 && 2 * ENTRY_SIZE == RECORD_SIZE,
+              "entry: time_lo, event_id | kind << 16; two entries take a record's room");
 
 /// `Trace::capacity` with this bit set: `base` is the address of the buffer's address
 /// (a kernel node of a captured graph, whose replay's prologue writes it; 0 = off).
@@ -262,6 +327,15 @@ __device__ __forceinline__ unsigned int smid() {
 #define TGPU_TRACE_ARG , tgpu_trace
 /// Declares `name`, a recorder of the listed event types, on the kernel's trace.
 #define TGPU_RECORDER(name, ...) ::tgpu::Recorder<__VA_ARGS__> name(tgpu_trace)
+/// The record format the recorder writes: 2 (8-byte entries, staged across the warp's
+/// lanes; the default) or 1 (16-byte records, one store per range by lane 0). The host
+/// reads both from the same buffer: each slot says which it holds.
+#ifndef TGPU_FORMAT
+#define TGPU_FORMAT 2
+#endif
+#if TGPU_FORMAT != 1 && TGPU_FORMAT != 2
+#error "TGPU_FORMAT is 1 or 2"
+#endif
 
 namespace tgpu {
 namespace detail {
@@ -289,9 +363,15 @@ __device__ __forceinline__ void store4(unsigned long long addr, unsigned int a, 
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
 }
 
+__device__ __forceinline__ void store2(unsigned long long addr, unsigned int a, unsigned int b) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(addr), "r"(a), "r"(b));
+}
+
 }  // namespace detail
 
-/// A warp's recorder over the event types `Events...` (with the gate on).
+#if TGPU_FORMAT == 1
+
+/// A warp's recorder over the event types `Events...` (with the gate on, format v1).
 ///
 /// Every lane runs the same straight-line code; only the store is predicated, on one
 /// compare that folds "lane 0", "slot in range" and "slot not full" (lanes that never
@@ -481,6 +561,237 @@ class Recorder {
     lim_ = 0;
   }
 };
+
+#else  // TGPU_FORMAT == 2
+
+/// A warp's recorder over the event types `Events...` (with the gate on, format v2).
+///
+/// Every event is one 8-byte entry (a payload, one more, staged with it by the next lane),
+/// and the warp's lanes hold them:
+/// the n-th entry of a group stamps into lane n's registers (a predicated timer read, so
+/// ptxas cannot read the timer again later, see v1's store_pending_and_stamp), and when
+/// each lane holds one, the warp stores the group with one coalesced store: per event,
+/// a compare, the stamp, the entry's word, the count and the group test; no address, no
+/// capacity check, no store. The slot is found only when something is stored: a warp
+/// that records nothing does nothing but count its lanes, and writes nothing at all.
+///
+/// The lanes are those active at construction (`activemask`), ranked: a kernel whose
+/// threads returned early still stages in the lanes it has. So construct it where the
+/// warp runs converged (the kernel's start, after a barrier, outside divergent code),
+/// and let every one of those lanes make every call, as with v1.
+template <class... Events>
+class Recorder {
+  using Checks = detail::checks<Events...>;
+
+  Trace trace_;          // the argument, kept: the slot is found at the first store
+  unsigned int lane_;    // this lane's rank among the warp's lanes; ~0 if it records nothing
+  unsigned int group_;   // the warp's lanes, entries staged per store; 0 if it records nothing
+  unsigned int last_;    // group_ - 1: k_ of the entry that fills the group
+  unsigned int last2_;   // the least k_ at which an entry and its payload fill the group
+  unsigned int before_;  // lane_ - 1: k_ at which this lane takes an entry's payload
+  unsigned int k_;       // entries staged in the current group
+  unsigned int stored_;  // entries of the groups before it
+  unsigned int time_;    // this lane's staged entry: the stamp (or a payload)
+  unsigned int word_;    //   and event_id | kind << 16
+
+  template <class T, unsigned int Kind>
+  __host__ __device__ static constexpr unsigned int word() {
+    static_assert(Checks::template has<T>(), "event type not in this Recorder's list");
+    return static_cast<unsigned int>(T::id) | (Kind << 16);
+  }
+
+  // Finds the slot: entry 0's address and the entries it holds; false if this launch or
+  // this warp records nothing. Runs once per group store and at the flush, never per event.
+  __device__ __forceinline__ bool locate(unsigned long long& entry0, unsigned int& cap, unsigned int& slot) const {
+    unsigned long long base = trace_.base;
+    unsigned int capacity = trace_.capacity;
+    if (capacity & TRACE_INDIRECT) {
+      capacity &= ~TRACE_INDIRECT;
+      base = *reinterpret_cast<const unsigned long long*>(base);
+    }
+    const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
+    slot = detail::block_linear() * ((threads + 31u) >> 5) + (detail::thread_linear() >> 5);
+    if (base == 0 || slot >= trace_.slot_count) return false;
+    entry0 = base + BUFFER_HEADER_SIZE +
+             static_cast<unsigned long long>(slot) * (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE) +
+             SLOT_HEADER_SIZE;
+    cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
+    return true;
+  }
+
+  // The group is full: every lane stores its entry (those past the slot's end are
+  // dropped). When this store holds the slot's last kept entry, lane 0 writes anchor_ts
+  // now, so that the times of the kept entries unwrap from a stamp just after them.
+  __device__ __forceinline__ void store_group() {
+    unsigned long long entry0;
+    unsigned int cap, slot;
+    if (locate(entry0, cap, slot)) {
+      const unsigned int i = stored_ + lane_;
+      if (i < cap) detail::store2(entry0 + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
+      if (lane_ == 0 && stored_ < cap && cap - stored_ <= group_) {
+        const unsigned long long t = globaltimer();
+        detail::store2(entry0 - SLOT_HEADER_SIZE + slot_v2_offsets::ANCHOR_TS, static_cast<unsigned int>(t),
+                       static_cast<unsigned int>(t >> 32));
+      }
+    }
+    stored_ += group_;
+    k_ = 0;
+  }
+
+  // One entry: the lane whose turn it is stamps it and takes its word.
+  template <unsigned int Word>
+  __device__ __forceinline__ void stage() {
+    const bool fills = k_ == last_;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "setp.eq.u32 p, %2, %3;\n\t"
+        "@p mov.u32 %0, %%globaltimer_lo;\n\t"
+        "@p mov.u32 %1, %4;\n\t}"
+        : "+r"(time_), "+r"(word_)
+        : "r"(k_), "r"(lane_), "n"(Word)
+        : "memory");
+    ++k_;
+    if (fills) store_group();
+  }
+
+  // An entry and its payload entry, staged together: the next lane takes the payload,
+  // at the cost of one more compare and two moves, not of a second entry's count and
+  // group test. When the entry fills the group, the payload starts the next one.
+  template <unsigned int Word>
+  __device__ __forceinline__ void stage_with(unsigned int payload) {
+    const bool fills = k_ >= last2_;
+    asm volatile(
+        "{\n\t.reg .pred p, q;\n\t"
+        "setp.eq.u32 p, %2, %3;\n\t"
+        "setp.eq.u32 q, %2, %4;\n\t"
+        "@p mov.u32 %0, %%globaltimer_lo;\n\t"
+        "@p mov.u32 %1, %6;\n\t"
+        "@q mov.u32 %0, %5;\n\t"
+        "@q mov.u32 %1, %7;\n\t}"
+        : "+r"(time_), "+r"(word_)
+        : "r"(k_), "r"(lane_), "r"(before_), "r"(payload), "n"(Word), "n"(ENTRY_PAYLOAD << 16)
+        : "memory");
+    k_ += 2;
+    if (fills) {
+      // k_ is group_ (the pair filled the group) or group_ + 1 (its payload had no lane).
+      const bool carry = k_ > group_;
+      store_group();
+      if (carry) {
+        if (lane_ == 0) {
+          time_ = payload;
+          word_ = ENTRY_PAYLOAD << 16;
+        }
+        k_ = 1;
+        if (group_ == 1) store_group();
+      }
+    }
+  }
+
+ public:
+  /// Counts the warp's lanes. Call it in every thread of the warp; one recorder per warp
+  /// per launch.
+  __device__ __forceinline__ explicit Recorder(Trace trace)
+      : trace_(trace), k_(0), stored_(0), time_(0), word_(0) {
+    unsigned int active, below;
+    asm volatile("activemask.b32 %0;" : "=r"(active));
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
+    const bool records = trace.base != 0;
+    group_ = records ? __popc(active) : 0u;
+    last_ = group_ - 1u;
+    last2_ = group_ > 1u ? group_ - 2u : last_;
+    lane_ = records ? __popc(active & below) : 0xFFFFFFFFu;
+    before_ = records ? lane_ - 1u : 0xFFFFFFFFu;
+  }
+
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  /// Flushes the slot, unless flush() already did.
+  __device__ __forceinline__ ~Recorder() { flush(); }
+
+  /// Opens a range of type T, nested in the ranges open now (T's own must not be open).
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    stage<word<T, ENTRY_BEGIN>()>();
+  }
+
+  /// Closes T's range, the innermost open one.
+  template <class T>
+  __device__ __forceinline__ void end() {
+    stage<word<T, ENTRY_END>()>();
+  }
+
+  /// Closes T's range with a 32-bit payload: one more entry.
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int payload) {
+    stage_with<word<T, ENTRY_END>()>(payload);
+  }
+
+  /// Closes A's range (the innermost open one) and opens B's: one entry, one timer read.
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to() {
+    static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
+    stage<word<B, ENTRY_SWITCH>()>();
+  }
+
+  /// Closes A's range with a payload and opens B's.
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int payload) {
+    static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
+    stage_with<word<B, ENTRY_SWITCH>()>(payload);
+  }
+
+  /// Records an instant of type T.
+  template <class T>
+  __device__ __forceinline__ void instant() {
+    stage<word<T, ENTRY_INSTANT>()>();
+  }
+
+  /// Records an instant of type T with a 32-bit payload.
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int payload) {
+    stage_with<word<T, ENTRY_INSTANT>()>(payload);
+  }
+
+  /// Stores the staged entries and (lane 0) the slot header, and stops recording; a warp
+  /// that recorded nothing writes nothing. Later calls, the destructor's included, do
+  /// nothing.
+  __device__ __forceinline__ void flush() {
+    const unsigned int count = stored_ + k_;
+    unsigned long long entry0;
+    unsigned int cap, slot;
+    if (group_ != 0 && count != 0 && locate(entry0, cap, slot)) {
+      const unsigned long long last = globaltimer();
+      const unsigned int i = stored_ + lane_;
+      if (lane_ < k_ && i < cap) {
+        detail::store2(entry0 + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
+      }
+      if (lane_ == 0) {
+        const unsigned int kept = count < cap ? count : cap;
+        const unsigned long long h = entry0 - SLOT_HEADER_SIZE;
+        const unsigned int lo = static_cast<unsigned int>(last), hi = static_cast<unsigned int>(last >> 32);
+        detail::store4(h, SLOT_MAGIC_V2, kept, lo, hi);
+        if (stored_ < cap) {
+          // The slot did not fill before this flush: its last kept entry is staged or
+          // stored, and the flush's stamp anchors it.
+          detail::store4(h + slot_v2_offsets::ANCHOR_TS, lo, hi, count - kept, smid());
+        } else {
+          detail::store2(h + slot_v2_offsets::DROP_COUNT, count - kept, smid());
+        }
+        detail::store2(h + slot_v2_offsets::SLOT, slot, detail::cluster_rank());
+      }
+    }
+    group_ = 0;
+    last_ = 0xFFFFFFFFu;
+    last2_ = 0xFFFFFFFFu;
+    lane_ = 0xFFFFFFFFu;
+    before_ = 0xFFFFFFFFu;
+    k_ = 0;
+    stored_ = 0;
+  }
+};
+
+#endif  // TGPU_FORMAT
 
 }  // namespace tgpu
 

@@ -234,16 +234,23 @@ impl Rig {
     }
 }
 
-/// The simulated kernel: 2 blocks × 2 warps, two ranges on two of the warps.
+/// The simulated kernel: 2 blocks × 2 warps, two ranges on two of the warps, the one
+/// as recorder v1 writes them (records), the other as v2 does (a begin, a switch, an
+/// end with its payload).
 fn kernel(device: u32, t0: u64) -> BufferBuilder {
     let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 8);
-    for (block, warp) in [(0, 0), (1, 1)] {
-        b.warp(block, warp)
-            .unwrap()
-            .sm(block * 2 + device, block * 2 + device)
-            .range(1, t0, t0 + 100, 0)
-            .range(2, t0 + 100, t0 + 400, 1);
-    }
+    b.warp(0, 0)
+        .unwrap()
+        .sm(device, device)
+        .range(1, t0, t0 + 100, 0)
+        .range(2, t0 + 100, t0 + 400, 1);
+    b.warp_v2(1, 1)
+        .unwrap()
+        .sm(2 + device)
+        .begin(1, t0)
+        .switch(2, t0 + 100)
+        .end(2, t0 + 400)
+        .payload(1);
     b
 }
 

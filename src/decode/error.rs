@@ -1,6 +1,6 @@
 //! Every way a trace buffer can be wrong.
 
-use crate::format::{BUFFER_MAGIC, SLOT_MAGIC, VERSION};
+use crate::format::{BUFFER_MAGIC, MAX_DEPTH, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION};
 
 /// Every way a buffer can fail [`super::Buffer::decode`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,9 +52,10 @@ pub enum DecodeError {
         /// Records per slot claimed.
         capacity: u32,
     },
-    /// A slot header magic that is neither zero nor `"SLOT"`.
+    /// A slot header magic that is neither zero, `"SLOT"` (v1) nor `"SLT2"` (v2).
     #[error(
-        "slot {slot}: bad slot magic {found:#010x}, expected 0 or {SLOT_MAGIC:#010x} (\"SLOT\")"
+        "slot {slot}: bad slot magic {found:#010x}, expected 0, {SLOT_MAGIC:#010x} (\"SLOT\") \
+         or {SLOT_MAGIC_V2:#010x} (\"SLT2\")"
     )]
     BadSlotMagic {
         /// Slot index.
@@ -70,8 +71,9 @@ pub enum DecodeError {
         /// Offset of the first non-zero 16-byte group within the slot.
         offset: usize,
     },
-    /// `record_count` exceeds `slot_capacity`.
-    #[error("slot {slot}: record_count {count} exceeds the slot capacity {capacity}")]
+    /// `record_count` exceeds `slot_capacity` (v1), or `entry_count` twice it (v2:
+    /// `capacity` is then in entries).
+    #[error("slot {slot}: {count} records or entries, past the slot's capacity of {capacity}")]
     CountOverCapacity {
         /// Slot index.
         slot: u32,
@@ -108,6 +110,103 @@ pub enum DecodeError {
         found_xyz: [u32; 3],
         /// Warp in the header.
         found_warp: u32,
+    },
+    /// A v2 slot header whose `slot` field is not the slot's index.
+    #[error("slot {slot}: v2 header says slot {found}")]
+    WrongSlot {
+        /// Slot index.
+        slot: u32,
+        /// The index in the header.
+        found: u32,
+    },
+    /// A v2 slot header with a non-zero byte where the format reserves zeros.
+    #[error("slot {slot}: v2 header byte {offset} is reserved, and not zero")]
+    ReservedNotZero {
+        /// Slot index.
+        slot: u32,
+        /// Offset of the first non-zero reserved byte within the slot header.
+        offset: usize,
+    },
+    /// A v2 slot whose `anchor_ts` is after its `last_ts`.
+    #[error("slot {slot}: anchor_ts {anchor_ts} is after last_ts {last_ts}")]
+    AnchorAfterLast {
+        /// Slot index.
+        slot: u32,
+        /// The anchor (the time just after the last written entry).
+        anchor_ts: u64,
+        /// The flush time.
+        last_ts: u64,
+    },
+    /// A v2 entry 2³¹ ns or more before `anchor_ts` by the unwrap rule: it lies after
+    /// the anchor, or the warp was silent for too long before it.
+    #[error("slot {slot} entry {entry}: {by_ns} ns before anchor_ts, 2^31 ns or more")]
+    EntryFarFromAnchor {
+        /// Slot index.
+        slot: u32,
+        /// Entry index within the slot (the last entry with a time).
+        entry: u32,
+        /// How far before the anchor.
+        by_ns: u64,
+    },
+    /// The entries of a v2 slot span more time than `anchor_ts` counts from zero.
+    #[error(
+        "slot {slot}: the entries span {span_ns} ns back from anchor_ts {anchor_ts}, before time 0"
+    )]
+    SpanBeforeZero {
+        /// Slot index.
+        slot: u32,
+        /// Time from the first entry to the anchor.
+        span_ns: u64,
+        /// The anchor.
+        anchor_ts: u64,
+    },
+    /// A v2 payload entry that follows no end, switch or instant, or that has an event id.
+    #[error("slot {slot} entry {entry}: a payload entry must follow an end, a switch or an instant, with event id 0")]
+    StrayPayload {
+        /// Slot index.
+        slot: u32,
+        /// Entry index within the slot.
+        entry: u32,
+    },
+    /// A v2 end or switch entry with no range open.
+    #[error("slot {slot} entry {entry}: closes a range of event {id}, but none is open")]
+    NothingOpen {
+        /// Slot index.
+        slot: u32,
+        /// Entry index within the slot.
+        entry: u32,
+        /// The entry's event id.
+        id: u16,
+    },
+    /// A v2 end entry whose event is not the innermost open range's: ranges must nest.
+    #[error("slot {slot} entry {entry}: ends event {id}, but the innermost open range is event {open}: ranges must nest")]
+    NotInnermost {
+        /// Slot index.
+        slot: u32,
+        /// Entry index within the slot.
+        entry: u32,
+        /// The entry's event id.
+        id: u16,
+        /// The event of the innermost open range.
+        open: u16,
+    },
+    /// A v2 begin (or switch) of an event whose range is already open.
+    #[error("slot {slot} entry {entry}: opens event {id}, whose range is already open (a type's ranges do not nest)")]
+    AlreadyOpen {
+        /// Slot index.
+        slot: u32,
+        /// Entry index within the slot.
+        entry: u32,
+        /// The entry's event id.
+        id: u16,
+    },
+    /// A v2 begin that would nest deeper than [`MAX_DEPTH`] ranges.
+    #[error("slot {slot} entry {entry}: opens a range {MAX_DEPTH} deep already")]
+    TooDeep {
+        /// Slot index.
+        slot: u32,
+        /// Entry index within the slot.
+        entry: u32,
     },
     /// `last_ts` before `first_ts` in a slot header.
     #[error("slot {slot}: time runs backwards, last_ts {last_ts} < first_ts {first_ts}")]

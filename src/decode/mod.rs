@@ -1,9 +1,11 @@
-//! Bytes → [`Buffer`]: the strict reader of wire format v1 (`docs/format.md`).
+//! Bytes → [`Buffer`]: the strict reader of the wire format (`docs/format.md`),
+//! slots of v1 records and of v2 entries alike (each slot's magic says which).
 //!
 //! [`Buffer::decode`] validates everything the format promises in one pass over
-//! the buffer and allocates only the list of flushed slots; afterwards nothing is
-//! checked again, and [`Slot::events`] rebuilds full 64-bit times on the fly with
-//! no allocation. Every way the bytes can be wrong is a [`DecodeError`] variant
+//! the buffer and allocates only the list of flushed slots (and the headers it
+//! rebuilt for v2 slots); afterwards nothing is checked again, and
+//! [`Slot::events`] rebuilds full 64-bit times (and, for v2, the ranges from their
+//! boundaries) on the fly with no allocation. Every way the bytes can be wrong is a [`DecodeError`] variant
 //! that names the slot and record, so the message pinpoints the fault.
 //!
 //! Slots whose header is still zero were never flushed (their warp did not run the
@@ -22,11 +24,14 @@ use std::fmt;
 use crate::format::{
     self, buffer_offsets as bo, slot_offsets as so, BufferHeader, Event, EventKind, Record,
     SlotHeader, BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE, RECORD_SIZE,
-    SLOT_HEADER_SIZE, SLOT_MAGIC, VERSION,
+    SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION,
 };
 use crate::registry::EventRegistry;
 
+mod bytes;
 mod error;
+mod v2;
+use bytes::{u16_at, u32_at, u64_at};
 pub use error::DecodeError;
 
 /// What [`Buffer::decode`] learned, kept so that [`OwnedBuffer::view`] need not
@@ -38,6 +43,8 @@ struct Index {
     size: usize,
     /// Indices of the flushed slots, increasing.
     flushed: Vec<u32>,
+    /// The v2 slots among them, with the headers their checks rebuilt, increasing.
+    rebuilt: Vec<(u32, SlotHeader)>,
     events: u64,
     drops: u64,
     /// Smallest `first_ts` and largest `last_ts` of the flushed slots.
@@ -62,18 +69,6 @@ impl fmt::Debug for Buffer<'_> {
     }
 }
 
-#[inline]
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-#[inline]
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-#[inline]
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u32_at(b, at) as u64 | (u32_at(b, at + 4) as u64) << 32
-}
 fn xyz_at(b: &[u8], at: usize) -> [u32; 3] {
     [u32_at(b, at), u32_at(b, at + 4), u32_at(b, at + 8)]
 }
@@ -186,6 +181,46 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
     Ok((header, size))
 }
 
+/// The checks of a v1 slot header against its place, `[block_linear, x, y, z, warp]`.
+fn check_v1_slot(
+    i: u32,
+    h: &SlotHeader,
+    capacity: u32,
+    warps: u64,
+    place: [u32; 5],
+) -> Result<(), DecodeError> {
+    if h.record_count > capacity {
+        return Err(DecodeError::CountOverCapacity {
+            slot: i,
+            count: h.record_count,
+            capacity,
+        });
+    }
+    if i as u64 >= warps {
+        return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
+    }
+    let [bl, x, y, z, warp] = place;
+    if h.block_linear != bl || h.block != [x, y, z] || h.warp != warp {
+        return Err(DecodeError::Misplaced {
+            slot: i,
+            expected_block: bl,
+            expected_xyz: [x, y, z],
+            expected_warp: warp,
+            found_block: h.block_linear,
+            found_xyz: h.block,
+            found_warp: h.warp,
+        });
+    }
+    if h.last_ts < h.first_ts {
+        return Err(DecodeError::SlotTimesBackwards {
+            slot: i,
+            first_ts: h.first_ts,
+            last_ts: h.last_ts,
+        });
+    }
+    Ok(())
+}
+
 /// Offset of the first non-zero 16-byte group of `b` (a multiple of 16 long).
 fn first_nonzero(b: &[u8]) -> Option<usize> {
     b.chunks_exact(16)
@@ -210,6 +245,7 @@ impl<'a> Buffer<'a> {
         let warps =
             u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
         let mut flushed = Vec::new();
+        let mut rebuilt = Vec::new();
         let (mut events, mut drops) = (0u64, 0u64);
         let mut time_range: Option<(u64, u64)> = None;
         let body = &bytes[BUFFER_HEADER_SIZE..size];
@@ -222,49 +258,49 @@ impl<'a> Buffer<'a> {
                 }
                 continue;
             }
-            if magic != SLOT_MAGIC {
+            if magic != SLOT_MAGIC && magic != SLOT_MAGIC_V2 {
                 return Err(DecodeError::BadSlotMagic {
                     slot: i,
                     found: magic,
                 });
             }
-            let h = read_slot_header(slot);
-            if h.record_count > capacity {
-                return Err(DecodeError::CountOverCapacity {
-                    slot: i,
-                    count: h.record_count,
-                    capacity,
-                });
-            }
-            if i as u64 >= warps {
-                return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
-            }
             // wpb ≥ 1 and gx, gy ≥ 1: read_buffer_header refused empty launches.
             let bl = i / wpb;
             let xyz = [bl % gx, bl / gx % gy, bl / gx / gy];
-            if h.block_linear != bl || h.block != xyz || h.warp != i % wpb {
-                return Err(DecodeError::Misplaced {
-                    slot: i,
-                    expected_block: bl,
-                    expected_xyz: xyz,
-                    expected_warp: i % wpb,
-                    found_block: h.block_linear,
-                    found_xyz: h.block,
-                    found_warp: h.warp,
-                });
-            }
-            if h.last_ts < h.first_ts {
-                return Err(DecodeError::SlotTimesBackwards {
-                    slot: i,
-                    first_ts: h.first_ts,
-                    last_ts: h.last_ts,
-                });
-            }
-            let records = &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + h.record_count as usize * 16];
-            match registry {
-                Some(reg) => check_records(i, &h, records, |id| reg.contains(id))?,
-                None => check_records(i, &h, records, |_| true)?,
-            }
+            let h = if magic == SLOT_MAGIC_V2 {
+                if i as u64 >= warps {
+                    return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
+                }
+                let at = v2::Place {
+                    index: i,
+                    capacity,
+                    block_linear: bl,
+                    block: xyz,
+                    warp: i % wpb,
+                };
+                let h = match registry {
+                    Some(reg) => v2::check(slot, &at, |id| reg.contains(id))?,
+                    None => v2::check(slot, &at, |_| true)?,
+                };
+                rebuilt.push((i, h));
+                h
+            } else {
+                let h = read_slot_header(slot);
+                check_v1_slot(
+                    i,
+                    &h,
+                    capacity,
+                    warps,
+                    [bl, xyz[0], xyz[1], xyz[2], i % wpb],
+                )?;
+                let records =
+                    &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + h.record_count as usize * 16];
+                match registry {
+                    Some(reg) => check_records(i, &h, records, |id| reg.contains(id))?,
+                    None => check_records(i, &h, records, |_| true)?,
+                }
+                h
+            };
             events += h.record_count as u64;
             drops += h.drop_count as u64;
             time_range = Some(match time_range {
@@ -279,6 +315,7 @@ impl<'a> Buffer<'a> {
                 header,
                 size,
                 flushed,
+                rebuilt,
                 events,
                 drops,
                 time_range,
@@ -298,19 +335,14 @@ impl<'a> Buffer<'a> {
 
     /// The flushed slots, in increasing index order.
     pub fn slots(&self) -> impl ExactSizeIterator<Item = Slot<'a>> + '_ {
-        let bytes = self.bytes;
-        let stride = format::slot_stride(self.index.header.slot_capacity);
-        self.index
-            .flushed
-            .iter()
-            .map(move |&i| slot_at(bytes, stride, i))
+        let (bytes, index) = (self.bytes, &*self.index);
+        index.flushed.iter().map(move |&i| slot_at(bytes, index, i))
     }
 
     /// The slot at `index`, if it was flushed.
     pub fn slot(&self, index: u32) -> Option<Slot<'a>> {
         self.index.flushed.binary_search(&index).ok()?;
-        let stride = format::slot_stride(self.index.header.slot_capacity);
-        Some(slot_at(self.bytes, stride, index))
+        Some(slot_at(self.bytes, &self.index, index))
     }
 
     /// Number of flushed slots.
@@ -344,14 +376,31 @@ impl<'a> Buffer<'a> {
     }
 }
 
-fn slot_at(bytes: &[u8], stride: usize, index: u32) -> Slot<'_> {
-    let off = BUFFER_HEADER_SIZE + index as usize * stride;
-    let header = read_slot_header(&bytes[off..]);
+/// A flushed slot of a validated buffer: a v1 slot's header as stored, a v2 slot's
+/// as its check rebuilt it.
+fn slot_at<'a>(bytes: &'a [u8], at: &Index, index: u32) -> Slot<'a> {
+    let off = BUFFER_HEADER_SIZE + index as usize * format::slot_stride(at.header.slot_capacity);
     let start = off + SLOT_HEADER_SIZE;
+    let v2 = at
+        .rebuilt
+        .binary_search_by_key(&index, |&(i, _)| i)
+        .ok()
+        .map(|k| at.rebuilt[k].1);
+    let (header, len) = match v2 {
+        Some(h) => (
+            h,
+            u32_at(bytes, off + format::slot_v2_offsets::ENTRY_COUNT) as usize * format::ENTRY_SIZE,
+        ),
+        None => {
+            let h = read_slot_header(&bytes[off..]);
+            (h, h.record_count as usize * RECORD_SIZE)
+        }
+    };
     Slot {
         header,
         index,
-        records: &bytes[start..start + header.record_count as usize * RECORD_SIZE],
+        v2: v2.is_some(),
+        records: &bytes[start..start + len],
     }
 }
 
@@ -445,31 +494,49 @@ pub struct Slot<'a> {
     pub header: SlotHeader,
     /// The slot's index (`block_linear × warps_per_block + warp`).
     pub index: u32,
+    /// Whether the slot holds v2 entries (else v1 records).
+    v2: bool,
+    /// The records or entries written.
     records: &'a [u8],
 }
 
 impl<'a> Slot<'a> {
     /// The events, in the order they ended, with full 64-bit device times.
     pub fn events(&self) -> Events<'a> {
-        Events {
-            records: self.records.chunks_exact(RECORD_SIZE),
-            prev: self.header.first_ts,
-        }
+        Events(if self.v2 {
+            Walk::V2(v2::Events::new(self.records, &self.header))
+        } else {
+            Walk::V1 {
+                records: self.records.chunks_exact(RECORD_SIZE),
+                prev: self.header.first_ts,
+            }
+        })
     }
 
-    /// The raw records, as stored.
+    /// The raw records of a v1 slot, as stored (none for a v2 slot: its events
+    /// are rebuilt from entries, see [`Slot::events`]).
     pub fn records(&self) -> impl ExactSizeIterator<Item = Record> + 'a {
-        self.records
+        let records: &[u8] = if self.v2 { &[] } else { self.records };
+        records
             .chunks_exact(RECORD_SIZE)
             .map(|c| Record::read(&record_array(c)))
     }
 
-    /// Records written.
+    /// Which record format the slot holds: 1 or 2.
+    pub fn format(&self) -> u8 {
+        if self.v2 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Events written (v1: records; v2: the events its entries rebuild into).
     pub fn event_count(&self) -> u32 {
         self.header.record_count
     }
 
-    /// Records dropped because the slot was full.
+    /// Records (v2: entries) dropped because the slot was full.
     pub fn drop_count(&self) -> u32 {
         self.header.drop_count
     }
@@ -486,11 +553,20 @@ impl<'a> Slot<'a> {
 }
 
 /// Iterator over a slot's events ([`Slot::events`]): applies the unwrap rule of
-/// `docs/format.md` to each record.
+/// `docs/format.md` to each record, or rebuilds a v2 slot's ranges from its entries.
 #[derive(Debug, Clone)]
-pub struct Events<'a> {
-    records: std::slice::ChunksExact<'a, u8>,
-    prev: u64,
+pub struct Events<'a>(Walk<'a>);
+
+// The v2 walk holds its stack of open ranges inline (about 400 bytes): an iterator made
+// once per slot, on the stack; boxing it would allocate for every slot read.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+enum Walk<'a> {
+    V1 {
+        records: std::slice::ChunksExact<'a, u8>,
+        prev: u64,
+    },
+    V2(v2::Events<'a>),
 }
 
 impl Iterator for Events<'_> {
@@ -498,13 +574,15 @@ impl Iterator for Events<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Event> {
-        let r = Record::read(&record_array(self.records.next()?));
+        let (records, prev) = match &mut self.0 {
+            Walk::V1 { records, prev } => (records, prev),
+            Walk::V2(entries) => return entries.next(),
+        };
+        let r = Record::read(&record_array(records.next()?));
         // Validated at decode: no overflow, start ≥ first_ts. Wrapping ops keep
         // this branch-free.
-        let end = self
-            .prev
-            .wrapping_add(r.end_lo.wrapping_sub(self.prev as u32) as u64);
-        self.prev = end;
+        let end = prev.wrapping_add(r.end_lo.wrapping_sub(*prev as u32) as u64);
+        *prev = end;
         Some(Event {
             id: r.event_id,
             kind: if r.kind == KIND_RANGE {
@@ -519,7 +597,10 @@ impl Iterator for Events<'_> {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        self.records.size_hint()
+        match &self.0 {
+            Walk::V1 { records, .. } => records.size_hint(),
+            Walk::V2(entries) => entries.size_hint(),
+        }
     }
 }
 

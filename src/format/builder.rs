@@ -1,13 +1,17 @@
-//! The host-side encoder: valid v1 buffers written event by event.
+//! The host-side encoder: valid buffers written event by event (v1 slots) or
+//! boundary by boundary (v2 slots).
 
 use std::collections::BTreeMap;
 
 use super::{
-    BufferHeader, Event, EventKind, Record, SlotHeader, BUFFER_HEADER_SIZE, KIND_INSTANT,
-    KIND_RANGE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC, VERSION,
+    slot_v2_offsets as v2o, BufferHeader, Entry, Event, EventKind, Record, SlotHeader,
+    BUFFER_HEADER_SIZE, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SIZE,
+    ENTRY_SWITCH, KIND_INSTANT, KIND_RANGE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC,
+    SLOT_MAGIC_V2, VERSION,
 };
 
-/// Writes valid v1 buffers on the host, event by event: for tests, and for
+/// Writes valid buffers on the host, event by event (v1 slots, [`BufferBuilder::warp`])
+/// or boundary by boundary (v2 slots, [`BufferBuilder::warp_v2`]): for tests, and for
 /// producers other than the CUDA header (a simulator, a converter).
 ///
 /// ```
@@ -25,6 +29,20 @@ use super::{
 pub struct BufferBuilder {
     header: BufferHeader,
     slots: BTreeMap<u32, SlotBuilder>,
+    entry_slots: BTreeMap<u32, EntrySlotBuilder>,
+}
+
+/// One warp's v2 slot in a [`BufferBuilder`]: the entries in the order the device
+/// writes them, with full times. Those past twice the capacity are counted as
+/// dropped. Unless set, `last_ts` is the latest time pushed; `anchor_ts` is
+/// `last_ts`, or with drops the last kept entry's time, as the device writes it.
+#[derive(Debug, Clone, Default)]
+pub struct EntrySlotBuilder {
+    /// Each entry with its full time (a payload's: the entry's before it).
+    entries: Vec<(Entry, u64)>,
+    last_ts: Option<u64>,
+    sm: u32,
+    cluster_rank: u32,
 }
 
 /// One warp's slot in a [`BufferBuilder`]. Events are written in the order they
@@ -62,6 +80,7 @@ impl BufferBuilder {
                 flags: 0,
             },
             slots: BTreeMap::new(),
+            entry_slots: BTreeMap::new(),
         }
     }
 
@@ -75,6 +94,7 @@ impl BufferBuilder {
     pub fn slot_count(&mut self, n: u32) -> &mut Self {
         self.header.slot_count = n;
         self.slots.retain(|&i, _| i < n);
+        self.entry_slots.retain(|&i, _| i < n);
         self
     }
 
@@ -86,18 +106,38 @@ impl BufferBuilder {
     /// The slot of warp `warp` of block `block_linear` (created, and so flushed,
     /// on first use); `None` if that warp has no slot.
     pub fn warp(&mut self, block_linear: u32, warp: u32) -> Option<&mut SlotBuilder> {
-        let h = &self.header;
-        if warp >= h.warps_per_block {
-            return None;
-        }
-        let index = (block_linear as u64 * h.warps_per_block as u64 + warp as u64)
-            .try_into()
-            .ok()
-            .filter(|&i: &u32| i < h.slot_count)?;
+        let index = self.index(block_linear, warp)?;
+        self.entry_slots.remove(&index);
         Some(self.slots.entry(index).or_insert_with(|| SlotBuilder {
             cluster_rank: super::NO_CLUSTER,
             ..SlotBuilder::default()
         }))
+    }
+
+    /// The v2 slot of warp `warp` of block `block_linear` (created, and so flushed,
+    /// on first use; it replaces a v1 slot there); `None` if that warp has no slot.
+    pub fn warp_v2(&mut self, block_linear: u32, warp: u32) -> Option<&mut EntrySlotBuilder> {
+        let index = self.index(block_linear, warp)?;
+        self.slots.remove(&index);
+        Some(
+            self.entry_slots
+                .entry(index)
+                .or_insert_with(|| EntrySlotBuilder {
+                    cluster_rank: super::NO_CLUSTER,
+                    ..EntrySlotBuilder::default()
+                }),
+        )
+    }
+
+    fn index(&self, block_linear: u32, warp: u32) -> Option<u32> {
+        let h = &self.header;
+        if warp >= h.warps_per_block {
+            return None;
+        }
+        (block_linear as u64 * h.warps_per_block as u64 + warp as u64)
+            .try_into()
+            .ok()
+            .filter(|&i: &u32| i < h.slot_count)
     }
 
     /// Writes the buffer. It decodes if the events of each slot were pushed in
@@ -159,7 +199,99 @@ impl BufferBuilder {
                 .write_to(&mut out[off + SLOT_HEADER_SIZE + n * RECORD_SIZE..]);
             }
         }
+        for (&i, s) in &self.entry_slots {
+            s.write(
+                i,
+                h.slot_capacity,
+                &mut out[BUFFER_HEADER_SIZE + i as usize * stride..],
+            );
+        }
         out
+    }
+}
+
+impl EntrySlotBuilder {
+    fn push(&mut self, kind: u16, id: u16, t: u64) -> &mut Self {
+        let entry = Entry {
+            time_lo: t as u32,
+            event_id: id,
+            kind,
+        };
+        self.entries.push((entry, t));
+        self
+    }
+
+    /// Pushes a begin of `id` at `t`.
+    pub fn begin(&mut self, id: u16, t: u64) -> &mut Self {
+        self.push(ENTRY_BEGIN, id, t)
+    }
+
+    /// Pushes an end of `id` at `t`.
+    pub fn end(&mut self, id: u16, t: u64) -> &mut Self {
+        self.push(ENTRY_END, id, t)
+    }
+
+    /// Pushes a switch to `id` at `t` (closes the innermost open range).
+    pub fn switch(&mut self, id: u16, t: u64) -> &mut Self {
+        self.push(ENTRY_SWITCH, id, t)
+    }
+
+    /// Pushes an instant of `id` at `t`.
+    pub fn instant(&mut self, id: u16, t: u64) -> &mut Self {
+        self.push(ENTRY_INSTANT, id, t)
+    }
+
+    /// Pushes a payload entry (for the event the previous entry ended).
+    pub fn payload(&mut self, payload: u32) -> &mut Self {
+        let t = self.entries.last().map_or(0, |&(_, t)| t);
+        self.push(ENTRY_PAYLOAD, 0, t);
+        if let Some((e, _)) = self.entries.last_mut() {
+            e.time_lo = payload;
+        }
+        self
+    }
+
+    /// Sets `%smid` (v2 slots have one, read at flush).
+    pub fn sm(&mut self, sm: u32) -> &mut Self {
+        self.sm = sm;
+        self
+    }
+
+    /// Sets the cluster rank (default [`super::NO_CLUSTER`]).
+    pub fn cluster_rank(&mut self, rank: u32) -> &mut Self {
+        self.cluster_rank = rank;
+        self
+    }
+
+    /// Sets `last_ts` explicitly.
+    pub fn last_ts(&mut self, t: u64) -> &mut Self {
+        self.last_ts = Some(t);
+        self
+    }
+
+    /// Writes the slot (its header and kept entries) at the start of `out`.
+    fn write(&self, index: u32, capacity: u32, out: &mut [u8]) {
+        let cap = (capacity as usize).saturating_mul(RECORD_SIZE / ENTRY_SIZE);
+        let kept = self.entries.len().min(cap);
+        let latest = self.entries.iter().map(|&(_, t)| t).max().unwrap_or(0);
+        let last = self.last_ts.unwrap_or(latest);
+        let anchor = match kept < self.entries.len() {
+            true => self.entries[..kept].last().map_or(0, |&(_, t)| t),
+            false => last,
+        };
+        let put = |out: &mut [u8], at: usize, v: &[u8]| out[at..at + v.len()].copy_from_slice(v);
+        put(out, v2o::MAGIC, &SLOT_MAGIC_V2.to_le_bytes());
+        put(out, v2o::ENTRY_COUNT, &(kept as u32).to_le_bytes());
+        put(out, v2o::LAST_TS, &last.to_le_bytes());
+        put(out, v2o::ANCHOR_TS, &anchor.to_le_bytes());
+        let dropped = u32::try_from(self.entries.len() - kept).unwrap_or(u32::MAX);
+        put(out, v2o::DROP_COUNT, &dropped.to_le_bytes());
+        put(out, v2o::SM, &self.sm.to_le_bytes());
+        put(out, v2o::SLOT, &index.to_le_bytes());
+        put(out, v2o::CLUSTER_RANK, &self.cluster_rank.to_le_bytes());
+        for (n, (e, _)) in self.entries[..kept].iter().enumerate() {
+            e.write_to(&mut out[SLOT_HEADER_SIZE + n * ENTRY_SIZE..]);
+        }
     }
 }
 
@@ -224,8 +356,8 @@ impl SlotBuilder {
 }
 
 /// The same buffer with its slots cut to the longest slot's records (the
-/// collector's copy of a launch, `src/cuda/collector.rs`): `bytes` is a
-/// v1 buffer (its header may be zero) of `header`'s shape; the result is a valid v1
+/// collector's copy of a launch, `src/cuda/collector.rs`; a v2 slot's entries
+/// count for half a record each): `bytes` is a buffer (its header may be zero) of `header`'s shape; the result is a valid v1
 /// buffer, with `header` written into it, whose capacity is the largest
 /// `record_count` of its slots. Nothing a reader sees changes (the records past a
 /// slot's count are never read), but the copy holds only what the device wrote: a
@@ -249,9 +381,15 @@ pub(crate) fn trimmed(bytes: &[u8], header: &BufferHeader) -> Vec<u8> {
         return whole();
     }
     let stride = super::slot_stride(capacity);
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    // The room a slot's writes take, in records: a v2 slot's entries take half a record each.
     let count_at = |i: usize| {
-        let at = BUFFER_HEADER_SIZE + i * stride + super::slot_offsets::RECORD_COUNT;
-        u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+        let slot = BUFFER_HEADER_SIZE + i * stride;
+        if u32_at(slot) == SLOT_MAGIC_V2 {
+            u32_at(slot + v2o::ENTRY_COUNT).div_ceil((RECORD_SIZE / ENTRY_SIZE) as u32)
+        } else {
+            u32_at(slot + super::slot_offsets::RECORD_COUNT)
+        }
     };
     let longest = (0..slots).map(count_at).max().unwrap_or(0);
     if longest > capacity {

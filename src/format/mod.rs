@@ -1,4 +1,6 @@
-//! Wire format v1: the bytes the device recorder writes, and nothing else.
+//! The wire format: the bytes the device recorder writes, and nothing else. The
+//! buffer is laid out one way; each flushed slot holds v1 records ([`SLOT_MAGIC`])
+//! or v2 entries ([`SLOT_MAGIC_V2`]), and says which in its magic.
 //!
 //! This module is the one mirror, on the Rust side, of
 //! `kernels/include/tracing_gpu.cuh`; `docs/format.md` is the prose version
@@ -18,9 +20,9 @@
 //! Only lane 0 of the warp writes it, so no atomics are needed.
 
 mod builder;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", test))]
 pub(crate) use builder::trimmed;
-pub use builder::{BufferBuilder, SlotBuilder};
+pub use builder::{BufferBuilder, EntrySlotBuilder, SlotBuilder};
 
 /// `"TGPU"` read as a little-endian `u32`: the first four bytes of every buffer.
 pub const BUFFER_MAGIC: u32 = u32::from_le_bytes(*b"TGPU");
@@ -51,6 +53,25 @@ pub const NO_CLUSTER: u32 = u32::MAX;
 /// `u64` holding the buffer's address (0: record nothing), which a captured
 /// graph's prologue writes before each replay's kernel nodes run.
 pub const TRACE_INDIRECT: u32 = 0x8000_0000;
+
+/// `"SLT2"` read as a little-endian `u32`: the magic of a flushed slot of v2 entries
+/// (`docs/format.md`, "Slot format v2").
+pub const SLOT_MAGIC_V2: u32 = u32::from_le_bytes(*b"SLT2");
+/// Size of one v2 [`Entry`] in bytes: a slot of `capacity` records holds twice as many.
+pub const ENTRY_SIZE: usize = 8;
+/// Entry kind: a range of `event_id` opens, nested in those open.
+pub const ENTRY_BEGIN: u16 = 0;
+/// Entry kind: the innermost open range closes; it must be `event_id`'s.
+pub const ENTRY_END: u16 = 1;
+/// Entry kind: the innermost open range closes and one of `event_id` opens at the same time.
+pub const ENTRY_SWITCH: u16 = 2;
+/// Entry kind: an instant of `event_id`.
+pub const ENTRY_INSTANT: u16 = 3;
+/// Entry kind: `time_lo` holds the payload of the event the previous entry ended
+/// (an end, a switch or an instant); `event_id` is zero.
+pub const ENTRY_PAYLOAD: u16 = 4;
+/// The deepest nesting of open ranges a v2 slot may hold.
+pub const MAX_DEPTH: usize = 32;
 
 /// Field offsets of the buffer header, as the header file and `docs/format.md` give them.
 #[doc(hidden)]
@@ -110,6 +131,41 @@ pub mod slot_offsets {
     pub const RECORD_COUNT: usize = 56;
     /// `u32` records dropped because the slot was full.
     pub const DROP_COUNT: usize = 60;
+}
+
+/// Field offsets of a v2 slot header (bytes from [`RESERVED`](slot_v2_offsets::RESERVED)
+/// to the end are zero).
+#[doc(hidden)]
+pub mod slot_v2_offsets {
+    /// `u32` [`super::SLOT_MAGIC_V2`].
+    pub const MAGIC: usize = 0;
+    /// `u32` entries written, at most twice the slot capacity.
+    pub const ENTRY_COUNT: usize = 4;
+    /// `u64` `%globaltimer` at flush.
+    pub const LAST_TS: usize = 8;
+    /// `u64` `%globaltimer` just after the last written entry: the times unwrap back from it.
+    pub const ANCHOR_TS: usize = 16;
+    /// `u32` entries that did not fit and were dropped.
+    pub const DROP_COUNT: usize = 24;
+    /// `u32` `%smid` at flush.
+    pub const SM: usize = 28;
+    /// `u32` the slot's own index, as the warp computed it.
+    pub const SLOT: usize = 32;
+    /// `u32` `%cluster_ctarank`, or [`super::NO_CLUSTER`].
+    pub const CLUSTER_RANK: usize = 36;
+    /// Zero to the end of the header.
+    pub const RESERVED: usize = 40;
+}
+
+/// Field offsets of a v2 entry.
+#[doc(hidden)]
+pub mod entry_offsets {
+    /// `u32` low 32 bits of `%globaltimer` (a payload, in a payload entry).
+    pub const TIME_LO: usize = 0;
+    /// `u16` the user's event type id (zero in a payload entry).
+    pub const EVENT_ID: usize = 4;
+    /// `u16` one of the `ENTRY_*` kinds.
+    pub const KIND: usize = 6;
 }
 
 /// Field offsets of a record.
@@ -313,6 +369,42 @@ impl Record {
     }
 }
 
+/// One 8-byte v2 entry as stored: a phase boundary, an instant, or a payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// Low 32 bits of the time, or the payload of a payload entry.
+    pub time_lo: u32,
+    /// Event type id (zero in a payload entry).
+    pub event_id: u16,
+    /// One of the `ENTRY_*` kinds.
+    pub kind: u16,
+}
+
+impl Entry {
+    /// Writes the entry into the first [`ENTRY_SIZE`] bytes of `out`.
+    ///
+    /// # Panics
+    /// If `out` is shorter than [`ENTRY_SIZE`].
+    pub fn write_to(&self, out: &mut [u8]) {
+        let b = &mut out[..ENTRY_SIZE];
+        use entry_offsets as o;
+        put_u32(b, o::TIME_LO, self.time_lo);
+        put_u16(b, o::EVENT_ID, self.event_id);
+        put_u16(b, o::KIND, self.kind);
+    }
+
+    /// Reads an entry from exactly [`ENTRY_SIZE`] bytes.
+    #[inline]
+    pub fn read(b: &[u8; ENTRY_SIZE]) -> Entry {
+        use entry_offsets as o;
+        Entry {
+            time_lo: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            event_id: u16::from_le_bytes([b[o::EVENT_ID], b[o::EVENT_ID + 1]]),
+            kind: u16::from_le_bytes([b[o::KIND], b[o::KIND + 1]]),
+        }
+    }
+}
+
 /// Range or instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
@@ -372,6 +464,20 @@ mod tests {
         let mut b = [0u8; RECORD_SIZE];
         r.write_to(&mut b);
         assert_eq!(Record::read(&b), r);
+    }
+
+    #[test]
+    fn entry_round_trips() {
+        let e = Entry {
+            time_lo: 0xdead_beef,
+            event_id: 7,
+            kind: ENTRY_SWITCH,
+        };
+        let mut b = [0u8; ENTRY_SIZE];
+        e.write_to(&mut b);
+        assert_eq!(Entry::read(&b), e);
+        assert_eq!(b, [0xef, 0xbe, 0xad, 0xde, 7, 0, 2, 0]);
+        assert_eq!(&SLOT_MAGIC_V2.to_le_bytes(), b"SLT2");
     }
 
     #[test]

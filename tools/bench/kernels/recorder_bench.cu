@@ -12,14 +12,19 @@
 //                            baselines.cuh; compile with -I tools/bench/kernels);
 //   TGPU_BENCH_BOUND=1       the least a recorder of 16-byte records does per range: two
 //                            stamps, one store, one address step (bound::Recorder, there).
-// TGPU_BENCH_UNROLL (default 1) unrolls the event loop, the same in every build.
+//   TGPU_BENCH_FLASHINFER=1  FlashInfer's recorder (flashinfer::Recorder there): 8-byte
+//                            entries, one per boundary, stored one by one by lane 0.
+// TGPU_ENABLED builds record format v2 unless TGPU_FORMAT=1 (v1) is defined too.
+// TGPU_BENCH_UNROLL (default 1) unrolls the event loop, the same in every build;
+// TGPU_BENCH_PAYLOAD=0 closes each range without a payload (default: the index, i).
 // The work is identical in all of them, and pinned between the stamps (see pin()), so the
 // difference in time is what the recording costs.
 #include "tracing_gpu.cuh"
 
 TGPU_EVENT(Work, 1);
 
-#if (defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED) || (defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND)
+#if (defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED) || (defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND) || \
+    (defined(TGPU_BENCH_FLASHINFER) && TGPU_BENCH_FLASHINFER)
 // The seed's design, reimplemented from its description (shared with the GEMM's overhead
 // comparison, gemm.cu), and the bound, which writes into the seed's buffer: for
 // benchmarks only.
@@ -35,6 +40,12 @@ TGPU_EVENT(Work, 1);
 // How many ranges one pass of the event loop holds (the same in every build).
 constexpr int kUnroll = TGPU_BENCH_UNROLL;
 
+#if defined(TGPU_BENCH_PAYLOAD) && !TGPU_BENCH_PAYLOAD
+#define BENCH_PAYLOAD(i)
+#else
+#define BENCH_PAYLOAD(i) (i)
+#endif
+
 // Keeps the FMA chain where it is written: an empty volatile asm is ordered with the
 // recorder's volatile timer reads, and x must be computed before it.
 __device__ __forceinline__ float pin(float x) {
@@ -48,6 +59,10 @@ extern "C" __global__ void __launch_bounds__(1024, 2)
   seed::Recorder<Work> rec(seed_buffer);
 #elif defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND
   bound::Recorder<Work> rec(seed_buffer);
+#elif defined(TGPU_BENCH_FLASHINFER) && TGPU_BENCH_FLASHINFER
+  // Its entries go to the seed's region, which has room for them (40 bytes per event).
+  flashinfer::Recorder<Work> rec(
+      tgpu::Trace{reinterpret_cast<unsigned long long>(seed_buffer.records), seed_buffer.capacity, 0u});
 #else
   TGPU_RECORDER(rec, Work);
 #endif
@@ -66,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2)
 #pragma unroll
     for (int j = 0; j < 64; ++j) x = fmaf(x, a, b);
     x = pin(x);
-    rec.switch_to<Work, Work>(i);
+    rec.switch_to<Work, Work>(BENCH_PAYLOAD(i));
   }
 #else
 #pragma unroll kUnroll
@@ -85,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2)
     prev_begin = begin;
     prev_end = tgpu::globaltimer_lo();
 #else
-    rec.end<Work>(i);
+    rec.end<Work>(BENCH_PAYLOAD(i));
 #endif
   }
 #endif

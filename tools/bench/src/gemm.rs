@@ -86,6 +86,12 @@ pub enum Variant {
     /// The same phases, recorded by one warp per consumer warpgroup (the four run the
     /// same wgmma in step) and the producer: a quarter of the consumer records.
     PhasesWg,
+    /// [`Variant::Phases`] with recorder v1 (`TGPU_FORMAT=1`): 16-byte records.
+    #[value(name = "phases-v1")]
+    PhasesV1,
+    /// [`Variant::PhasesWg`] with recorder v1.
+    #[value(name = "phases-wg-v1")]
+    PhasesWgV1,
     /// Our recorder, every event: phases plus the producer's wait apart from its load,
     /// a tile range and a release instant per k-tile.
     Full,
@@ -101,10 +107,12 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the order the overhead table lists them.
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 8] = [
         Variant::Off,
         Variant::Phases,
         Variant::PhasesWg,
+        Variant::PhasesV1,
+        Variant::PhasesWgV1,
         Variant::Full,
         Variant::Seed,
         Variant::FlashInfer,
@@ -116,6 +124,8 @@ impl Variant {
             Variant::Off => "off",
             Variant::Phases => "phases",
             Variant::PhasesWg => "phases-wg",
+            Variant::PhasesV1 => "phases-v1",
+            Variant::PhasesWgV1 => "phases-wg-v1",
             Variant::Full => "full",
             Variant::Seed => "seed-style",
             Variant::FlashInfer => "flashinfer-style",
@@ -127,9 +137,16 @@ impl Variant {
         self != Variant::Off
     }
 
-    /// Whether it records with our recorder (wire format v1).
+    /// Whether it records with our recorder (record format v2, or v1 for the `-v1` ones).
     pub fn ours(self) -> bool {
-        matches!(self, Variant::Phases | Variant::PhasesWg | Variant::Full)
+        matches!(
+            self,
+            Variant::Phases
+                | Variant::PhasesWg
+                | Variant::PhasesV1
+                | Variant::PhasesWgV1
+                | Variant::Full
+        )
     }
 
     fn defines(self) -> &'static [&'static str] {
@@ -138,6 +155,13 @@ impl Variant {
             Variant::Phases => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1"],
             Variant::PhasesWg => &[
                 "TGPU_ENABLED=1",
+                "GEMM_TRACE_LEVEL=1",
+                "GEMM_TRACE_ONE_WARP=1",
+            ],
+            Variant::PhasesV1 => &["TGPU_ENABLED=1", "TGPU_FORMAT=1", "GEMM_TRACE_LEVEL=1"],
+            Variant::PhasesWgV1 => &[
+                "TGPU_ENABLED=1",
+                "TGPU_FORMAT=1",
                 "GEMM_TRACE_LEVEL=1",
                 "GEMM_TRACE_ONE_WARP=1",
             ],
@@ -399,12 +423,15 @@ impl Gemm {
         let (producer, consumer) = match self.variant {
             Variant::Off => return 0,
             Variant::Full => (2 * kt, 3 * kt + 1),
-            Variant::Phases | Variant::PhasesWg | Variant::Seed | Variant::FlashInfer => {
-                (kt, 2 * kt + 1)
-            }
+            Variant::Phases
+            | Variant::PhasesWg
+            | Variant::PhasesV1
+            | Variant::PhasesWgV1
+            | Variant::Seed
+            | Variant::FlashInfer => (kt, 2 * kt + 1),
         };
         let consumer_warps = match self.variant {
-            Variant::PhasesWg => 2,
+            Variant::PhasesWg | Variant::PhasesWgV1 => 2,
             _ => 8,
         };
         tiles * (producer + consumer_warps * consumer)
@@ -679,9 +706,11 @@ impl TraceBuffer {
                     "the untraced GEMM takes no buffer".into(),
                 ))
             }
-            Variant::Phases | Variant::PhasesWg | Variant::Full => {
-                device::trace_buffer(stream, &cfg, capacity, slot_count)?
-            }
+            Variant::Phases
+            | Variant::PhasesWg
+            | Variant::PhasesV1
+            | Variant::PhasesWgV1
+            | Variant::Full => device::trace_buffer(stream, &cfg, capacity, slot_count)?,
             // 128-byte counters, then 5 × i64 records.
             Variant::Seed => stream.alloc_zeros::<u8>(slots * 128 + slots * cap * 40)?,
             // The {blocks, groups} entry, then two 8-byte entries per range.
@@ -744,7 +773,11 @@ impl TraceBuffer {
         let slots = self.arg.slot_count as usize;
         match self.variant {
             Variant::Off => Ok(0),
-            Variant::Phases | Variant::PhasesWg | Variant::Full => {
+            Variant::Phases
+            | Variant::PhasesWg
+            | Variant::PhasesV1
+            | Variant::PhasesWgV1
+            | Variant::Full => {
                 // The strict decoder validates every slot and record on the way.
                 let capture = Buffer::decode(&b, Some(&registry()))
                     .map_err(|e| BenchError::Invalid(format!("the trace does not decode: {e}")))?;

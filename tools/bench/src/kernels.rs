@@ -5,6 +5,8 @@
 pub const BASELINES: &str = include_str!("../kernels/baselines.cuh");
 /// The recorder benchmark's kernel (`recorder_bench`).
 pub const RECORDER_BENCH: &str = include_str!("../kernels/recorder_bench.cu");
+/// Short-lived warps that record densely (`dense`).
+pub const DENSE: &str = include_str!("../kernels/dense.cu");
 /// The warp-specialized bf16 GEMM (`gemm`, `overhead`; host side in [`crate::gemm`]).
 pub const GEMM: &str = include_str!("../kernels/gemm.cu");
 /// The library's example kernels (`kernels/examples/`), which `recorder_bench` checks.

@@ -1,6 +1,6 @@
 //! The recorder benchmark's kernel (`tools/bench/kernels/recorder_bench.cu`) under NVRTC,
-//! with no GPU: every build that `recorder_bench` times compiles, and only ours and the
-//! bound store records. Needs NVRTC: with `TGPU_REQUIRE_TOOLS=1` its absence fails the
+//! with no GPU: every build that `recorder_bench` times compiles, only v1 and the bound
+//! store 16-byte records, and only v2 stages entries across the lanes. Needs NVRTC: with `TGPU_REQUIRE_TOOLS=1` its absence fails the
 //! test, otherwise the test says it skipped.
 
 #[path = "../../../tests/cuda_tools/mod.rs"]
@@ -24,25 +24,66 @@ fn bench_kernel_compiles_in_every_build() {
         return;
     }
     let src = RECORDER_BENCH;
-    let builds: [&[&str]; 6] = [
+    let builds: [&[&str]; 10] = [
         &[],
         &["TGPU_BENCH_FLOOR=1"],
+        &["TGPU_ENABLED=1", "TGPU_FORMAT=1"],
+        &["TGPU_ENABLED=1", "TGPU_FORMAT=1", "TGPU_BENCH_SWITCH=1"],
         &["TGPU_ENABLED=1"],
         &["TGPU_ENABLED=1", "TGPU_BENCH_SWITCH=1"],
+        &[
+            "TGPU_ENABLED=1",
+            "TGPU_BENCH_SWITCH=1",
+            "TGPU_BENCH_PAYLOAD=0",
+        ],
         &["TGPU_BENCH_SEED=1"],
         &["TGPU_BENCH_BOUND=1"],
+        &["TGPU_BENCH_FLASHINFER=1"],
     ];
     for defines in builds {
         for unroll in ["TGPU_BENCH_UNROLL=1", "TGPU_BENCH_UNROLL=4"] {
             let mut d = defines.to_vec();
             d.push(unroll);
             let p = ptx("recorder_bench", "sm_90", src, &d);
-            // Ours and the bound store 16-byte evict-first records; no other build does.
+            let on = defines.contains(&"TGPU_ENABLED=1");
+            let v1 = on && defines.contains(&"TGPU_FORMAT=1");
+            // v1 and the bound store 16-byte evict-first records; no other build does.
             assert_eq!(
                 p.contains("st.global.cs.v4.u32"),
-                defines.contains(&"TGPU_ENABLED=1") || defines.contains(&"TGPU_BENCH_BOUND=1"),
+                v1 || defines.contains(&"TGPU_BENCH_BOUND=1"),
+                "{d:?}"
+            );
+            // v2 stores each lane's 8-byte entry, among the lanes it found active.
+            assert_eq!(
+                p.contains("activemask.b32") && p.contains("st.global.v2.u32"),
+                on && !v1,
                 "{d:?}"
             );
         }
+    }
+}
+
+/// The dense kernel (`dense`) under NVRTC in every build it times: the gate off has no
+/// trace parameter and no timer, the recording builds store their format's writes, and
+/// the silent ones keep the recorder's setup and flush.
+#[test]
+fn dense_kernel_compiles_in_every_build() {
+    if !available() {
+        return;
+    }
+    let builds: [&[&str]; 5] = [
+        &[],
+        &["TGPU_ENABLED=1", "TGPU_FORMAT=1"],
+        &["TGPU_ENABLED=1"],
+        &["TGPU_ENABLED=1", "TGPU_FORMAT=1", "DENSE_SILENT=1"],
+        &["TGPU_ENABLED=1", "DENSE_SILENT=1"],
+    ];
+    for defines in builds {
+        let p = ptx("dense", "sm_90", tracing_gpu_bench::kernels::DENSE, defines);
+        let on = !defines.is_empty();
+        let v1 = defines.contains(&"TGPU_FORMAT=1");
+        assert_eq!(p.contains("%globaltimer"), on, "{defines:?}");
+        assert_eq!(p.contains("st.global.cs.v4.u32"), v1, "{defines:?}");
+        assert_eq!(p.contains("activemask.b32"), on && !v1, "{defines:?}");
     }
 }

@@ -1,4 +1,4 @@
-//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built six
+//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built eight
 //! ways and timed in the same run, interleaved (CUDA events, medians after warm-up):
 //!
 //! - `off`: the production kernel, no recorder (built twice: the two copies' difference
@@ -7,6 +7,8 @@
 //!   k-tile; every consumer warp records wait and mma per k-tile, and the epilogue);
 //! - `phases-wg`: the same phases from one warp per consumer warpgroup (and the
 //!   producer): the four warps of a warpgroup run the same wgmma in step;
+//! - `phases-v1`, `phases-wg-v1`: the same two with recorder v1 (`phases` and
+//!   `phases-wg` record v2, the default);
 //! - `full`: our recorder, every event (also the producer's wait apart from its load, a
 //!   tile range and a release instant per k-tile);
 //! - `seed-style`: the seed's published design at the phases' call sites;
@@ -32,7 +34,7 @@ use tracing_gpu_bench::gemm::{
 };
 use tracing_gpu_bench::stats::median;
 
-/// What recording costs the GEMM: six builds timed interleaved, per k-tile.
+/// What recording costs the GEMM: eight builds timed interleaved, per k-tile.
 #[derive(Parser, Debug)]
 #[command(name = "overhead")]
 struct Args {
@@ -62,44 +64,60 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     );
 
     // Off twice: the spread between two identical kernels bounds what can be resolved.
-    let variants: Vec<Variant> = Variant::ALL.into_iter().chain([Variant::Off]).collect();
-    let gemms: Vec<Gemm> = variants
+    let all: Vec<Variant> = Variant::ALL.into_iter().chain([Variant::Off]).collect();
+    let gemms: Vec<Gemm> = all
         .iter()
         .map(|&v| Gemm::compile(&ctx, v, Out::Bf16, args.lineinfo.on()))
         .collect::<Result<_, _>>()?;
-    let names: Vec<&str> = variants
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            if i == variants.len() - 1 {
-                "off (again)"
-            } else {
-                v.name()
-            }
-        })
-        .collect();
+    let name = |i: usize, v: Variant| {
+        if i == all.len() - 1 {
+            "off (again)"
+        } else {
+            v.name()
+        }
+    };
 
     let mut p = Problem::new(&stream, shape, Out::Bf16, 0x0E7E)?;
     let reference = Reference::new(&stream)?;
     let ref_values = reference.values(&p)?;
-    let mut traces = TraceBuffer::all(&stream, &gemms, &p)?;
-    let mut ok = true;
+    let traces = TraceBuffer::all(&stream, &gemms, &p)?;
+    // A variant that fails its check is reported and left out of the timing (the run
+    // then fails at the end), so that one recorder's fault does not void the others'.
+    let mut passed = Vec::new();
     for (i, g) in gemms.iter().enumerate() {
-        let c = check(g, &ref_values, &stream, &mut p, traces[i].as_ref())?;
-        let pass = c.pass();
-        ok &= pass;
-        println!(
-            "check {:<16} rel err {:.3e}, {} records of {} expected {}",
-            names[i],
-            c.err,
-            c.recorded.unwrap_or(0),
-            c.want,
-            if pass { "ok" } else { "FAIL" }
-        );
+        let verdict = match check(g, &ref_values, &stream, &mut p, traces[i].as_ref()) {
+            Ok(c) => {
+                let what = format!(
+                    "rel err {:.3e}, {} records of {} expected",
+                    c.err,
+                    c.recorded.unwrap_or(0),
+                    c.want
+                );
+                (c.pass(), what)
+            }
+            Err(e) => (false, e.to_string()),
+        };
+        let (pass, what) = verdict;
+        let word = if pass { "ok" } else { "FAIL" };
+        println!("check {:<16} {what} {word}", name(i, all[i]));
+        passed.push(pass);
     }
-    if !ok {
+    if !passed[0] || !passed[all.len() - 1] {
         return Ok(false);
     }
+    let keep = |i: &usize| passed[*i];
+    let variants: Vec<Variant> = (0..all.len()).filter(keep).map(|i| all[i]).collect();
+    let names: Vec<&str> = (0..all.len())
+        .filter(keep)
+        .map(|i| name(i, all[i]))
+        .collect();
+    let (gemms, mut traces): (Vec<Gemm>, Vec<Option<TraceBuffer>>) = gemms
+        .into_iter()
+        .zip(traces)
+        .enumerate()
+        .filter(|(i, _)| passed[*i])
+        .map(|(_, gt)| gt)
+        .unzip();
 
     let mut c_blas = reference.output(&p, Out::Bf16)?;
     let times = time_interleaved(
@@ -122,20 +140,21 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     };
     let again = names.len() - 1;
     let noise_ns = delta_ms(again).abs() * 1e6 / ktiles_seq;
-    // The two recordings of per-k-tile phases the others are compared with.
+    // The two recordings of per-k-tile phases the others are compared with (if checked).
     let bases = [Variant::Phases, Variant::PhasesWg].map(|v| {
-        let i = variants.iter().position(|&x| x == v).expect("built");
-        (i, delta_ms(i) * 1e6 / ktiles_seq)
+        let i = variants.iter().position(|&x| x == v)?;
+        Some((i, delta_ms(i) * 1e6 / ktiles_seq))
     });
-    let records_per_ktile = |v: Variant| {
-        let g = gemms.iter().find(|g| g.variant == v).expect("built");
-        g.expected_records(&p) as f64 / kt_total
-    };
+    let per_ktile: Vec<String> = gemms[1..gemms.len() - 1]
+        .iter()
+        .map(|g| {
+            let records = g.expected_records(&p) as f64 / kt_total;
+            format!("{} {records}", g.variant.name())
+        })
+        .collect();
     println!(
-        "\n{ktiles_seq} k-tiles per block in sequence; records per k-tile (whole block): phases {}, phases-wg {}, full {}",
-        records_per_ktile(Variant::Phases),
-        records_per_ktile(Variant::PhasesWg),
-        records_per_ktile(Variant::Full),
+        "\n{ktiles_seq} k-tiles per block in sequence; records per k-tile (whole block): {}",
+        per_ktile.join(", ")
     );
     println!(
         "\n| variant | median ms | TFLOP/s | slowdown | ns per k-tile | vs phases | vs phases-wg |"
@@ -145,14 +164,19 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         let ms = median(&mut times[i].clone());
         let d = if i == 0 { 0.0 } else { delta_ms(i) };
         let per_ktile = d * 1e6 / ktiles_seq;
-        let ratio = |(base, base_ns): (usize, f64)| match i {
-            0 => "-".to_string(),
-            _ if i == base || i == again => "-".to_string(),
-            // Below the noise floor a cost is not resolved: a ratio to it is a bound, or
-            // nothing when both are below it.
-            _ if base_ns < noise_ns && per_ktile < noise_ns => "-".to_string(),
-            _ if base_ns < noise_ns => format!("≥ {:.0}×", per_ktile / noise_ns.max(0.1)),
-            _ => format!("{:.1}×", per_ktile / base_ns),
+        let ratio = |base: Option<(usize, f64)>| {
+            let Some((base, base_ns)) = base else {
+                return "-".to_string();
+            };
+            match i {
+                0 => "-".to_string(),
+                _ if i == base || i == again => "-".to_string(),
+                // Below the noise floor a cost is not resolved: a ratio to it is a bound, or
+                // nothing when both are below it.
+                _ if base_ns < noise_ns && per_ktile < noise_ns => "-".to_string(),
+                _ if base_ns < noise_ns => format!("≥ {:.0}×", per_ktile / noise_ns.max(0.1)),
+                _ => format!("{:.1}×", per_ktile / base_ns),
+            }
         };
         println!(
             "| {name} | {ms:.4} | {:.1} | {:+.2}% | {per_ktile:.1} | {} | {} |",
@@ -172,5 +196,5 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
          (|off again − off|): {noise_ns:.1} ns per k-tile, {:.2}%",
         100.0 * delta_ms(again).abs() / off
     );
-    Ok(true)
+    Ok(passed.iter().all(|&ok| ok))
 }
