@@ -13,6 +13,7 @@ mod error;
 mod graph;
 mod job;
 mod memory;
+mod names;
 mod profiler;
 mod recorder;
 mod ring;

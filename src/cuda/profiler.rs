@@ -59,8 +59,6 @@
 //! trace), and delivers to the dispatcher current at each launch: they all
 //! feed one trace, with one GPU track per device.
 
-use std::cell::RefCell;
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,6 +74,7 @@ use super::error::{CalibrateError, ProfilerError};
 use super::graph::{Graphs, ProfiledGraph};
 use super::job::{Job, Work};
 use super::memory::{Kind, Mark, Memory, Place, Shape};
+use super::names::{kernel_name, thread_name};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};
 use crate::batch::{DeviceInfo, LaunchInfo};
@@ -723,44 +722,6 @@ fn start_clock(
     let first = clock.round(rounds.0)?;
     let recalibrate = period.map(|p| (Box::new(clock) as Box<dyn Recalibrate>, p));
     Ok((first, recalibrate))
-}
-
-fn thread_name() -> Arc<str> {
-    thread_local! {
-        // Named once per thread: `format!` of a `ThreadId` is not free.
-        static NAME: Arc<str> = {
-            let t = std::thread::current();
-            match t.name() {
-                Some(n) => n.into(),
-                None => format!("{:?}", t.id()).into(),
-            }
-        };
-    }
-    NAME.with(Arc::clone)
-}
-
-/// The most kernel names a thread keeps (`kernel_name`); a program that names
-/// more (say, one name per launch) allocates the rest at each launch.
-const NAMES_PER_THREAD: usize = 4096;
-
-/// `kernel`, shared: each launching thread keeps the names it has launched, so
-/// that a launch call in steady state allocates nothing (a hash lookup costs
-/// about what a small allocation does; the allocation would be freed on the
-/// collector thread, which is dearer).
-fn kernel_name(kernel: &str) -> Arc<str> {
-    thread_local! {
-        static NAMES: RefCell<HashSet<Arc<str>>> = RefCell::new(HashSet::new());
-    }
-    NAMES.with_borrow_mut(|names| {
-        if let Some(n) = names.get(kernel) {
-            return Arc::clone(n);
-        }
-        let n: Arc<str> = kernel.into();
-        if names.len() < NAMES_PER_THREAD {
-            names.insert(Arc::clone(&n));
-        }
-        n
-    })
 }
 
 /// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one
