@@ -5,6 +5,7 @@
 //! before it is in the file.
 
 mod perfetto_check;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,25 +17,13 @@ use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::perfetto::{PerfettoLayer, WriteStats};
 use tracing_gpu::registry::EventRegistry;
 
-const LOAD: u16 = 1;
-const MMA: u16 = 2;
-const EPILOGUE: u16 = 3;
-const MAINLOOP: u16 = 4;
+use support::{gemm_registry, EPILOGUE, LOAD, MAINLOOP, MMA};
+
 /// Records a slot holds: a warp given more drops the rest.
 const CAPACITY: u32 = 96;
 
 fn registry() -> Arc<EventRegistry> {
-    let mut r = EventRegistry::new();
-    for (id, name) in [
-        (LOAD, "load"),
-        (MMA, "mma"),
-        (EPILOGUE, "epilogue"),
-        (MAINLOOP, "mainloop"),
-    ] {
-        r.register(id, name).unwrap();
-    }
-    r.declare_payload(LOAD, "k_tile").unwrap();
-    Arc::new(r)
+    gemm_registry(false)
 }
 
 /// Launch `k` on GPU `ordinal`: 1-7 blocks of 1-4 warps on even SMs (as the

@@ -3,6 +3,7 @@
 //! trace is checked with Perfetto's own schema by `tests/check_perfetto.py`.
 
 mod perfetto_check;
+mod support;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,28 +16,12 @@ use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::output::AtomicFile;
 use tracing_gpu::perfetto::{PerfettoLayer, TraceWriter};
 use tracing_gpu::registry::EventRegistry;
+
+use support::{gemm_registry, EPILOGUE, LOAD, MAINLOOP, MMA};
 use tracing_subscriber::prelude::*;
 
-const LOAD: u16 = 1;
-const MMA: u16 = 2;
-const EPILOGUE: u16 = 3;
-const MAINLOOP: u16 = 4;
-
-/// load and mma carry their k-tile index as payload; epilogue and mainloop
-/// declare none (their slices have no argument).
 fn registry() -> Arc<EventRegistry> {
-    let mut r = EventRegistry::new();
-    for (id, name) in [
-        (LOAD, "load"),
-        (MMA, "mma"),
-        (EPILOGUE, "epilogue"),
-        (MAINLOOP, "mainloop"),
-    ] {
-        r.register(id, name).unwrap();
-    }
-    r.declare_payload(LOAD, "k_tile").unwrap();
-    r.declare_payload(MMA, "k_tile").unwrap();
-    Arc::new(r)
+    gemm_registry(true)
 }
 
 /// The checker's payload expectations for [`registry`].

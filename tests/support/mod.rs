@@ -10,6 +10,35 @@ use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::registry::EventRegistry;
 
+/// The GEMM's phases, as the Perfetto tests name them.
+pub const LOAD: u16 = 1;
+/// See [`LOAD`].
+pub const MMA: u16 = 2;
+/// See [`LOAD`].
+pub const EPILOGUE: u16 = 3;
+/// See [`LOAD`].
+pub const MAINLOOP: u16 = 4;
+
+/// The registry of the GEMM's phases: `load` carries its k-tile index as
+/// payload, and so does `mma` when `mma_payload`; epilogue and mainloop declare
+/// none (their slices have no argument).
+pub fn gemm_registry(mma_payload: bool) -> Arc<EventRegistry> {
+    let mut r = EventRegistry::new();
+    for (id, name) in [
+        (LOAD, "load"),
+        (MMA, "mma"),
+        (EPILOGUE, "epilogue"),
+        (MAINLOOP, "mainloop"),
+    ] {
+        r.register(id, name).unwrap();
+    }
+    r.declare_payload(LOAD, "k_tile").unwrap();
+    if mma_payload {
+        r.declare_payload(MMA, "k_tile").unwrap();
+    }
+    Arc::new(r)
+}
+
 /// The GPU every test batch claims to come from.
 pub fn h200() -> DeviceInfo {
     DeviceInfo {
