@@ -65,7 +65,7 @@ struct Sim(Arc<Gpu>);
 
 impl Device for Sim {
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
-        Ok(self.0.fired.lock().contains(&mark.event))
+        Ok(mark.event.is_none_or(|e| self.0.fired.lock().contains(&e)))
     }
 
     fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError> {
@@ -97,7 +97,9 @@ impl Device for Sim {
     }
 
     fn release(&mut self, mark: Mark) {
-        self.0.fired.lock().remove(&mark.event);
+        if let Some(e) = mark.event {
+            self.0.fired.lock().remove(&e);
+        }
     }
 
     fn idle(&mut self) {
@@ -195,6 +197,20 @@ impl Rig {
     /// event on `stream` (fired at once if `fired`), the job. Returns the
     /// event, or `None` if the arena was full (the launch is skipped).
     fn launch(&self, stream: u64, t0: u64, bytes: Option<Vec<u8>>, fired: bool) -> Option<u64> {
+        let event = self.gpu.event(fired);
+        self.launch_marked(stream, t0, bytes, Some(event))
+            .map(|()| event)
+    }
+
+    /// `launch`, marked by `event` (`None`: as when no event could be
+    /// recorded and the launching thread waited for the kernel itself).
+    fn launch_marked(
+        &self,
+        stream: u64,
+        t0: u64,
+        bytes: Option<Vec<u8>>,
+        event: Option<u64>,
+    ) -> Option<()> {
         let launch_id = crate::cuda::__private::next_launch_id();
         let b = kernel(self.device, t0);
         let mut header = *b.header();
@@ -207,7 +223,6 @@ impl Rig {
         let region = region?;
         let span = tracing::info_span!("sim_kernel", gpu.launch_id = launch_id);
         span.in_scope(|| self.gpu.write(&self.memory, region.offset, &made));
-        let event = self.gpu.event(fired);
         self.collector.send(Job {
             launch: LaunchInfo {
                 launch_id,
@@ -230,7 +245,7 @@ impl Rig {
                 },
             },
         });
-        Some(event)
+        Some(())
     }
 }
 
@@ -420,6 +435,22 @@ fn the_arena_wraps_around_and_every_launch_is_delivered_or_skipped() {
 }
 
 #[test]
+fn a_launch_marked_without_an_event_is_delivered_and_its_region_comes_back() {
+    let (rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    tracing::dispatcher::with_default(&dispatch, || {
+        r.launch_marked(1, 1_000_000, None, None).unwrap();
+        r.launch(1, 1_100_000, None, true).unwrap();
+    });
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_accounted(&st);
+    assert_eq!(st.delivered, 2);
+    assert_eq!(rec.0.lock().spans.len(), 8);
+    assert_eq!(r.arena.used(), 0);
+}
+
+#[test]
 fn launches_on_two_streams_finish_out_of_order() {
     let (rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
@@ -601,7 +632,10 @@ impl SimGraph {
             },
             dispatch: tracing::dispatcher::get_default(|d| d.clone()),
             span,
-            mark: Mark { stream, event },
+            mark: Mark {
+                stream,
+                event: Some(event),
+            },
             work: Work::Replay {
                 replay,
                 place: Place {

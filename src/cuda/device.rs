@@ -246,8 +246,11 @@ impl Drop for CudaDevice {
 
 impl Device for CudaDevice {
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
+        let Some(event) = mark.event else {
+            return Ok(true);
+        };
         // SAFETY: a live event of this context, recorded by a launching thread.
-        match unsafe { sys::cuEventQuery(mark.event as sys::CUevent) } {
+        match unsafe { sys::cuEventQuery(event as sys::CUevent) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             e => Err(DriverError(e).into()),
@@ -299,7 +302,9 @@ impl Device for CudaDevice {
     }
 
     fn release(&mut self, mark: Mark) {
-        self.events.put(mark.event);
+        if let Some(event) = mark.event {
+            self.events.put(event);
+        }
     }
 
     fn idle(&mut self) {

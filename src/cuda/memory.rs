@@ -154,8 +154,11 @@ pub(crate) struct Place {
 pub(crate) struct Mark {
     /// The stream the launch went to (a key: only compared).
     pub stream: u64,
-    /// The event (the simulator's: any key it likes).
-    pub event: u64,
+    /// The event recorded after the work (the simulator's: any key it likes);
+    /// `None` when none could be recorded and the launching thread waited for
+    /// the work itself: finished, and handed over all the same, so that its
+    /// region comes back (zeroed, or re-armed) like any other.
+    pub event: Option<u64>,
 }
 
 /// The device operations of the collector thread. Everything is done in bulk:

@@ -522,17 +522,6 @@ impl Profiler {
                 return Err(e.into());
             }
         };
-        let event = match self.events.record(stream.cu_stream()) {
-            Ok(ev) => ev,
-            Err(e) => {
-                // The launch happened; only its trace is lost (say so at the
-                // next flush). The kernel may still write the region: wait for
-                // it, then give the region back through the collector's zeroing.
-                let _ = stream.synchronize();
-                self.shared.push_error(e.into());
-                return Ok(value);
-            }
-        };
         let launch = LaunchInfo {
             launch_id,
             kernel: kernel_name(kernel),
@@ -543,22 +532,11 @@ impl Profiler {
             parent: span.id(),
             host_thread: thread_name(),
         };
-        self.collector.send(Job {
-            launch,
-            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
-            span,
-            mark: Mark {
-                stream: stream.cu_stream() as u64,
-                event,
-            },
-            work: Work::Launch {
-                header,
-                place: Place {
-                    memory: self.memory.clone(),
-                    region,
-                },
-            },
-        });
+        let place = Place {
+            memory: self.memory.clone(),
+            region,
+        };
+        self.hand_over(stream, span, launch, Work::Launch { header, place });
         Ok(value)
     }
 
@@ -622,14 +600,6 @@ impl Profiler {
         drop(entered);
         span.record("gpu.host_launch_ns", host_launch_ns);
         self.shared.count_replay(n);
-        let event = match self.events.record(stream.cu_stream()) {
-            Ok(ev) => ev,
-            Err(e) => {
-                let _ = stream.synchronize();
-                self.shared.push_error(e.into());
-                return Ok(());
-            }
-        };
         let place = Place {
             memory: ready.ring.clone(),
             region: Region {
@@ -638,29 +608,50 @@ impl Profiler {
                 seq: replay,
             },
         };
+        let launch = LaunchInfo {
+            launch_id: first_id,
+            kernel: kernel_name(name),
+            host_launch_ns,
+            host_complete_ns: 0,
+            parent: span.id(),
+            host_thread: thread_name(),
+            ..Default::default()
+        };
+        let work = Work::Replay {
+            replay,
+            place,
+            nodes: ready.nodes.clone(),
+        };
+        self.hand_over(stream, span, launch, work);
+        Ok(())
+    }
+
+    /// Marks the end of what was just launched on `stream` with an event and
+    /// sends the job to the collector. If no event can be recorded, the
+    /// launching thread waits for the stream itself and sends the job marked
+    /// finished: the trace is kept if it can be, and the region comes back
+    /// either way (the error is said at the next flush).
+    fn hand_over(&self, stream: &CudaStream, span: tracing::Span, launch: LaunchInfo, work: Work) {
+        let event = match self.events.record(stream.cu_stream()) {
+            Ok(ev) => Some(ev),
+            Err(e) => {
+                self.shared.push_error(e.into());
+                if let Err(e) = stream.synchronize() {
+                    self.shared.push_error(e.into());
+                }
+                None
+            }
+        };
         self.collector.send(Job {
-            launch: LaunchInfo {
-                launch_id: first_id,
-                kernel: kernel_name(name),
-                host_launch_ns,
-                host_complete_ns: 0,
-                parent: span.id(),
-                host_thread: thread_name(),
-                ..Default::default()
-            },
+            launch,
             dispatch: tracing::dispatcher::get_default(|d| d.clone()),
             span,
             mark: Mark {
                 stream: stream.cu_stream() as u64,
                 event,
             },
-            work: Work::Replay {
-                replay,
-                place,
-                nodes: ready.nodes.clone(),
-            },
+            work,
         });
-        Ok(())
     }
 
     /// Waits until every launch made so far has reached the subscriber, then
