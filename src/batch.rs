@@ -57,6 +57,24 @@ pub struct LaunchInfo {
     pub parent: Option<tracing::span::Id>,
     /// Name of the host thread that launched.
     pub host_thread: Arc<str>,
+    /// `None` for a launch delivered whole, in one batch (every launch but a
+    /// streamed one). A streamed launch is delivered in parts while it runs,
+    /// one batch each, all with the same `launch_id`: see [`Part`].
+    pub part: Option<Part>,
+}
+
+/// Which part of a streamed launch a batch holds. Its warps' events are those
+/// the host drained since the previous part; a warp's ranges never straddle
+/// two parts (a range is delivered in the part that drains its end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    /// 0 for the launch's first part, then 1, 2, ...
+    pub index: u32,
+    /// The launch's last part, delivered after it completed:
+    /// `host_complete_ns` is the completion's, and its drop counts are final.
+    /// In the parts before it, `host_complete_ns` is when the part was drained
+    /// (the kernel still ran).
+    pub last: bool,
 }
 
 /// Everything a sink needs to draw one launch: the decoded buffer, the clock

@@ -225,6 +225,7 @@ fn synthetic(launches: u64, warps: u32, events: u32) -> Capture {
             block,
             parent: None,
             host_thread: "main".into(),
+            part: None,
         };
         capture.host_spans.push(HostSpan {
             name: "launch".into(),

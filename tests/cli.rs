@@ -92,6 +92,7 @@ fn sample_dump() -> Capture {
             block: [96, 1, 1],
             parent: None,
             host_thread: "main".into(),
+            part: None,
         };
         host_spans.push(HostSpan {
             name: "gemm".into(),

@@ -755,6 +755,7 @@ fn test_batch() -> Arc<Batch> {
             block: [64, 1, 1],
             parent: None,
             host_thread: "main".into(),
+            part: None,
         },
     )
 }

@@ -97,6 +97,7 @@ fn batch(
             block: [64, 1, 1],
             parent,
             host_thread: "main".into(),
+            part: None,
         },
         buffer: Arc::new(capture),
         calibration: Arc::new(Calibration::exact(d0, h0, 3.0)),

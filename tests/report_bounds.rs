@@ -298,6 +298,7 @@ fn synthetic(registry: EventRegistry, buffers: Vec<(BufferBuilder, [u32; 3])>) -
                 block: [32, 1, 1],
                 parent: None,
                 host_thread: "main".into(),
+                part: None,
             };
             CaptureLaunch::new(0, &info, buffer)
         })

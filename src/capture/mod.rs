@@ -266,6 +266,7 @@ impl CaptureLaunch {
             block: self.block,
             parent: None,
             host_thread: self.host_thread.as_str().into(),
+            part: None,
         }
     }
 }

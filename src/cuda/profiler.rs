@@ -531,6 +531,7 @@ impl Profiler {
             block: header.block,
             parent: span.id(),
             host_thread: thread_name(),
+            part: None,
         };
         let place = Place {
             memory: self.memory.clone(),
