@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tracing::Dispatch;
 
-use crate::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo};
+use crate::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo, Part};
 use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
 use crate::decode::OwnedBuffer;
 use crate::deliver;
@@ -35,6 +35,7 @@ use super::error::ProfilerError;
 use super::job::{decode_all, Job, Taken, Work};
 use super::memory::{replay_taken, Device, Kind, Place};
 use super::ring::{Arena, Region};
+use super::stream::{Drain, SlotError};
 
 /// One calibration: the raw samples and the checkpoint fitted from them.
 #[derive(Debug, Clone)]
@@ -93,8 +94,11 @@ pub struct ProfilerStats {
     pub failed: u64,
     /// Device events delivered.
     pub events: u64,
-    /// Device events dropped by full slots.
+    /// Device events dropped by full slots (streamed launches: entries dropped
+    /// because a ring was full, and events lost with them).
     pub dropped_events: u64,
+    /// Parts of streamed launches delivered (the last part of each included).
+    pub parts: u64,
     /// Clock checkpoints taken (the first calibration included).
     pub calibrations: u64,
     /// Device memory held for traces: the arena and the graphs' replay rings
@@ -241,6 +245,8 @@ pub(crate) struct CollectorConfig {
     pub arena: Arc<Arena>,
     /// Threads a pass decodes on when it brings back many launches.
     pub decoders: usize,
+    /// How often a running streamed launch delivers a part.
+    pub stream_interval: Duration,
     /// Called on the collector thread before anything else (binds the CUDA context).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -264,6 +270,7 @@ impl Collector {
             arena: config.arena,
             streams: Vec::new(),
             decoders: config.decoders.max(1),
+            stream_interval: config.stream_interval,
             held: VecDeque::new(),
             held_bytes: 0,
             held_newest: 0,
@@ -349,6 +356,14 @@ struct Held {
     since: Instant,
 }
 
+impl Held {
+    /// Whether delivering it finishes a launch: a whole launch, or a streamed
+    /// launch's last part.
+    fn finishes(&self) -> bool {
+        self.launch.part.is_none_or(|p| p.last)
+    }
+}
+
 struct Worker {
     rx: mpsc::Receiver<Msg>,
     shared: Arc<Shared>,
@@ -363,6 +378,7 @@ struct Worker {
     streams: Vec<u64>,
     /// Threads a pass decodes on (`decode_all`).
     decoders: usize,
+    stream_interval: Duration,
     held: VecDeque<Held>,
     held_bytes: usize,
     /// The latest `last_device_ns` among the launches held (or ever held: it
@@ -438,8 +454,15 @@ impl Worker {
                 Err(e) => outcome[i] = Some(Err(e)),
             }
         }
+        // Streamed launches still running: read their rings, deliver a part when due.
+        let mut read = false;
+        for (job, o) in pending.iter_mut().zip(&outcome) {
+            if o.is_none() && matches!(job.work, Work::Stream { .. }) {
+                read |= self.drain_running(job);
+            }
+        }
         if outcome.iter().all(Option::is_none) {
-            return false;
+            return read;
         }
         let mut done = Vec::new();
         let mut rest = VecDeque::with_capacity(pending.len());
@@ -459,6 +482,13 @@ impl Worker {
     /// them back, then decodes each launch and holds it for its checkpoint.
     fn bring_back(&mut self, done: Vec<(Job, Result<(), ProfilerError>)>) {
         let complete_ns = HostClock::Boottime.now_ns();
+        // Streamed launches were read in place: nothing to copy or zero on the device.
+        let (streams, done): (Vec<_>, Vec<_>) = done
+            .into_iter()
+            .partition(|(j, _)| matches!(j.work, Work::Stream { .. }));
+        for (job, outcome) in streams {
+            self.end_stream(job, outcome, complete_ns);
+        }
         let places: Vec<&Place> = done
             .iter()
             .filter(|(_, o)| o.is_ok())
@@ -474,7 +504,7 @@ impl Worker {
         let taken: Vec<bool> = done
             .iter()
             .map(|(j, o)| match &j.work {
-                Work::Launch { .. } => o.is_ok() && fetched.is_ok(),
+                Work::Launch { .. } | Work::Stream { .. } => o.is_ok() && fetched.is_ok(),
                 Work::Replay { replay, place, .. } => {
                     o.is_ok()
                         && fetched.is_ok()
@@ -532,6 +562,121 @@ impl Worker {
         let decoded = decode_all(&self.registry, &inputs, self.decoders);
         for (t, d) in launches.into_iter().zip(decoded) {
             self.hold(t.launch, d, t.dispatch, t.span);
+        }
+    }
+
+    /// Reads a running streamed launch's rings if a poll is due, and holds a
+    /// part if one is due. Returns whether it read anything.
+    fn drain_running(&mut self, job: &mut Job) -> bool {
+        let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
+        let Work::Stream {
+            header,
+            place,
+            drain,
+            ..
+        } = &mut job.work
+        else {
+            return false;
+        };
+        let drain = drain.get_or_insert_with(|| Box::new(Drain::new(*header, before_ns, interval)));
+        if !drain.poll_due() {
+            return false;
+        }
+        let mut errors = drain.poll(&place.memory, &place.region, &self.registry);
+        let mut part = None;
+        if drain.part_due() {
+            let (bytes, more) = drain.cut(None);
+            errors.extend(more);
+            part = bytes.map(|b| (b, drain.parts() - 1));
+        }
+        self.slot_errors(job.launch.launch_id, errors);
+        if let Some((bytes, index)) = part {
+            let mut launch = job.launch.clone();
+            launch.host_complete_ns = HostClock::Boottime.now_ns();
+            launch.part = Some(Part { index, last: false });
+            self.hold_part(launch, bytes, &job.dispatch, &job.span);
+        }
+        true
+    }
+
+    /// A streamed launch has completed: its last part (every event left, the
+    /// flushed counts), then its region zeroed here and given back.
+    fn end_stream(&mut self, job: Job, outcome: Result<(), ProfilerError>, complete_ns: u64) {
+        self.backend.release(job.mark);
+        let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
+        let Job {
+            mut launch,
+            dispatch,
+            span,
+            work,
+            ..
+        } = job;
+        let Work::Stream {
+            header,
+            place,
+            arena,
+            drain,
+        } = work
+        else {
+            unreachable!("only streamed launches come here")
+        };
+        match outcome {
+            Err(e) => self.shared.finish(1, |st| {
+                st.stats.failed += 1;
+                st.errors.push(e);
+            }),
+            Ok(()) => {
+                let mut drain =
+                    drain.unwrap_or_else(|| Box::new(Drain::new(header, before_ns, interval)));
+                let mut errors = drain.poll(&place.memory, &place.region, &self.registry);
+                let (bytes, more) = drain.cut(Some((&place.memory, &place.region)));
+                errors.extend(more);
+                self.slot_errors(launch.launch_id, errors);
+                launch.host_complete_ns = complete_ns;
+                launch.part = Some(Part {
+                    index: drain.parts() - 1,
+                    last: true,
+                });
+                let bytes = bytes.expect("a last part is always cut");
+                self.hold_part(launch, bytes, &dispatch, &span);
+            }
+        }
+        // The kernel has finished: nothing writes the region any more.
+        place.memory.zero(place.region.offset, place.region.len);
+        arena.free([place.region]);
+    }
+
+    /// A device time before any stamp of a launch made now: the latest
+    /// checkpoint's, less an hour (a checkpoint may be taken after the launch).
+    fn stream_floor(&self) -> u64 {
+        self.latest_anchor().saturating_sub(3_600_000_000_000)
+    }
+
+    fn hold_part(
+        &mut self,
+        launch: LaunchInfo,
+        bytes: Vec<u8>,
+        dispatch: &Dispatch,
+        span: &tracing::Span,
+    ) {
+        let launch_id = launch.launch_id;
+        let capture = OwnedBuffer::decode(bytes, Some(&self.registry))
+            .map_err(|source| ProfilerError::Decode { launch_id, source });
+        self.hold(launch, capture, dispatch, span);
+    }
+
+    /// Keeps a streamed launch's slot errors for the next flush.
+    fn slot_errors(&mut self, launch_id: u64, errors: Vec<SlotError>) {
+        if errors.is_empty() {
+            return;
+        }
+        let mut st = self.shared.state.lock();
+        for e in errors {
+            st.errors.push(ProfilerError::Stream {
+                launch_id,
+                slot: e.slot,
+                source: e.error,
+            });
         }
     }
 
@@ -609,8 +754,10 @@ impl Worker {
         let capture = match capture {
             Ok(c) => c,
             Err(e) => {
-                return self.shared.finish(1, |st| {
-                    st.stats.failed += 1;
+                // A part before the last does not finish its launch.
+                let n = u64::from(launch.part.is_none_or(|p| p.last));
+                return self.shared.finish(n, |st| {
+                    st.stats.failed += n;
                     st.errors.push(e);
                 });
             }
@@ -632,6 +779,8 @@ impl Worker {
     }
 
     fn deliver(&mut self, h: Held) {
+        let n = u64::from(h.finishes());
+        let part = u64::from(h.launch.part.is_some());
         let Held {
             launch,
             capture,
@@ -658,8 +807,9 @@ impl Worker {
         drop(span);
         let mut sinks = Vec::new();
         deliver::for_each_sink(&dispatch, |_, s| sinks.push(s.clone()));
-        self.shared.finish(1, |st| {
-            st.stats.delivered += 1;
+        self.shared.finish(n, |st| {
+            st.stats.delivered += n;
+            st.stats.parts += part;
             st.stats.events += events;
             st.stats.dropped_events += dropped;
             for sink in sinks {

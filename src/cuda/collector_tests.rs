@@ -176,6 +176,7 @@ impl Rig {
                 arena: arena.clone(),
                 // Several, whatever this machine has: the parallel decode is tested.
                 decoders: 3,
+                stream_interval: Duration::from_millis(5),
                 on_start: None,
             },
             shared.clone(),
@@ -768,3 +769,6 @@ fn two_simulated_devices_make_one_perfetto_trace() {
         ],
     );
 }
+
+#[path = "stream_tests.rs"]
+mod stream;

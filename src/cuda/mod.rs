@@ -17,6 +17,8 @@ mod names;
 mod profiler;
 mod recorder;
 mod ring;
+mod stream;
+mod streaming;
 
 pub use cudarc;
 
@@ -31,6 +33,9 @@ pub use profiler::{
     DEFAULT_RECALIBRATION,
 };
 pub use recorder::{CaptureLayer, CaptureRecorder};
+pub use streaming::{
+    Streaming, DEFAULT_STREAM_CAPACITY, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY,
+};
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
 pub use crate::gpu_profile;

@@ -1,0 +1,272 @@
+//! A streamed launch on the collector's side ([`Drain`]): its warps' rings
+//! (docs/format.md, "Streaming slots") read in place, in mapped host memory,
+//! while the kernel runs, and cut into parts, each a packed buffer of the
+//! events drained since the part before.
+//!
+//! A poll walks every slot of the launch: it loads the chunk the warp will
+//! store next, and while that chunk is complete, reads it ([`WarpStream`]),
+//! zeroes it and publishes the new read count in the slot header, which is
+//! what frees the chunk for the warp. No driver call, no copy: the device's
+//! stores arrive in this memory over the host link.
+
+use std::time::{Duration, Instant};
+
+use super::memory::Memory;
+use super::ring::Region;
+use crate::decode::stream::{complete, WarpStream};
+use crate::decode::DecodeError;
+use crate::format::{
+    stream_slot_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
+    CHUNK_RECORDS, CHUNK_SIZE, NO_CLUSTER, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
+    SLOT_MAGIC_STREAM,
+};
+use crate::registry::EventRegistry;
+
+/// How often a running launch's rings are read: often enough that a ring of
+/// a few dozen chunks does not fill at the rates the host can decode.
+pub(crate) const POLL: Duration = Duration::from_millis(1);
+
+/// A part is cut early when it holds this many events (24 bytes each in its
+/// packed buffer): what a part holds in memory is bounded whatever the rate.
+const PART_EVENTS: usize = 1 << 21;
+
+/// What the drain found wrong with a launch; the launch goes on without the slot.
+#[derive(Debug)]
+pub(crate) struct SlotError {
+    pub(crate) slot: u32,
+    pub(crate) error: DecodeError,
+}
+
+/// One streamed launch's rings, and the part being gathered.
+pub(crate) struct Drain {
+    header: BufferHeader,
+    /// Chunks per ring.
+    chunks: u32,
+    stride: usize,
+    warps: Vec<WarpStream>,
+    /// Chunks consumed per slot (what the slot header's `read` says).
+    read: Vec<u32>,
+    /// Per slot: a decode error stopped it; its chunks are consumed unread.
+    broken: Vec<bool>,
+    /// This part's events, per slot; `touched` lists the slots that have some
+    /// (or news of lost events), unordered.
+    events: Vec<Vec<Event>>,
+    lost_reported: Vec<u64>,
+    touched: Vec<u32>,
+    /// Per slot: listed in `touched`.
+    marked: Vec<bool>,
+    in_part: usize,
+    part: u32,
+    cut_at: Instant,
+    polled_at: Option<Instant>,
+    interval: Duration,
+}
+
+impl Drain {
+    /// The drain of a launch of `header`'s shape (its capacity a multiple of a
+    /// chunk's records), whose chunks' stamps come after `before_ns` (device
+    /// ns; within 2⁴⁸ ns); parts are cut every `interval`.
+    pub(crate) fn new(header: BufferHeader, before_ns: u64, interval: Duration) -> Drain {
+        let n = header.slot_count as usize;
+        Drain {
+            header,
+            chunks: header.slot_capacity / CHUNK_RECORDS,
+            stride: crate::format::slot_stride(header.slot_capacity),
+            warps: vec![WarpStream::new(before_ns); n],
+            read: vec![0; n],
+            broken: vec![false; n],
+            events: vec![Vec::new(); n],
+            lost_reported: vec![0; n],
+            touched: Vec::new(),
+            marked: vec![false; n],
+            in_part: 0,
+            part: 0,
+            cut_at: Instant::now(),
+            polled_at: None,
+            interval,
+        }
+    }
+
+    /// Whether a poll is due ([`POLL`] since the last).
+    pub(crate) fn poll_due(&self) -> bool {
+        self.polled_at.is_none_or(|t| t.elapsed() >= POLL)
+    }
+
+    /// Whether the part gathered so far should go now (its interval is over,
+    /// or it is large).
+    pub(crate) fn part_due(&self) -> bool {
+        !self.touched.is_empty()
+            && (self.cut_at.elapsed() >= self.interval || self.in_part >= PART_EVENTS)
+    }
+
+    /// Reads every complete chunk of every ring of the launch, whose buffer is
+    /// `region` of `memory`. Errors are per slot: that slot stops, the others go on.
+    pub(crate) fn poll(
+        &mut self,
+        memory: &Memory,
+        region: &Region,
+        registry: &EventRegistry,
+    ) -> Vec<SlotError> {
+        self.polled_at = Some(Instant::now());
+        let mut errors = Vec::new();
+        for s in 0..self.header.slot_count as usize {
+            let slot = region.offset + BUFFER_HEADER_SIZE + s * self.stride;
+            let mut took = false;
+            loop {
+                let at =
+                    slot + SLOT_HEADER_SIZE + (self.read[s] % self.chunks) as usize * CHUNK_SIZE;
+                let chunk = memory.load_chunk(at);
+                let Some(meta) = complete(&chunk) else {
+                    break;
+                };
+                if !self.broken[s] {
+                    let out = &mut self.events[s];
+                    let before = out.len();
+                    if let Err(error) =
+                        self.warps[s].take(&chunk, meta, s as u32, |id| registry.contains(id), out)
+                    {
+                        self.broken[s] = true;
+                        errors.push(SlotError {
+                            slot: s as u32,
+                            error,
+                        });
+                    }
+                    self.in_part += out.len() - before;
+                }
+                memory.zero(at, CHUNK_SIZE);
+                self.read[s] = self.read[s].wrapping_add(1);
+                memory.publish_u32(slot + so::READ, self.read[s]);
+                took = true;
+            }
+            if took {
+                self.touch(s);
+            }
+        }
+        errors
+    }
+
+    /// The part gathered so far, as a packed buffer (`None` if it has nothing).
+    /// For the launch's last part, after it completed and a last [`poll`](Self::poll),
+    /// `last` gives its region: the flushed slot headers' drop counts and times
+    /// go in, every held event goes out, and the ring's counts are checked.
+    /// The last part is always cut, empty or not: it finishes the launch.
+    pub(crate) fn cut(
+        &mut self,
+        last: Option<(&Memory, &Region)>,
+    ) -> (Option<Vec<u8>>, Vec<SlotError>) {
+        let mut errors = Vec::new();
+        let mut flushed = Vec::new();
+        if let Some((memory, region)) = last {
+            for s in 0..self.header.slot_count as usize {
+                let slot = region.offset + BUFFER_HEADER_SIZE + s * self.stride;
+                if memory.load_u32(slot + so::MAGIC) != SLOT_MAGIC_STREAM {
+                    continue;
+                }
+                let stored = memory.load_u32(slot + so::CHUNKS);
+                if stored != self.read[s] && !self.broken[s] {
+                    self.broken[s] = true;
+                    errors.push(SlotError {
+                        slot: s as u32,
+                        error: DecodeError::RingUnread {
+                            slot: s as u32,
+                            stored,
+                            read: self.read[s],
+                        },
+                    });
+                }
+                let open = self.warps[s].finish(&mut self.events[s]);
+                flushed.push((
+                    s as u32,
+                    Flushed {
+                        last_ts: memory.load_u64(slot + so::LAST_TS),
+                        drops: memory.load_u32(slot + so::DROP_COUNT) as u64,
+                        sm: memory.load_u32(slot + so::SM),
+                        cluster_rank: memory.load_u32(slot + so::CLUSTER_RANK),
+                        open,
+                    },
+                ));
+                self.touch(s);
+            }
+        }
+        self.touched.sort_unstable();
+        let wpb = self.header.warps_per_block;
+        let [gx, gy, _] = self.header.grid;
+        let mut w = PackedWriter::new(&self.header);
+        for &s in &self.touched {
+            let i = s as usize;
+            let events = &self.events[i];
+            let end = flushed
+                .binary_search_by_key(&s, |&(f, _)| f)
+                .ok()
+                .map(|k| &flushed[k].1);
+            let lost = self.warps[i].lost - self.lost_reported[i];
+            let drops = lost + end.map_or(0, |f| f.drops);
+            if events.is_empty() && drops == 0 {
+                continue;
+            }
+            self.lost_reported[i] = self.warps[i].lost;
+            let first_ts = events.iter().map(|e| e.start_ns).min();
+            let last_ts = events.iter().map(|e| e.end_ns).max();
+            let last_ts = match (last_ts, end) {
+                (Some(t), Some(f)) => t.max(f.last_ts),
+                (Some(t), None) => t,
+                (None, Some(f)) => f.last_ts,
+                (None, None) => 0,
+            };
+            let bl = s / wpb;
+            let sm = end.map_or(self.warps[i].sm, |f| f.sm);
+            let h = SlotHeader {
+                flags: if end.is_some_and(|f| f.open > 0) {
+                    SLOT_FLAG_OPEN_AT_FLUSH
+                } else {
+                    0
+                },
+                first_ts: first_ts.unwrap_or(last_ts),
+                last_ts,
+                sm_first: sm,
+                sm_last: sm,
+                block_linear: bl,
+                block: [bl % gx, bl / gx % gy, bl / gx / gy],
+                warp: s % wpb,
+                cluster_rank: end.map_or(NO_CLUSTER, |f| f.cluster_rank),
+                drop_count: drops.min(u32::MAX as u64) as u32,
+                ..SlotHeader::default()
+            };
+            w.slot(&h, events);
+        }
+        for &s in &self.touched {
+            self.events[s as usize].clear();
+            self.marked[s as usize] = false;
+        }
+        self.touched.clear();
+        self.in_part = 0;
+        self.cut_at = Instant::now();
+        if w.slot_count() == 0 && last.is_none() {
+            return (None, errors);
+        }
+        self.part += 1;
+        (Some(w.finish()), errors)
+    }
+
+    fn touch(&mut self, s: usize) {
+        if !self.marked[s] {
+            self.marked[s] = true;
+            self.touched.push(s as u32);
+        }
+    }
+
+    /// Parts cut so far.
+    pub(crate) fn parts(&self) -> u32 {
+        self.part
+    }
+}
+
+/// What a flushed slot header says.
+struct Flushed {
+    last_ts: u64,
+    drops: u64,
+    sm: u32,
+    cluster_rank: u32,
+    /// Ranges still open after the last entry.
+    open: usize,
+}
