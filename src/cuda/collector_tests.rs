@@ -4,11 +4,13 @@
 //! (buffers written with `BufferBuilder`), and the graph prologue. This is also
 //! how a second device is simulated.
 use super::*;
+use crate::batch::BatchSink;
 use crate::clock::{ClockMap, HostOffsets};
 use crate::cuda::job::Node;
 use crate::cuda::memory::{Mark, Memory, ARMED, REPLAY_HEADER, TAKEN};
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tracing_subscriber::layer::SubscriberExt;

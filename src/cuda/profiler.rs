@@ -77,7 +77,7 @@ use super::memory::{Kind, Mark, Memory, Place, Shape};
 use super::names::{kernel_name, thread_name};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};
-use super::streaming::{StreamArena, StreamSettings};
+use super::stream::{StreamArena, StreamSettings};
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
 use crate::format::{self, BufferHeader, KernelArg};

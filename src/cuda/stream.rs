@@ -9,18 +9,77 @@
 //! what frees the chunk for the warp. No driver call, no copy: the device's
 //! stores arrive in this memory over the host link.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
+use super::error::ProfilerError;
 use super::memory::Memory;
-use super::ring::Region;
+use super::ring::{Arena, Region};
 use crate::decode::stream::{complete, WarpStream};
 use crate::decode::DecodeError;
 use crate::format::{
     stream_slot_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
     CHUNK_RECORDS, CHUNK_SIZE, NO_CLUSTER, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
-    SLOT_MAGIC_STREAM,
+    SLOT_MAGIC_STREAM, TRACE_STREAM,
 };
 use crate::registry::EventRegistry;
+
+/// Default size of the streaming arena: 64 MiB of pinned host memory, mapped
+/// into the device, allocated at the first streamed launch.
+pub const DEFAULT_STREAM_MEMORY: usize = 64 << 20;
+/// Default records (of 16 bytes) per warp's ring: 64 chunks of 31 entries.
+pub const DEFAULT_STREAM_CAPACITY: u32 = 64 * CHUNK_RECORDS;
+/// Default time between two parts of a running streamed launch.
+pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The streaming settings of a [`ProfilerBuilder`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamSettings {
+    pub(crate) memory: usize,
+    pub(crate) capacity: u32,
+    pub(crate) interval: Duration,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        StreamSettings {
+            memory: DEFAULT_STREAM_MEMORY,
+            capacity: DEFAULT_STREAM_CAPACITY,
+            interval: DEFAULT_STREAM_INTERVAL,
+        }
+    }
+}
+
+impl StreamSettings {
+    pub(crate) fn check(&self) -> Result<(), ProfilerError> {
+        let c = self.capacity;
+        if c < 2 * CHUNK_RECORDS || c % CHUNK_RECORDS != 0 || c >= TRACE_STREAM {
+            return Err(ProfilerError::Invalid(format!(
+                "stream capacity must be a multiple of {CHUNK_RECORDS} records, at least {} (two chunks), not {c}",
+                2 * CHUNK_RECORDS
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The streaming arena, made at the first streamed launch.
+#[derive(Default)]
+pub(crate) struct StreamArena(Mutex<Option<(Arc<Memory>, Arc<Arena>)>>);
+
+impl StreamArena {
+    /// The memory and its bookkeeping, if made.
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Option<(Arc<Memory>, Arc<Arena>)>> {
+        self.0.lock()
+    }
+
+    /// The arena's bytes (0 until the first streamed launch).
+    pub(crate) fn bytes(&self) -> usize {
+        self.0.lock().as_ref().map_or(0, |(m, _)| m.len)
+    }
+}
 
 /// How often a running launch's rings are read: often enough that a ring of
 /// a few dozen chunks does not fill at the rates the host can decode.

@@ -27,60 +27,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{sys, CudaStream, LaunchConfig};
-use parking_lot::Mutex;
 
 use super::device::allocate_mapped;
 use super::error::ProfilerError;
 use super::job::Work;
-use super::memory::{Memory, Place, Shape};
+use super::memory::{Place, Shape};
 use super::names::{kernel_name, thread_name};
 use super::profiler::{Profiler, ProfilerBuilder};
 use super::ring::Arena;
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::HostClock;
-use crate::format::{self, BufferHeader, KernelArg, CHUNK_RECORDS, TRACE_STREAM};
-
-/// Default size of the streaming arena: 64 MiB of pinned host memory, mapped
-/// into the device, allocated at the first streamed launch.
-pub const DEFAULT_STREAM_MEMORY: usize = 64 << 20;
-/// Default records (of 16 bytes) per warp's ring: 64 chunks of 31 entries.
-pub const DEFAULT_STREAM_CAPACITY: u32 = 64 * CHUNK_RECORDS;
-/// Default time between two parts of a running streamed launch.
-pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The streaming settings of a [`ProfilerBuilder`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StreamSettings {
-    pub(crate) memory: usize,
-    pub(crate) capacity: u32,
-    pub(crate) interval: Duration,
-}
-
-impl Default for StreamSettings {
-    fn default() -> Self {
-        StreamSettings {
-            memory: DEFAULT_STREAM_MEMORY,
-            capacity: DEFAULT_STREAM_CAPACITY,
-            interval: DEFAULT_STREAM_INTERVAL,
-        }
-    }
-}
-
-impl StreamSettings {
-    pub(crate) fn check(&self) -> Result<(), ProfilerError> {
-        let c = self.capacity;
-        if c < 2 * CHUNK_RECORDS || c % CHUNK_RECORDS != 0 || c >= TRACE_STREAM {
-            return Err(ProfilerError::Invalid(format!(
-                "stream capacity must be a multiple of {CHUNK_RECORDS} records, at least {} (two chunks), not {c}",
-                2 * CHUNK_RECORDS
-            )));
-        }
-        Ok(())
-    }
-}
+use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 
 impl ProfilerBuilder {
-    /// Bytes of the streaming arena (default [`DEFAULT_STREAM_MEMORY`]): pinned
+    /// Bytes of the streaming arena (default [`super::DEFAULT_STREAM_MEMORY`]): pinned
     /// host memory mapped into the device, allocated at the first streamed
     /// launch, whatever the runs' length. A streamed launch takes one ring per
     /// warp of its grid; when the arena is full it runs unrecorded (counted
@@ -91,7 +51,7 @@ impl ProfilerBuilder {
     }
 
     /// Records of 16 bytes per warp's ring (default
-    /// [`DEFAULT_STREAM_CAPACITY`]): a multiple of 16 (one 256-byte chunk of
+    /// [`super::DEFAULT_STREAM_CAPACITY`]): a multiple of 16 (one 256-byte chunk of
     /// 31 entries), at least 32. A warp that writes faster than the collector
     /// reads drops its newest entries when its ring is full, and counts them.
     pub fn stream_capacity(mut self, records: u32) -> Self {
@@ -100,22 +60,11 @@ impl ProfilerBuilder {
     }
 
     /// How often a running streamed launch delivers a part to the sinks
-    /// (default [`DEFAULT_STREAM_INTERVAL`]). The rings are read every
+    /// (default [`super::DEFAULT_STREAM_INTERVAL`]). The rings are read every
     /// millisecond whatever this is; a part is also cut early when it is large.
     pub fn stream_interval(mut self, every: Duration) -> Self {
         self.stream.interval = every;
         self
-    }
-}
-
-/// The streaming arena, made at the first streamed launch.
-#[derive(Default)]
-pub(crate) struct StreamArena(Mutex<Option<(Arc<Memory>, Arc<Arena>)>>);
-
-impl StreamArena {
-    /// The arena's bytes (0 until the first streamed launch).
-    pub(crate) fn bytes(&self) -> usize {
-        self.0.lock().as_ref().map_or(0, |(m, _)| m.len)
     }
 }
 
@@ -178,7 +127,7 @@ impl Streaming<'_> {
             }
         }
         let (memory, arena) = {
-            let mut slot = p.streaming.0.lock();
+            let mut slot = p.streaming.lock();
             match &*slot {
                 Some(pair) => pair.clone(),
                 None => {

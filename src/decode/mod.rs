@@ -33,9 +33,11 @@ mod error;
 mod packed;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) mod stream;
+mod v1;
 mod v2;
 use bytes::{u16_at, u32_at, u64_at};
 pub use error::DecodeError;
+use v1::{check_v1_slot, read_slot_header, xyz_at};
 
 /// What [`Buffer::decode`] learned, kept so that [`OwnedBuffer::view`] need not
 /// validate again.
@@ -71,28 +73,6 @@ impl fmt::Debug for Buffer<'_> {
             .field("events", &self.index.events)
             .field("drops", &self.index.drops)
             .finish()
-    }
-}
-
-fn xyz_at(b: &[u8], at: usize) -> [u32; 3] {
-    [u32_at(b, at), u32_at(b, at + 4), u32_at(b, at + 8)]
-}
-
-/// Reads a slot header from at least [`SLOT_HEADER_SIZE`] bytes.
-fn read_slot_header(b: &[u8]) -> SlotHeader {
-    SlotHeader {
-        magic: u32_at(b, so::MAGIC),
-        flags: u32_at(b, so::FLAGS),
-        first_ts: u64_at(b, so::FIRST_TS),
-        last_ts: u64_at(b, so::LAST_TS),
-        sm_first: u32_at(b, so::SM_FIRST),
-        sm_last: u32_at(b, so::SM_LAST),
-        block_linear: u32_at(b, so::BLOCK_LINEAR),
-        block: xyz_at(b, so::BLOCK_XYZ),
-        warp: u32_at(b, so::WARP),
-        cluster_rank: u32_at(b, so::CLUSTER_RANK),
-        record_count: u32_at(b, so::RECORD_COUNT),
-        drop_count: u32_at(b, so::DROP_COUNT),
     }
 }
 
@@ -197,46 +177,6 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
         });
     }
     Ok((header, size))
-}
-
-/// The checks of a v1 slot header against its place, `[block_linear, x, y, z, warp]`.
-fn check_v1_slot(
-    i: u32,
-    h: &SlotHeader,
-    capacity: u32,
-    warps: u64,
-    place: [u32; 5],
-) -> Result<(), DecodeError> {
-    if h.record_count > capacity {
-        return Err(DecodeError::CountOverCapacity {
-            slot: i,
-            count: h.record_count,
-            capacity,
-        });
-    }
-    if i as u64 >= warps {
-        return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
-    }
-    let [bl, x, y, z, warp] = place;
-    if h.block_linear != bl || h.block != [x, y, z] || h.warp != warp {
-        return Err(DecodeError::Misplaced {
-            slot: i,
-            expected_block: bl,
-            expected_xyz: [x, y, z],
-            expected_warp: warp,
-            found_block: h.block_linear,
-            found_xyz: h.block,
-            found_warp: h.warp,
-        });
-    }
-    if h.last_ts < h.first_ts {
-        return Err(DecodeError::SlotTimesBackwards {
-            slot: i,
-            first_ts: h.first_ts,
-            last_ts: h.last_ts,
-        });
-    }
-    Ok(())
 }
 
 /// Offset of the first non-zero 16-byte group of `b` (a multiple of 16 long).

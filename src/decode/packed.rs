@@ -4,7 +4,8 @@
 //! strictly as the device's buffers.
 
 use super::bytes::{u16_at, u32_at, u64_at};
-use super::{check_v1_slot, read_slot_header, DecodeError};
+use super::error::DecodeError;
+use super::v1::{check_v1_slot, read_slot_header};
 use crate::format::{
     packed_offsets as po, BufferHeader, Event, EventKind, SlotHeader, BUFFER_HEADER_SIZE,
     KIND_INSTANT, KIND_RANGE, PACKED_RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC,
@@ -218,6 +219,7 @@ mod tests {
             payload: 0,
         };
         w.slot(&slot(2, 0, 40, 60), &[range(1, 40, 45, 0), instant]);
+        assert_eq!(w.slot_count(), 2);
         w.finish()
     }
 
