@@ -422,7 +422,8 @@ impl Worker {
     /// Reads a running streamed launch's rings if a poll is due, and holds a
     /// part if one is due. Returns whether it read anything.
     fn drain_running(&mut self, job: &mut Job) -> bool {
-        let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
+        let (before_ns, interval, workers) =
+            (self.stream_floor(), self.stream_interval, self.decoders);
         let Work::Stream {
             header,
             place,
@@ -432,7 +433,8 @@ impl Worker {
         else {
             return false;
         };
-        let drain = drain.get_or_insert_with(|| Box::new(Drain::new(*header, before_ns, interval)));
+        let drain = drain
+            .get_or_insert_with(|| Box::new(Drain::new(*header, before_ns, interval, workers)));
         if !drain.poll_due() {
             return false;
         }
@@ -457,7 +459,8 @@ impl Worker {
     /// flushed counts), then its region zeroed here and given back.
     fn end_stream(&mut self, job: Job, outcome: Result<(), ProfilerError>, complete_ns: u64) {
         self.backend.release(job.mark);
-        let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
+        let (before_ns, interval, workers) =
+            (self.stream_floor(), self.stream_interval, self.decoders);
         let Job {
             mut launch,
             dispatch,
@@ -480,8 +483,8 @@ impl Worker {
                 st.errors.push(e);
             }),
             Ok(()) => {
-                let mut drain =
-                    drain.unwrap_or_else(|| Box::new(Drain::new(header, before_ns, interval)));
+                let mut drain = drain
+                    .unwrap_or_else(|| Box::new(Drain::new(header, before_ns, interval, workers)));
                 let mut errors = drain.poll(&place.memory, &place.region, &self.registry);
                 let (bytes, more) = drain.cut(Some((&place.memory, &place.region)));
                 errors.extend(more);

@@ -96,24 +96,69 @@ pub(crate) struct SlotError {
     pub(crate) error: DecodeError,
 }
 
+/// One warp's ring, as the drain knows it.
+struct Ring {
+    warp: WarpStream,
+    /// Chunks consumed (what the slot header's `read` says).
+    read: u32,
+    /// A decode error stopped it: its chunks are consumed unread.
+    broken: bool,
+    /// This part's events.
+    events: Vec<Event>,
+    /// Lost events already counted in an earlier part.
+    lost_reported: u64,
+    /// It has news for this part (events, or lost ones).
+    touched: bool,
+}
+
+impl Ring {
+    /// Reads every complete chunk of the ring of slot `s` at `slot` (bytes
+    /// into `memory`); returns the events it added.
+    fn poll(
+        &mut self,
+        s: u32,
+        at: (&Memory, usize),
+        chunks: u32,
+        registry: &EventRegistry,
+        errors: &mut Vec<SlotError>,
+    ) -> usize {
+        let (memory, slot) = at;
+        let before = self.events.len();
+        loop {
+            let at = slot + SLOT_HEADER_SIZE + (self.read % chunks) as usize * CHUNK_SIZE;
+            let chunk = memory.load_chunk(at);
+            let Some(meta) = complete(&chunk) else {
+                break;
+            };
+            if !self.broken {
+                let known = |id| registry.contains(id);
+                if let Err(error) = self.warp.take(&chunk, meta, s, known, &mut self.events) {
+                    self.broken = true;
+                    errors.push(SlotError { slot: s, error });
+                }
+            }
+            memory.zero(at, CHUNK_SIZE);
+            self.read = self.read.wrapping_add(1);
+            memory.publish_u32(slot + so::READ, self.read);
+            self.touched = true;
+        }
+        self.events.len() - before
+    }
+}
+
+/// Below this many slots a poll reads them all on the collector thread.
+const PARALLEL_SLOTS: usize = 64;
+
 /// One streamed launch's rings, and the part being gathered.
 pub(crate) struct Drain {
     header: BufferHeader,
     /// Chunks per ring.
     chunks: u32,
     stride: usize,
-    warps: Vec<WarpStream>,
-    /// Chunks consumed per slot (what the slot header's `read` says).
-    read: Vec<u32>,
-    /// Per slot: a decode error stopped it; its chunks are consumed unread.
-    broken: Vec<bool>,
-    /// This part's events, per slot; `touched` lists the slots that have some
-    /// (or news of lost events), unordered.
-    events: Vec<Vec<Event>>,
-    lost_reported: Vec<u64>,
-    touched: Vec<u32>,
-    /// Per slot: listed in `touched`.
-    marked: Vec<bool>,
+    rings: Vec<Ring>,
+    /// Threads a poll reads on: one warp's ring always on the same thread,
+    /// since rebuilding its ranges carries from chunk to chunk.
+    workers: usize,
     in_part: usize,
     part: u32,
     cut_at: Instant,
@@ -124,20 +169,31 @@ pub(crate) struct Drain {
 impl Drain {
     /// The drain of a launch of `header`'s shape (its capacity a multiple of a
     /// chunk's records), whose chunks' stamps come after `before_ns` (device
-    /// ns; within 2⁴⁸ ns); parts are cut every `interval`.
-    pub(crate) fn new(header: BufferHeader, before_ns: u64, interval: Duration) -> Drain {
+    /// ns; within 2⁴⁸ ns); parts are cut every `interval`; a poll reads on up
+    /// to `workers` threads.
+    pub(crate) fn new(
+        header: BufferHeader,
+        before_ns: u64,
+        interval: Duration,
+        workers: usize,
+    ) -> Drain {
         let n = header.slot_count as usize;
+        let rings = (0..n)
+            .map(|_| Ring {
+                warp: WarpStream::new(before_ns),
+                read: 0,
+                broken: false,
+                events: Vec::new(),
+                lost_reported: 0,
+                touched: false,
+            })
+            .collect();
         Drain {
             header,
             chunks: header.slot_capacity / CHUNK_RECORDS,
             stride: crate::format::slot_stride(header.slot_capacity),
-            warps: vec![WarpStream::new(before_ns); n],
-            read: vec![0; n],
-            broken: vec![false; n],
-            events: vec![Vec::new(); n],
-            lost_reported: vec![0; n],
-            touched: Vec::new(),
-            marked: vec![false; n],
+            rings,
+            workers: workers.max(1),
             in_part: 0,
             part: 0,
             cut_at: Instant::now(),
@@ -154,12 +210,14 @@ impl Drain {
     /// Whether the part gathered so far should go now (its interval is over,
     /// or it is large).
     pub(crate) fn part_due(&self) -> bool {
-        !self.touched.is_empty()
-            && (self.cut_at.elapsed() >= self.interval || self.in_part >= PART_EVENTS)
+        // Lost events alone wait for the next part with events, or the last.
+        self.in_part > 0 && (self.cut_at.elapsed() >= self.interval || self.in_part >= PART_EVENTS)
     }
 
     /// Reads every complete chunk of every ring of the launch, whose buffer is
-    /// `region` of `memory`. Errors are per slot: that slot stops, the others go on.
+    /// `region` of `memory`. Errors are per slot: that slot stops, the others
+    /// go on. Many slots are read on several threads: one core rebuilds about
+    /// 50-60 M entries a second, short of what a GPU can send.
     pub(crate) fn poll(
         &mut self,
         memory: &Memory,
@@ -167,39 +225,49 @@ impl Drain {
         registry: &EventRegistry,
     ) -> Vec<SlotError> {
         self.polled_at = Some(Instant::now());
+        let (chunks, stride) = (self.chunks, self.stride);
+        let base = region.offset + BUFFER_HEADER_SIZE;
+        let read = |first: usize, rings: &mut [Ring], errors: &mut Vec<SlotError>| {
+            let mut added = 0;
+            for (k, ring) in rings.iter_mut().enumerate() {
+                let s = first + k;
+                added += ring.poll(
+                    s as u32,
+                    (memory, base + s * stride),
+                    chunks,
+                    registry,
+                    errors,
+                );
+            }
+            added
+        };
         let mut errors = Vec::new();
-        for s in 0..self.header.slot_count as usize {
-            let slot = region.offset + BUFFER_HEADER_SIZE + s * self.stride;
-            let mut took = false;
-            loop {
-                let at =
-                    slot + SLOT_HEADER_SIZE + (self.read[s] % self.chunks) as usize * CHUNK_SIZE;
-                let chunk = memory.load_chunk(at);
-                let Some(meta) = complete(&chunk) else {
-                    break;
-                };
-                if !self.broken[s] {
-                    let out = &mut self.events[s];
-                    let before = out.len();
-                    if let Err(error) =
-                        self.warps[s].take(&chunk, meta, s as u32, |id| registry.contains(id), out)
-                    {
-                        self.broken[s] = true;
-                        errors.push(SlotError {
-                            slot: s as u32,
-                            error,
-                        });
-                    }
-                    self.in_part += out.len() - before;
-                }
-                memory.zero(at, CHUNK_SIZE);
-                self.read[s] = self.read[s].wrapping_add(1);
-                memory.publish_u32(slot + so::READ, self.read[s]);
-                took = true;
-            }
-            if took {
-                self.touch(s);
-            }
+        let n = self.rings.len();
+        if self.workers == 1 || n < PARALLEL_SLOTS {
+            self.in_part += read(0, &mut self.rings, &mut errors);
+            return errors;
+        }
+        let per = n.div_ceil(self.workers);
+        let done: Vec<(usize, Vec<SlotError>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .rings
+                .chunks_mut(per)
+                .enumerate()
+                .map(|(i, rings)| {
+                    scope.spawn(move || {
+                        let mut errors = Vec::new();
+                        (read(i * per, rings, &mut errors), errors)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("reading a ring does not panic"))
+                .collect()
+        });
+        for (added, e) in done {
+            self.in_part += added;
+            errors.extend(e);
         }
         errors
     }
@@ -214,68 +282,40 @@ impl Drain {
         last: Option<(&Memory, &Region)>,
     ) -> (Option<Vec<u8>>, Vec<SlotError>) {
         let mut errors = Vec::new();
-        let mut flushed = Vec::new();
-        if let Some((memory, region)) = last {
-            for s in 0..self.header.slot_count as usize {
-                let slot = region.offset + BUFFER_HEADER_SIZE + s * self.stride;
-                if memory.load_u32(slot + so::MAGIC) != SLOT_MAGIC_STREAM {
-                    continue;
-                }
-                let stored = memory.load_u32(slot + so::CHUNKS);
-                if stored != self.read[s] && !self.broken[s] {
-                    self.broken[s] = true;
-                    errors.push(SlotError {
-                        slot: s as u32,
-                        error: DecodeError::RingUnread {
-                            slot: s as u32,
-                            stored,
-                            read: self.read[s],
-                        },
-                    });
-                }
-                let open = self.warps[s].finish(&mut self.events[s]);
-                flushed.push((
-                    s as u32,
-                    Flushed {
-                        last_ts: memory.load_u64(slot + so::LAST_TS),
-                        drops: memory.load_u32(slot + so::DROP_COUNT) as u64,
-                        sm: memory.load_u32(slot + so::SM),
-                        cluster_rank: memory.load_u32(slot + so::CLUSTER_RANK),
-                        open,
-                    },
-                ));
-                self.touch(s);
-            }
-        }
-        self.touched.sort_unstable();
         let wpb = self.header.warps_per_block;
         let [gx, gy, _] = self.header.grid;
         let mut w = PackedWriter::new(&self.header);
-        for &s in &self.touched {
-            let i = s as usize;
-            let events = &self.events[i];
-            let end = flushed
-                .binary_search_by_key(&s, |&(f, _)| f)
-                .ok()
-                .map(|k| &flushed[k].1);
-            let lost = self.warps[i].lost - self.lost_reported[i];
-            let drops = lost + end.map_or(0, |f| f.drops);
+        for (s, ring) in self.rings.iter_mut().enumerate() {
+            let end = match last {
+                Some((memory, region)) => {
+                    let slot = region.offset + BUFFER_HEADER_SIZE + s * self.stride;
+                    Flushed::read(memory, slot, ring, s as u32, &mut errors)
+                }
+                None => None,
+            };
+            if !ring.touched && end.is_none() {
+                continue;
+            }
+            ring.touched = false;
+            let lost = ring.warp.lost - ring.lost_reported;
+            ring.lost_reported = ring.warp.lost;
+            let drops = lost + end.as_ref().map_or(0, |f| f.drops);
+            let events = &ring.events;
             if events.is_empty() && drops == 0 {
                 continue;
             }
-            self.lost_reported[i] = self.warps[i].lost;
             let first_ts = events.iter().map(|e| e.start_ns).min();
-            let last_ts = events.iter().map(|e| e.end_ns).max();
-            let last_ts = match (last_ts, end) {
-                (Some(t), Some(f)) => t.max(f.last_ts),
-                (Some(t), None) => t,
-                (None, Some(f)) => f.last_ts,
-                (None, None) => 0,
-            };
+            let ends = events.iter().map(|e| e.end_ns).max();
+            let last_ts = ends
+                .into_iter()
+                .chain(end.as_ref().map(|f| f.last_ts))
+                .max()
+                .unwrap_or(0);
+            let s = s as u32;
             let bl = s / wpb;
-            let sm = end.map_or(self.warps[i].sm, |f| f.sm);
+            let sm = end.as_ref().map_or(ring.warp.sm, |f| f.sm);
             let h = SlotHeader {
-                flags: if end.is_some_and(|f| f.open > 0) {
+                flags: if end.as_ref().is_some_and(|f| f.open > 0) {
                     SLOT_FLAG_OPEN_AT_FLUSH
                 } else {
                     0
@@ -287,17 +327,13 @@ impl Drain {
                 block_linear: bl,
                 block: [bl % gx, bl / gx % gy, bl / gx / gy],
                 warp: s % wpb,
-                cluster_rank: end.map_or(NO_CLUSTER, |f| f.cluster_rank),
+                cluster_rank: end.as_ref().map_or(NO_CLUSTER, |f| f.cluster_rank),
                 drop_count: drops.min(u32::MAX as u64) as u32,
                 ..SlotHeader::default()
             };
             w.slot(&h, events);
+            ring.events.clear();
         }
-        for &s in &self.touched {
-            self.events[s as usize].clear();
-            self.marked[s as usize] = false;
-        }
-        self.touched.clear();
         self.in_part = 0;
         self.cut_at = Instant::now();
         if w.slot_count() == 0 && last.is_none() {
@@ -305,13 +341,6 @@ impl Drain {
         }
         self.part += 1;
         (Some(w.finish()), errors)
-    }
-
-    fn touch(&mut self, s: usize) {
-        if !self.marked[s] {
-            self.marked[s] = true;
-            self.touched.push(s as u32);
-        }
     }
 
     /// Parts cut so far.
@@ -328,4 +357,40 @@ struct Flushed {
     cluster_rank: u32,
     /// Ranges still open after the last entry.
     open: usize,
+}
+
+impl Flushed {
+    /// The flushed header of the ring of slot `s` at `slot`, if its warp
+    /// flushed: the ring's held event goes out, and its count is checked
+    /// against the chunks read.
+    fn read(
+        memory: &Memory,
+        slot: usize,
+        ring: &mut Ring,
+        s: u32,
+        errors: &mut Vec<SlotError>,
+    ) -> Option<Flushed> {
+        if memory.load_u32(slot + so::MAGIC) != SLOT_MAGIC_STREAM {
+            return None;
+        }
+        let stored = memory.load_u32(slot + so::CHUNKS);
+        if stored != ring.read && !ring.broken {
+            ring.broken = true;
+            errors.push(SlotError {
+                slot: s,
+                error: DecodeError::RingUnread {
+                    slot: s,
+                    stored,
+                    read: ring.read,
+                },
+            });
+        }
+        Some(Flushed {
+            last_ts: memory.load_u64(slot + so::LAST_TS),
+            drops: memory.load_u32(slot + so::DROP_COUNT) as u64,
+            sm: memory.load_u32(slot + so::SM),
+            cluster_rank: memory.load_u32(slot + so::CLUSTER_RANK),
+            open: ring.warp.finish(&mut ring.events),
+        })
+    }
 }
