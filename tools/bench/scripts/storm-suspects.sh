@@ -23,6 +23,8 @@
 # the queue never fills, so part (3) should vanish); "gap" (20 µs spin after each
 # call, the queue stays empty whatever the kernel); "settled" (no block beside an
 # earlier block's drain); "big" (132 blocks, work 1024: the arena full, few recorded).
+# "own-1-bisect" is "own-1" with the stand-in collector asking log2(launches) events a
+# pass instead of one per launch: if its collector part is smaller, the queries cost.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 storm=${STORM:-$here/storm}
@@ -54,6 +56,7 @@ run() { # NAME ARGS...: one storm, at most 40 s
 
 recorded=(--blocks 8 --work 64)
 run own-1 "${recorded[@]}" --stream own --threads 1 --launches 50000
+run own-1-bisect "${recorded[@]}" --stream own --threads 1 --launches 50000 --bisect
 run legacy-1 "${recorded[@]}" --stream legacy --threads 1 --launches 50000
 run own-4 "${recorded[@]}" --stream own --threads 4 --launches 50000
 run legacy-4 "${recorded[@]}" --stream legacy --threads 4 --launches 50000

@@ -13,6 +13,11 @@
 //! `cuMemsetD8Async` on a non-blocking stream of its own, each waited for through a
 //! blocking-sync event; when none has, it sleeps 100 µs. It does not decode, so its
 //! passes come at least as often as the real one's, each bringing back fewer launches.
+//!
+//! [`Queries::Bisect`] asks fewer events than the real collector does, as a
+//! collector could: the newest of each stream first (if it has finished, so have all
+//! before it), else a binary search for the first unfinished one; against
+//! [`Queries::PerLaunch`], it says whether the event queries are what costs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -86,6 +91,15 @@ impl Marks {
     }
 }
 
+/// Which events a pass asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queries {
+    /// Each launch's, in order, up to the first unfinished one (the real collector).
+    PerLaunch,
+    /// The newest launch's, then a binary search: about log2(launches) per stream.
+    Bisect,
+}
+
 /// What the fake collector did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Passes {
@@ -144,6 +158,7 @@ impl FakeCollector {
         &self,
         marks: &[Marks],
         trace_bytes: usize,
+        queries: Queries,
         stop: &AtomicBool,
     ) -> Result<Passes, DriverError> {
         let mut seen = vec![0u64; marks.len()];
@@ -154,22 +169,41 @@ impl FakeCollector {
             let mut pending = false;
             for (m, seen) in marks.iter().zip(&mut seen) {
                 let made = m.made.load(Ordering::Acquire);
-                // In order, up to the first unfinished: launches on a stream finish in order.
-                while *seen < made {
+                let mut query = |i: u64| {
                     passes.queries += 1;
                     // SAFETY: a live event of the bound context.
-                    match unsafe { sys::cuEventQuery(m.events[*seen as usize % RING].0) } {
-                        sys::CUresult::CUDA_SUCCESS => {
-                            *seen += 1;
-                            finished += 1;
-                        }
-                        sys::CUresult::CUDA_ERROR_NOT_READY => {
-                            pending = true;
-                            break;
-                        }
-                        e => return Err(DriverError(e)),
+                    match unsafe { sys::cuEventQuery(m.events[i as usize % RING].0) } {
+                        sys::CUresult::CUDA_SUCCESS => Ok(true),
+                        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+                        e => Err(DriverError(e)),
                     }
-                }
+                };
+                // The first unfinished launch (launches on a stream finish in order).
+                let first = match queries {
+                    Queries::PerLaunch => {
+                        let mut i = *seen;
+                        while i < made && query(i)? {
+                            i += 1;
+                        }
+                        i
+                    }
+                    Queries::Bisect if *seen == made || query(made - 1)? => made,
+                    Queries::Bisect => {
+                        // Finished below `lo`, unfinished at `hi`.
+                        let (mut lo, mut hi) = (*seen, made - 1);
+                        while lo < hi {
+                            let mid = lo + (hi - lo) / 2;
+                            match query(mid)? {
+                                true => lo = mid + 1,
+                                false => hi = mid,
+                            }
+                        }
+                        lo
+                    }
+                };
+                pending |= first < made;
+                finished += (first - *seen) as usize;
+                *seen = first;
             }
             if finished == 0 {
                 if stopping && !pending {

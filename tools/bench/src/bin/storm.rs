@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin storm -- [--launches 100000] [--threads 1] \
 //!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000] \
-//!     [--blocks N] [--settle] [--gap US] [--variants plain,floor,unsubscribed,profiled]
+//!     [--blocks N] [--settle] [--gap US] [--variants plain,floor,unsubscribed,profiled] \
+//!     [--bisect]
 //! ```
 //!
 //! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
@@ -26,7 +27,9 @@
 //!   ([`tracing_gpu_bench::fake_collector`]: an event query per finished launch, a
 //!   copy back and a memset of their trace bytes on a non-blocking stream of its own,
 //!   each waited for). Minus *floor*: what the collector's driver calls cost the
-//!   launch call inside the driver. It has no lock, no channel, no span;
+//!   launch call inside the driver. It has no lock, no channel, no span. With
+//!   `--bisect` its collector asks about log2(launches) events a pass instead of one
+//!   per launch: whether the event queries are what costs;
 //! - `host-only`: *profiled* (Perfetto layer), but the kernel gets the trace with its
 //!   base set to 0, so that it records nothing and is as long as the plain one; the
 //!   host does all it does for a recorded launch (a region, the event, the job; the
@@ -78,7 +81,7 @@ use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError, DEFAULT_MEMORY_LIM
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::device::Timer;
-use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes};
+use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes, Queries};
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::{Buffers, Short};
 use tracing_gpu_bench::stats::Calls;
@@ -127,6 +130,11 @@ struct Args {
     /// the kernel, it keeps the device queue short, so that no call waits for the device.
     #[arg(long, default_value_t = 0.0)]
     gap: f64,
+    /// The `floor-collector` variant's collector asks the newest event of each stream,
+    /// then bisects, instead of every launch's event as the real collector does: about
+    /// log2(launches) queries a pass instead of one per launch.
+    #[arg(long)]
+    bisect: bool,
     /// The variants, comma-separated (plain is always measured; see the module docs).
     #[arg(
         long,
@@ -456,12 +464,16 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     };
     let trace_bytes = short.trace_bytes(a.capacity);
     let stop = AtomicBool::new(false);
+    let queries = match a.bisect {
+        true => Queries::Bisect,
+        false => Queries::PerLaunch,
+    };
     let (tallies, passes) = std::thread::scope(|scope| {
         let fake = collector.as_ref().map(|c| {
             let (storm, stop, ctx) = (&storm, &stop, &ctx);
             scope.spawn(move || {
                 ctx.bind_to_thread()?;
-                c.run(&storm.marks, trace_bytes, stop)
+                c.run(&storm.marks, trace_bytes, queries, stop)
             })
         });
         let handles: Vec<_> = streams
@@ -576,7 +588,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     }
     if let Some(p) = &passes {
         println!(
-            "fake collector: {} passes with launches ({:.1} launches each), {} idle, {} event queries",
+            "fake collector{}: {} passes with launches ({:.1} launches each), {} idle, {} event queries",
+            if a.bisect { " (bisect)" } else { "" },
             p.bulk,
             p.launches as f64 / p.bulk.max(1) as f64,
             p.idle,
@@ -623,7 +636,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         false => "null".into(),
     };
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"fake_collector":{json_fake},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
         a.settle,
@@ -639,6 +652,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             .map(|(v, s)| format!(r#""{}":{}"#, v.key(), s.json()))
             .collect::<Vec<_>>()
             .join(","),
+        a.bisect,
         num(d50),
         num(d99),
         stats.memory_bytes,
