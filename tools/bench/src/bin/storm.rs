@@ -128,7 +128,7 @@ struct Args {
     settle: bool,
     /// Microseconds each thread spins after each launch call (not timed); longer than
     /// the kernel, it keeps the device queue short, so that no call waits for the device.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = microseconds)]
     gap: f64,
     /// The `floor-collector` variant's collector asks the newest event of each stream,
     /// then bisects, instead of every launch's event as the real collector does: about
@@ -195,6 +195,14 @@ impl Variant {
     /// Whether the kernel records (it is then longer than the plain one).
     fn records(self) -> bool {
         matches!(self, Variant::Unsubscribed | Variant::Profiled)
+    }
+}
+
+/// A number of microseconds, 0 or more (`--gap`).
+fn microseconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(us) if us.is_finite() && us >= 0.0 => Ok(us),
+        _ => Err("must be a number of microseconds, 0 or more".into()),
     }
 }
 
@@ -380,9 +388,6 @@ impl Storm<'_> {
 }
 
 fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
-    if !(a.gap.is_finite() && a.gap >= 0.0) {
-        return Err("--gap must be a number of microseconds, 0 or more".into());
-    }
     let variants = chosen(&a.variants);
     let trace = PerfettoTrace::new("storm")?;
     let _default = tracing::dispatcher::set_default(&trace.dispatch);
