@@ -10,9 +10,10 @@
 //! One pass: ask each stream's oldest unfinished mark (launches on a stream
 //! finish in order, streams in any order); copy every finished launch back at
 //! once, one copy per run of neighbouring regions; zero them on the device and
-//! give them back to the arena; then decode. The driver calls of a pass do not
-//! grow with the number of launches it finds, so the collector keeps up with
-//! storms of short launches and disturbs the launching threads as little as it can.
+//! give them back to the arena; then decode. Besides one event query per
+//! finished launch, the driver calls of a pass do not grow with the number of
+//! launches it finds, so the collector keeps up with storms of short launches
+//! and disturbs the launching threads as little as it can.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -393,8 +394,9 @@ impl Worker {
         if let Err(e) = fetched {
             self.shared.push_error(e);
         }
+        let marks: Vec<_> = done.iter().map(|(j, _)| j.mark).collect();
+        self.backend.release(&marks);
         for ((job, outcome), taken) in done.into_iter().zip(taken) {
-            self.backend.release(job.mark);
             let n = job.work.launches();
             match outcome {
                 Err(e) => self.shared.finish(n, |st| {

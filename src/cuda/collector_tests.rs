@@ -25,6 +25,9 @@ struct Gpu {
     /// places they covered, to check that draining is done in bulk.
     fetches: AtomicU64,
     fetched_places: AtomicU64,
+    /// Calls giving events back, and the events given back.
+    releases: AtomicU64,
+    released: AtomicU64,
     /// Fail the next fetch.
     fail_fetch: Mutex<bool>,
 }
@@ -98,9 +101,12 @@ impl Device for Sim {
         Ok(())
     }
 
-    fn release(&mut self, mark: Mark) {
-        if let Some(e) = mark.event {
-            self.0.fired.lock().remove(&e);
+    fn release(&mut self, marks: &[Mark]) {
+        self.0.releases.fetch_add(1, Ordering::Relaxed);
+        let mut fired = self.0.fired.lock();
+        for e in marks.iter().filter_map(|m| m.event) {
+            fired.remove(&e);
+            self.0.released.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -511,6 +517,30 @@ fn finished_launches_are_brought_back_in_bulk() {
         .collect();
     assert!(ids.windows(2).all(|w| w[0] <= w[1]), "{ids:?}");
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 50);
+}
+
+#[test]
+fn a_pass_gives_back_every_region_and_event_at_once() {
+    // More launches than `Arena::free` gives back between two hand-overs of its lock.
+    let r = Rig::new(0, None);
+    let (_rec, dispatch) = recorder_dispatch();
+    let events: Vec<u64> = tracing::dispatcher::with_default(&dispatch, || {
+        (0..300)
+            .map(|i| r.launch(1, 1_000_000 + i * 1_000, None, false).unwrap())
+            .collect()
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    for e in events {
+        r.gpu.fire(e);
+    }
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.failed, st.skipped), (300, 0, 0));
+    assert_eq!(r.arena.used(), 0);
+    assert_eq!(r.gpu.released.load(Ordering::Relaxed), 300);
+    // One call per pass that found launches finished (maybe two, as for the fetch).
+    assert!(r.gpu.releases.load(Ordering::Relaxed) <= 2);
+    assert_eq!(r.arena.alloc(1 << 20, None).map(|g| g.offset), Some(0));
 }
 
 #[test]

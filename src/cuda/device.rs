@@ -99,9 +99,11 @@ impl Events {
         }
     }
 
-    /// Gives an event back.
-    pub(crate) fn put(&self, event: u64) {
-        self.free.lock().push(event as usize);
+    /// Gives events back, under one lock: the launching threads pop from the
+    /// same list, and a lock per event would meet them once per launch.
+    pub(crate) fn put(&self, events: impl IntoIterator<Item = u64>) {
+        let mut free = self.free.lock();
+        free.extend(events.into_iter().map(|e| e as usize));
     }
 }
 
@@ -336,10 +338,8 @@ impl Device for CudaDevice {
         Ok(self.wait()?)
     }
 
-    fn release(&mut self, mark: Mark) {
-        if let Some(event) = mark.event {
-            self.events.put(event);
-        }
+    fn release(&mut self, marks: &[Mark]) {
+        self.events.put(marks.iter().filter_map(|m| m.event));
     }
 
     fn idle(&mut self) {

@@ -237,8 +237,9 @@ pub(crate) trait Device: Send {
     /// Zeroes `places` on the device (and arms replay regions again), all
     /// before returning; then the regions may be used again.
     fn recycle(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;
-    /// The collector is done with `mark`: its event may be reused.
-    fn release(&mut self, mark: Mark);
+    /// The collector is done with a pass's `marks`: their events may be reused
+    /// (all at once: the launching threads take events from the same pool).
+    fn release(&mut self, marks: &[Mark]);
     /// Nothing has finished: wait a little (the poll interval) before asking again.
     fn idle(&mut self);
 }
