@@ -460,7 +460,7 @@ impl Worker {
     /// A streamed launch has completed: its last part (every event left, the
     /// flushed counts), then its region zeroed here and given back.
     fn end_stream(&mut self, job: Job, outcome: Result<(), ProfilerError>, complete_ns: u64) {
-        self.backend.release(job.mark);
+        self.backend.release(&[job.mark]);
         let (before_ns, interval, workers) =
             (self.stream_floor(), self.stream_interval, self.decoders);
         let Job {
