@@ -121,6 +121,7 @@ impl Path {
                 block: [128, 1, 1],
                 parent: None,
                 host_thread: names::thread_name(),
+                part: None,
             },
             dispatch: tracing::dispatcher::get_default(|d| d.clone()),
             span: tracing::Span::none(),
