@@ -22,7 +22,7 @@ use crate::decode::DecodeError;
 use crate::format::{
     stream_slot_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
     CHUNK_RECORDS, CHUNK_SIZE, NO_CLUSTER, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
-    SLOT_MAGIC_STREAM, TRACE_STREAM,
+    SLOT_MAGIC_STREAM,
 };
 use crate::registry::EventRegistry;
 
@@ -31,6 +31,8 @@ use crate::registry::EventRegistry;
 pub const DEFAULT_STREAM_MEMORY: usize = 64 << 20;
 /// Default records (of 16 bytes) per warp's ring: 64 chunks of 31 entries.
 pub const DEFAULT_STREAM_CAPACITY: u32 = 64 * CHUNK_RECORDS;
+/// The largest ring: 2¹⁵ chunks.
+const MAX_STREAM_CAPACITY: u32 = 1 << 19;
 /// Default time between two parts of a running streamed launch.
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -54,10 +56,12 @@ impl Default for StreamSettings {
 
 impl StreamSettings {
     pub(crate) fn check(&self) -> Result<(), ProfilerError> {
+        // The device keeps its ring counters modulo 2¹⁶ and finds a chunk by the
+        // low bits of its number (docs/format.md).
         let c = self.capacity;
-        if c < 2 * CHUNK_RECORDS || c % CHUNK_RECORDS != 0 || c >= TRACE_STREAM {
+        if !c.is_power_of_two() || !(2 * CHUNK_RECORDS..=MAX_STREAM_CAPACITY).contains(&c) {
             return Err(ProfilerError::Invalid(format!(
-                "stream capacity must be a multiple of {CHUNK_RECORDS} records, at least {} (two chunks), not {c}",
+                "stream capacity must be a power of two from {} to {MAX_STREAM_CAPACITY} records, not {c}",
                 2 * CHUNK_RECORDS
             )));
         }

@@ -51,8 +51,8 @@ impl ProfilerBuilder {
     }
 
     /// Records of 16 bytes per warp's ring (default
-    /// [`super::DEFAULT_STREAM_CAPACITY`]): a multiple of 16 (one 256-byte chunk of
-    /// 31 entries), at least 32. A warp that writes faster than the collector
+    /// [`super::DEFAULT_STREAM_CAPACITY`]): a power of two from 32 to 2¹⁹ (16
+    /// records are one 256-byte chunk of 31 entries). A warp that writes faster than the collector
     /// reads drops its newest entries when its ring is full, and counts them.
     pub fn stream_capacity(mut self, records: u32) -> Self {
         self.stream.capacity = records;

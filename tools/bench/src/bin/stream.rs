@@ -1,0 +1,404 @@
+//! stream: a persistent, warp-specialized kernel recorded whole while it runs
+//! (`tools/bench/kernels/stream.cu`; issue #13), against the same kernel with the
+//! gate off and with fixed slots.
+//!
+//! ```sh
+//! cargo build --release -p tracing-gpu-bench --bin stream
+//! target/release/stream [--seconds 10] [--every 8] [--work 64] [--warps 4]
+//!                       [--modes off,fixed,memory,perfetto] [--json PATH]
+//! ```
+//!
+//! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
+//! `iters` times (found from a short gate-off launch so that one launch takes about
+//! `--seconds`); the events each warp records are known from the loop (stream.cu says
+//! how). Modes, one launch each, in order:
+//! - `off`: the gate off, no profiler: the kernel's own time;
+//! - `fixed`: recorded into fixed slots (`--capacity` records per warp: the first events
+//!   are kept, the rest dropped and counted), delivered to an in-memory sink;
+//! - `memory`: streamed (`Profiler::streamed`), delivered to an in-memory sink that
+//!   counts events;
+//! - `perfetto`: streamed into a Perfetto file on local disk (a temporary folder).
+//!
+//! Per mode: the kernel's time (CUDA events around the launch), the slowdown against
+//! `off`, events produced (from the loop) against delivered and dropped, the parts, the
+//! sustained events/s delivered over the kernel's time, how long after the kernel the
+//! last part arrived, the streaming memory, and the collector's process CPU time. A
+//! mode fails the run if produced ≠ delivered + dropped.
+
+use std::error::Error;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
+use tracing::Dispatch;
+use tracing_gpu::batch::{Batch, BatchSink};
+use tracing_gpu::cuda::{compile, gpu_profile, KernelBuild, Profiler, ProfilerStats};
+use tracing_gpu::deliver::SinkLayer;
+use tracing_gpu::format::KernelArg;
+use tracing_gpu::perfetto::PerfettoLayer;
+use tracing_gpu_bench::kernels::STREAM;
+use tracing_gpu_bench::{cli, device, device::Timer};
+use tracing_subscriber::layer::SubscriberExt;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+const FMA_A: f32 = 0.999_023_4;
+const FMA_B: f32 = 0.001_220_7;
+const EVENTS: [(u16, &str); 4] = [(1, "load"), (2, "wait"), (3, "mma"), (4, "issue")];
+
+/// A persistent kernel streamed while it runs, against fixed slots and the gate off.
+#[derive(Parser, Debug)]
+#[command(name = "stream")]
+struct Options {
+    /// About how long one launch runs.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Iterations per warp (instead of deriving them from --seconds).
+    #[arg(long)]
+    iters: Option<u32>,
+    /// Every this many iterations a payload (and the producer's instant).
+    #[arg(long, default_value_t = 8, value_parser = cli::positive::<u32>)]
+    every: u32,
+    /// FMAs per phase: sets the event rate.
+    #[arg(long, default_value_t = 64, value_parser = cli::positive::<i32>)]
+    work: i32,
+    /// Warps per block (one producer, the rest consumers); at least 2.
+    #[arg(long, default_value_t = 4, value_parser = cli::positive::<u32>)]
+    warps: u32,
+    /// Records per warp's ring (a power of two, 32 to 2^19) when streaming.
+    #[arg(long, default_value_t = 1024)]
+    ring: u32,
+    /// Records per warp with fixed slots.
+    #[arg(long, default_value_t = 256)]
+    capacity: u32,
+    /// Bytes of the streaming arena.
+    #[arg(long, default_value_t = 64 << 20)]
+    stream_memory: usize,
+    /// Milliseconds between two parts.
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
+    /// Modes to run, in order: off, fixed, memory, perfetto.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "off,fixed,memory,perfetto"
+    )]
+    modes: Vec<String>,
+    /// Also write every figure as JSON lines here.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+/// What the in-memory sink saw.
+#[derive(Default)]
+struct Count {
+    events: AtomicU64,
+    last_ns: AtomicU64,
+}
+
+/// The in-memory sink: walks every event, as a sink that uses them would, and keeps
+/// nothing.
+#[derive(Clone)]
+struct CountSink(Arc<Count>);
+
+impl BatchSink for CountSink {
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        let mut n = 0u64;
+        for slot in batch.buffer.view().slots() {
+            n += slot
+                .events()
+                .map(|e| u64::from(e.end_ns >= e.start_ns))
+                .sum::<u64>();
+        }
+        self.0.events.fetch_add(n, Ordering::Relaxed);
+        self.0.last_ns.store(now_ns(), Ordering::Relaxed);
+    }
+    fn flush(&self) {}
+}
+
+fn now_ns() -> u64 {
+    tracing_gpu::clock::HostClock::Boottime.now_ns()
+}
+
+/// The process's CPU time (all threads), in seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+struct Kernel {
+    f: CudaFunction,
+    cfg: LaunchConfig,
+    out: CudaSlice<f32>,
+}
+
+impl Kernel {
+    fn load(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        traced: bool,
+        o: &Options,
+    ) -> Result<Kernel> {
+        let mut build = KernelBuild::new("stream_bench", device::arch(ctx)?);
+        if traced {
+            build = build.define("TGPU_ENABLED=1");
+        }
+        let module = ctx.load_module(compile(STREAM, &build)?)?;
+        let sms = device::sm_count(ctx)?;
+        let cfg = LaunchConfig {
+            grid_dim: (sms, 1, 1),
+            block_dim: (32 * o.warps, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let out = stream.alloc_zeros::<f32>((sms * 32 * o.warps) as usize)?;
+        Ok(Kernel {
+            f: module.load_function("stream_bench")?,
+            cfg,
+            out,
+        })
+    }
+
+    fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        iters: u32,
+        o: &Options,
+        trace: Option<KernelArg>,
+    ) -> std::result::Result<(), DriverError> {
+        let mut l = stream.launch_builder(&self.f);
+        l.arg(&self.out)
+            .arg(&FMA_A)
+            .arg(&FMA_B)
+            .arg(&iters)
+            .arg(&o.every)
+            .arg(&o.work);
+        if let Some(t) = &trace {
+            l.arg(t);
+        }
+        // SAFETY: the arguments match stream_bench's parameter list for this build.
+        unsafe { l.launch(self.cfg) }?;
+        Ok(())
+    }
+
+    /// Events the launch records, from the loop (stream.cu).
+    fn produced(&self, iters: u32, o: &Options) -> u64 {
+        let (i, p) = (iters as u64, iters.div_ceil(o.every) as u64);
+        let per_block = i + p + (o.warps as u64 - 1) * (2 * i + 1);
+        self.cfg.grid_dim.0 as u64 * per_block
+    }
+}
+
+struct Figures {
+    mode: String,
+    /// Events the in-memory sink walked.
+    seen: u64,
+    kernel_s: f64,
+    produced: u64,
+    stats: ProfilerStats,
+    delivered_after_s: f64,
+    cpu_s: f64,
+}
+
+fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Result<Figures> {
+    let stream = ctx.new_stream()?;
+    let timer = Timer::new(ctx)?;
+    let kernel = Kernel::load(ctx, &stream, mode != "off", o)?;
+    let produced = kernel.produced(iters, o);
+    if mode == "off" {
+        timer.around(&stream, || kernel.launch(&stream, iters, o, None))?;
+        return Ok(Figures {
+            mode: mode.into(),
+            seen: 0,
+            kernel_s: timer.ms()? / 1e3,
+            produced,
+            stats: ProfilerStats::default(),
+            delivered_after_s: 0.0,
+            cpu_s: 0.0,
+        });
+    }
+    let count = Arc::new(Count::default());
+    let dir = tempfile::tempdir()?;
+    let (dispatch, guard) = match mode {
+        "perfetto" => {
+            let (layer, guard) = PerfettoLayer::builder()
+                .file(dir.path().join("stream.perfetto-trace"))
+                .build()?;
+            let sink = SinkLayer::new(CountSink(count.clone()))?;
+            (
+                Dispatch::new(tracing_subscriber::registry().with(layer).with(sink)),
+                Some(guard),
+            )
+        }
+        _ => {
+            let sink = SinkLayer::new(CountSink(count.clone()))?;
+            (
+                Dispatch::new(tracing_subscriber::registry().with(sink)),
+                None,
+            )
+        }
+    };
+    let _default = tracing::dispatcher::set_default(&dispatch);
+    let profiler = Profiler::builder()
+        .context(ctx.clone())
+        .events(EVENTS)
+        .capacity(o.capacity)
+        .stream_capacity(o.ring)
+        .stream_memory(o.stream_memory)
+        .stream_interval(Duration::from_millis(o.interval_ms))
+        .build()?;
+    let cpu0 = cpu_seconds();
+    timer.around(&stream, || -> Result<()> {
+        let launch = |trace| kernel.launch(&stream, iters, o, Some(trace));
+        match mode {
+            "fixed" => gpu_profile!(profiler, &stream, "stream_bench", kernel.cfg, launch)?,
+            _ => gpu_profile!(
+                profiler.streamed(),
+                &stream,
+                "stream_bench",
+                kernel.cfg,
+                launch
+            )?,
+        }
+        Ok(())
+    })?;
+    let kernel_s = timer.ms()? / 1e3;
+    let done_ns = now_ns();
+    profiler.flush()?;
+    let stats = profiler.stats();
+    let cpu_s = cpu_seconds() - cpu0;
+    drop(profiler);
+    if let Some(g) = guard {
+        let w = g.finish()?;
+        println!(
+            "  perfetto: {} device events, {} bytes",
+            w.device_events, w.bytes
+        );
+    }
+    let last = count.last_ns.load(Ordering::Relaxed);
+    Ok(Figures {
+        mode: mode.into(),
+        seen: count.events.load(Ordering::Relaxed),
+        kernel_s,
+        produced,
+        stats,
+        delivered_after_s: last.saturating_sub(done_ns) as f64 / 1e9,
+        cpu_s,
+    })
+}
+
+fn run(o: &Options) -> Result<bool> {
+    if o.warps < 2 {
+        return Err("--warps must be at least 2 (a producer and a consumer)".into());
+    }
+    let ctx = device::open(0)?;
+    let iters = match o.iters {
+        Some(i) => i,
+        None => {
+            // A short gate-off launch sets the loop's length.
+            let stream = ctx.new_stream()?;
+            let timer = Timer::new(&ctx)?;
+            let kernel = Kernel::load(&ctx, &stream, false, o)?;
+            let probe = 20_000;
+            timer.around(&stream, || kernel.launch(&stream, probe, o, None))?;
+            let ms = timer.ms()?;
+            ((o.seconds * 1e3 / ms.max(1e-3)) * probe as f64).clamp(1.0, u32::MAX as f64) as u32
+        }
+    };
+    println!(
+        "stream: {} SMs, {} warps per block, {iters} iterations per warp",
+        device::sm_count(&ctx)?,
+        o.warps
+    );
+    let mut off_s = None;
+    let mut fixed_s = None;
+    let mut ok = true;
+    let mut json = String::new();
+    for mode in &o.modes {
+        if !["off", "fixed", "memory", "perfetto"].contains(&mode.as_str()) {
+            return Err(format!("unknown mode {mode}").into());
+        }
+        let f = run_mode(mode, &ctx, iters, o)?;
+        let st = &f.stats;
+        if mode == "off" {
+            off_s = Some(f.kernel_s);
+        }
+        if mode == "fixed" {
+            fixed_s = Some(f.kernel_s);
+        }
+        let slow = |base: Option<f64>| base.map_or(f64::NAN, |b| (f.kernel_s / b - 1.0) * 100.0);
+        let rate = st.events as f64 / f.kernel_s / 1e6;
+        println!(
+            "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  produced {}  delivered {}  dropped {}  \
+             parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  cpu {:.1} s",
+            f.mode,
+            f.kernel_s,
+            slow(off_s),
+            slow(fixed_s),
+            f.produced,
+            st.events,
+            st.dropped_events,
+            st.parts,
+            rate,
+            f.delivered_after_s,
+            st.memory_bytes >> 20,
+            f.cpu_s,
+        );
+        json.push_str(&format!(
+            "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"parts\":{},\
+             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"cpu_s\":{},\"failed\":{}}}\n",
+            f.mode,
+            f.kernel_s,
+            f.produced,
+            st.events,
+            st.dropped_events,
+            st.parts,
+            st.events as f64 / f.kernel_s,
+            f.delivered_after_s,
+            st.memory_bytes,
+            f.cpu_s,
+            st.failed
+        ));
+        // Streamed, nothing dropped: every event produced is delivered, exactly.
+        // (Drops count entries, which are not events one for one.)
+        let streamed = mode == "memory" || mode == "perfetto";
+        let exact = st.events == f.produced || st.dropped_events > 0 && st.events < f.produced;
+        if streamed && (!exact || st.failed != 0 || st.delivered != 1 || f.seen != st.events) {
+            println!(
+                "  FAIL: produced {}, delivered {} (sink saw {}, dropped {}, failed {})",
+                f.produced, st.events, f.seen, st.dropped_events, st.failed
+            );
+            ok = false;
+        }
+    }
+    if let Some(p) = &o.json {
+        std::fs::write(p, json)?;
+    }
+    Ok(ok)
+}
+
+fn main() -> ExitCode {
+    let o = Options::parse();
+    let start = Instant::now();
+    let r = run(&o);
+    eprintln!("stream: {:.1} s", start.elapsed().as_secs_f64());
+    cli::exit("stream", r)
+}
