@@ -44,6 +44,7 @@ mod fields;
 mod host;
 mod layer;
 pub(crate) mod proto;
+mod streamed;
 mod tracks;
 mod warps;
 mod writer;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo, Part};
 use tracing_gpu::clock::{Calibration, HostClock};
 use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::BufferBuilder;
@@ -98,6 +98,73 @@ pub fn batch(launch_id: u64) -> Arc<Batch> {
             ..LaunchInfo::default()
         },
     )
+}
+
+/// `whole` delivered as a streamed launch would be: one batch per part, the
+/// parts cut at device times `cuts` (increasing). Each range goes to the part
+/// that drains its end (the first part whose cut is past its end; the last
+/// part after the last cut), so a warp is in several parts and no range is
+/// split. A warp that dropped records is in the last part only, whole (its
+/// slot overflowed while that part was drained). A part before the last says
+/// it was drained at its cut.
+pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
+    let view = whole.buffer.view();
+    let h = view.header();
+    let n = cuts.len() + 1;
+    let mut parts: Vec<BufferBuilder> = (0..n)
+        .map(|_| {
+            let mut b = BufferBuilder::new(h.grid, h.block, h.slot_capacity);
+            b.launch_id(h.launch_id);
+            b
+        })
+        .collect();
+    for slot in view.slots() {
+        let s = &slot.header;
+        let sm = (s.sm_first, s.sm_last);
+        if s.drop_count > 0 {
+            let w = parts[n - 1].warp(s.block_linear, s.warp).unwrap();
+            w.sm(sm.0, sm.1).last_ts(s.last_ts);
+            slot.events().for_each(|e| {
+                w.push(e);
+            });
+            // Past the capacity: dropped again, as the device dropped them.
+            for _ in 0..s.drop_count {
+                w.instant(0, s.last_ts, 0);
+            }
+            continue;
+        }
+        for e in slot.events() {
+            let part = cuts.iter().position(|&c| e.end_ns < c).unwrap_or(n - 1);
+            parts[part]
+                .warp(s.block_linear, s.warp)
+                .unwrap()
+                .sm(sm.0, sm.1)
+                .push(e);
+        }
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(index, b)| {
+            let last = index == n - 1;
+            let buffer = OwnedBuffer::decode(b.finish(), Some(&whole.registry)).unwrap();
+            Arc::new(Batch {
+                launch: LaunchInfo {
+                    host_complete_ns: match last {
+                        true => whole.launch.host_complete_ns,
+                        false => whole.trace_ns(cuts[index]),
+                    },
+                    part: Some(Part {
+                        index: index as u32,
+                        last,
+                    }),
+                    ..whole.launch.clone()
+                },
+                buffer: Arc::new(buffer),
+                ..whole.clone()
+            })
+        })
+        .collect()
 }
 
 /// The CLI binary, built for the integration tests.
