@@ -5,6 +5,7 @@
 //! `cuda` feature and a GPU, live runs. Every failure is a message on stderr
 //! and one of the exit codes below, never a panic.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -570,8 +571,40 @@ struct DeviceReport {
     /// The first few kernel names.
     kernels: Vec<String>,
     /// With neither `--launch` nor one launch only: the launch with the most
-    /// events, which the SVG draws.
-    busiest: Option<CaptureLaunch>,
+    /// events (all its parts, if it was streamed), which the SVG draws.
+    busiest: Option<Vec<CaptureLaunch>>,
+    /// The parts read so far of streamed launches whose last part is still to
+    /// come: a launch is added to the report whole, once.
+    streaming: HashMap<u64, Vec<CaptureLaunch>>,
+}
+
+/// Adds one launch to `t`: a launch record, or every part of a streamed launch.
+fn add_launch(t: &mut Timeline, launch: &[CaptureLaunch]) {
+    match launch {
+        [whole] => t.add_buffer(&whole.buffer.view()),
+        parts => t.add_parts(parts.iter().map(|l| l.buffer.view())),
+    }
+}
+
+impl DeviceReport {
+    /// Adds one launch: a launch record, or every part of a streamed launch.
+    fn add(&mut self, launch: Vec<CaptureLaunch>, draw_busiest: bool) {
+        add_launch(&mut self.timeline, &launch);
+        self.launches += 1;
+        let kernel = &launch[0].kernel;
+        if self.kernels.len() < 4 && !self.kernels.contains(kernel) {
+            self.kernels.push(kernel.clone());
+        }
+        let events = |l: &[CaptureLaunch]| l.iter().map(|l| l.buffer.event_count()).sum::<u64>();
+        if draw_busiest
+            && self
+                .busiest
+                .as_ref()
+                .is_none_or(|b| events(b) < events(&launch))
+        {
+            self.busiest = Some(launch);
+        }
+    }
 }
 
 fn report(
@@ -614,6 +647,7 @@ fn report(
             launches: 0,
             kernels: Vec::new(),
             busiest: None,
+            streaming: HashMap::new(),
         })
         .collect();
     let (mut first_id, mut last_id) = (u64::MAX, 0);
@@ -627,18 +661,26 @@ fn report(
             continue; // The reader refuses such a launch; nothing to draw it on.
         };
         let r = &mut devices[d];
-        r.timeline.add_buffer(&l.buffer.view());
-        r.launches += 1;
-        if r.kernels.len() < 4 && !r.kernels.contains(&l.kernel) {
-            r.kernels.push(l.kernel.clone());
-        }
-        let events = l.buffer.event_count();
-        if draw_busiest
-            && r.busiest
-                .as_ref()
-                .is_none_or(|b| b.buffer.event_count() < events)
-        {
-            r.busiest = Some(l);
+        let launch = match l.part {
+            None => vec![l],
+            Some(part) => {
+                let id = l.launch_id;
+                r.streaming.entry(id).or_default().push(l);
+                if !part.last {
+                    continue;
+                }
+                r.streaming.remove(&id).unwrap_or_default()
+            }
+        };
+        r.add(launch, draw_busiest);
+    }
+    // Streamed launches whose last part the capture lacks (the run ended
+    // while they ran): what was drained of them.
+    for r in &mut devices {
+        let mut open: Vec<_> = r.streaming.drain().collect();
+        open.sort_unstable_by_key(|(id, _)| *id);
+        for (_, launch) in open {
+            r.add(launch, draw_busiest);
         }
     }
     if let Some(LaunchPick::Id(id)) = launch {
@@ -673,11 +715,11 @@ fn report(
         let picture = match r.busiest.take() {
             Some(busiest) => {
                 let mut t = new_timeline(device, true);
-                t.add_buffer(&busiest.buffer.view());
+                add_launch(&mut t, &busiest);
                 if r.launches > 1 {
                     note = format!(
                         "launch {} ({}), the one with the most events of {}; --launch ID draws another, --launch all every one on one axis",
-                        busiest.launch_id, busiest.kernel, r.launches
+                        busiest[0].launch_id, busiest[0].kernel, r.launches
                     );
                     t.set_title(format!("{title}: {note}"));
                 } else {

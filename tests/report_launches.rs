@@ -4,6 +4,8 @@
 //! where every launch on one axis leaves it mostly empty.
 #![cfg(feature = "cli")]
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -142,4 +144,51 @@ fn launch_picks_a_launch_by_its_id() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// The shipped GEMM capture with each launch streamed: cut in three parts at
+/// a third and two thirds of its device window, its parts interleaved with
+/// the other launch's (as two launches streaming at once would be recorded).
+fn gemm_streamed(path: &Path) {
+    use tracing_gpu::capture::{Capture, CaptureLaunch};
+    let mut capture = Capture::read(GEMM).unwrap();
+    let batches = capture.batches().unwrap();
+    let mut parts: Vec<Vec<CaptureLaunch>> = batches
+        .iter()
+        .zip(&capture.launches)
+        .map(|(b, l)| {
+            let view = b.buffer.view();
+            let first = view.slots().map(|s| s.header.first_ts).min().unwrap();
+            let last = view.slots().map(|s| s.header.last_ts).max().unwrap();
+            let third = (last - first) / 3;
+            let cuts = [first + third, first + 2 * third];
+            support::in_parts(b, &cuts)
+                .iter()
+                .map(|p| CaptureLaunch::new(l.device, &p.launch, p.buffer.clone()))
+                .collect()
+        })
+        .collect();
+    assert_eq!(parts.len(), 2);
+    let (b, a) = (parts.pop().unwrap(), parts.pop().unwrap());
+    capture.launches = a.into_iter().zip(b).flat_map(|(a, b)| [a, b]).collect();
+    assert_eq!(capture.launches.len(), 6);
+    capture.write(path).unwrap();
+}
+
+#[test]
+fn a_streamed_launch_reports_as_the_launch_recorded_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let streamed = dir.path().join("streamed.tgpu");
+    gemm_streamed(&streamed);
+    let streamed = streamed.to_str().unwrap();
+    let svg = |name: &str| dir.path().join(name);
+    // Every launch, the busiest drawn; one launch by id; every launch drawn.
+    for extra in [&[][..], &["--launch", "2"], &["--launch", "all"]] {
+        let (_, whole_text, whole_svg) = report(GEMM, &svg("whole.svg"), extra);
+        let (_, parts_text, parts_svg) = report(streamed, &svg("parts.svg"), extra);
+        assert_eq!(parts_text, whole_text, "{extra:?}");
+        assert_eq!(parts_svg, whole_svg, "{extra:?}");
+    }
+    let (_, text, _) = report(streamed, &svg("one.svg"), &["--launch", "2"]);
+    assert!(summary(&text).starts_with("1 launch,"), "{text}");
 }

@@ -90,6 +90,8 @@ struct Pending {
 /// One slot (warp) of the launch being added.
 #[derive(Debug, Clone, Copy)]
 struct SlotRec {
+    /// Its warp: (linear block index, warp in the block).
+    warp: (u32, u32),
     sm: u32,
     first_ts: u64,
     last_ts: u64,
@@ -104,6 +106,7 @@ struct SlotRec {
 impl SlotRec {
     fn new(h: &SlotHeader, at: usize, len: usize) -> SlotRec {
         SlotRec {
+            warp: (h.block_linear, h.warp),
             sm: h.sm_first,
             first_ts: h.first_ts,
             last_ts: h.last_ts,
@@ -336,7 +339,9 @@ impl Timeline {
     /// Adds one flushed slot (one warp) and its events, in the order the
     /// device wrote them. Starts a launch first if none was begun. The
     /// launch's events are kept until the next one begins (or the report is
-    /// made): prefer [`Timeline::add_buffer`], which keeps none.
+    /// made): prefer [`Timeline::add_buffer`], which keeps none. A warp given
+    /// again in the same launch (in a later part of a streamed launch) is the
+    /// same warp: its slots are merged.
     pub fn push_slot(&mut self, header: &SlotHeader, events: impl IntoIterator<Item = Event>) {
         if !self.pending.open {
             self.begin_capture();
@@ -359,10 +364,28 @@ impl Timeline {
             .unwrap_or_else(|| unknown_event_name(id))
     }
 
+    /// Adds one launch delivered in parts (a streamed launch: its parts'
+    /// buffers, in order), as one launch: a warp in several parts counts once,
+    /// with all its events, and the launch window spans every part. Its events
+    /// are kept until the next launch begins (or the report is made), as
+    /// [`Timeline::push_slot`] keeps them.
+    pub fn add_parts<'b>(&mut self, parts: impl IntoIterator<Item = Buffer<'b>>) {
+        self.begin_capture();
+        for buffer in parts {
+            for slot in buffer.slots() {
+                self.push_slot(&slot.header, slot.events());
+            }
+        }
+    }
+
     /// Folds the launch given slot by slot into the statistics.
     fn close_pending(&mut self) {
-        let Pending { slots, events, .. } = std::mem::take(&mut self.pending);
-        let mut slots = slots;
+        let Pending {
+            mut slots,
+            mut events,
+            ..
+        } = std::mem::take(&mut self.pending);
+        merge_warps(&mut slots, &mut events);
         self.close_launch(&mut slots, |r, out| {
             out.extend_from_slice(&events[r.at..r.at + r.len])
         });
@@ -528,6 +551,41 @@ impl Timeline {
 
 /// Nearest-rank percentile of sorted values (zero when empty). Shared with the
 /// OTLP phase summaries, so both outputs report the same p50 and p99.
+/// Makes the slots of one warp given more than once (the parts of a
+/// streamed launch, [`Timeline::add_parts`]) one slot, its events together:
+/// from its first part's SM, over all its parts' time, its drops summed.
+fn merge_warps(slots: &mut Vec<SlotRec>, events: &mut Vec<Event>) {
+    let mut order: Vec<usize> = (0..slots.len()).collect();
+    order.sort_unstable_by_key(|&i| (slots[i].warp, slots[i].at));
+    if order
+        .windows(2)
+        .all(|w| slots[w[0]].warp != slots[w[1]].warp)
+    {
+        return; // One slot per warp: a launch given whole.
+    }
+    let mut merged: Vec<SlotRec> = Vec::with_capacity(slots.len());
+    let mut together = Vec::with_capacity(events.len());
+    for i in order {
+        let s = slots[i];
+        match merged.last_mut() {
+            Some(m) if m.warp == s.warp => {
+                m.first_ts = m.first_ts.min(s.first_ts);
+                m.last_ts = m.last_ts.max(s.last_ts);
+                m.dropped = m.dropped.saturating_add(s.dropped);
+                m.migrated |= s.migrated || s.sm != m.sm;
+                m.len += s.len;
+            }
+            _ => merged.push(SlotRec {
+                at: together.len(),
+                ..s
+            }),
+        }
+        together.extend_from_slice(&events[s.at..s.at + s.len]);
+    }
+    *slots = merged;
+    *events = together;
+}
+
 pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;

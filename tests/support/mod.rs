@@ -111,9 +111,14 @@ pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
     let view = whole.buffer.view();
     let h = view.header();
     let n = cuts.len() + 1;
+    // Room for every slot's events as v1 records (a v2 slot holds more
+    // events than its capacity in records), and no more: a slot that dropped
+    // records is full, and drops them again.
+    let capacity = view.slots().map(|s| s.event_count() as u32).max();
+    let capacity = capacity.unwrap_or(h.slot_capacity).max(1);
     let mut parts: Vec<BufferBuilder> = (0..n)
         .map(|_| {
-            let mut b = BufferBuilder::new(h.grid, h.block, h.slot_capacity);
+            let mut b = BufferBuilder::new(h.grid, h.block, capacity);
             b.launch_id(h.launch_id);
             b
         })
@@ -122,6 +127,7 @@ pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
         let s = &slot.header;
         let sm = (s.sm_first, s.sm_last);
         if s.drop_count > 0 {
+            assert_eq!(slot.event_count() as u32, capacity, "a full slot dropped");
             let w = parts[n - 1].warp(s.block_linear, s.warp).unwrap();
             w.sm(sm.0, sm.1).last_ts(s.last_ts);
             slot.events().for_each(|e| {
@@ -133,13 +139,21 @@ pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
             }
             continue;
         }
+        let (mut first, mut last) = (n, 0);
         for e in slot.events() {
             let part = cuts.iter().position(|&c| e.end_ns < c).unwrap_or(n - 1);
+            (first, last) = (first.min(part), last.max(part));
             parts[part]
                 .warp(s.block_linear, s.warp)
                 .unwrap()
                 .sm(sm.0, sm.1)
                 .push(e);
+        }
+        // The warp's first timer read and its flush, in its first and last parts.
+        if first < n {
+            let (block, warp) = (s.block_linear, s.warp);
+            parts[first].warp(block, warp).unwrap().first_ts(s.first_ts);
+            parts[last].warp(block, warp).unwrap().last_ts(s.last_ts);
         }
     }
     parts
