@@ -112,6 +112,7 @@ mod device;
 mod export;
 mod layer;
 mod replay;
+mod streamed;
 #[cfg(test)]
 mod tests;
 
