@@ -193,3 +193,71 @@ impl StreamedKernels {
         self.open.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::otlp::device::KEPT_DURATIONS;
+
+    fn sum() -> KernelSum {
+        KernelSum {
+            extent: None,
+            bound_ns: None,
+            events: 2,
+            dropped: 0,
+            warps: [(0, 1)].into(),
+            sms: HashSet::new(),
+            by_type: BTreeMap::new(),
+            parts: 1,
+        }
+    }
+
+    #[test]
+    fn a_launch_keeps_one_kernel_identity_until_its_last_part() {
+        let mut s = StreamedKernels::default();
+        let root = OtelContext::new();
+        let a = s.part(5, &root).kernel_cx.span().span_context().clone();
+        assert!(s.add(5, sum(), false).is_none());
+        let b = s.part(5, &root).kernel_cx.span().span_context().clone();
+        assert_eq!(a, b, "every part names the same kernel span");
+        let (_, kernel, total) = s.add(5, sum(), true).unwrap();
+        assert_eq!(kernel, a);
+        assert_eq!((total.events, total.warps.len(), total.parts), (4, 1, 2));
+        assert_eq!(s.len(), 0, "the last part frees the launch");
+        // The SDK builds the kernel span with those ids.
+        let ids = PresetIds::default();
+        let (trace, span) = PresetIds::build(kernel.trace_id(), kernel.span_id(), || {
+            (ids.new_trace_id(), ids.new_span_id())
+        });
+        assert_eq!((trace, span), (kernel.trace_id(), kernel.span_id()));
+        assert_ne!(ids.new_span_id(), kernel.span_id(), "then random again");
+    }
+
+    #[test]
+    fn launches_whose_last_part_never_comes_are_bounded() {
+        let mut s = StreamedKernels::default();
+        for id in 0..(MAX_STREAMING as u64 * 3) {
+            s.part(id, &OtelContext::new());
+            s.add(id, sum(), false);
+        }
+        assert_eq!(s.len(), MAX_STREAMING);
+    }
+
+    #[test]
+    fn merged_durations_are_bounded_and_counted() {
+        let mut g = Group::new();
+        for part in 0..3u64 {
+            let mut p = Group::new();
+            for i in 0..KEPT_DURATIONS as u64 {
+                p.add(part * 10, part * 10 + i);
+            }
+            g.merge(p);
+        }
+        assert_eq!(g.count, 3 * KEPT_DURATIONS as u64);
+        assert_eq!(g.durations.len(), KEPT_DURATIONS);
+        assert_eq!(
+            (g.first_start, g.last_end),
+            (0, 20 + KEPT_DURATIONS as u64 - 1)
+        );
+    }
+}
