@@ -146,40 +146,12 @@ fn launch_picks_a_launch_by_its_id() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
-/// The shipped GEMM capture with each launch streamed: cut in three parts at
-/// a third and two thirds of its device window, its parts interleaved with
-/// the other launch's (as two launches streaming at once would be recorded).
-fn gemm_streamed(path: &Path) {
-    use tracing_gpu::capture::{Capture, CaptureLaunch};
-    let mut capture = Capture::read(GEMM).unwrap();
-    let batches = capture.batches().unwrap();
-    let mut parts: Vec<Vec<CaptureLaunch>> = batches
-        .iter()
-        .zip(&capture.launches)
-        .map(|(b, l)| {
-            let view = b.buffer.view();
-            let first = view.slots().map(|s| s.header.first_ts).min().unwrap();
-            let last = view.slots().map(|s| s.header.last_ts).max().unwrap();
-            let third = (last - first) / 3;
-            let cuts = [first + third, first + 2 * third];
-            support::in_parts(b, &cuts)
-                .iter()
-                .map(|p| CaptureLaunch::new(l.device, &p.launch, p.buffer.clone()))
-                .collect()
-        })
-        .collect();
-    assert_eq!(parts.len(), 2);
-    let (b, a) = (parts.pop().unwrap(), parts.pop().unwrap());
-    capture.launches = a.into_iter().zip(b).flat_map(|(a, b)| [a, b]).collect();
-    assert_eq!(capture.launches.len(), 6);
-    capture.write(path).unwrap();
-}
-
 #[test]
 fn a_streamed_launch_reports_as_the_launch_recorded_whole() {
     let dir = tempfile::tempdir().unwrap();
+    // Each launch in three parts, the two launches' parts interleaved.
     let streamed = dir.path().join("streamed.tgpu");
-    gemm_streamed(&streamed);
+    support::streamed_capture(Path::new(GEMM), 3, &streamed);
     let streamed = streamed.to_str().unwrap();
     let svg = |name: &str| dir.path().join(name);
     // Every launch, the busiest drawn; one launch by id; every launch drawn.

@@ -110,6 +110,7 @@ mod builder;
 mod client;
 mod device;
 mod export;
+mod group;
 mod layer;
 mod replay;
 mod streamed;

@@ -18,7 +18,7 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, Tra
 use opentelemetry::Context as OtelContext;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 
-use super::device::Group;
+use super::group::Group;
 
 /// Launches with parts still to come that are followed at once; past that,
 /// the one updated longest ago is forgotten (a later part of it then starts
@@ -197,7 +197,7 @@ impl StreamedKernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::otlp::device::KEPT_DURATIONS;
+    use crate::otlp::group::KEPT_DURATIONS;
 
     fn sum() -> KernelSum {
         KernelSum {

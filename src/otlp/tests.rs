@@ -7,6 +7,7 @@ use opentelemetry::Value;
 use super::builder::*;
 use super::device::*;
 use super::export::*;
+use super::group::*;
 use super::layer::*;
 use super::*;
 

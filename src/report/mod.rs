@@ -76,6 +76,9 @@ pub struct Timeline {
     migrated: u64,
     /// The launch being given slot by slot ([`Timeline::push_slot`]).
     pending: Pending,
+    /// The streamed launches whose last part is still to come
+    /// ([`Timeline::add_part`]), by launch id.
+    streaming: BTreeMap<u64, Pending>,
     picture: Option<Picture>,
 }
 
@@ -85,6 +88,15 @@ struct Pending {
     open: bool,
     slots: Vec<SlotRec>,
     events: Vec<Event>,
+}
+
+impl Pending {
+    fn push(&mut self, header: &SlotHeader, events: impl IntoIterator<Item = Event>) {
+        let at = self.events.len();
+        self.events.extend(events);
+        let len = self.events.len() - at;
+        self.slots.push(SlotRec::new(header, at, len));
+    }
 }
 
 /// One slot (warp) of the launch being added.
@@ -346,10 +358,7 @@ impl Timeline {
         if !self.pending.open {
             self.begin_capture();
         }
-        let at = self.pending.events.len();
-        self.pending.events.extend(events);
-        let len = self.pending.events.len() - at;
-        self.pending.slots.push(SlotRec::new(header, at, len));
+        self.pending.push(header, events);
     }
 
     /// Number of events added.
@@ -364,27 +373,46 @@ impl Timeline {
             .unwrap_or_else(|| unknown_event_name(id))
     }
 
-    /// Adds one launch delivered in parts (a streamed launch: its parts'
-    /// buffers, in order), as one launch: a warp in several parts counts once,
-    /// with all its events, and the launch window spans every part. Its events
-    /// are kept until the next launch begins (or the report is made), as
-    /// [`Timeline::push_slot`] keeps them.
-    pub fn add_parts<'b>(&mut self, parts: impl IntoIterator<Item = Buffer<'b>>) {
-        self.begin_capture();
-        for buffer in parts {
-            for slot in buffer.slots() {
-                self.push_slot(&slot.header, slot.events());
-            }
+    /// Adds a part of streamed launch `launch_id` (a long-running kernel
+    /// drained while it ran, in parts), as it comes; the parts of several
+    /// launches may come interleaved. Its events are kept (as
+    /// [`Timeline::push_slot`] keeps them) until its last part (`last`), which
+    /// adds the launch: all its parts as one launch, a warp in several parts
+    /// one warp, the launch window over every part.
+    pub fn add_part(&mut self, launch_id: u64, buffer: &Buffer<'_>, last: bool) {
+        let pending = self.streaming.entry(launch_id).or_default();
+        for slot in buffer.slots() {
+            pending.push(&slot.header, slot.events());
+        }
+        if last {
+            let pending = self.streaming.remove(&launch_id).unwrap_or_default();
+            self.launches += 1;
+            self.fold(pending);
+        }
+    }
+
+    /// Adds the streamed launches whose last part has not come (the run ended
+    /// while they ran) with what their parts hold.
+    pub fn end_parts(&mut self) {
+        for (_, pending) in std::mem::take(&mut self.streaming) {
+            self.launches += 1;
+            self.fold(pending);
         }
     }
 
     /// Folds the launch given slot by slot into the statistics.
     fn close_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        self.fold(pending);
+    }
+
+    /// Folds a launch given slot by slot (or part by part) into the statistics.
+    fn fold(&mut self, pending: Pending) {
         let Pending {
             mut slots,
             mut events,
             ..
-        } = std::mem::take(&mut self.pending);
+        } = pending;
         merge_warps(&mut slots, &mut events);
         self.close_launch(&mut slots, |r, out| {
             out.extend_from_slice(&events[r.at..r.at + r.len])
@@ -552,7 +580,7 @@ impl Timeline {
 /// Nearest-rank percentile of sorted values (zero when empty). Shared with the
 /// OTLP phase summaries, so both outputs report the same p50 and p99.
 /// Makes the slots of one warp given more than once (the parts of a
-/// streamed launch, [`Timeline::add_parts`]) one slot, its events together:
+/// streamed launch, [`Timeline::add_part`]) one slot, its events together:
 /// from its first part's SM, over all its parts' time, its drops summed.
 fn merge_warps(slots: &mut Vec<SlotRec>, events: &mut Vec<Event>) {
     let mut order: Vec<usize> = (0..slots.len()).collect();

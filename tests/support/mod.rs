@@ -108,58 +108,63 @@ pub fn batch(launch_id: u64) -> Arc<Batch> {
 /// slot overflowed while that part was drained). A part before the last says
 /// it was drained at its cut.
 pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
+    use tracing_gpu::format::Event;
     let view = whole.buffer.view();
     let h = view.header();
     let n = cuts.len() + 1;
-    // Room for every slot's events as v1 records (a v2 slot holds more
-    // events than its capacity in records), and no more: a slot that dropped
-    // records is full, and drops them again.
-    let capacity = view.slots().map(|s| s.event_count() as u32).max();
-    let capacity = capacity.unwrap_or(h.slot_capacity).max(1);
-    let mut parts: Vec<BufferBuilder> = (0..n)
-        .map(|_| {
-            let mut b = BufferBuilder::new(h.grid, h.block, capacity);
-            b.launch_id(h.launch_id);
-            b
-        })
-        .collect();
+    // Per part, per slot: (header, its events in this part, first / last part).
+    type Piece = (tracing_gpu::format::SlotHeader, Vec<Event>, bool, bool);
+    let mut parts: Vec<Vec<Piece>> = vec![Vec::new(); n];
     for slot in view.slots() {
-        let s = &slot.header;
-        let sm = (s.sm_first, s.sm_last);
+        let s = slot.header;
         if s.drop_count > 0 {
-            assert_eq!(slot.event_count() as u32, capacity, "a full slot dropped");
-            let w = parts[n - 1].warp(s.block_linear, s.warp).unwrap();
-            w.sm(sm.0, sm.1).last_ts(s.last_ts);
-            slot.events().for_each(|e| {
-                w.push(e);
-            });
-            // Past the capacity: dropped again, as the device dropped them.
-            for _ in 0..s.drop_count {
-                w.instant(0, s.last_ts, 0);
-            }
+            parts[n - 1].push((s, slot.events().collect(), true, true));
             continue;
         }
-        let (mut first, mut last) = (n, 0);
+        let mut mine: Vec<Vec<Event>> = vec![Vec::new(); n];
         for e in slot.events() {
             let part = cuts.iter().position(|&c| e.end_ns < c).unwrap_or(n - 1);
-            (first, last) = (first.min(part), last.max(part));
-            parts[part]
-                .warp(s.block_linear, s.warp)
-                .unwrap()
-                .sm(sm.0, sm.1)
-                .push(e);
+            mine[part].push(e);
         }
-        // The warp's first timer read and its flush, in its first and last parts.
-        if first < n {
-            let (block, warp) = (s.block_linear, s.warp);
-            parts[first].warp(block, warp).unwrap().first_ts(s.first_ts);
-            parts[last].warp(block, warp).unwrap().last_ts(s.last_ts);
+        let used: Vec<usize> = (0..n).filter(|&p| !mine[p].is_empty()).collect();
+        for (k, events) in mine.into_iter().enumerate() {
+            if !events.is_empty() {
+                let (first, last) = (Some(&k) == used.first(), Some(&k) == used.last());
+                parts[k].push((s, events, first, last));
+            }
         }
     }
     parts
         .iter()
         .enumerate()
-        .map(|(index, b)| {
+        .map(|(index, pieces)| {
+            // Each part as the collector trims a buffer: room for its
+            // longest slot, as v1 records (a v2 slot holds more events than
+            // its capacity in records); a slot that dropped records is the
+            // longest, full, and drops them again.
+            let capacity = pieces.iter().map(|p| p.1.len() as u32).max().unwrap_or(1);
+            let mut b = BufferBuilder::new(h.grid, h.block, capacity.max(1));
+            b.launch_id(h.launch_id);
+            for (s, events, first, last) in pieces {
+                let w = b.warp(s.block_linear, s.warp).unwrap();
+                w.sm(s.sm_first, s.sm_last);
+                events.iter().for_each(|&e| {
+                    w.push(e);
+                });
+                // The warp's first timer read and its flush, in its first and last parts.
+                if *first {
+                    w.first_ts(s.first_ts);
+                }
+                if *last {
+                    w.last_ts(s.last_ts);
+                }
+                if s.drop_count > 0 {
+                    assert_eq!(events.len() as u32, capacity, "a full slot dropped");
+                    for _ in 0..s.drop_count {
+                        w.instant(0, s.last_ts, 0);
+                    }
+                }
+            }
             let last = index == n - 1;
             let buffer = OwnedBuffer::decode(b.finish(), Some(&whole.registry)).unwrap();
             Arc::new(Batch {
@@ -179,6 +184,39 @@ pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
             })
         })
         .collect()
+}
+
+/// The capture at `from` with every launch streamed, written to `to`: each
+/// cut in `parts` parts of equal device time ([`in_parts`]), and the parts of
+/// all launches interleaved (part 0 of each, then part 1 of each, ...), as
+/// launches streaming at once would be recorded.
+pub fn streamed_capture(from: &std::path::Path, parts: u64, to: &std::path::Path) {
+    use tracing_gpu::capture::{Capture, CaptureLaunch};
+    let mut capture = Capture::read(from).unwrap();
+    let batches = capture.batches().unwrap();
+    let mut launches: Vec<std::vec::IntoIter<CaptureLaunch>> = batches
+        .iter()
+        .zip(&capture.launches)
+        .map(|(b, l)| {
+            let view = b.buffer.view();
+            let first = view.slots().map(|s| s.header.first_ts).min().unwrap();
+            let last = view.slots().map(|s| s.header.last_ts).max().unwrap();
+            let step = (last - first) / parts;
+            let cuts: Vec<u64> = (1..parts).map(|k| first + k * step).collect();
+            let parts: Vec<CaptureLaunch> = in_parts(b, &cuts)
+                .iter()
+                .map(|p| CaptureLaunch::new(l.device, &p.launch, p.buffer.clone()))
+                .collect();
+            parts.into_iter()
+        })
+        .collect();
+    capture.launches.clear();
+    while launches.iter().any(|l| l.len() > 0) {
+        capture
+            .launches
+            .extend(launches.iter_mut().filter_map(Iterator::next));
+    }
+    capture.write(to).unwrap();
 }
 
 /// The CLI binary, built for the integration tests.
