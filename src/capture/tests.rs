@@ -244,33 +244,21 @@ fn a_streamed_launch_is_held_as_its_parts_in_order() {
 #[test]
 fn parts_out_of_order_are_refused_by_both_readers() {
     use crate::batch::Part;
-    let set = |d: &mut Capture, i: usize, part: Option<Part>| d.launches[i].part = part;
-    let p = |index, last| Some(Part { index, last });
-    let cases: [(&str, fn(&CaptureError) -> bool, Box<dyn Fn(&mut Capture)>); 4] = [
-        (
-            "a gap",
-            |e| matches!(e, CaptureError::BadParts { launch_id: 1, .. }),
-            Box::new(move |d| set(d, 1, p(2, false))),
-        ),
-        (
-            "a part after the last",
-            |e| matches!(e, CaptureError::BadParts { launch_id: 1, .. }),
-            Box::new(move |d| set(d, 1, p(1, true))),
-        ),
-        (
-            "a part and a whole launch",
-            |e| matches!(e, CaptureError::DuplicateLaunch { launch_id: 1 }),
-            Box::new(move |d| set(d, 0, None)),
-        ),
-        (
-            "a part twice",
-            |e| matches!(e, CaptureError::BadParts { launch_id: 1, .. }),
-            Box::new(move |d| set(d, 1, p(0, false))),
-        ),
+    let part = |index, last| Some(Part { index, last });
+    // What each spoils, and whether the error is a duplicate (else bad parts).
+    let cases: [(&str, usize, Option<Part>, bool); 4] = [
+        ("a gap", 1, part(2, false), false),
+        ("a part after the last", 1, part(1, true), false),
+        ("a part and a whole launch", 0, None, true),
+        ("a part twice", 1, part(0, false), false),
     ];
-    for (what, is, spoil) in cases {
+    for (what, at, spoilt, duplicate) in cases {
+        let is = |e: &CaptureError| match duplicate {
+            true => matches!(e, CaptureError::DuplicateLaunch { launch_id: 1 }),
+            false => matches!(e, CaptureError::BadParts { launch_id: 1, .. }),
+        };
         let mut d = sample_with_parts();
-        spoil(&mut d);
+        d.launches[at].part = spoilt;
         let e = d.validate().unwrap_err();
         assert!(is(&e), "{what}: {e}");
         let bytes = bytes_of(&d);

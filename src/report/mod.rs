@@ -351,9 +351,7 @@ impl Timeline {
     /// Adds one flushed slot (one warp) and its events, in the order the
     /// device wrote them. Starts a launch first if none was begun. The
     /// launch's events are kept until the next one begins (or the report is
-    /// made): prefer [`Timeline::add_buffer`], which keeps none. A warp given
-    /// again in the same launch (in a later part of a streamed launch) is the
-    /// same warp: its slots are merged.
+    /// made): prefer [`Timeline::add_buffer`], which keeps none.
     pub fn push_slot(&mut self, header: &SlotHeader, events: impl IntoIterator<Item = Event>) {
         if !self.pending.open {
             self.begin_capture();
@@ -387,7 +385,7 @@ impl Timeline {
         if last {
             let pending = self.streaming.remove(&launch_id).unwrap_or_default();
             self.launches += 1;
-            self.fold(pending);
+            self.fold(pending, true);
         }
     }
 
@@ -396,24 +394,27 @@ impl Timeline {
     pub fn end_parts(&mut self) {
         for (_, pending) in std::mem::take(&mut self.streaming) {
             self.launches += 1;
-            self.fold(pending);
+            self.fold(pending, true);
         }
     }
 
     /// Folds the launch given slot by slot into the statistics.
     fn close_pending(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        self.fold(pending);
+        self.fold(pending, false);
     }
 
-    /// Folds a launch given slot by slot (or part by part) into the statistics.
-    fn fold(&mut self, pending: Pending) {
+    /// Folds a launch given slot by slot (or part by part: `parts`, its
+    /// warps' slots then merged) into the statistics.
+    fn fold(&mut self, pending: Pending, parts: bool) {
         let Pending {
             mut slots,
             mut events,
             ..
         } = pending;
-        merge_warps(&mut slots, &mut events);
+        if parts {
+            merge_warps(&mut slots, &mut events);
+        }
         self.close_launch(&mut slots, |r, out| {
             out.extend_from_slice(&events[r.at..r.at + r.len])
         });
