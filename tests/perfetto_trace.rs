@@ -470,27 +470,6 @@ fn busy_warps_share_short_sequence_ids_and_still_pass() {
     }
 }
 
-/// The slices the checker lists (`--slices-out`), each warp lane's track named
-/// after its warp: a range that encloses ranges of earlier parts opens after
-/// their packets were written, so it goes on a second lane of its warp
-/// (`block 0 warp 1 #2`), where the whole launch has it on the first.
-fn slices_by_warp(path: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut lines: Vec<String> = text
-        .lines()
-        .map(|l| {
-            let (track, rest) = l.split_once("\", ").unwrap();
-            let track = match track.rfind(" #") {
-                Some(i) if track[i + 2..].bytes().all(|b| b.is_ascii_digit()) => &track[..i],
-                _ => track,
-            };
-            format!("{track}\", {rest}")
-        })
-        .collect();
-    lines.sort();
-    lines
-}
-
 #[test]
 fn a_launch_in_three_parts_draws_the_slices_of_the_whole_and_one_kernel_slice() {
     let dir = tempfile::tempdir().unwrap();
@@ -526,7 +505,7 @@ fn a_launch_in_three_parts_draws_the_slices_of_the_whole_and_one_kernel_slice() 
             );
             let Some(s) = checked else { return };
             assert_eq!(s["warp_tracks"], 4, "{name}: {s:?}");
-            listed.push(slices_by_warp(&slices));
+            listed.push(perfetto_check::slices_by_warp(&slices));
         }
         // Every slice (the kernel's with its counts, the drop counter's values)
         // is the same, on the same warp's tracks.
