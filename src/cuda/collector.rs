@@ -10,20 +10,20 @@
 //! One pass: ask each stream's oldest unfinished mark (launches on a stream
 //! finish in order, streams in any order); copy every finished launch back at
 //! once, one copy per run of neighbouring regions; zero them on the device and
-//! give them back to the arena; then decode. The driver calls of a pass do not
-//! grow with the number of launches it finds, so the collector keeps up with
-//! storms of short launches and disturbs the launching threads as little as it can.
+//! give them back to the arena; then decode. Besides one event query per
+//! finished launch, the driver calls of a pass do not grow with the number of
+//! launches it finds, so the collector keeps up with storms of short launches
+//! and disturbs the launching threads as little as it can.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
 use tracing::Dispatch;
 
-use crate::batch::{Batch, BatchSink, DeviceInfo, LaunchInfo};
+use crate::batch::{Batch, DeviceInfo, LaunchInfo, Part};
 use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
 use crate::decode::OwnedBuffer;
 use crate::deliver;
@@ -35,6 +35,8 @@ use super::error::ProfilerError;
 use super::job::{decode_all, Job, Taken, Work};
 use super::memory::{replay_taken, Device, Kind, Place};
 use super::ring::{Arena, Region};
+pub(crate) use super::shared::{ProfilerStats, Shared};
+use super::stream::{Drain, SlotError};
 
 /// One calibration: the raw samples and the checkpoint fitted from them.
 #[derive(Debug, Clone)]
@@ -76,149 +78,6 @@ enum Msg {
     Stop,
 }
 
-/// Counters, readable at any time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProfilerStats {
-    /// Launches made through the profiler: direct launches, plus the profiled
-    /// kernel nodes of each graph replay.
-    pub launches: u64,
-    /// Graph replays made through the profiler.
-    pub replays: u64,
-    /// Launches that ran without recording, because the arena (or the
-    /// graph's replay ring) was full.
-    pub skipped: u64,
-    /// Launches whose batch was delivered.
-    pub delivered: u64,
-    /// Launches whose buffer could not be brought back or decoded.
-    pub failed: u64,
-    /// Device events delivered.
-    pub events: u64,
-    /// Device events dropped by full slots.
-    pub dropped_events: u64,
-    /// Clock checkpoints taken (the first calibration included).
-    pub calibrations: u64,
-    /// Device memory held for traces: the arena and the graphs' replay rings
-    /// (as much again is pinned host memory).
-    pub memory_bytes: u64,
-    /// Bytes of the arena in use now (launches not yet brought back).
-    pub arena_in_use: u64,
-}
-
-/// State shared between the profiler (the application's threads) and the collector.
-pub(crate) struct Shared {
-    state: Mutex<SharedState>,
-    progress: Condvar,
-    /// The launching threads' counters: atomics, so that a launch call takes no
-    /// lock the collector takes (it takes `state` for every launch it finishes).
-    launches: AtomicU64,
-    skipped: AtomicU64,
-    replays: AtomicU64,
-    /// Launches handed to the collector (a replay counts its nodes).
-    sent: AtomicU64,
-}
-
-struct SharedState {
-    /// Everything but the launching threads' counters.
-    stats: ProfilerStats,
-    /// Launches it has finished with (delivered, failed or skipped).
-    finished: u64,
-    /// Errors since the last flush; the first is returned by `flush`.
-    errors: Vec<ProfilerError>,
-    /// The sinks delivered to since the last flush, each once.
-    sinks: Vec<Arc<dyn BatchSink>>,
-    calibration: Arc<Calibration>,
-}
-
-impl Shared {
-    pub(crate) fn new(calibration: Calibration) -> Arc<Shared> {
-        let state = SharedState {
-            stats: ProfilerStats {
-                calibrations: 1,
-                ..Default::default()
-            },
-            finished: 0,
-            errors: Vec::new(),
-            sinks: Vec::new(),
-            calibration: Arc::new(calibration),
-        };
-        Arc::new(Shared {
-            state: Mutex::new(state),
-            progress: Condvar::new(),
-            launches: AtomicU64::new(0),
-            skipped: AtomicU64::new(0),
-            replays: AtomicU64::new(0),
-            sent: AtomicU64::new(0),
-        })
-    }
-
-    pub(crate) fn stats(&self) -> ProfilerStats {
-        let st = self.state.lock().stats;
-        ProfilerStats {
-            launches: self.launches.load(Ordering::Acquire),
-            skipped: self.skipped.load(Ordering::Acquire),
-            replays: self.replays.load(Ordering::Acquire),
-            ..st
-        }
-    }
-
-    /// Every checkpoint so far.
-    pub(crate) fn calibration(&self) -> Arc<Calibration> {
-        self.state.lock().calibration.clone()
-    }
-
-    /// Counts a launch; `skipped` if it ran without a region.
-    pub(crate) fn count_launch(&self, skipped: bool) {
-        if skipped {
-            self.skipped.fetch_add(1, Ordering::AcqRel);
-        }
-        self.launches.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Counts a graph replay of `nodes` profiled kernel nodes.
-    pub(crate) fn count_replay(&self, nodes: u64) {
-        self.replays.fetch_add(1, Ordering::AcqRel);
-        self.launches.fetch_add(nodes, Ordering::AcqRel);
-    }
-
-    /// Keeps an error for the next flush.
-    pub(crate) fn push_error(&self, e: ProfilerError) {
-        self.state.lock().errors.push(e);
-    }
-
-    /// Counts `n` launches finished with (delivered, failed or skipped).
-    fn finish(&self, n: u64, f: impl FnOnce(&mut SharedState)) {
-        let mut st = self.state.lock();
-        f(&mut st);
-        st.finished += n;
-        drop(st);
-        self.progress.notify_all();
-    }
-
-    /// Waits until every job sent before the call is finished, then flushes the
-    /// sinks of every dispatcher delivered to, and returns the first error since
-    /// the last flush.
-    fn wait_and_flush(&self) -> Result<(), ProfilerError> {
-        let (sinks, errors) = {
-            let target = self.sent.load(Ordering::Acquire);
-            let mut st = self.state.lock();
-            while st.finished < target {
-                self.progress.wait(&mut st);
-            }
-            (
-                std::mem::take(&mut st.sinks),
-                std::mem::take(&mut st.errors),
-            )
-        };
-        for sink in &sinks {
-            sink.flush();
-        }
-        match errors.into_iter().next() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
 /// The sending side, held by the profiler. Dropping it waits for the
 /// outstanding jobs and ends the thread.
 pub(crate) struct Collector {
@@ -241,6 +100,8 @@ pub(crate) struct CollectorConfig {
     pub arena: Arc<Arena>,
     /// Threads a pass decodes on when it brings back many launches.
     pub decoders: usize,
+    /// How often a running streamed launch delivers a part.
+    pub stream_interval: Duration,
     /// Called on the collector thread before anything else (binds the CUDA context).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -264,6 +125,7 @@ impl Collector {
             arena: config.arena,
             streams: Vec::new(),
             decoders: config.decoders.max(1),
+            stream_interval: config.stream_interval,
             held: VecDeque::new(),
             held_bytes: 0,
             held_newest: 0,
@@ -349,6 +211,14 @@ struct Held {
     since: Instant,
 }
 
+impl Held {
+    /// Whether delivering it finishes a launch: a whole launch, or a streamed
+    /// launch's last part.
+    fn finishes(&self) -> bool {
+        self.launch.part.is_none_or(|p| p.last)
+    }
+}
+
 struct Worker {
     rx: mpsc::Receiver<Msg>,
     shared: Arc<Shared>,
@@ -363,6 +233,7 @@ struct Worker {
     streams: Vec<u64>,
     /// Threads a pass decodes on (`decode_all`).
     decoders: usize,
+    stream_interval: Duration,
     held: VecDeque<Held>,
     held_bytes: usize,
     /// The latest `last_device_ns` among the launches held (or ever held: it
@@ -438,8 +309,15 @@ impl Worker {
                 Err(e) => outcome[i] = Some(Err(e)),
             }
         }
+        // Streamed launches still running: read their rings, deliver a part when due.
+        let mut read = false;
+        for (job, o) in pending.iter_mut().zip(&outcome) {
+            if o.is_none() && matches!(job.work, Work::Stream { .. }) {
+                read |= self.drain_running(job);
+            }
+        }
         if outcome.iter().all(Option::is_none) {
-            return false;
+            return read;
         }
         let mut done = Vec::new();
         let mut rest = VecDeque::with_capacity(pending.len());
@@ -459,6 +337,13 @@ impl Worker {
     /// them back, then decodes each launch and holds it for its checkpoint.
     fn bring_back(&mut self, done: Vec<(Job, Result<(), ProfilerError>)>) {
         let complete_ns = HostClock::Boottime.now_ns();
+        // Streamed launches were read in place: nothing to copy or zero on the device.
+        let (streams, done): (Vec<_>, Vec<_>) = done
+            .into_iter()
+            .partition(|(j, _)| matches!(j.work, Work::Stream { .. }));
+        for (job, outcome) in streams {
+            self.end_stream(job, outcome, complete_ns);
+        }
         let places: Vec<&Place> = done
             .iter()
             .filter(|(_, o)| o.is_ok())
@@ -474,7 +359,7 @@ impl Worker {
         let taken: Vec<bool> = done
             .iter()
             .map(|(j, o)| match &j.work {
-                Work::Launch { .. } => o.is_ok() && fetched.is_ok(),
+                Work::Launch { .. } | Work::Stream { .. } => o.is_ok() && fetched.is_ok(),
                 Work::Replay { replay, place, .. } => {
                     o.is_ok()
                         && fetched.is_ok()
@@ -509,8 +394,9 @@ impl Worker {
         if let Err(e) = fetched {
             self.shared.push_error(e);
         }
+        let marks: Vec<_> = done.iter().map(|(j, _)| j.mark).collect();
+        self.backend.release(&marks);
         for ((job, outcome), taken) in done.into_iter().zip(taken) {
-            self.backend.release(job.mark);
             let n = job.work.launches();
             match outcome {
                 Err(e) => self.shared.finish(n, |st| {
@@ -532,6 +418,124 @@ impl Worker {
         let decoded = decode_all(&self.registry, &inputs, self.decoders);
         for (t, d) in launches.into_iter().zip(decoded) {
             self.hold(t.launch, d, t.dispatch, t.span);
+        }
+    }
+
+    /// Reads a running streamed launch's rings if a poll is due, and holds a
+    /// part if one is due. Returns whether it read anything.
+    fn drain_running(&mut self, job: &mut Job) -> bool {
+        let (before_ns, interval, workers) =
+            (self.stream_floor(), self.stream_interval, self.decoders);
+        let Work::Stream {
+            header,
+            place,
+            drain,
+            ..
+        } = &mut job.work
+        else {
+            return false;
+        };
+        let drain = drain
+            .get_or_insert_with(|| Box::new(Drain::new(*header, before_ns, interval, workers)));
+        if !drain.poll_due() {
+            return false;
+        }
+        let mut errors = drain.poll(&place.memory, &place.region, &self.registry);
+        let mut part = None;
+        if drain.part_due() {
+            let (bytes, more) = drain.cut(None);
+            errors.extend(more);
+            part = bytes.map(|b| (b, drain.parts() - 1));
+        }
+        self.slot_errors(job.launch.launch_id, errors);
+        if let Some((bytes, index)) = part {
+            let mut launch = job.launch.clone();
+            launch.host_complete_ns = HostClock::Boottime.now_ns();
+            launch.part = Some(Part { index, last: false });
+            self.hold_part(launch, bytes, &job.dispatch, &job.span);
+        }
+        true
+    }
+
+    /// A streamed launch has completed: its last part (every event left, the
+    /// flushed counts), then its region zeroed here and given back.
+    fn end_stream(&mut self, job: Job, outcome: Result<(), ProfilerError>, complete_ns: u64) {
+        self.backend.release(&[job.mark]);
+        let (before_ns, interval, workers) =
+            (self.stream_floor(), self.stream_interval, self.decoders);
+        let Job {
+            mut launch,
+            dispatch,
+            span,
+            work,
+            ..
+        } = job;
+        let Work::Stream {
+            header,
+            place,
+            arena,
+            drain,
+        } = work
+        else {
+            unreachable!("only streamed launches come here")
+        };
+        match outcome {
+            Err(e) => self.shared.finish(1, |st| {
+                st.stats.failed += 1;
+                st.errors.push(e);
+            }),
+            Ok(()) => {
+                let mut drain = drain
+                    .unwrap_or_else(|| Box::new(Drain::new(header, before_ns, interval, workers)));
+                let mut errors = drain.poll(&place.memory, &place.region, &self.registry);
+                let (bytes, more) = drain.cut(Some((&place.memory, &place.region)));
+                errors.extend(more);
+                self.slot_errors(launch.launch_id, errors);
+                launch.host_complete_ns = complete_ns;
+                launch.part = Some(Part {
+                    index: drain.parts() - 1,
+                    last: true,
+                });
+                let bytes = bytes.expect("a last part is always cut");
+                self.hold_part(launch, bytes, &dispatch, &span);
+            }
+        }
+        // The kernel has finished: nothing writes the region any more.
+        place.memory.zero(place.region.offset, place.region.len);
+        arena.free([place.region]);
+    }
+
+    /// A device time before any stamp of a launch made now: the latest
+    /// checkpoint's, less an hour (a checkpoint may be taken after the launch).
+    fn stream_floor(&self) -> u64 {
+        self.latest_anchor().saturating_sub(3_600_000_000_000)
+    }
+
+    fn hold_part(
+        &mut self,
+        launch: LaunchInfo,
+        bytes: Vec<u8>,
+        dispatch: &Dispatch,
+        span: &tracing::Span,
+    ) {
+        let launch_id = launch.launch_id;
+        let capture = OwnedBuffer::decode(bytes, Some(&self.registry))
+            .map_err(|source| ProfilerError::Decode { launch_id, source });
+        self.hold(launch, capture, dispatch, span);
+    }
+
+    /// Keeps a streamed launch's slot errors for the next flush.
+    fn slot_errors(&mut self, launch_id: u64, errors: Vec<SlotError>) {
+        if errors.is_empty() {
+            return;
+        }
+        let mut st = self.shared.state.lock();
+        for e in errors {
+            st.errors.push(ProfilerError::Stream {
+                launch_id,
+                slot: e.slot,
+                source: e.error,
+            });
         }
     }
 
@@ -609,8 +613,10 @@ impl Worker {
         let capture = match capture {
             Ok(c) => c,
             Err(e) => {
-                return self.shared.finish(1, |st| {
-                    st.stats.failed += 1;
+                // A part before the last does not finish its launch.
+                let n = u64::from(launch.part.is_none_or(|p| p.last));
+                return self.shared.finish(n, |st| {
+                    st.stats.failed += n;
                     st.errors.push(e);
                 });
             }
@@ -632,6 +638,8 @@ impl Worker {
     }
 
     fn deliver(&mut self, h: Held) {
+        let n = u64::from(h.finishes());
+        let part = u64::from(h.launch.part.is_some());
         let Held {
             launch,
             capture,
@@ -658,8 +666,9 @@ impl Worker {
         drop(span);
         let mut sinks = Vec::new();
         deliver::for_each_sink(&dispatch, |_, s| sinks.push(s.clone()));
-        self.shared.finish(1, |st| {
-            st.stats.delivered += 1;
+        self.shared.finish(n, |st| {
+            st.stats.delivered += n;
+            st.stats.parts += part;
             st.stats.events += events;
             st.stats.dropped_events += dropped;
             for sink in sinks {

@@ -4,11 +4,13 @@
 //! (buffers written with `BufferBuilder`), and the graph prologue. This is also
 //! how a second device is simulated.
 use super::*;
+use crate::batch::BatchSink;
 use crate::clock::{ClockMap, HostOffsets};
 use crate::cuda::job::Node;
 use crate::cuda::memory::{Mark, Memory, ARMED, REPLAY_HEADER, TAKEN};
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tracing_subscriber::layer::SubscriberExt;
@@ -23,6 +25,9 @@ struct Gpu {
     /// places they covered, to check that draining is done in bulk.
     fetches: AtomicU64,
     fetched_places: AtomicU64,
+    /// Calls giving events back, and the events given back.
+    releases: AtomicU64,
+    released: AtomicU64,
     /// Fail the next fetch.
     fail_fetch: Mutex<bool>,
 }
@@ -96,9 +101,12 @@ impl Device for Sim {
         Ok(())
     }
 
-    fn release(&mut self, mark: Mark) {
-        if let Some(e) = mark.event {
-            self.0.fired.lock().remove(&e);
+    fn release(&mut self, marks: &[Mark]) {
+        self.0.releases.fetch_add(1, Ordering::Relaxed);
+        let mut fired = self.0.fired.lock();
+        for e in marks.iter().filter_map(|m| m.event) {
+            fired.remove(&e);
+            self.0.released.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -176,6 +184,7 @@ impl Rig {
                 arena: arena.clone(),
                 // Several, whatever this machine has: the parallel decode is tested.
                 decoders: 3,
+                stream_interval: Duration::from_millis(5),
                 on_start: None,
             },
             shared.clone(),
@@ -511,6 +520,30 @@ fn finished_launches_are_brought_back_in_bulk() {
 }
 
 #[test]
+fn a_pass_gives_back_every_region_and_event_at_once() {
+    // More launches than `Arena::free` gives back between two hand-overs of its lock.
+    let r = Rig::new(0, None);
+    let (_rec, dispatch) = recorder_dispatch();
+    let events: Vec<u64> = tracing::dispatcher::with_default(&dispatch, || {
+        (0..300)
+            .map(|i| r.launch(1, 1_000_000 + i * 1_000, None, false).unwrap())
+            .collect()
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    for e in events {
+        r.gpu.fire(e);
+    }
+    r.collector.flush().unwrap();
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.failed, st.skipped), (300, 0, 0));
+    assert_eq!(r.arena.used(), 0);
+    assert_eq!(r.gpu.released.load(Ordering::Relaxed), 300);
+    // One call per pass that found launches finished (maybe two, as for the fetch).
+    assert!(r.gpu.releases.load(Ordering::Relaxed) <= 2);
+    assert_eq!(r.arena.alloc(1 << 20, None).map(|g| g.offset), Some(0));
+}
+
+#[test]
 fn a_drain_racing_new_launches_loses_nothing() {
     let (rec, dispatch) = recorder_dispatch();
     let one = kernel(0, 0)
@@ -552,177 +585,6 @@ fn a_drain_racing_new_launches_loses_nothing() {
     assert_eq!(st.failed, 0);
     assert_eq!(rec.0.lock().spans.len() as u64, 4 * st.delivered);
     assert_eq!(r.arena.used(), 0);
-}
-
-/// A graph of `nodes` simulated kernels with its replay ring of `k` regions,
-/// and the prologue the device runs at each replay.
-struct SimGraph {
-    nodes: Arc<[Node]>,
-    ring: Arc<Memory>,
-    region: usize,
-    k: u64,
-    next: u64,
-}
-
-impl SimGraph {
-    fn new(gpu: &Gpu, nodes: usize, k: u64) -> SimGraph {
-        let mut offset = REPLAY_HEADER;
-        let nodes: Vec<Node> = (0..nodes)
-            .map(|i| {
-                let b = kernel(0, 0);
-                let len = b.finish().len();
-                let n = Node {
-                    kernel: format!("node{i}").into(),
-                    header: *b.header(),
-                    offset,
-                    len,
-                };
-                offset += len.next_multiple_of(crate::cuda::ring::ALIGN);
-                n
-            })
-            .collect();
-        let region = offset.next_multiple_of(crate::cuda::ring::ALIGN);
-        let ring = gpu.allocate(Kind::Replays, region * k as usize);
-        for j in 0..k as usize {
-            gpu.write(&ring, j * region, &ARMED.to_le_bytes());
-        }
-        SimGraph {
-            nodes: nodes.into(),
-            ring,
-            region,
-            k,
-            next: 0,
-        }
-    }
-
-    /// One replay on `stream`, as `Profiler::launch_graph` and the prologue
-    /// make it; the nodes record at device time `t0`. Returns whether the
-    /// prologue took a region, and the replay's event.
-    fn replay(&mut self, rig: &Rig, stream: u64, t0: u64, fired: bool) -> (bool, u64) {
-        let replay = self.next;
-        self.next += 1;
-        let n = self.nodes.len() as u64;
-        let first_id = crate::cuda::profiler::reserve_launch_ids(n);
-        let span = tracing::info_span!("gpu.graph", gpu.replay = replay);
-        rig.shared.count_replay(n);
-        let offset = (replay % self.k) as usize * self.region;
-        // The prologue.
-        let head = rig.gpu.read(&self.ring, offset, 4);
-        let taken = u32::from_le_bytes(head.try_into().unwrap()) == ARMED;
-        if taken {
-            let mut h = TAKEN.to_le_bytes().to_vec();
-            h.extend([0; 4]);
-            h.extend(replay.to_le_bytes());
-            rig.gpu.write(&self.ring, offset, &h);
-            for node in self.nodes.iter() {
-                let mut b = kernel(0, t0).finish();
-                b[..crate::format::BUFFER_HEADER_SIZE].fill(0);
-                rig.gpu.write(&self.ring, offset + node.offset, &b);
-            }
-        }
-        let event = rig.gpu.event(fired);
-        rig.collector.send(Job {
-            launch: LaunchInfo {
-                launch_id: first_id,
-                kernel: "step".into(),
-                host_launch_ns: t0,
-                parent: span.id(),
-                host_thread: "main".into(),
-                ..Default::default()
-            },
-            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
-            span,
-            mark: Mark {
-                stream,
-                event: Some(event),
-            },
-            work: Work::Replay {
-                replay,
-                place: Place {
-                    memory: self.ring.clone(),
-                    region: Region {
-                        offset,
-                        len: self.region,
-                        seq: replay,
-                    },
-                },
-                nodes: self.nodes.clone(),
-            },
-        });
-        (taken, event)
-    }
-}
-
-#[test]
-fn graph_replays_make_one_batch_per_node_and_skip_when_the_ring_is_full() {
-    let (rec, dispatch) = recorder_dispatch();
-    let r = Rig::new(0, None);
-    let mut g = SimGraph::new(&r.gpu, 3, 2);
-    let mut held = Vec::new();
-    let mut taken = 0u64;
-    tracing::dispatcher::with_default(&dispatch, || {
-        // Two replays in flight fill the ring of two: the third is skipped.
-        for i in 0..3 {
-            let (t, e) = g.replay(&r, 5, 1_000_000 + i * 10_000, false);
-            taken += t as u64;
-            held.push(e);
-        }
-    });
-    assert_eq!(taken, 2);
-    for e in held.drain(..) {
-        r.gpu.fire(e);
-    }
-    r.collector.flush().unwrap();
-    // Brought back and armed again: the next replays record.
-    tracing::dispatcher::with_default(&dispatch, || {
-        for i in 3..9 {
-            let (t, _) = g.replay(&r, 5, 1_000_000 + i * 10_000, true);
-            taken += t as u64;
-            // Let the collector re-arm before the next replay.
-            r.collector.flush().unwrap();
-        }
-    });
-    let st = r.shared.stats();
-    assert_eq!(taken, 8);
-    assert_eq!((st.replays, st.launches), (9, 27));
-    assert_eq!((st.delivered, st.skipped, st.failed), (24, 3, 0));
-    assert_accounted(&st);
-    let seen = rec.0.lock();
-    // 4 device spans per node batch, under the replay's span.
-    assert_eq!(seen.spans.len(), 24 * 4);
-    assert!(seen
-        .parents
-        .iter()
-        .all(|p| p.as_deref() == Some("gpu.graph")));
-    // Node by node: kernel names and consecutive launch ids per replay.
-    let kernels: std::collections::BTreeSet<&String> =
-        seen.spans.iter().map(|s| &s["gpu.kernel"]).collect();
-    assert_eq!(
-        kernels.into_iter().cloned().collect::<Vec<_>>(),
-        ["node0", "node1", "node2"]
-    );
-    let ids: std::collections::BTreeSet<&String> =
-        seen.spans.iter().map(|s| &s["gpu.launch_id"]).collect();
-    assert_eq!(ids.len(), 24);
-}
-
-#[test]
-fn a_region_taken_by_a_later_replay_is_not_read_as_an_earlier_one() {
-    let (_rec, dispatch) = recorder_dispatch();
-    let r = Rig::new(0, None);
-    let mut g = SimGraph::new(&r.gpu, 2, 1);
-    tracing::dispatcher::with_default(&dispatch, || {
-        // Replay 0 takes the only region; replay 1 finds it in use.
-        let (t0, e0) = g.replay(&r, 5, 1_000_000, false);
-        let (t1, e1) = g.replay(&r, 5, 1_010_000, false);
-        assert!(t0 && !t1);
-        r.gpu.fire(e0);
-        r.gpu.fire(e1);
-    });
-    r.collector.flush().unwrap();
-    let st = r.shared.stats();
-    assert_eq!((st.delivered, st.skipped), (2, 2));
-    assert_accounted(&st);
 }
 
 #[test]
@@ -768,3 +630,9 @@ fn two_simulated_devices_make_one_perfetto_trace() {
         ],
     );
 }
+
+#[path = "graph_tests.rs"]
+mod graph;
+
+#[path = "stream_tests.rs"]
+mod stream;

@@ -99,9 +99,11 @@ impl Events {
         }
     }
 
-    /// Gives an event back.
-    pub(crate) fn put(&self, event: u64) {
-        self.free.lock().push(event as usize);
+    /// Gives events back, under one lock: the launching threads pop from the
+    /// same list, and a lock per event would meet them once per launch.
+    pub(crate) fn put(&self, events: impl IntoIterator<Item = u64>) {
+        let mut free = self.free.lock();
+        free.extend(events.into_iter().map(|e| e as usize));
     }
 }
 
@@ -170,6 +172,41 @@ pub(crate) fn allocate(
         result::stream::synchronize(stream.raw())?;
     }
     Ok(memory)
+}
+
+/// `len` bytes of pinned host memory mapped into the device's address space,
+/// zeroed: the streaming arena ([`Kind::Stream`]), which kernels write and the
+/// collector reads in place.
+pub(crate) fn allocate_mapped(ctx: &Arc<CudaContext>, len: usize) -> Result<Memory, DriverError> {
+    ctx.bind_to_thread()?;
+    // SAFETY: a plain allocation, checked; freed by the returned Memory (or here on error).
+    let host = unsafe { result::malloc_host(len.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)? };
+    let host = NonNull::new(host.cast::<u8>()).expect("cuMemHostAlloc returned null on success");
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: a valid out-pointer and a mapped allocation of this context.
+    if let Err(e) =
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.as_ptr().cast(), 0) }.result()
+    {
+        // SAFETY: just allocated, not shared.
+        let _ = unsafe { result::free_host(host.as_ptr().cast()) };
+        return Err(e);
+    }
+    // SAFETY: `len` bytes just allocated, not yet shared with the device.
+    unsafe { std::ptr::write_bytes(host.as_ptr(), 0, len.max(1)) };
+    let owner = ctx.clone();
+    Ok(Memory::new(
+        Kind::Stream,
+        dptr,
+        len,
+        host,
+        Box::new(move |_, host| {
+            if owner.bind_to_thread().is_ok() {
+                // SAFETY: owned, freed once, when no launch and no collector
+                // job uses it any more (every user holds the Arc).
+                let _ = unsafe { result::free_host(host.as_ptr().cast()) };
+            }
+        }),
+    ))
 }
 
 /// The collector's [`Device`] on a CUDA context.
@@ -301,10 +338,8 @@ impl Device for CudaDevice {
         Ok(self.wait()?)
     }
 
-    fn release(&mut self, mark: Mark) {
-        if let Some(event) = mark.event {
-            self.events.put(event);
-        }
+    fn release(&mut self, marks: &[Mark]) {
+        self.events.put(marks.iter().filter_map(|m| m.event));
     }
 
     fn idle(&mut self) {

@@ -110,6 +110,16 @@ pub enum ProfilerError {
         /// Why.
         source: DecodeError,
     },
+    /// A slot of a streamed launch did not decode; the launch went on without it.
+    #[error("launch {launch_id}: slot {slot} of the streamed trace did not decode: {source}")]
+    Stream {
+        /// The launch.
+        launch_id: u64,
+        /// The slot.
+        slot: u32,
+        /// Why.
+        source: DecodeError,
+    },
     /// Event names conflict.
     #[error(transparent)]
     Registry(#[from] RegistryError),

@@ -13,6 +13,8 @@ use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
 use super::memory::{Mark, Place};
+use super::ring::Arena;
+use super::stream::Drain;
 
 /// One profiled launch, or one replay of a profiled graph, on its way to the sinks.
 pub(crate) struct Job {
@@ -51,20 +53,34 @@ pub(crate) enum Work {
         /// The graph's profiled kernel nodes, in capture order.
         nodes: Arc<[Node]>,
     },
+    /// A streamed launch: its rings, in the streaming arena, are read while it
+    /// runs and delivered in parts (`stream.rs`).
+    Stream {
+        /// The buffer header (its capacity is the rings' size).
+        header: BufferHeader,
+        /// The region, in mapped host memory.
+        place: Place,
+        /// The streaming arena, which the region goes back to.
+        arena: Arc<Arena>,
+        /// Made by the collector at its first look (not on the launching thread).
+        drain: Option<Box<Drain>>,
+    },
 }
 
 impl Work {
     /// Where the records are.
     pub(crate) fn place(&self) -> &Place {
         match self {
-            Work::Launch { place, .. } | Work::Replay { place, .. } => place,
+            Work::Launch { place, .. }
+            | Work::Replay { place, .. }
+            | Work::Stream { place, .. } => place,
         }
     }
 
     /// How many launches the job stands for.
     pub(crate) fn launches(&self) -> u64 {
         match self {
-            Work::Launch { .. } => 1,
+            Work::Launch { .. } | Work::Stream { .. } => 1,
             Work::Replay { nodes, .. } => nodes.len() as u64,
         }
     }
@@ -108,6 +124,8 @@ impl Taken<'_> {
                     dispatch,
                     span,
                 }),
+                // The collector delivers those itself, in parts (Worker::end_stream).
+                Work::Stream { .. } => {}
                 Work::Replay { place, nodes, .. } => {
                     let region = place.memory.mirror(&place.region);
                     for (i, node) in nodes.iter().enumerate() {

@@ -22,6 +22,11 @@ pub(crate) enum Kind {
     /// A graph's replay ring: a region is zeroed and armed again for the
     /// graph's prologue (its first word set to [`ARMED`]).
     Replays,
+    /// The streaming arena: host memory mapped into the device, so `dptr` and
+    /// the mirror are the same bytes. Nothing is copied; the collector reads
+    /// it while kernels write it, and zeroes a region itself before giving it
+    /// back (`stream.rs`).
+    Stream,
 }
 
 /// A replay region starts with this header (the prologue writes it); the
@@ -130,6 +135,66 @@ impl Memory {
     }
 }
 
+/// Reads and writes of memory that the device may be writing at the same
+/// time (a [`Kind::Stream`] arena): volatile, one aligned word at a time,
+/// never through a slice.
+impl Memory {
+    fn word_ptr<T>(&self, offset: usize) -> *mut T {
+        let size = std::mem::size_of::<T>();
+        assert!(
+            offset % size == 0 && offset + size <= self.len,
+            "{offset} outside {self:?}"
+        );
+        // SAFETY: in bounds (checked above).
+        unsafe { self.host.as_ptr().add(offset).cast::<T>() }
+    }
+
+    /// The 32 words (256 bytes) at `offset`, each read whole.
+    pub(crate) fn load_chunk(&self, offset: usize) -> [u64; 32] {
+        assert!(offset + 256 <= self.len, "{offset} outside {self:?}");
+        let p = self.word_ptr::<u64>(offset);
+        // SAFETY: in bounds and aligned (word_ptr); every word is read with one
+        // aligned 8-byte load, which the device's 8-byte stores never tear.
+        std::array::from_fn(|i| unsafe { p.add(i).read_volatile() })
+    }
+
+    /// The `u32` at `offset`.
+    pub(crate) fn load_u32(&self, offset: usize) -> u32 {
+        // SAFETY: in bounds and aligned (word_ptr).
+        unsafe { self.word_ptr::<u32>(offset).read_volatile() }
+    }
+
+    /// The `u64` at `offset`.
+    pub(crate) fn load_u64(&self, offset: usize) -> u64 {
+        // SAFETY: in bounds and aligned (word_ptr).
+        unsafe { self.word_ptr::<u64>(offset).read_volatile() }
+    }
+
+    /// Writes `v` at `offset`, after every write before it (the device that
+    /// reads it must see those first).
+    pub(crate) fn publish_u32(&self, offset: usize, v: u32) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        // SAFETY: in bounds and aligned (word_ptr).
+        unsafe { self.word_ptr::<u32>(offset).write_volatile(v) }
+    }
+
+    /// Writes `v` at `offset`, as a simulated device does.
+    #[cfg(test)]
+    pub(crate) fn store_u64(&self, offset: usize, v: u64) {
+        // SAFETY: in bounds and aligned (word_ptr).
+        unsafe { self.word_ptr::<u64>(offset).write_volatile(v) }
+    }
+
+    /// Zeroes `len` bytes at `offset` (both multiples of 8).
+    pub(crate) fn zero(&self, offset: usize, len: usize) {
+        assert!(len % 8 == 0, "{len} bytes");
+        for i in (0..len).step_by(8) {
+            // SAFETY: in bounds and aligned (word_ptr).
+            unsafe { self.word_ptr::<u64>(offset + i).write_volatile(0) }
+        }
+    }
+}
+
 impl Drop for Memory {
     fn drop(&mut self) {
         if let Some(free) = self.free.take() {
@@ -172,8 +237,9 @@ pub(crate) trait Device: Send {
     /// Zeroes `places` on the device (and arms replay regions again), all
     /// before returning; then the regions may be used again.
     fn recycle(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;
-    /// The collector is done with `mark`: its event may be reused.
-    fn release(&mut self, mark: Mark);
+    /// The collector is done with a pass's `marks`: their events may be reused
+    /// (all at once: the launching threads take events from the same pool).
+    fn release(&mut self, marks: &[Mark]);
     /// Nothing has finished: wait a little (the poll interval) before asking again.
     fn idle(&mut self);
 }

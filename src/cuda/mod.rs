@@ -17,10 +17,12 @@ mod names;
 mod profiler;
 mod recorder;
 mod ring;
+mod shared;
+mod stream;
+mod streaming;
 
 pub use cudarc;
 
-pub use collector::ProfilerStats;
 pub use compile::{
     compile, ensure_libraries, ensure_nvrtc, KernelBuild, HEADER_NAME, HEADER_PATH, HEADER_SOURCE,
 };
@@ -31,6 +33,9 @@ pub use profiler::{
     DEFAULT_RECALIBRATION,
 };
 pub use recorder::{CaptureLayer, CaptureRecorder};
+pub use shared::ProfilerStats;
+pub use stream::{DEFAULT_STREAM_CAPACITY, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
+pub use streaming::Streaming;
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
 pub use crate::gpu_profile;

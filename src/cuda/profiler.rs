@@ -77,6 +77,7 @@ use super::memory::{Kind, Mark, Memory, Place, Shape};
 use super::names::{kernel_name, thread_name};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};
+use super::stream::{StreamArena, StreamSettings};
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
 use crate::format::{self, BufferHeader, KernelArg};
@@ -130,6 +131,7 @@ pub struct ProfilerBuilder {
     pollers: u32,
     recorder: Option<Arc<CaptureRecorder>>,
     lineinfo: bool,
+    pub(super) stream: StreamSettings,
 }
 
 impl Default for ProfilerBuilder {
@@ -148,6 +150,7 @@ impl Default for ProfilerBuilder {
             pollers: Calibrator::DEFAULT_POLLERS,
             recorder: None,
             lineinfo: true,
+            stream: StreamSettings::default(),
         }
     }
 }
@@ -284,6 +287,7 @@ impl ProfilerBuilder {
                 format::TRACE_INDIRECT - 1
             )));
         }
+        self.stream.check()?;
         let mut registry = EventRegistry::new();
         for r in &self.registries {
             registry.merge(r)?;
@@ -334,6 +338,7 @@ impl ProfilerBuilder {
                 decoders: std::thread::available_parallelism()
                     .map_or(1, |n| n.get() / 2)
                     .clamp(1, 4),
+                stream_interval: self.stream.interval,
                 on_start: Some(Box::new(move || {
                     let _ = bind.bind_to_thread();
                     // The collector's calls must not invalidate a graph the
@@ -358,13 +363,15 @@ impl ProfilerBuilder {
             graphs,
             shared,
             collector,
+            stream_settings: self.stream,
+            streaming: StreamArena::default(),
         })
     }
 }
 
 /// One CUDA context's profiler: see the module docs.
 pub struct Profiler {
-    ctx: Arc<CudaContext>,
+    pub(super) ctx: Arc<CudaContext>,
     device: Arc<DeviceInfo>,
     capacity: u32,
     wait: Option<Duration>,
@@ -374,8 +381,11 @@ pub struct Profiler {
     arena: Arc<Arena>,
     events: Arc<Events>,
     graphs: Arc<Graphs>,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     collector: Collector,
+    pub(super) stream_settings: StreamSettings,
+    /// The streaming arena, made at the first streamed launch (`streaming.rs`).
+    pub(super) streaming: StreamArena,
 }
 
 impl std::fmt::Debug for Profiler {
@@ -436,7 +446,7 @@ impl Profiler {
     /// Counters so far.
     pub fn stats(&self) -> ProfilerStats {
         ProfilerStats {
-            memory_bytes: self.arena.capacity() as u64,
+            memory_bytes: (self.arena.capacity() + self.streaming.bytes()) as u64,
             arena_in_use: self.arena.used() as u64,
             ..self.shared.stats()
         }
@@ -632,7 +642,13 @@ impl Profiler {
     /// launching thread waits for the stream itself and sends the job marked
     /// finished: the trace is kept if it can be, and the region comes back
     /// either way (the error is said at the next flush).
-    fn hand_over(&self, stream: &CudaStream, span: tracing::Span, launch: LaunchInfo, work: Work) {
+    pub(super) fn hand_over(
+        &self,
+        stream: &CudaStream,
+        span: tracing::Span,
+        launch: LaunchInfo,
+        work: Work,
+    ) {
         let event = match self.events.record(stream.cu_stream()) {
             Ok(ev) => Some(ev),
             Err(e) => {

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 /// Regions start on this boundary (the device's preferred alignment for the
 /// 16-byte vector stores of the recorder, and for the copy engines).
@@ -65,11 +65,6 @@ impl Ring {
             head: 0,
             used: 0,
         }
-    }
-
-    /// Bytes the ring manages.
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// Bytes in use (handed out, or freed behind an older region still out).
@@ -152,12 +147,20 @@ impl Ring {
     }
 }
 
+/// Regions [`Arena::free`] gives back between two chances for a launching
+/// thread to take the lock: a pass may bring back thousands of launches, and a
+/// launch call must not wait for all of them (about 64 × 10 ns at most).
+const FREE_RUN: usize = 64;
+
 /// A [`Ring`] shared between the launching threads and the collector, with a
 /// condition variable for launches that choose to wait for room.
 #[derive(Debug)]
 pub(crate) struct Arena {
     ring: Mutex<Ring>,
     room: Condvar,
+    /// The ring's capacity, read by every launch (to size-check its buffer)
+    /// without the lock.
+    capacity: usize,
 }
 
 impl Arena {
@@ -165,12 +168,13 @@ impl Arena {
         Arena {
             ring: Mutex::new(Ring::new(capacity)),
             room: Condvar::new(),
+            capacity,
         }
     }
 
     /// Bytes the arena manages.
     pub(crate) fn capacity(&self) -> usize {
-        self.ring.lock().capacity()
+        self.capacity
     }
 
     /// Bytes in use now.
@@ -198,11 +202,17 @@ impl Arena {
         }
     }
 
-    /// Gives regions back (their bytes are zero on the device again).
+    /// Gives regions back (their bytes are zero on the device again). Every
+    /// [`FREE_RUN`] regions, a launching thread waiting for the lock gets it
+    /// first (a fair hand-over), so that its call waits for one run, not for
+    /// the whole pass.
     pub(crate) fn free(&self, regions: impl IntoIterator<Item = Region>) {
         let mut ring = self.ring.lock();
         let mut reclaimed = false;
-        for r in regions {
+        for (i, r) in regions.into_iter().enumerate() {
+            if i > 0 && i % FREE_RUN == 0 {
+                MutexGuard::bump(&mut ring);
+            }
             reclaimed |= ring.free(&r);
         }
         drop(ring);
@@ -306,6 +316,26 @@ mod tests {
         }
         assert_eq!((r.used(), r.outstanding()), (0, 0));
         assert_eq!(r.alloc(cap).unwrap().offset, 0);
+    }
+
+    #[test]
+    fn a_long_free_lets_launches_in_and_loses_nothing() {
+        let arena = std::sync::Arc::new(Arena::new(4096 * ALIGN));
+        let held: Vec<Region> = (0..10 * FREE_RUN)
+            .map(|_| arena.alloc(ALIGN, None).unwrap())
+            .collect();
+        let a = arena.clone();
+        let taker = std::thread::spawn(move || {
+            (0..2000)
+                .filter_map(|_| a.alloc(ALIGN, None))
+                .collect::<Vec<_>>()
+        });
+        arena.free(held);
+        let taken = taker.join().unwrap();
+        assert_eq!(taken.len(), 2000);
+        arena.free(taken);
+        assert_eq!(arena.used(), 0);
+        assert_eq!(arena.alloc(4096 * ALIGN, None).map(|r| r.offset), Some(0));
     }
 
     #[test]

@@ -284,4 +284,39 @@ pub enum DecodeError {
         /// The slot's flush time.
         last_ts: u64,
     },
+    /// A packed buffer's slot that does not come after the one before it.
+    #[error("packed buffer: slot {slot} comes after slot {previous}; slots must increase")]
+    PackedOutOfOrder {
+        /// Slot index (from its header).
+        slot: u32,
+        /// The index of the slot before it.
+        previous: u32,
+    },
+    /// A packed record whose start is after its end, or before the slot's `first_ts`.
+    #[error(
+        "slot {slot} record {record}: starts at {start}, outside first_ts {first_ts}..end {end}"
+    )]
+    PackedStartOutside {
+        /// Slot index.
+        slot: u32,
+        /// Record index within the slot.
+        record: u32,
+        /// The record's start (device ns).
+        start: u64,
+        /// The record's end (device ns).
+        end: u64,
+        /// The slot's first_ts.
+        first_ts: u64,
+    },
+    /// A streaming slot whose warp says it stored more (or fewer) chunks than
+    /// the reader found complete once the launch had finished.
+    #[error("slot {slot}: the warp stored {stored} chunks, {read} were found complete")]
+    RingUnread {
+        /// Slot index.
+        slot: u32,
+        /// Chunks stored, as the flushed header says.
+        stored: u32,
+        /// Chunks read.
+        read: u32,
+    },
 }

@@ -23,16 +23,21 @@ use std::fmt;
 
 use crate::format::{
     self, buffer_offsets as bo, slot_offsets as so, BufferHeader, Event, EventKind, Record,
-    SlotHeader, BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE, RECORD_SIZE,
-    SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION,
+    SlotHeader, BUFFER_FLAG_PACKED, BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE,
+    PACKED_RECORD_SIZE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION,
 };
 use crate::registry::EventRegistry;
 
 mod bytes;
 mod error;
+mod packed;
+#[cfg(any(feature = "cuda", test))]
+pub(crate) mod stream;
+mod v1;
 mod v2;
 use bytes::{u16_at, u32_at, u64_at};
 pub use error::DecodeError;
+use v1::{check_v1_slot, read_slot_header, xyz_at};
 
 /// What [`Buffer::decode`] learned, kept so that [`OwnedBuffer::view`] need not
 /// validate again.
@@ -45,6 +50,8 @@ struct Index {
     flushed: Vec<u32>,
     /// The v2 slots among them, with the headers their checks rebuilt, increasing.
     rebuilt: Vec<(u32, SlotHeader)>,
+    /// A packed buffer's slots' offsets, one per flushed slot; empty otherwise.
+    offsets: Vec<usize>,
     events: u64,
     drops: u64,
     /// Smallest `first_ts` and largest `last_ts` of the flushed slots.
@@ -66,28 +73,6 @@ impl fmt::Debug for Buffer<'_> {
             .field("events", &self.index.events)
             .field("drops", &self.index.drops)
             .finish()
-    }
-}
-
-fn xyz_at(b: &[u8], at: usize) -> [u32; 3] {
-    [u32_at(b, at), u32_at(b, at + 4), u32_at(b, at + 8)]
-}
-
-/// Reads a slot header from at least [`SLOT_HEADER_SIZE`] bytes.
-fn read_slot_header(b: &[u8]) -> SlotHeader {
-    SlotHeader {
-        magic: u32_at(b, so::MAGIC),
-        flags: u32_at(b, so::FLAGS),
-        first_ts: u64_at(b, so::FIRST_TS),
-        last_ts: u64_at(b, so::LAST_TS),
-        sm_first: u32_at(b, so::SM_FIRST),
-        sm_last: u32_at(b, so::SM_LAST),
-        block_linear: u32_at(b, so::BLOCK_LINEAR),
-        block: xyz_at(b, so::BLOCK_XYZ),
-        warp: u32_at(b, so::WARP),
-        cluster_rank: u32_at(b, so::CLUSTER_RANK),
-        record_count: u32_at(b, so::RECORD_COUNT),
-        drop_count: u32_at(b, so::DROP_COUNT),
     }
 }
 
@@ -137,8 +122,17 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
         SLOT_HEADER_SIZE,
         false,
     )?;
-    exact("record_size", bo::RECORD_SIZE, RECORD_SIZE, false)?;
-    exact("flags", bo::FLAGS, 0, true)?;
+    let flags = u32_at(b, bo::FLAGS);
+    let packed = flags == BUFFER_FLAG_PACKED;
+    if !packed {
+        exact("flags", bo::FLAGS, 0, true)?;
+    }
+    let record_size = if packed {
+        PACKED_RECORD_SIZE
+    } else {
+        RECORD_SIZE
+    };
+    exact("record_size", bo::RECORD_SIZE, record_size, false)?;
     exact("reserved", bo::RESERVED, 0, true)?;
     let header = BufferHeader {
         version,
@@ -148,7 +142,7 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
         launch_id: u64_at(b, bo::LAUNCH_ID),
         grid: xyz_at(b, bo::GRID),
         block: xyz_at(b, bo::BLOCK),
-        flags: 0,
+        flags,
     };
     if header.grid.contains(&0) || header.block.contains(&0) {
         return Err(DecodeError::EmptyLaunch {
@@ -166,6 +160,10 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
             expected: u64::try_from(wpb).unwrap_or(u64::MAX),
         });
     }
+    if packed {
+        // Its slots' sizes are in their headers: packed::walk finds its size.
+        return Ok((header, BUFFER_HEADER_SIZE));
+    }
     let size = format::buffer_size(header.slot_count, header.slot_capacity).ok_or(
         DecodeError::SizeOverflow {
             slot_count: header.slot_count,
@@ -179,46 +177,6 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
         });
     }
     Ok((header, size))
-}
-
-/// The checks of a v1 slot header against its place, `[block_linear, x, y, z, warp]`.
-fn check_v1_slot(
-    i: u32,
-    h: &SlotHeader,
-    capacity: u32,
-    warps: u64,
-    place: [u32; 5],
-) -> Result<(), DecodeError> {
-    if h.record_count > capacity {
-        return Err(DecodeError::CountOverCapacity {
-            slot: i,
-            count: h.record_count,
-            capacity,
-        });
-    }
-    if i as u64 >= warps {
-        return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
-    }
-    let [bl, x, y, z, warp] = place;
-    if h.block_linear != bl || h.block != [x, y, z] || h.warp != warp {
-        return Err(DecodeError::Misplaced {
-            slot: i,
-            expected_block: bl,
-            expected_xyz: [x, y, z],
-            expected_warp: warp,
-            found_block: h.block_linear,
-            found_xyz: h.block,
-            found_warp: h.warp,
-        });
-    }
-    if h.last_ts < h.first_ts {
-        return Err(DecodeError::SlotTimesBackwards {
-            slot: i,
-            first_ts: h.first_ts,
-            last_ts: h.last_ts,
-        });
-    }
-    Ok(())
 }
 
 /// Offset of the first non-zero 16-byte group of `b` (a multiple of 16 long).
@@ -237,6 +195,25 @@ impl<'a> Buffer<'a> {
         registry: Option<&EventRegistry>,
     ) -> Result<Buffer<'a>, DecodeError> {
         let (header, size) = read_buffer_header(bytes)?;
+        if header.flags == BUFFER_FLAG_PACKED {
+            let w = match registry {
+                Some(reg) => packed::walk(bytes, &header, |id| reg.contains(id))?,
+                None => packed::walk(bytes, &header, |_| true)?,
+            };
+            return Ok(Buffer {
+                bytes: &bytes[..w.size],
+                index: Cow::Owned(Index {
+                    header,
+                    size: w.size,
+                    flushed: w.flushed,
+                    rebuilt: Vec::new(),
+                    offsets: w.offsets,
+                    events: w.events,
+                    drops: w.drops,
+                    time_range: w.time_range,
+                }),
+            });
+        }
         let capacity = header.slot_capacity;
         let stride = format::slot_stride(capacity);
         let wpb = header.warps_per_block;
@@ -316,6 +293,7 @@ impl<'a> Buffer<'a> {
                 size,
                 flushed,
                 rebuilt,
+                offsets: Vec::new(),
                 events,
                 drops,
                 time_range,
@@ -336,13 +314,13 @@ impl<'a> Buffer<'a> {
     /// The flushed slots, in increasing index order.
     pub fn slots(&self) -> impl ExactSizeIterator<Item = Slot<'a>> + '_ {
         let (bytes, index) = (self.bytes, &*self.index);
-        index.flushed.iter().map(move |&i| slot_at(bytes, index, i))
+        (0..index.flushed.len()).map(move |k| slot_at(bytes, index, k))
     }
 
     /// The slot at `index`, if it was flushed.
     pub fn slot(&self, index: u32) -> Option<Slot<'a>> {
-        self.index.flushed.binary_search(&index).ok()?;
-        Some(slot_at(self.bytes, &self.index, index))
+        let k = self.index.flushed.binary_search(&index).ok()?;
+        Some(slot_at(self.bytes, &self.index, k))
     }
 
     /// Number of flushed slots.
@@ -376,9 +354,20 @@ impl<'a> Buffer<'a> {
     }
 }
 
-/// A flushed slot of a validated buffer: a v1 slot's header as stored, a v2 slot's
-/// as its check rebuilt it.
-fn slot_at<'a>(bytes: &'a [u8], at: &Index, index: u32) -> Slot<'a> {
+/// The `k`-th flushed slot of a validated buffer: a v1 (or packed) slot's header as
+/// stored, a v2 slot's as its check rebuilt it.
+fn slot_at<'a>(bytes: &'a [u8], at: &Index, k: usize) -> Slot<'a> {
+    let index = at.flushed[k];
+    if let Some(&off) = at.offsets.get(k) {
+        let header = read_slot_header(&bytes[off..]);
+        let start = off + SLOT_HEADER_SIZE;
+        return Slot {
+            header,
+            index,
+            form: Form::Packed,
+            records: &bytes[start..start + header.record_count as usize * PACKED_RECORD_SIZE],
+        };
+    }
     let off = BUFFER_HEADER_SIZE + index as usize * format::slot_stride(at.header.slot_capacity);
     let start = off + SLOT_HEADER_SIZE;
     let v2 = at
@@ -399,7 +388,7 @@ fn slot_at<'a>(bytes: &'a [u8], at: &Index, index: u32) -> Slot<'a> {
     Slot {
         header,
         index,
-        v2: v2.is_some(),
+        form: if v2.is_some() { Form::V2 } else { Form::V1 },
         records: &bytes[start..start + len],
     }
 }
@@ -494,8 +483,8 @@ pub struct Slot<'a> {
     pub header: SlotHeader,
     /// The slot's index (`block_linear × warps_per_block + warp`).
     pub index: u32,
-    /// Whether the slot holds v2 entries (else v1 records).
-    v2: bool,
+    /// What its bytes hold.
+    form: Form,
     /// The records or entries written.
     records: &'a [u8],
 }
@@ -503,20 +492,24 @@ pub struct Slot<'a> {
 impl<'a> Slot<'a> {
     /// The events, in the order they ended, with full 64-bit device times.
     pub fn events(&self) -> Events<'a> {
-        Events(if self.v2 {
-            Walk::V2(v2::Events::new(self.records, &self.header))
-        } else {
-            Walk::V1 {
+        Events(match self.form {
+            Form::V2 => Walk::V2(v2::Events::new(self.records, &self.header)),
+            Form::V1 => Walk::V1 {
                 records: self.records.chunks_exact(RECORD_SIZE),
                 prev: self.header.first_ts,
-            }
+            },
+            Form::Packed => Walk::Packed(self.records.chunks_exact(PACKED_RECORD_SIZE)),
         })
     }
 
-    /// The raw records of a v1 slot, as stored (none for a v2 slot: its events
-    /// are rebuilt from entries, see [`Slot::events`]).
+    /// The raw records of a v1 slot, as stored (none for a v2 slot, whose events
+    /// are rebuilt from entries, nor for a packed one: see [`Slot::events`]).
     pub fn records(&self) -> impl ExactSizeIterator<Item = Record> + 'a {
-        let records: &[u8] = if self.v2 { &[] } else { self.records };
+        let records: &[u8] = if self.form == Form::V1 {
+            self.records
+        } else {
+            &[]
+        };
         records
             .chunks_exact(RECORD_SIZE)
             .map(|c| Record::read(&record_array(c)))
@@ -524,10 +517,10 @@ impl<'a> Slot<'a> {
 
     /// Which record format the slot holds: 1 or 2.
     pub fn format(&self) -> u8 {
-        if self.v2 {
-            2
-        } else {
-            1
+        match self.form {
+            Form::V1 => 1,
+            Form::V2 => 2,
+            Form::Packed => 0,
         }
     }
 
@@ -567,6 +560,18 @@ enum Walk<'a> {
         prev: u64,
     },
     V2(v2::Events<'a>),
+    Packed(std::slice::ChunksExact<'a, u8>),
+}
+
+/// What a slot's bytes hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// v1 records.
+    V1,
+    /// v2 entries.
+    V2,
+    /// Full events, in a packed buffer.
+    Packed,
 }
 
 impl Iterator for Events<'_> {
@@ -577,6 +582,7 @@ impl Iterator for Events<'_> {
         let (records, prev) = match &mut self.0 {
             Walk::V1 { records, prev } => (records, prev),
             Walk::V2(entries) => return entries.next(),
+            Walk::Packed(records) => return records.next().map(packed::read),
         };
         let r = Record::read(&record_array(records.next()?));
         // Validated at decode: no overflow, start ≥ first_ts. Wrapping ops keep
@@ -600,6 +606,7 @@ impl Iterator for Events<'_> {
         match &self.0 {
             Walk::V1 { records, .. } => records.size_hint(),
             Walk::V2(entries) => entries.size_hint(),
+            Walk::Packed(records) => records.size_hint(),
         }
     }
 }
@@ -861,8 +868,17 @@ mod tests {
                 matches!(with(|b| b[at] = 32), E::BadHeaderField { field, found: 32, .. } if field == name)
             );
         }
+        // Bit 0 says "packed" (and then the record size is wrong); no other is known.
         assert!(matches!(
             with(|b| b[bo::FLAGS] = 1),
+            E::BadHeaderField {
+                field: "record_size",
+                found: 16,
+                expected: 24
+            }
+        ));
+        assert!(matches!(
+            with(|b| b[bo::FLAGS] = 2),
             E::BadHeaderField { field: "flags", .. }
         ));
         assert!(matches!(

@@ -36,7 +36,7 @@ fn first(rest: &[u8]) -> Option<(Entry, &[u8])> {
 }
 
 /// Whether an entry of this kind carries a time (all but payloads).
-fn timed(kind: u16) -> bool {
+pub(super) fn timed(kind: u16) -> bool {
     kind != ENTRY_PAYLOAD
 }
 
@@ -48,7 +48,7 @@ fn ends_event(kind: u16) -> bool {
 /// Why an entry was refused, as found by the hot loop; made into a [`DecodeError`]
 /// only then ([`refused`]), so that the loop carries no large error.
 #[derive(Debug, Clone, Copy)]
-enum Fail {
+pub(super) enum Fail {
     Kind,
     Payload,
     UnknownId,
@@ -61,7 +61,7 @@ enum Fail {
 
 #[cold]
 #[inline(never)]
-fn refused(slot: u32, entry: u32, e: Entry, fail: Fail) -> DecodeError {
+pub(super) fn refused(slot: u32, entry: u32, e: Entry, fail: Fail) -> DecodeError {
     let id = e.event_id;
     match fail {
         Fail::Kind => DecodeError::UnknownKind {

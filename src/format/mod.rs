@@ -20,9 +20,19 @@
 //! Only lane 0 of the warp writes it, so no atomics are needed.
 
 mod builder;
+mod packed;
+mod stream;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use builder::trimmed;
 pub use builder::{BufferBuilder, EntrySlotBuilder, SlotBuilder};
+#[cfg(any(feature = "cuda", test))]
+pub(crate) use packed::PackedWriter;
+pub use packed::{packed_offsets, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};
+pub use stream::{
+    chunk_meta_offsets, stream_slot_offsets, CHUNK_COUNT_MASK, CHUNK_ENTRIES, CHUNK_GAP,
+    CHUNK_RECORDS, CHUNK_SIZE, CHUNK_SM_MASK, CHUNK_SM_SHIFT, SLOT_MAGIC_STREAM, STREAM_MARK,
+    TRACE_STREAM,
+};
 
 /// `"TGPU"` read as a little-endian `u32`: the first four bytes of every buffer.
 pub const BUFFER_MAGIC: u32 = u32::from_le_bytes(*b"TGPU");
@@ -215,7 +225,8 @@ pub struct BufferHeader {
     pub grid: [u32; 3],
     /// Block dimensions in threads.
     pub block: [u32; 3],
-    /// Flags (zero in v1).
+    /// Flags: zero as the device's buffers have them, [`BUFFER_FLAG_PACKED`]
+    /// for a packed buffer (a streamed launch's part, made by the host).
     pub flags: u32,
 }
 

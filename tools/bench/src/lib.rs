@@ -16,6 +16,7 @@
 pub mod cli;
 pub mod device;
 pub mod error;
+pub mod fake_collector;
 pub mod gemm;
 pub mod kernels;
 pub mod short;

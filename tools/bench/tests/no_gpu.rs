@@ -73,7 +73,8 @@ fn gpu_benchmarks_say_why_they_stop_without_a_gpu() {
     }
 }
 
-/// The storm's `--threads` and the shared `--stream` are checked before anything runs.
+/// The storm's options (`--threads`, `--gap`, `--variants`) and the shared `--stream`
+/// are checked before anything runs.
 #[test]
 fn bad_storm_options_are_usage_errors() {
     for args in [
@@ -81,6 +82,9 @@ fn bad_storm_options_are_usage_errors() {
         &["--threads", "65"],
         &["--stream", "other"],
         &["--launches", "0"],
+        &["--gap=-1"],
+        &["--gap", "inf"],
+        &["--variants", "plain,bogus"],
     ] {
         let (code, stderr) = without_gpu(env!("CARGO_BIN_EXE_storm"), args);
         assert_eq!(code, Some(2), "{args:?}: {stderr}");

@@ -5,17 +5,38 @@
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin storm -- [--launches 100000] [--threads 1] \
 //!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000] \
-//!     [--blocks N] [--settle]
+//!     [--blocks N] [--settle] [--gap US] [--variants plain,floor,unsubscribed,profiled] \
+//!     [--bisect]
 //! ```
 //!
 //! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
-//! `--blocks`, a few µs; the plain launch passes a null trace). Four variants:
-//! - *plain*: the launch alone;
-//! - *floor*: the launch, then the driver calls the profiled launch makes besides
+//! `--blocks`, a few µs; the plain launch passes a null trace). The variants
+//! (`--variants`, a comma-separated list; *plain* is always measured, the first four
+//! are the default):
+//! - `plain`: the launch alone;
+//! - `floor`: the launch, then the driver calls the profiled launch makes besides
 //!   it (`cuStreamIsCapturing`, skipped on the legacy stream, which cannot capture;
 //!   `cuEventRecord` of one reused event): what the design cannot go under;
-//! - *no subscriber*: `gpu_profile!` with no subscriber (the launch span disabled);
-//! - *gpu_profile!*: with the Perfetto layer, the launch span included.
+//! - `unsubscribed`: `gpu_profile!` with no subscriber (the launch span disabled);
+//! - `profiled`: `gpu_profile!` with the Perfetto layer, the launch span included.
+//!
+//! And two that take the profiled call apart (suspects of issue #12):
+//! - `floor-collector`: *floor*, with an event per launch from a ring of the thread's
+//!   own, while a stand-in collector thread makes the real collector's driver calls on
+//!   those events and on memory of the arena's size
+//!   ([`tracing_gpu_bench::fake_collector`]: an event query per finished launch, a
+//!   copy back and a memset of their trace bytes on a non-blocking stream of its own,
+//!   each waited for). Minus *floor*: what the collector's driver calls cost the
+//!   launch call inside the driver. It has no lock, no channel, no span. With
+//!   `--bisect` its collector asks about log2(launches) events a pass instead of one
+//!   per launch: whether the event queries are what costs;
+//! - `host-only`: *profiled* (Perfetto layer), but the kernel gets the trace with its
+//!   base set to 0, so that it records nothing and is as long as the plain one; the
+//!   host does all it does for a recorded launch (a region, the event, the job; the
+//!   collector copies, zeroes and decodes the region). *Profiled* minus it: what the
+//!   longer recorded kernel costs the call (the queue waiting for the device); it
+//!   minus *floor-collector*: the profiler's host path beyond the driver calls (locks,
+//!   channel, span, names).
 //!
 //! `--launches` launch calls of each variant are made in blocks of `--block`, the
 //! variants in turn (one warm-up block of each first, not counted), by `--threads`
@@ -24,23 +45,28 @@
 //! or each thread on a stream of its own (`--stream own`). Each launch call is timed
 //! with `Instant` (p50, p99, mean over all calls of all threads). With `--settle`, the
 //! collector is waited for after each block (`Profiler::flush`, not timed), so that no
-//! block's calls meet the draining of an earlier block's launches. The subscriber is a
-//! `PerfettoLayer` writing to a temporary file, so the launch span is recorded.
+//! block's calls meet the draining of an earlier block's launches. With `--gap US`,
+//! each thread spins that long after each launch call (not timed): with a gap longer
+//! than the kernel the device queue stays short, so that no call waits for the device.
+//! The subscriber is a `PerfettoLayer` writing to a temporary file, so the launch span
+//! is recorded.
 //!
 //! The GPU side: *kernel alone* is the median of 101 launches timed by CUDA events,
 //! each alone on the GPU; *wall per launch* is the blocks' wall time (first launch call
-//! to last synchronize) per launch; *GPU busy* is launches × kernel alone / wall: the
-//! share of the storm's wall time the GPU needs for the kernels (1: the host kept the
-//! GPU fed; below: the GPU waited for launch calls; above 1 when several streams'
-//! kernels overlap). *Peak arena in use* is `ProfilerStats::arena_in_use` read at the
-//! end of each profiled block, before its synchronize, where the queue is longest.
+//! to last synchronize, gaps included) per launch; *GPU busy* is launches × kernel
+//! alone / wall: the share of the storm's wall time the GPU needs for the kernels (1:
+//! the host kept the GPU fed; below: the GPU waited for launch calls; above 1 when
+//! several streams' kernels overlap). *Peak arena in use* is
+//! `ProfilerStats::arena_in_use` read at the end of each profiled block, before its
+//! synchronize, where the queue is longest.
 //! After `Profiler::flush`, launches must equal delivered + skipped + failed, and be
 //! the number of profiled launch calls made; the run fails otherwise.
 //!
 //! cudarc's event tracking is switched off (each thread's buffers are used on its
 //! stream alone), so that the plain launch is one driver call.
 //!
-//! Output: a table, then one JSON line (`{"bench":"storm",...}`).
+//! Output: a table, the added time of each variant over *plain*, the decomposition
+//! when the variants it needs ran, then one JSON line (`{"bench":"storm",...}`).
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -48,19 +74,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use parking_lot::Mutex;
 use tracing_gpu::cuda::cudarc::driver::{result, sys, CudaStream, DriverError};
 use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError, DEFAULT_MEMORY_LIMIT};
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::device::Timer;
+use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes, Queries};
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::{Buffers, Short};
 use tracing_gpu_bench::stats::Calls;
 use tracing_gpu_bench::trace::PerfettoTrace;
 
 /// Short launches back to back, plain against profiled.
+///
+/// With all the variants, the profiled call's time over plain is taken apart: floor −
+/// plain (the call's other driver calls), floor-collector − floor (the collector's
+/// driver calls, met inside the driver), host-only − floor-collector (the profiler's
+/// host path: arena and event locks, job channel, span, names), profiled − host-only
+/// (the longer recorded kernel: the queue waiting for the device).
 #[derive(Parser, Debug)]
 #[command(name = "storm")]
 struct Args {
@@ -93,30 +126,50 @@ struct Args {
     /// of an earlier one: each variant's calls then meet only their own drain.
     #[arg(long)]
     settle: bool,
+    /// Microseconds each thread spins after each launch call (not timed); longer than
+    /// the kernel, it keeps the device queue short, so that no call waits for the device.
+    #[arg(long, default_value_t = 0.0, value_parser = microseconds)]
+    gap: f64,
+    /// The `floor-collector` variant's collector asks the newest event of each stream,
+    /// then bisects, instead of every launch's event as the real collector does: about
+    /// log2(launches) queries a pass instead of one per launch.
+    #[arg(long)]
+    bisect: bool,
+    /// The variants, comma-separated (plain is always measured; see the module docs).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_values_t = [Variant::Plain, Variant::Floor, Variant::Unsubscribed, Variant::Profiled]
+    )]
+    variants: Vec<Variant>,
 }
 
 /// What a block of launch calls does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {
+    /// The launch alone.
     Plain,
+    /// The launch and the profiled call's other driver calls.
     Floor,
+    /// `floor`, with an event per launch, beside a thread making the collector's driver calls.
+    FloorCollector,
+    /// `gpu_profile!` without a subscriber.
     Unsubscribed,
+    /// `gpu_profile!` with the Perfetto layer, the kernel recording nothing (trace base 0).
+    HostOnly,
+    /// `gpu_profile!` with the Perfetto layer.
     Profiled,
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
-        Variant::Plain,
-        Variant::Floor,
-        Variant::Unsubscribed,
-        Variant::Profiled,
-    ];
-
     fn name(self) -> &'static str {
         match self {
             Variant::Plain => "plain",
             Variant::Floor => "floor (+ driver calls)",
+            Variant::FloorCollector => "floor + collector's driver calls",
             Variant::Unsubscribed => "gpu_profile!, no subscriber",
+            Variant::HostOnly => "gpu_profile!, kernel not recording",
             Variant::Profiled => "gpu_profile!, Perfetto layer",
         }
     }
@@ -125,14 +178,43 @@ impl Variant {
         match self {
             Variant::Plain => "plain",
             Variant::Floor => "floor",
+            Variant::FloorCollector => "floor_collector",
             Variant::Unsubscribed => "unsubscribed",
+            Variant::HostOnly => "host_only",
             Variant::Profiled => "profiled",
         }
     }
 
     fn profiled(self) -> bool {
+        matches!(
+            self,
+            Variant::Unsubscribed | Variant::HostOnly | Variant::Profiled
+        )
+    }
+
+    /// Whether the kernel records (it is then longer than the plain one).
+    fn records(self) -> bool {
         matches!(self, Variant::Unsubscribed | Variant::Profiled)
     }
+}
+
+/// A number of microseconds, 0 or more (`--gap`).
+fn microseconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(us) if us.is_finite() && us >= 0.0 => Ok(us),
+        _ => Err("must be a number of microseconds, 0 or more".into()),
+    }
+}
+
+/// The variants to measure: `asked`, plain first, each once.
+fn chosen(asked: &[Variant]) -> Vec<Variant> {
+    let mut v = vec![Variant::Plain];
+    for &a in asked {
+        if !v.contains(&a) {
+            v.push(a);
+        }
+    }
+    v
 }
 
 fn main() -> ExitCode {
@@ -175,27 +257,34 @@ struct Storm<'a> {
     threads: usize,
     /// `Args::settle`.
     settle: bool,
-    /// Per block: the variant, launch calls (all threads). The first four are warm-up.
-    blocks: Vec<(Variant, usize)>,
+    /// `Args::gap`.
+    gap: Duration,
+    /// The variants measured (`chosen`).
+    variants: Vec<Variant>,
+    /// Per block: the variant's index in `variants`, launch calls (all threads). The
+    /// first block of each variant is a warm-up.
+    blocks: Vec<(usize, usize)>,
+    /// Each thread's events for `floor-collector` (empty without it).
+    marks: Vec<Marks>,
     barrier: Barrier,
     failed: AtomicBool,
     error: Mutex<Option<ProfilerError>>,
 }
 
 /// What one thread measured: calls per variant; thread 0 also the walls and the peak.
-#[derive(Default)]
 struct Tally {
-    sides: [Side; 4],
+    sides: Vec<Side>,
     peak_in_use: u64,
 }
-
-const WARM_UP: usize = Variant::ALL.len();
 
 impl Storm<'_> {
     /// Thread `t`'s part of every block, in step with the others. An error stops
     /// every thread at the next block (each still meets the barriers).
     fn thread(&self, t: usize, stream: &Arc<CudaStream>, b: &mut Buffers) -> Tally {
-        let mut tally = Tally::default();
+        let mut tally = Tally {
+            sides: self.variants.iter().map(|_| Side::default()).collect(),
+            peak_in_use: 0,
+        };
         if let Err(e) = self.profiler.context().bind_to_thread() {
             self.fail(e.into());
         }
@@ -206,7 +295,8 @@ impl Storm<'_> {
                 Event(std::ptr::null_mut())
             }
         };
-        for (i, &(variant, count)) in self.blocks.iter().enumerate() {
+        for (i, &(k, count)) in self.blocks.iter().enumerate() {
+            let variant = self.variants[k];
             self.barrier.wait();
             if self.failed.load(Ordering::Relaxed) {
                 break;
@@ -218,9 +308,9 @@ impl Storm<'_> {
             let none = tracing::Dispatch::none();
             let result = match variant {
                 Variant::Unsubscribed => tracing::dispatcher::with_default(&none, || {
-                    self.block(t == 0, variant, mine, stream, b, &event, &mut calls, peak)
+                    self.block(t, variant, mine, stream, b, &event, &mut calls, peak)
                 }),
-                _ => self.block(t == 0, variant, mine, stream, b, &event, &mut calls, peak),
+                _ => self.block(t, variant, mine, stream, b, &event, &mut calls, peak),
             };
             if let Err(e) = result {
                 self.fail(e);
@@ -232,8 +322,8 @@ impl Storm<'_> {
                     self.fail(e);
                 }
             }
-            if i >= WARM_UP {
-                let side = &mut tally.sides[variant as usize];
+            if i >= self.variants.len() {
+                let side = &mut tally.sides[k];
                 side.calls.add(&calls);
                 side.wall += wall;
                 side.launches += count as u64;
@@ -247,11 +337,11 @@ impl Storm<'_> {
         self.failed.store(true, Ordering::Relaxed);
     }
 
-    /// `count` launch calls, each timed, then the synchronize.
+    /// Thread `t`'s `count` launch calls, each timed, then the synchronize.
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
-        sample: bool,
+        t: usize,
         variant: Variant,
         count: usize,
         stream: &Arc<CudaStream>,
@@ -262,21 +352,34 @@ impl Storm<'_> {
     ) -> Result<(), ProfilerError> {
         let (short, cfg) = (self.short, self.short.cfg());
         for _ in 0..count {
-            let t = Instant::now();
+            let start = Instant::now();
             match variant {
                 Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
                 Variant::Floor => {
                     short.launch(stream, b, &KernelArg::default())?;
                     event.after_capture_check(stream)?;
                 }
+                Variant::FloorCollector => {
+                    short.launch(stream, b, &KernelArg::default())?;
+                    self.marks[t].record(stream)?;
+                }
                 Variant::Unsubscribed | Variant::Profiled => {
                     gpu_profile!(self.profiler, stream, "tiled_poly", cfg, |trace| short
                         .launch(stream, b, &trace))?
                 }
+                Variant::HostOnly => {
+                    gpu_profile!(self.profiler, stream, "tiled_poly", cfg, |trace| {
+                        short.launch(stream, b, &KernelArg { base: 0, ..trace })
+                    })?
+                }
             }
-            calls.record(t.elapsed());
+            let call = start.elapsed();
+            calls.record(call);
+            while start.elapsed() < call + self.gap {
+                std::hint::spin_loop();
+            }
         }
-        if sample && variant == Variant::Profiled {
+        if t == 0 && variant == Variant::Profiled {
             *peak = (*peak).max(self.profiler.stats().arena_in_use);
         }
         stream.synchronize()?;
@@ -285,6 +388,7 @@ impl Storm<'_> {
 }
 
 fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
+    let variants = chosen(&a.variants);
     let trace = PerfettoTrace::new("storm")?;
     let _default = tracing::dispatcher::set_default(&trace.dispatch);
     let profiler = Profiler::builder()
@@ -306,6 +410,17 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     for s in &streams {
         s.synchronize()?;
     }
+    // The stand-in collector and its events, made here (context bound) before the storm.
+    let fake = match variants.contains(&Variant::FloorCollector) {
+        true => {
+            ctx.bind_to_thread()?;
+            let marks = (0..threads)
+                .map(|_| Marks::new())
+                .collect::<Result<Vec<_>, _>>()?;
+            Some((FakeCollector::new(a.memory)?, marks))
+        }
+        false => None,
+    };
     // SAFETY: each thread's buffers were allocated on its stream, are used there alone,
     // and are freed after the last synchronize; the profiler tracks nothing through
     // cudarc's slices.
@@ -322,31 +437,50 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             .launch(s0, b0, &trace))
     })?;
 
-    let mut blocks: Vec<(Variant, usize)> = Variant::ALL.iter().map(|&v| (v, a.block)).collect();
+    let n = variants.len();
+    let mut blocks: Vec<(usize, usize)> = (0..n).map(|k| (k, a.block)).collect();
     for r in 0..a.launches.div_ceil(a.block) {
         let count = a.block.min(a.launches - r * a.block);
         // Each round in another order, so that no variant always follows the same one.
-        let mut order = Variant::ALL;
-        order.rotate_left(r % Variant::ALL.len());
-        blocks.extend(order.iter().map(|&v| (v, count)));
+        blocks.extend((0..n).map(|k| ((k + r) % n, count)));
     }
     let made = ALONE as u64
         + blocks
             .iter()
-            .filter(|(v, _)| v.profiled())
+            .filter(|(k, _)| variants[*k].profiled())
             .map(|(_, n)| *n as u64)
             .sum::<u64>();
+    let (collector, marks) = match fake {
+        Some((c, m)) => (Some(c), m),
+        None => (None, Vec::new()),
+    };
     let storm = Storm {
         profiler: &profiler,
         short: &short,
         threads,
         settle: a.settle,
+        gap: Duration::from_secs_f64(a.gap * 1e-6),
+        variants: variants.clone(),
         blocks,
+        marks,
         barrier: Barrier::new(threads),
         failed: AtomicBool::new(false),
         error: Mutex::new(None),
     };
-    let tallies: Vec<Tally> = std::thread::scope(|scope| {
+    let trace_bytes = short.trace_bytes(a.capacity);
+    let stop = AtomicBool::new(false);
+    let queries = match a.bisect {
+        true => Queries::Bisect,
+        false => Queries::PerLaunch,
+    };
+    let (tallies, passes) = std::thread::scope(|scope| {
+        let fake = collector.as_ref().map(|c| {
+            let (storm, stop, ctx) = (&storm, &stop, &ctx);
+            scope.spawn(move || {
+                ctx.bind_to_thread()?;
+                c.run(&storm.marks, trace_bytes, queries, stop)
+            })
+        });
         let handles: Vec<_> = streams
             .iter()
             .zip(buffers.iter_mut())
@@ -358,54 +492,63 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                 })
             })
             .collect();
-        handles
+        let tallies: Vec<Tally> = handles
             .into_iter()
             .map(|h| h.join().expect("a storm thread panicked"))
-            .collect()
+            .collect();
+        stop.store(true, Ordering::Release);
+        let passes = fake.map(|h| h.join().expect("the fake collector panicked"));
+        (tallies, passes)
     });
     if let Some(e) = storm.error.lock().take() {
         return Err(e.into());
     }
+    let passes: Option<Passes> = passes.transpose()?;
     profiler.flush()?;
     let stats = profiler.stats();
     drop(storm);
+    drop(collector);
     drop(profiler);
     let written = trace.finish()?;
 
-    let mut sides: [Side; 4] = Default::default();
+    let mut sides: Vec<Side> = variants.iter().map(|_| Side::default()).collect();
     for (k, side) in sides.iter_mut().enumerate() {
         for t in &tallies {
             side.calls.add(&t.sides[k].calls);
         }
         side.wall = tallies[0].sides[k].wall;
         side.launches = tallies[0].sides[k].launches;
+        side.kernel_us = match variants[k].records() {
+            true => profiled_ms,
+            false => plain_ms,
+        } * 1e3;
     }
-    sides[0].kernel_us = plain_ms * 1e3;
-    sides[1].kernel_us = plain_ms * 1e3;
-    sides[2].kernel_us = profiled_ms * 1e3;
-    sides[3].kernel_us = profiled_ms * 1e3;
     let peak = tallies[0].peak_in_use;
     let counted = stats.delivered + stats.skipped + stats.failed;
     let ok = stats.launches == made && stats.launches == counted;
 
     let cfg = short.cfg();
     println!(
-        "storm: {} launches of each variant in blocks of {}{}, {threads} thread(s), {} stream; \
+        "storm: {} launches of each variant in blocks of {}{}{}, {threads} thread(s), {} stream; \
          tiled_poly {}×{} threads, work {}; {} records per warp ({:.1} KB of trace per launch)",
         a.launches,
         a.block,
         if a.settle { " (settled)" } else { "" },
+        if a.gap > 0.0 {
+            format!(", {} µs gap after each call", a.gap)
+        } else {
+            String::new()
+        },
         a.stream.name(),
         cfg.grid_dim.0,
         cfg.block_dim.0,
         a.work,
         a.capacity,
-        short.trace_bytes(a.capacity) as f64 / 1e3
+        trace_bytes as f64 / 1e3
     );
     println!("| launch call | p50 µs | p99 µs | mean µs | wall per launch µs | kernel alone µs | GPU busy |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for v in Variant::ALL {
-        let s = &sides[v as usize];
+    for (v, s) in variants.iter().zip(&sides) {
         println!(
             "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             v.name(),
@@ -417,19 +560,48 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             s.busy()
         );
     }
-    let p = &sides[0];
-    let added = |v: Variant| {
-        let q = &sides[v as usize];
-        (
-            q.calls.us(0.5) - p.calls.us(0.5),
-            q.calls.us(0.99) - p.calls.us(0.99),
-        )
+    let side = |v: Variant| variants.iter().position(|&w| w == v).map(|k| &sides[k]);
+    // `a` − `b` at p50 and p99, if both ran.
+    let minus = |a: Variant, b: Variant| {
+        let (p, q) = (side(a)?, side(b)?);
+        Some((
+            p.calls.us(0.5) - q.calls.us(0.5),
+            p.calls.us(0.99) - q.calls.us(0.99),
+        ))
     };
-    for v in &Variant::ALL[1..] {
-        let (d50, d99) = added(*v);
+    for v in &variants[1..] {
+        let (d50, d99) = minus(*v, Variant::Plain).expect("both ran");
         println!("| added: {} | {d50:+.2} | {d99:+.2} | | | | |", v.name());
     }
-    let (d50, d99) = added(Variant::Profiled);
+    // The profiled call's time over plain, taken apart (module docs).
+    let parts = [
+        ("floor", Variant::Floor, Variant::Plain),
+        ("collector_calls", Variant::FloorCollector, Variant::Floor),
+        ("host_path", Variant::HostOnly, Variant::FloorCollector),
+        ("longer_kernel", Variant::Profiled, Variant::HostOnly),
+    ];
+    let parts: Vec<_> = parts
+        .iter()
+        .filter_map(|&(key, a, b)| Some((key, a, b, minus(a, b)?)))
+        .collect();
+    for (_, a, b, (d50, d99)) in &parts {
+        println!(
+            "| part: {} − {} | {d50:+.2} | {d99:+.2} | | | | |",
+            a.name(),
+            b.name()
+        );
+    }
+    if let Some(p) = &passes {
+        println!(
+            "fake collector{}: {} passes with launches ({:.1} launches each), {} idle, {} event queries",
+            if a.bisect { " (bisect)" } else { "" },
+            p.bulk,
+            p.launches as f64 / p.bulk.max(1) as f64,
+            p.idle,
+            p.queries
+        );
+    }
+    let (d50, d99) = minus(Variant::Profiled, Variant::Plain).unwrap_or((f64::NAN, f64::NAN));
     println!(
         "memory: {:.1} MB held by the profiler, peak arena in use {:.1} MB (of {:.1} MB)",
         stats.memory_bytes as f64 / 1e6,
@@ -449,20 +621,45 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stats.dropped_events,
         written.bytes as f64 / 1e6
     );
+    let json_parts = parts
+        .iter()
+        .map(|(key, _, _, (d50, d99))| {
+            format!(r#""{key}":{{"p50_us":{d50:.3},"p99_us":{d99:.3}}}"#)
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let json_fake = match &passes {
+        Some(p) => format!(
+            r#"{{"bulk_passes":{},"idle_passes":{},"launches":{},"queries":{}}}"#,
+            p.bulk, p.idle, p.launches, p.queries
+        ),
+        None => "null".into(),
+    };
+    // NaN (profiled not run) is not JSON.
+    let num = |x: f64| match x.is_finite() {
+        true => format!("{x:.3}"),
+        false => "null".into(),
+    };
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"threads":{threads},"stream":"{}","work":{},"capacity":{},"memory":{},"variants":{{{}}},"added_p50_us":{d50:.3},"added_p99_us":{d99:.3},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
         a.settle,
+        a.gap,
         a.stream.name(),
         a.work,
+        cfg.grid_dim.0,
         a.capacity,
         a.memory,
-        Variant::ALL
+        variants
             .iter()
-            .map(|v| format!(r#""{}":{}"#, v.key(), sides[*v as usize].json()))
+            .zip(&sides)
+            .map(|(v, s)| format!(r#""{}":{}"#, v.key(), s.json()))
             .collect::<Vec<_>>()
             .join(","),
+        a.bisect,
+        num(d50),
+        num(d99),
         stats.memory_bytes,
         stats.launches,
         stats.delivered,

@@ -1,0 +1,339 @@
+//! Streamed launches through the simulated device: warps write their rings in
+//! host memory by the protocol of docs/format.md ("Streaming slots"), from
+//! threads of their own, while the collector reads them; a paced warp loses
+//! nothing across many wraps of a small ring, a warp whose host falls behind
+//! drops its newest entries and counts them exactly, and parts reach the sink
+//! while the launch runs.
+use super::*;
+use crate::batch::Part;
+use crate::deliver::SinkLayer;
+use crate::format::{
+    stream_slot_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
+    CHUNK_RECORDS, CHUNK_SIZE, CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT,
+    ENTRY_PAYLOAD, ENTRY_SWITCH, SLOT_HEADER_SIZE, SLOT_MAGIC_STREAM, STREAM_MARK,
+};
+
+/// Every batch delivered, kept whole.
+#[derive(Default, Clone)]
+struct Batches(Arc<Mutex<Vec<Arc<Batch>>>>);
+
+impl BatchSink for Batches {
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        self.0.lock().push(batch.clone());
+    }
+    fn flush(&self) {}
+}
+
+/// One simulated warp writing its ring, as the v2 recorder does in streaming mode.
+struct Warp {
+    memory: Arc<Memory>,
+    /// The slot's byte offset in the memory.
+    slot: usize,
+    index: u32,
+    chunks: u32,
+    written: u32,
+    read: u32,
+    gap: bool,
+    drops: u32,
+    stored: u32,
+    staged: Vec<u64>,
+    /// Wait for room instead of dropping.
+    paced: bool,
+}
+
+fn word(t: u64, id: u16, kind: u16) -> u64 {
+    (t as u32) as u64 | (id as u64) << 32 | ((kind | STREAM_MARK) as u64) << 48
+}
+
+impl Warp {
+    fn entry(&mut self, w: u64, now: u64) {
+        self.staged.push(w);
+        if self.staged.len() == CHUNK_ENTRIES {
+            self.store(now);
+        }
+    }
+
+    fn store(&mut self, stamp: u64) {
+        let n = self.staged.len();
+        let head = self.slot + so::READ;
+        while self.written - self.read >= self.chunks {
+            self.read = self.memory.load_u32(head);
+            if !self.paced || self.written - self.read < self.chunks {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        if self.written - self.read >= self.chunks {
+            self.drops += n as u32;
+            self.gap = true;
+            self.staged.clear();
+            return;
+        }
+        let at = self.slot + SLOT_HEADER_SIZE + (self.written % self.chunks) as usize * CHUNK_SIZE;
+        // The meta first: the host must not take the chunk before its entries.
+        let info = STREAM_MARK
+            | (self.index as u16 % 100) << CHUNK_SM_SHIFT
+            | if self.gap { CHUNK_GAP } else { 0 }
+            | n as u16;
+        self.memory
+            .store_u64(at + 248, (stamp & ((1 << 48) - 1)) | (info as u64) << 48);
+        for (i, &w) in self.staged.iter().enumerate().rev() {
+            self.memory.store_u64(at + 8 * i, w);
+        }
+        self.gap = false;
+        self.written += 1;
+        self.stored += n as u32;
+        self.staged.clear();
+    }
+
+    fn flush(&mut self, last_ts: u64) {
+        if !self.staged.is_empty() {
+            self.store(last_ts);
+        }
+        let m = &self.memory;
+        let put32 = |off: usize, v: u32| {
+            // Header words 0-35, as lane 0 writes them, two u32 per store.
+            let word = off & !7;
+            let old = m.load_u64(self.slot + word);
+            let shift = (off - word) * 8;
+            let new = (old & !(0xFFFF_FFFFu64 << shift)) | (v as u64) << shift;
+            m.store_u64(self.slot + word, new);
+        };
+        put32(so::CHUNKS, self.written);
+        m.store_u64(self.slot + so::LAST_TS, last_ts);
+        put32(so::ENTRY_COUNT, self.stored);
+        put32(so::DROP_COUNT, self.drops);
+        put32(so::SM, self.index % 100);
+        put32(so::SLOT, self.index);
+        put32(so::CLUSTER_RANK, u32::MAX);
+        put32(so::MAGIC, SLOT_MAGIC_STREAM);
+    }
+}
+
+/// A streamed launch of `blocks` blocks of 2 warps with rings of `chunks`
+/// chunks, handed to `rig`'s collector with an event not yet fired. Returns
+/// the warps to write with, and the event.
+fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>, u64) {
+    let capacity = chunks * CHUNK_RECORDS;
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (64, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let shape = crate::cuda::memory::Shape::of(&cfg, capacity, 1 << 30).unwrap();
+    // Room for the region, rounded up to the arena's alignment.
+    let len = shape.bytes.next_multiple_of(crate::cuda::ring::ALIGN);
+    let memory = rig.gpu.allocate(Kind::Stream, len);
+    let arena = Arc::new(Arena::new(len));
+    let region = arena.alloc(shape.bytes, None).unwrap();
+    rig.shared.count_launch(false);
+    let launch_id = crate::cuda::__private::next_launch_id();
+    let header = crate::format::BufferHeader {
+        version: crate::format::VERSION,
+        slot_capacity: capacity,
+        slot_count: shape.slots,
+        warps_per_block: shape.warps_per_block,
+        launch_id,
+        grid: [blocks, 1, 1],
+        block: [64, 1, 1],
+        flags: 0,
+    };
+    let stride = crate::format::slot_stride(capacity);
+    let warps = (0..shape.slots)
+        .map(|i| Warp {
+            memory: memory.clone(),
+            slot: region.offset + BUFFER_HEADER_SIZE + i as usize * stride,
+            index: i,
+            chunks,
+            written: 0,
+            read: 0,
+            gap: false,
+            drops: 0,
+            stored: 0,
+            staged: Vec::new(),
+            paced,
+        })
+        .collect();
+    let event = rig.gpu.event(false);
+    let span = tracing::info_span!("persistent", gpu.launch_id = launch_id);
+    rig.collector.send(Job {
+        launch: LaunchInfo {
+            launch_id,
+            kernel: "persistent".into(),
+            grid: header.grid,
+            block: header.block,
+            parent: span.id(),
+            host_thread: "main".into(),
+            ..Default::default()
+        },
+        dispatch: tracing::dispatcher::get_default(|d| d.clone()),
+        span,
+        mark: Mark {
+            stream: 9,
+            event: Some(event),
+        },
+        work: Work::Stream {
+            header,
+            place: Place { memory, region },
+            arena,
+            drain: None,
+        },
+    });
+    (warps, event)
+}
+
+fn sink_dispatch() -> (Batches, Dispatch) {
+    let sink = Batches::default();
+    let layer = SinkLayer::new(sink.clone()).unwrap();
+    (
+        sink,
+        Dispatch::new(tracing_subscriber::registry().with(layer)),
+    )
+}
+
+/// The events of `warp` in a batch, by (block, warp).
+fn events_of(batches: &[Arc<Batch>], block: u32, warp: u32) -> Vec<Event> {
+    let mut out = Vec::new();
+    for b in batches {
+        for s in b.buffer.view().slots() {
+            if s.header.block_linear == block && s.header.warp == warp {
+                out.extend(s.events());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
+    const T0: u64 = 1 << 40;
+    const PHASES: u64 = 200;
+    // 80 warps: enough for a poll to read them on several threads.
+    const BLOCKS: u32 = 33;
+    let rig = Rig::new(0, None);
+    let (sink, dispatch) = sink_dispatch();
+    // Rings of 2 chunks: every warp wraps a dozen times or more.
+    let (warps, event) =
+        tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, BLOCKS, 2, true));
+    let threads: Vec<_> = warps
+        .into_iter()
+        .map(|mut w| {
+            std::thread::spawn(move || {
+                // Per phase: a begin of Load, a switch to Mma, an end with a payload
+                // (so payloads fall at chunk boundaries too).
+                let mut t = T0 + w.index as u64 * 7;
+                w.entry(word(t, 1, ENTRY_BEGIN), t);
+                for k in 0..PHASES {
+                    w.entry(word(t + 10, 2, ENTRY_SWITCH), t + 11);
+                    w.entry(word(t + 30, 2, ENTRY_END), t + 31);
+                    w.entry(word(k, 0, ENTRY_PAYLOAD), t + 31);
+                    w.entry(word(t + 40, 1, ENTRY_BEGIN), t + 41);
+                    t += 40;
+                    if k % 40 == 0 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+                w.entry(word(t + 5, 1, ENTRY_END), t + 6);
+                w.flush(t + 10);
+                w
+            })
+        })
+        .collect();
+    let warps: Vec<Warp> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let before = sink.0.lock().len();
+    assert!(before >= 2, "{before} parts while the kernel ran");
+    assert!(sink
+        .0
+        .lock()
+        .iter()
+        .all(|b| b.launch.part.is_some_and(|p| !p.last)));
+    rig.gpu.fire(event);
+    rig.collector.flush().unwrap();
+    let batches = sink.0.lock().clone();
+    let parts: Vec<Part> = batches.iter().map(|b| b.launch.part.unwrap()).collect();
+    for (i, p) in parts.iter().enumerate() {
+        assert_eq!(p.index, i as u32);
+        assert_eq!(p.last, i + 1 == parts.len());
+    }
+    assert!(batches
+        .windows(2)
+        .all(|w| w[0].launch.launch_id == w[1].launch.launch_id));
+    for w in &warps {
+        assert_eq!((w.drops, w.written), (0, w.stored.div_ceil(31)));
+        let got = events_of(&batches, w.index / 2, w.index % 2);
+        let mut t = T0 + w.index as u64 * 7;
+        let mut want = Vec::new();
+        for k in 0..PHASES {
+            let range = |id, s, e, payload| Event {
+                id,
+                kind: EventKind::Range,
+                start_ns: s,
+                end_ns: e,
+                payload,
+            };
+            want.push(range(1, t, t + 10, 0));
+            want.push(range(2, t + 10, t + 30, k as u32));
+            t += 40;
+        }
+        want.push(Event {
+            id: 1,
+            kind: EventKind::Range,
+            start_ns: t,
+            end_ns: t + 5,
+            payload: 0,
+        });
+        assert_eq!(got.len(), want.len(), "warp {}", w.index);
+        assert_eq!(got, want, "warp {}", w.index);
+    }
+    let st = rig.shared.stats();
+    assert_eq!((st.delivered, st.failed, st.dropped_events), (1, 0, 0));
+    assert_eq!(st.parts, parts.len() as u64);
+    assert_eq!(st.events, 2 * BLOCKS as u64 * (2 * PHASES + 1));
+    assert_accounted(&st);
+}
+
+#[test]
+fn a_host_that_falls_behind_makes_the_warp_drop_its_newest_and_count_them() {
+    const T0: u64 = 1 << 35;
+    let rig = Rig::new(0, None);
+    let (sink, dispatch) = sink_dispatch();
+    let (mut warps, event) =
+        tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 1, 2, false));
+    let mut w = warps.remove(0);
+    // 100 chunks of instants written at once: the ring holds 2 of them.
+    let mut t = T0;
+    for _ in 0..100 * CHUNK_ENTRIES {
+        t += 3;
+        w.entry(word(t, 1, ENTRY_INSTANT), t + 1);
+    }
+    assert_eq!((w.written, w.drops), (2, 98 * CHUNK_ENTRIES as u32));
+    // Once the collector has read them, the warp stores again, after a gap.
+    let head = w.slot + so::READ;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while w.memory.load_u32(head) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the collector never read the ring"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    w.read = 2;
+    for _ in 0..CHUNK_ENTRIES {
+        t += 3;
+        w.entry(word(t, 1, ENTRY_INSTANT), t + 1);
+    }
+    w.flush(t + 10);
+    rig.gpu.fire(event);
+    rig.collector.flush().unwrap();
+    let batches = sink.0.lock().clone();
+    let got = events_of(&batches, 0, 0);
+    assert_eq!(got.len(), 3 * CHUNK_ENTRIES);
+    let st = rig.shared.stats();
+    assert_eq!(st.events, 3 * CHUNK_ENTRIES as u64);
+    assert_eq!(st.dropped_events, 98 * CHUNK_ENTRIES as u64);
+    assert_eq!(st.events + st.dropped_events, 101 * CHUNK_ENTRIES as u64);
+    assert_eq!((st.delivered, st.failed), (1, 0));
+    assert_accounted(&st);
+    // Both warps' slots come back zero, their region free for the next launch.
+    drop(warps);
+}

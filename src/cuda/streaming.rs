@@ -1,0 +1,197 @@
+//! Streamed launches ([`Profiler::streamed`]): for kernels that run for
+//! seconds or minutes (persistent kernels, megakernels, decode loops), whose
+//! records would overflow any fixed slot. Each warp's slot is a ring in host
+//! memory mapped into the device (docs/format.md, "Streaming slots"); the
+//! collector reads the rings while the kernel runs (`stream.rs`) and delivers
+//! the launch in parts ([`crate::batch::Part`]), at
+//! [`ProfilerBuilder::stream_interval`]. The kernel's code does not change:
+//! the trace argument says the mode.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tracing_gpu::cuda::{gpu_profile, Profiler};
+//! use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+//! # let (ctx, module) = todo_context();
+//! let profiler = Profiler::builder().context(ctx.clone()).events([(1, "tile")]).build()?;
+//! let stream = ctx.new_stream()?;
+//! let f = module.load_function("persistent")?;
+//! let cfg = LaunchConfig { grid_dim: (132, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+//! gpu_profile!(profiler.streamed(), &stream, "persistent", cfg, |trace| unsafe {
+//!     stream.launch_builder(&f).arg(&trace).launch(cfg)
+//! })?;
+//! # Ok(()) }
+//! # fn todo_context() -> (std::sync::Arc<tracing_gpu::cuda::cudarc::driver::CudaContext>, std::sync::Arc<tracing_gpu::cuda::cudarc::driver::CudaModule>) { unimplemented!() }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{sys, CudaStream, LaunchConfig};
+
+use super::device::allocate_mapped;
+use super::error::ProfilerError;
+use super::job::Work;
+use super::memory::{Place, Shape};
+use super::names::{kernel_name, thread_name};
+use super::profiler::{Profiler, ProfilerBuilder};
+use super::ring::Arena;
+use crate::batch::{DeviceInfo, LaunchInfo};
+use crate::clock::HostClock;
+use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
+
+impl ProfilerBuilder {
+    /// Bytes of the streaming arena (default [`super::DEFAULT_STREAM_MEMORY`]): pinned
+    /// host memory mapped into the device, allocated at the first streamed
+    /// launch, whatever the runs' length. A streamed launch takes one ring per
+    /// warp of its grid; when the arena is full it runs unrecorded (counted
+    /// in [`super::ProfilerStats::skipped`]).
+    pub fn stream_memory(mut self, bytes: usize) -> Self {
+        self.stream.memory = bytes;
+        self
+    }
+
+    /// Records of 16 bytes per warp's ring (default
+    /// [`super::DEFAULT_STREAM_CAPACITY`]): a multiple of 16 (one 256-byte chunk of
+    /// 31 entries), at least 32. A warp that writes faster than the collector
+    /// reads drops its newest entries when its ring is full, and counts them.
+    pub fn stream_capacity(mut self, records: u32) -> Self {
+        self.stream.capacity = records;
+        self
+    }
+
+    /// How often a running streamed launch delivers a part to the sinks
+    /// (default [`super::DEFAULT_STREAM_INTERVAL`]). The rings are read every
+    /// millisecond whatever this is; a part is also cut early when it is large.
+    pub fn stream_interval(mut self, every: Duration) -> Self {
+        self.stream.interval = every;
+        self
+    }
+}
+
+impl Profiler {
+    /// Streamed launches on this profiler: `gpu_profile!(profiler.streamed(), ..)`
+    /// makes the launch as `gpu_profile!(profiler, ..)` does, but its records
+    /// reach the subscriber while it runs, in parts (see the module docs).
+    pub fn streamed(&self) -> Streaming<'_> {
+        Streaming { profiler: self }
+    }
+}
+
+/// A [`Profiler`] that streams its launches; made by [`Profiler::streamed`].
+#[derive(Debug, Clone, Copy)]
+pub struct Streaming<'a> {
+    profiler: &'a Profiler,
+}
+
+impl Streaming<'_> {
+    /// The profiled GPU.
+    pub fn device(&self) -> &Arc<DeviceInfo> {
+        self.profiler.device()
+    }
+
+    /// As [`Profiler::launch`], streamed: the kernel gets a [`KernelArg`] whose
+    /// slots are rings, read while it runs. A stream that is capturing a graph
+    /// is refused (graph nodes do not stream), and so is a grid whose rings do
+    /// not fit in [`ProfilerBuilder::stream_memory`].
+    pub fn launch<T, E, F>(
+        &self,
+        stream: &CudaStream,
+        kernel: &str,
+        cfg: LaunchConfig,
+        launch_id: u64,
+        span: tracing::Span,
+        launch: F,
+    ) -> Result<T, ProfilerError>
+    where
+        F: FnOnce(KernelArg) -> Result<T, E>,
+        E: Into<ProfilerError>,
+    {
+        let p = self.profiler;
+        if **stream.context() != *p.ctx {
+            return Err(ProfilerError::WrongContext {
+                profiler_device: p.ctx.ordinal(),
+                stream_device: stream.context().ordinal(),
+            });
+        }
+        let settings = p.stream_settings;
+        let shape = Shape::of(&cfg, settings.capacity, settings.memory)?;
+        p.ctx.bind_to_thread()?;
+        if !stream.cu_stream().is_null() {
+            // SAFETY: the stream is live (borrowed) and its context is bound.
+            let capture =
+                unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? };
+            if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                return Err(ProfilerError::Invalid(
+                    "a streamed launch cannot be captured into a graph".into(),
+                ));
+            }
+        }
+        let (memory, arena) = {
+            let mut slot = p.streaming.lock();
+            match &*slot {
+                Some(pair) => pair.clone(),
+                None => {
+                    let memory = Arc::new(allocate_mapped(&p.ctx, settings.memory)?);
+                    let pair = (memory, Arc::new(Arena::new(settings.memory)));
+                    *slot = Some(pair.clone());
+                    pair
+                }
+            }
+        };
+        let header = BufferHeader {
+            version: format::VERSION,
+            slot_capacity: settings.capacity,
+            slot_count: shape.slots,
+            warps_per_block: shape.warps_per_block,
+            launch_id,
+            grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
+            block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
+            flags: 0,
+        };
+        let region = arena.alloc(shape.bytes, None);
+        p.shared.count_launch(region.is_none());
+        let arg = match &region {
+            Some(r) => KernelArg {
+                base: memory.dptr + r.offset as u64,
+                capacity: settings.capacity | TRACE_STREAM,
+                slot_count: shape.slots,
+            },
+            None => KernelArg::default(),
+        };
+        let entered = span.enter();
+        let host_launch_ns = HostClock::Boottime.now_ns();
+        let result = launch(arg);
+        drop(entered);
+        span.record("gpu.host_launch_ns", host_launch_ns);
+        let Some(region) = region else {
+            return result.map_err(Into::into);
+        };
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => {
+                // Nothing ran: the region is still zero.
+                arena.free([region]);
+                return Err(e.into());
+            }
+        };
+        let info = LaunchInfo {
+            launch_id,
+            kernel: kernel_name(kernel),
+            host_launch_ns,
+            host_complete_ns: 0,
+            grid: header.grid,
+            block: header.block,
+            parent: span.id(),
+            host_thread: thread_name(),
+            part: None,
+        };
+        let work = Work::Stream {
+            header,
+            place: Place { memory, region },
+            arena,
+            drain: None,
+        };
+        p.hand_over(stream, span, info, work);
+        Ok(value)
+    }
+}
