@@ -175,7 +175,7 @@ pub(crate) fn emit_batch(
             (parent.with_span(kernel), Kernel::Whole(end))
         }
         Some(part) => {
-            let cx = streams.part(launch.launch_id, parent).kernel_cx;
+            let cx = streams.part(launch.launch_id, parent);
             (cx, Kernel::Part(part, sum))
         }
     };

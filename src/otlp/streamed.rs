@@ -122,17 +122,12 @@ pub(crate) struct StreamedKernels {
     parts: u64,
 }
 
-/// What a part of a streamed launch is converted under.
-pub(crate) struct PartOf {
-    /// The context its spans hang under: the launch span's, with the kernel
-    /// span (not exported yet, or ever if the last part never comes) active.
-    pub(crate) kernel_cx: OtelContext,
-}
-
 impl StreamedKernels {
-    /// The kernel span a part of launch `launch_id` goes under: chosen at its
-    /// first part, under `parent` (the launch span's context then).
-    pub(crate) fn part(&mut self, launch_id: u64, parent: &OtelContext) -> PartOf {
+    /// The context a part of launch `launch_id` is converted under: the
+    /// launch span's (`parent` at its first part) with the launch's kernel
+    /// span active (chosen then; exported at the last part, or never if that
+    /// part never comes).
+    pub(crate) fn part(&mut self, launch_id: u64, parent: &OtelContext) -> OtelContext {
         self.parts += 1;
         if !self.open.contains_key(&launch_id) && self.open.len() >= MAX_STREAMING {
             let stalest = self.open.iter().min_by_key(|(_, s)| s.touched);
@@ -164,9 +159,7 @@ impl StreamedKernels {
             }
         });
         s.touched = self.parts;
-        PartOf {
-            kernel_cx: s.parent.with_remote_span_context(s.kernel.clone()),
-        }
+        s.parent.with_remote_span_context(s.kernel.clone())
     }
 
     /// Adds a part's sum. At the launch's last part (`last`), forgets the
@@ -216,9 +209,9 @@ mod tests {
     fn a_launch_keeps_one_kernel_identity_until_its_last_part() {
         let mut s = StreamedKernels::default();
         let root = OtelContext::new();
-        let a = s.part(5, &root).kernel_cx.span().span_context().clone();
+        let a = s.part(5, &root).span().span_context().clone();
         assert!(s.add(5, sum(), false).is_none());
-        let b = s.part(5, &root).kernel_cx.span().span_context().clone();
+        let b = s.part(5, &root).span().span_context().clone();
         assert_eq!(a, b, "every part names the same kernel span");
         let (_, kernel, total) = s.add(5, sum(), true).unwrap();
         assert_eq!(kernel, a);
