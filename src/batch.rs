@@ -1,4 +1,5 @@
-//! What a sink receives: one [`Batch`] per profiled launch (the decoded
+//! What a sink receives: one [`Batch`] per profiled launch, or per part of a
+//! streamed one ([`Part`]) (the decoded
 //! buffer, the clock mapping, the launch as the host saw it, the device), the
 //! [`HostSpan`]s a recorded run replays beside its batches, and the
 //! [`BatchSink`] trait that takes them.

@@ -3,7 +3,10 @@
 //! not sinks.
 //!
 //! A profiled launch (or a replayed one) reaches the subscriber as one
-//! [`Batch`]. [`deliver`] hands it over in two ways:
+//! [`Batch`]; a streamed launch as one per part, as they are drained, each
+//! with its part's events only ([`LaunchInfo::part`](crate::batch::LaunchInfo::part)): each is
+//! delivered as any batch is, its gate, its plain spans and their limit its
+//! own. [`deliver`] hands a batch over in two ways:
 //!
 //! - **In bulk, to every sink.** [`deliver`] finds each [`BatchSink`] in the
 //!   dispatcher and gives it the whole batch at once: no per-event `tracing`
@@ -823,5 +826,58 @@ mod tests {
         assert_eq!(cut.len(), 1);
         assert_eq!(cut[0]["gpu.events"], "5120");
         assert_eq!(cut[0]["gpu.emitted"], FALLBACK_SPAN_LIMIT.to_string());
+    }
+
+    /// A streamed launch's parts are ordinary batches: each reaches the sinks
+    /// and makes its own plain spans (its events only, under the same launch
+    /// span and id), so the parts together make the launch's spans once.
+    #[test]
+    fn each_part_of_a_streamed_launch_is_delivered_as_a_batch() {
+        let rec = Recorder::default();
+        let sink = TestSink::default();
+        let sub = tracing_subscriber::registry()
+            .with(EnvFilter::new("tracing_gpu::device=trace,info"))
+            .with(rec.clone())
+            .with(SinkLayer::new(sink.clone()).unwrap());
+        let dispatch = Dispatch::new(sub);
+        let launch_span =
+            tracing::dispatcher::with_default(&dispatch, || tracing::info_span!("persistent"));
+        let whole = batch(0, 43, launch_span.id());
+        // Warp (1, 0)'s five loads in two parts, warp (0, 1) in the last.
+        let mut delivered = 0;
+        for (index, ranges) in [(0u32, 0..2u64), (1, 2..5)] {
+            let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 4);
+            b.launch_id(43);
+            let w = b.warp(1, 0).unwrap().sm(3, 3);
+            for k in ranges {
+                w.range(1, 2_000_100 + 200 * k, 2_000_200 + 200 * k, k as u32);
+            }
+            if index == 1 {
+                b.warp(0, 1)
+                    .unwrap()
+                    .sm(12, 12)
+                    .range(1, 2_000_000, 2_000_500, 7);
+            }
+            let mut part = (*whole).clone();
+            part.buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
+            part.launch.part = Some(crate::batch::Part {
+                index,
+                last: index == 1,
+            });
+            delivered += part.buffer.event_count();
+            deliver(&dispatch, Arc::new(part));
+        }
+        drop(launch_span);
+        assert_eq!(sink.0.lock().batches, [43, 43]);
+        let seen = rec.0.lock();
+        assert_eq!(seen.spans.len() as u64, delivered);
+        assert!(seen.spans.iter().all(|s| s["gpu.launch_id"] == "43"));
+        assert!(seen
+            .parents
+            .iter()
+            .all(|p| p.as_deref() == Some("persistent")));
+        let loads = seen.spans.iter().filter(|s| s["gpu.warp"] == "0");
+        let payloads: Vec<_> = loads.map(|s| s["gpu.payload"].clone()).collect();
+        assert_eq!(payloads, ["0", "1", "2", "3", "4"]);
     }
 }

@@ -5,6 +5,7 @@
 //! `cuda` feature and a GPU, live runs. Every failure is a message on stderr
 //! and one of the exit codes below, never a panic.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -569,9 +570,32 @@ struct DeviceReport {
     launches: usize,
     /// The first few kernel names.
     kernels: Vec<String>,
-    /// With neither `--launch` nor one launch only: the launch with the most
-    /// events, which the SVG draws.
-    busiest: Option<CaptureLaunch>,
+    /// With neither `--launch` nor one launch only: the launch with the most events
+    /// (all its parts, if it was streamed), which the SVG draws: id, events, kernel.
+    busiest: Option<(u64, u64, String)>,
+    /// The events so far of streamed launches whose last part is still to come.
+    streaming: HashMap<u64, (u64, String)>,
+}
+
+impl DeviceReport {
+    /// Counts a launch added whole, with `events` events (all its parts).
+    fn launch(&mut self, id: u64, events: u64, kernel: String, draw_busiest: bool) {
+        self.launches += 1;
+        if self.kernels.len() < 4 && !self.kernels.contains(&kernel) {
+            self.kernels.push(kernel.clone());
+        }
+        if draw_busiest && self.busiest.as_ref().is_none_or(|b| b.1 < events) {
+            self.busiest = Some((id, events, kernel));
+        }
+    }
+}
+
+/// Adds a launch record to `t`: a launch, or a part of a streamed one.
+fn add_launch(t: &mut Timeline, l: &CaptureLaunch) {
+    match l.part {
+        None => t.add_buffer(&l.buffer.view()),
+        Some(part) => t.add_part(l.launch_id, &l.buffer.view(), part.last),
+    }
 }
 
 fn report(
@@ -580,9 +604,9 @@ fn report(
     launch: Option<LaunchPick>,
     width: u32,
 ) -> Result<(), Failure> {
-    // A launch at a time (CaptureReader): memory does not grow with the
-    // number of launches; the timelines keep statistics and binned pictures,
-    // and at most one launch is kept whole per GPU (the busiest, to draw).
+    // A launch at a time (CaptureReader): memory does not grow with the number of
+    // launches (a streamed launch's events are kept until its last part); the timelines
+    // keep statistics and binned pictures; the busiest launch is read again to be drawn.
     let failure = |e| capture_failure(capture, e);
     let mut reader = CaptureReader::open(capture).map_err(failure)?;
     let count = reader.launch_count();
@@ -604,7 +628,7 @@ fn report(
         t.set_sm_count(d.info.sm_count);
         t
     };
-    // By default the SVG draws the busiest launch, kept aside.
+    // By default the SVG draws the busiest launch.
     let draw_busiest = svg.is_some() && launch.is_none();
     let mut devices: Vec<DeviceReport> = head
         .devices
@@ -614,6 +638,7 @@ fn report(
             launches: 0,
             kernels: Vec::new(),
             busiest: None,
+            streaming: HashMap::new(),
         })
         .collect();
     let (mut first_id, mut last_id) = (u64::MAX, 0);
@@ -627,18 +652,28 @@ fn report(
             continue; // The reader refuses such a launch; nothing to draw it on.
         };
         let r = &mut devices[d];
-        r.timeline.add_buffer(&l.buffer.view());
-        r.launches += 1;
-        if r.kernels.len() < 4 && !r.kernels.contains(&l.kernel) {
-            r.kernels.push(l.kernel.clone());
-        }
+        add_launch(&mut r.timeline, &l);
         let events = l.buffer.event_count();
-        if draw_busiest
-            && r.busiest
-                .as_ref()
-                .is_none_or(|b| b.buffer.event_count() < events)
-        {
-            r.busiest = Some(l);
+        match l.part {
+            None => r.launch(l.launch_id, events, l.kernel, draw_busiest),
+            Some(part) => {
+                let so_far = r.streaming.entry(l.launch_id).or_insert((0, l.kernel));
+                so_far.0 += events;
+                if part.last {
+                    let (events, kernel) = r.streaming.remove(&l.launch_id).unwrap_or_default();
+                    r.launch(l.launch_id, events, kernel, draw_busiest);
+                }
+            }
+        }
+    }
+    // Streamed launches whose last part the capture lacks (the run ended
+    // while they ran): what was drained of them.
+    for r in &mut devices {
+        r.timeline.end_parts();
+        let mut open: Vec<_> = r.streaming.drain().collect();
+        open.sort_unstable_by_key(|(id, _)| *id);
+        for (id, (events, kernel)) in open {
+            r.launch(id, events, kernel, draw_busiest);
         }
     }
     if let Some(LaunchPick::Id(id)) = launch {
@@ -671,13 +706,20 @@ fn report(
         // What the picture shows, when it is not every launch of the text.
         let mut note = String::new();
         let picture = match r.busiest.take() {
-            Some(busiest) => {
+            Some((id, _, kernel)) => {
+                // Read again: only its statistics were kept.
                 let mut t = new_timeline(device, true);
-                t.add_buffer(&busiest.buffer.view());
+                for l in reader.launches().map_err(failure)? {
+                    let l = l.map_err(failure)?;
+                    if l.launch_id == id && l.device == device.info.ordinal {
+                        add_launch(&mut t, &l);
+                    }
+                }
+                t.end_parts();
                 if r.launches > 1 {
                     note = format!(
-                        "launch {} ({}), the one with the most events of {}; --launch ID draws another, --launch all every one on one axis",
-                        busiest.launch_id, busiest.kernel, r.launches
+                        "launch {id} ({kernel}), the one with the most events of {}; --launch ID draws another, --launch all every one on one axis",
+                        r.launches
                     );
                     t.set_title(format!("{title}: {note}"));
                 } else {

@@ -15,6 +15,7 @@ use tracing_gpu::registry::EventRegistry;
 
 #[path = "perfetto_check/mod.rs"]
 mod perfetto_check;
+mod support;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
 
@@ -435,6 +436,41 @@ fn convert_writes_a_trace_that_passes_the_schema_check() {
         out.to_str().unwrap(),
     ]);
     assert_exit(&o, 3, "cannot read");
+}
+
+#[test]
+fn convert_replays_a_streamed_capture_as_the_launches_recorded_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = write_sample(dir.path());
+    let streamed = dir.path().join("streamed.tgpu");
+    support::streamed_capture(&whole, 3, &streamed);
+    let mut listed = Vec::new();
+    for (name, capture) in [("whole", &whole), ("streamed", &streamed)] {
+        let out = dir.path().join(format!("{name}.perfetto-trace"));
+        let o = run(&[
+            "convert",
+            capture.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let slices = dir.path().join(format!("{name}.slices"));
+        let args = [
+            "--expect-kernels",
+            "2",
+            "--expect-device-slices",
+            "672",
+            "--expect-flows",
+            "2",
+            "--slices-out",
+            slices.to_str().unwrap(),
+        ];
+        if perfetto_check::check(&out, &args).is_none() {
+            return;
+        }
+        listed.push(perfetto_check::slices_by_warp(&slices));
+    }
+    assert_eq!(listed[0], listed[1]);
 }
 
 #[test]

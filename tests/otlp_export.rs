@@ -406,6 +406,112 @@ fn warp_detail_over_grpc() {
 }
 
 // --------------------------------------------------------------------------
+// A streamed launch: delivered in parts, one kernel span.
+
+/// A span as the comparison sees it: name, times, attributes (sorted).
+fn shape(s: &Received) -> String {
+    let mut attrs: Vec<String> = s
+        .span
+        .attributes
+        .iter()
+        .filter(|a| a.key != "gpu.parts")
+        .map(|a| format!("{a:?}"))
+        .collect();
+    attrs.sort();
+    format!(
+        "{} {} {} {attrs:?}",
+        s.span.name, s.span.start_time_unix_nano, s.span.end_time_unix_nano
+    )
+}
+
+/// The spans of `batch` delivered whole, and of the same launch delivered
+/// in three parts (under one launch span, as the profiler keeps it open);
+/// `early` checks what the receiver has after the first part.
+fn whole_and_parts(
+    detail: Detail,
+    early: impl Fn(&[Received]),
+) -> (Vec<Received>, Vec<Received>, Arc<Batch>) {
+    let (whole, batch) = device_spans(Transport::Http, detail);
+    let parts = support::in_parts(&batch, &[DEVICE_BASE + 700, DEVICE_BASE + 1_400]);
+    assert!(parts.iter().all(|p| p.buffer.event_count() > 0));
+    let rx = Receiver::start(Transport::Http);
+    let (layer, guard) = layer(&rx, detail);
+    let subscriber = tracing_subscriber::registry().with(layer);
+    tracing::subscriber::with_default(subscriber, || {
+        let launch = tracing::info_span!("launch", kernel = "gemm");
+        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+        for (i, part) in parts.iter().enumerate() {
+            let mut part = (**part).clone();
+            part.launch.parent = launch.id();
+            tracing_gpu::deliver::deliver(&dispatch, Arc::new(part));
+            if i == 0 {
+                guard.flush().expect("flush");
+                early(&rx.spans());
+            }
+        }
+    });
+    guard.flush().expect("flush");
+    let spans = rx.wait_for("the kernel span", |s| {
+        s.iter().any(|s| s.span.name == "gemm")
+    });
+    (whole, spans, batch)
+}
+
+#[test]
+fn a_launch_in_three_parts_has_one_kernel_span_with_the_whole_launchs_attributes() {
+    let (whole, parts, batch) = whole_and_parts(Detail::Kernel, |early| {
+        assert!(early.is_empty(), "nothing to export before the last part");
+    });
+    let kernel = check_kernel(&parts, &batch);
+    assert_eq!(kernel.int_attr("gpu.parts"), Some(3));
+    assert_eq!(shape(kernel), shape(one(&whole, "gemm")));
+}
+
+#[test]
+fn a_launch_in_three_parts_exports_each_part_as_it_comes_under_one_kernel_span() {
+    let (whole, parts, batch) = whole_and_parts(Detail::Warp, |early| {
+        // The first part's spans are out before the launch ends, their
+        // kernel span (not exported yet) named as their parent.
+        assert!(!early.is_empty());
+        assert!(early.iter().all(|s| s.span.name != "gemm"));
+        let warps: Vec<_> = early
+            .iter()
+            .filter(|s| s.span.name.starts_with("block"))
+            .collect();
+        assert!(!warps.is_empty());
+        let kernel = &warps[0].span.parent_span_id;
+        assert!(warps.iter().all(|w| &w.span.parent_span_id == kernel));
+    });
+    let kernel = check_kernel(&parts, &batch);
+    assert_eq!(shape(kernel), shape(one(&whole, "gemm")));
+    // Every event span of the whole launch, once, under a warp span of its
+    // warp (one per part the warp is in) under the one kernel span.
+    let by_id: HashMap<&[u8], &Received> = parts.iter().map(|s| (&s.span.span_id[..], s)).collect();
+    let events = |spans: &[Received]| -> Vec<String> {
+        let mut v: Vec<String> = spans
+            .iter()
+            .filter(|s| s.int_attr("gpu.event.id").is_some())
+            .map(shape)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(events(&parts), events(&whole));
+    for s in parts
+        .iter()
+        .filter(|s| s.int_attr("gpu.event.id").is_some())
+    {
+        let warp = by_id[&s.span.parent_span_id[..]];
+        assert!(warp.span.name.starts_with("block"), "{}", warp.span.name);
+        assert_eq!(warp.str_attr("thread.name"), s.str_attr("thread.name"));
+        assert!(warp.int_attr("gpu.part").is_some());
+        assert!(is_child_of(warp, kernel));
+    }
+    let warp_spans = parts.iter().filter(|s| s.span.name.starts_with("block"));
+    assert!(warp_spans.count() > batch.buffer.view().slots().count());
+}
+
+// --------------------------------------------------------------------------
 // Joined mode: the application already ships its spans with tracing-opentelemetry.
 
 /// The application's own provider, shipping over HTTP to `rx`.

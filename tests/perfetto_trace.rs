@@ -469,3 +469,78 @@ fn busy_warps_share_short_sequence_ids_and_still_pass() {
         }
     }
 }
+
+#[test]
+fn a_launch_in_three_parts_draws_the_slices_of_the_whole_and_one_kernel_slice() {
+    let dir = tempfile::tempdir().unwrap();
+    let h0 = HostClock::Boottime.now_ns();
+    let d0 = 1_000_000;
+    let whole = batch(0, 20, d0, h0, true, None);
+    // Warp (0, 1)'s main loop ends in the second part, one of its loads in the first.
+    let parts = support::in_parts(&whole, &[d0 + 150, d0 + 350]);
+    assert_eq!(parts.len(), 3);
+    assert!(parts.iter().all(|p| p.buffer.event_count() > 0));
+    for encoders in [None, Some(1), Some(3)] {
+        let mut listed = Vec::new();
+        for (name, batches) in [("whole", vec![&whole]), ("parts", parts.iter().collect())] {
+            let path = dir
+                .path()
+                .join(format!("{name}-{encoders:?}.perfetto-trace"));
+            let events = write_all(&path, None, encoders, batches);
+            let slices = dir.path().join(format!("{name}-{encoders:?}.slices"));
+            let checked = perfetto_check::check(
+                &path,
+                &[
+                    "--expect-device-slices",
+                    &events.to_string(),
+                    "--expect-kernels",
+                    "1",
+                    "--expect-dropped",
+                    "2",
+                    "--expect-drop-marks",
+                    "1",
+                    "--slices-out",
+                    slices.to_str().unwrap(),
+                ],
+            );
+            let Some(s) = checked else { return };
+            assert_eq!(s["warp_tracks"], 4, "{name}: {s:?}");
+            listed.push(perfetto_check::slices_by_warp(&slices));
+        }
+        // Every slice (the kernel's with its counts, the drop counter's values)
+        // is the same, on the same warp's tracks.
+        assert_eq!(listed[0], listed[1], "encoders {encoders:?}");
+    }
+}
+
+#[test]
+fn each_part_is_in_the_file_once_flushed_while_the_launch_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("streamed.perfetto-trace");
+    let h0 = HostClock::Boottime.now_ns();
+    let whole = batch(0, 21, 1_000_000, h0, false, None);
+    let parts = support::in_parts(&whole, &[1_000_150, 1_000_350]);
+    let (layer, guard) = PerfettoLayer::builder()
+        .file(&path)
+        .encoder_threads(2)
+        .build()
+        .unwrap();
+    let written = || -> u64 {
+        others(&path)
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum()
+    };
+    layer.flush();
+    let mut size = written();
+    for part in &parts {
+        layer.on_batch(part);
+        layer.flush();
+        let now = written();
+        assert!(now > size, "part {:?} was not written", part.launch.part);
+        size = now;
+    }
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.device_events, whole.buffer.event_count());
+    assert_eq!(stats.kernels, 1);
+}

@@ -252,6 +252,19 @@ fn the_gemm_capture_changed_field_by_field() {
 }
 
 #[test]
+fn captures_of_launches_streamed_in_many_parts_pass() {
+    // Every launch in 400 parts, interleaved: the per-launch state of the
+    // report and the trace lasts until each launch's last part, and each part
+    // is written as it comes.
+    let dir = tempfile::tempdir().unwrap();
+    for c in ["h200-quickstart.tgpu", "h200-gemm.tgpu"] {
+        let file = dir.path().join(c);
+        support::streamed_capture(&shipped(c), 400, &file);
+        check_commands(dir.path(), &file, &format!("{c} in 400 parts"));
+    }
+}
+
+#[test]
 fn the_shipped_captures_themselves_pass() {
     let dir = tempfile::tempdir().unwrap();
     for c in ["h200-quickstart.tgpu", "h200-gemm.tgpu"] {

@@ -4,6 +4,8 @@
 //! where every launch on one axis leaves it mostly empty.
 #![cfg(feature = "cli")]
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -142,4 +144,23 @@ fn launch_picks_a_launch_by_its_id() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn a_streamed_launch_reports_as_the_launch_recorded_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each launch in three parts, the two launches' parts interleaved.
+    let streamed = dir.path().join("streamed.tgpu");
+    support::streamed_capture(Path::new(GEMM), 3, &streamed);
+    let streamed = streamed.to_str().unwrap();
+    let svg = |name: &str| dir.path().join(name);
+    // Every launch, the busiest drawn; one launch by id; every launch drawn.
+    for extra in [&[][..], &["--launch", "2"], &["--launch", "all"]] {
+        let (_, whole_text, whole_svg) = report(GEMM, &svg("whole.svg"), extra);
+        let (_, parts_text, parts_svg) = report(streamed, &svg("parts.svg"), extra);
+        assert_eq!(parts_text, whole_text, "{extra:?}");
+        assert_eq!(parts_svg, whole_svg, "{extra:?}");
+    }
+    let (_, text, _) = report(streamed, &svg("one.svg"), &["--launch", "2"]);
+    assert!(summary(&text).starts_with("1 launch,"), "{text}");
 }

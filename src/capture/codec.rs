@@ -9,7 +9,7 @@ use flate2::write::ZlibEncoder;
 use flate2::Compression;
 
 use super::{Capture, CaptureError, CaptureLaunch, CAPTURE_MAGIC, CAPTURE_VERSION};
-use crate::batch::HostSpan;
+use crate::batch::{HostSpan, Part};
 use crate::output::AtomicFile;
 
 // ---------------------------------------------------------------- encoding
@@ -115,6 +115,14 @@ impl Capture {
             e.xyz(l.grid);
             e.xyz(l.block);
             e.str(&l.host_thread);
+            match l.part {
+                Some(p) => {
+                    e.u8(1);
+                    e.u32(p.index);
+                    e.u8(u8::from(p.last));
+                }
+                None => e.u8(0),
+            }
             e.bytes(l.buffer.bytes());
         }
         e.len(self.host_spans.len());
@@ -170,7 +178,13 @@ impl Capture {
         for (i, s) in self.host_spans.iter().enumerate() {
             check_span(i, s)?;
         }
-        check_unique(self.launches.iter().map(|l| l.launch_id).collect())
+        check_launch_ids(self.launch_keys())
+    }
+
+    /// Each launch's id and part, in file order, for [`check_launch_ids`].
+    pub(super) fn launch_keys(&self) -> Vec<LaunchKey> {
+        let keys = self.launches.iter();
+        keys.map(|l| LaunchKey::new(l.launch_id, l.part)).collect()
     }
 
     /// Writes the whole file to `w`: header, then the compressed body.
@@ -232,12 +246,52 @@ pub(super) fn check_launch(index: usize, l: &CaptureLaunch) -> Result<(), Captur
     Ok(())
 }
 
-/// No two launches share a launch id. Sorting the ids costs 8 bytes a launch
-/// (a hash set, 16 to 20), and they are dropped once checked.
-pub(super) fn check_unique(mut ids: Vec<u64>) -> Result<(), CaptureError> {
-    ids.sort_unstable();
-    match ids.windows(2).find(|w| w[0] == w[1]) {
-        Some(w) => Err(CaptureError::DuplicateLaunch { launch_id: w[0] }),
-        None => Ok(()),
+/// A launch's id and part: what [`check_launch_ids`] needs of it (16 bytes).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LaunchKey {
+    id: u64,
+    /// The part's index; 0 for a whole launch.
+    index: u32,
+    /// [`WHOLE`] or [`LAST`], or neither: a part before the last.
+    kind: u8,
+}
+
+const WHOLE: u8 = 1;
+const LAST: u8 = 2;
+
+impl LaunchKey {
+    pub(super) fn new(id: u64, part: Option<Part>) -> LaunchKey {
+        let (index, kind) = match part {
+            None => (0, WHOLE),
+            Some(p) => (p.index, if p.last { LAST } else { 0 }),
+        };
+        LaunchKey { id, index, kind }
     }
+}
+
+/// No two launches share a launch id, but the parts of one streamed launch,
+/// which come in order: parts 0, 1, 2, ... (the file order; parts of other
+/// launches may come between them), none after the last. A streamed launch
+/// whose last part is missing (the run ended while it ran) is accepted.
+/// Sorting the keys (stable, by id: each launch's parts stay in file order)
+/// costs 16 bytes a launch, dropped once checked.
+pub(super) fn check_launch_ids(mut keys: Vec<LaunchKey>) -> Result<(), CaptureError> {
+    keys.sort_by_key(|k| k.id);
+    for launch in keys.chunk_by(|a, b| a.id == b.id) {
+        let launch_id = launch[0].id;
+        if launch.len() > 1 && launch.iter().any(|k| k.kind == WHOLE) {
+            return Err(CaptureError::DuplicateLaunch { launch_id });
+        }
+        for (n, k) in launch.iter().enumerate() {
+            let what = if k.index as usize != n {
+                "its parts are not numbered 0, 1, 2, ... in file order"
+            } else if k.kind == LAST && n + 1 != launch.len() {
+                "a part comes after its last"
+            } else {
+                continue;
+            };
+            return Err(CaptureError::BadParts { launch_id, what });
+        }
+    }
+    Ok(())
 }

@@ -23,7 +23,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::batch::{DeviceInfo, HostSpan, LaunchInfo};
+use crate::batch::{DeviceInfo, HostSpan, LaunchInfo, Part};
 use crate::clock::{ClockError, HostClock, HostOffsets, Sample};
 use crate::decode::{DecodeError, OwnedBuffer};
 use crate::registry::{EventRegistry, RegistryError};
@@ -45,7 +45,7 @@ pub const HOST_SPANS_NOTE: &str = "host_spans";
 pub const CAPTURE_MAGIC: [u8; 8] = *b"TGPUDUMP";
 /// The version this crate writes. It also reads
 /// [`CAPTURE_OLDEST_VERSION`] and every version in between.
-pub const CAPTURE_VERSION: u32 = 2;
+pub const CAPTURE_VERSION: u32 = 3;
 /// The oldest version this crate reads: version 1 has no payload names in its
 /// registry (`docs/capture.md`).
 pub const CAPTURE_OLDEST_VERSION: u32 = 1;
@@ -114,11 +114,21 @@ pub enum CaptureError {
         /// The ordinal.
         ordinal: u32,
     },
-    /// Two launches with one launch id: a host span's flow would have two ends.
+    /// Two launches with one launch id (not the parts of one streamed
+    /// launch): a host span's flow would have two ends.
     #[error("launch id {launch_id} appears twice")]
     DuplicateLaunch {
         /// The launch id.
         launch_id: u64,
+    },
+    /// The parts of a streamed launch out of order: not numbered 0, 1, 2, ...
+    /// in file order, or one after the last.
+    #[error("launch id {launch_id}: {what}")]
+    BadParts {
+        /// The launch id.
+        launch_id: u64,
+        /// What is wrong.
+        what: &'static str,
     },
     /// What the reader keeps of the capture would pass [`CAPTURE_MEMORY_LIMIT`].
     #[error("capture body byte {offset}: what the reader keeps besides the trace buffers would need more than {limit} bytes of memory (the reader's limit)")]
@@ -234,7 +244,11 @@ pub struct CaptureLaunch {
     pub block: [u32; 3],
     /// Name of the launching host thread.
     pub host_thread: String,
-    /// The decoded trace buffer.
+    /// Which part of a streamed launch this is ([`LaunchInfo::part`]): a
+    /// streamed launch is held as one launch record per part, in order, all
+    /// with its launch id. `None`: a launch recorded whole.
+    pub part: Option<Part>,
+    /// The decoded trace buffer (of a part: that part's events).
     pub buffer: Arc<OwnedBuffer>,
 }
 
@@ -250,6 +264,7 @@ impl CaptureLaunch {
             grid: info.grid,
             block: info.block,
             host_thread: info.host_thread.to_string(),
+            part: info.part,
             buffer,
         }
     }
@@ -266,7 +281,7 @@ impl CaptureLaunch {
             block: self.block,
             parent: None,
             host_thread: self.host_thread.as_str().into(),
-            part: None,
+            part: self.part,
         }
     }
 }

@@ -10,13 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::body::{Body, Budget};
-use super::codec::{check_launch, check_span, check_unique};
+use super::codec::{check_launch, check_launch_ids, check_span, LaunchKey};
 use super::replay::Replay;
 use super::{
     CalibrationRound, Capture, CaptureDevice, CaptureError, CaptureLaunch, CAPTURE_HEADER_SIZE,
     CAPTURE_MAGIC, CAPTURE_OLDEST_VERSION, CAPTURE_VERSION,
 };
-use crate::batch::{Batch, DeviceInfo, HostSpan};
+use crate::batch::{Batch, DeviceInfo, HostSpan, Part};
 use crate::clock::Sample;
 use crate::decode::OwnedBuffer;
 use crate::registry::{EventInfo, EventRegistry};
@@ -157,11 +157,14 @@ struct Fields {
     grid: [u32; 3],
     block: [u32; 3],
     host_thread: String,
+    part: Option<Part>,
 }
 
-/// Reads a launch's [`Fields`]; its names count against a budget of their own.
+/// Reads a launch's [`Fields`] (of a file of version `version`: parts since
+/// 3); its names count against a budget of their own.
 fn read_launch_fields<R: BufRead>(
     b: &mut Body<R>,
+    version: u32,
     index: usize,
     ordinals: &HashSet<u32>,
 ) -> Result<Fields, CaptureError> {
@@ -182,7 +185,22 @@ fn read_launch_fields<R: BufRead>(
         grid: b.xyz()?,
         block: b.xyz()?,
         host_thread: b.str(&mut names)?,
+        part: match version >= 3 {
+            true => b.opt(read_part)?,
+            false => None,
+        },
     })
+}
+
+/// A launch's part: u32 index, u8 last (0 or 1).
+fn read_part<R: BufRead>(b: &mut Body<R>) -> Result<Part, CaptureError> {
+    let index = b.u32()?;
+    let last = match b.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(b.corrupt("a part's last flag is neither 0 nor 1")),
+    };
+    Ok(Part { index, last })
 }
 
 /// A launch, its trace buffer decoded (structure only: the registry names ids,
@@ -190,10 +208,11 @@ fn read_launch_fields<R: BufRead>(
 /// as "event 3") and checked against the launch.
 fn read_launch<R: BufRead>(
     b: &mut Body<R>,
+    version: u32,
     index: usize,
     ordinals: &HashSet<u32>,
 ) -> Result<CaptureLaunch, CaptureError> {
-    let f = read_launch_fields(b, index, ordinals)?;
+    let f = read_launch_fields(b, version, index, ordinals)?;
     let n = b.bytes_len()?;
     let buffer = OwnedBuffer::decode(b.vec(n)?, None).map_err(|source| CaptureError::Decode {
         launch: index,
@@ -208,22 +227,24 @@ fn read_launch<R: BufRead>(
         grid: f.grid,
         block: f.block,
         host_thread: f.host_thread,
+        part: f.part,
         buffer: Arc::new(buffer),
     };
     check_launch(index, &launch)?;
     Ok(launch)
 }
 
-/// Passes over a launch, its trace buffer unread: its launch id.
+/// Passes over a launch, its trace buffer unread: its launch id and part.
 fn skip_launch<R: BufRead>(
     b: &mut Body<R>,
+    version: u32,
     index: usize,
     ordinals: &HashSet<u32>,
-) -> Result<u64, CaptureError> {
-    let launch_id = read_launch_fields(b, index, ordinals)?.launch_id;
+) -> Result<LaunchKey, CaptureError> {
+    let f = read_launch_fields(b, version, index, ordinals)?;
     let n = b.bytes_len()?;
     b.skip(n)?;
-    Ok(launch_id)
+    Ok(LaunchKey::new(f.launch_id, f.part))
 }
 
 /// The host spans, kept.
@@ -256,7 +277,9 @@ fn read_whole<R: BufRead>(b: &mut Body<R>, version: u32) -> Result<Capture, Capt
     let mut capture = read_head(b, version, &mut budget)?;
     let ordinals = ordinals(&capture);
     for index in 0..read_launch_count(b)? {
-        capture.launches.push(read_launch(b, index, &ordinals)?);
+        capture
+            .launches
+            .push(read_launch(b, version, index, &ordinals)?);
     }
     capture.host_spans = read_spans(b, &mut budget)?;
     b.end()?;
@@ -281,7 +304,7 @@ impl Capture {
         let (version, len) = read_header(&mut r)?;
         let mut body = Body::new(r, len);
         let capture = read_whole(&mut body, version).map_err(|e| body.settle(e))?;
-        check_unique(capture.launches.iter().map(|l| l.launch_id).collect())?;
+        check_launch_ids(capture.launch_keys())?;
         Ok(capture)
     }
 }
@@ -294,8 +317,8 @@ impl Capture {
 /// It reads the file twice. Opening reads all of it and checks what
 /// [`Capture::read`] checks but the trace buffers, which it passes over: the
 /// stream, every section's structure, device references, host spans, launch
-/// ids (no two alike: their sorted list, 8 bytes a launch, is kept until they
-/// are checked). The host spans come after the launches in the file, and a
+/// ids (no two alike but the parts of a streamed launch, in order: their
+/// sorted list, 16 bytes a launch record, is kept until they are checked). The host spans come after the launches in the file, and a
 /// trace needs them first (a launch's span starts the flow its kernel ends).
 /// Each iteration over the launches reads the file again, decoding each
 /// trace buffer in turn, so it holds one launch at a time besides what
@@ -324,6 +347,8 @@ pub struct CaptureReader<R = File> {
     source: R,
     /// Where the capture starts in `source`.
     start: u64,
+    /// The file's version (what a launch holds depends on it).
+    version: u32,
     /// Everything but the launches.
     head: Capture,
     ordinals: HashSet<u32>,
@@ -372,7 +397,7 @@ impl<R: Read + Seek> CaptureReader<R> {
             let launches_at = body.pos();
             let mut ids = Vec::with_capacity(count.min(1024));
             for index in 0..count {
-                ids.push(skip_launch(&mut body, index, &ordinals)?);
+                ids.push(skip_launch(&mut body, version, index, &ordinals)?);
             }
             head.host_spans = read_spans(&mut body, &mut budget)?;
             body.end()?;
@@ -380,10 +405,11 @@ impl<R: Read + Seek> CaptureReader<R> {
         };
         let (head, ordinals, launch_count, launches_at, ids) =
             pass().map_err(|e| body.settle(e))?;
-        check_unique(ids)?;
+        check_launch_ids(ids)?;
         Ok(CaptureReader {
             source,
             start,
+            version,
             head,
             ordinals,
             launch_count,
@@ -410,6 +436,7 @@ impl<R: Read + Seek> CaptureReader<R> {
         let CaptureReader {
             source,
             start,
+            version,
             head,
             ordinals,
             launch_count,
@@ -426,6 +453,7 @@ impl<R: Read + Seek> CaptureReader<R> {
         body.skip(*launches_at)?;
         Ok(Launches {
             body,
+            version: *version,
             head,
             ordinals,
             next: 0,
@@ -448,6 +476,7 @@ impl<R: Read + Seek> CaptureReader<R> {
 /// The launches of a [`CaptureReader`], one at a time.
 pub struct Launches<'a, R> {
     body: Body<BufReader<&'a mut R>>,
+    version: u32,
     head: &'a Capture,
     ordinals: &'a HashSet<u32>,
     /// Index of the next launch; `count` after an error.
@@ -480,7 +509,7 @@ impl<R: Read> Iterator for Launches<'_, R> {
         if index >= self.count {
             return None;
         }
-        let launch = read_launch(&mut self.body, index, self.ordinals);
+        let launch = read_launch(&mut self.body, self.version, index, self.ordinals);
         self.next = if launch.is_ok() {
             index + 1
         } else {

@@ -64,6 +64,7 @@ fn sample() -> Capture {
         grid,
         block,
         host_thread: "main".into(),
+        part: None,
         buffer: capture(id, grid, block),
     };
     Capture {
@@ -178,6 +179,120 @@ fn version_1_captures_still_read() {
     let again = bytes_of(&d);
     assert_eq!(again[8..12], CAPTURE_VERSION.to_le_bytes());
     assert_eq!(Capture::from_reader(&again[..]).unwrap(), d);
+}
+
+#[test]
+fn version_2_captures_still_read() {
+    // The shipped GEMM capture is a version 2 file: its launches have no part.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-gemm.tgpu");
+    let bytes = fs::read(&path).unwrap();
+    assert_eq!(bytes[8..12], 2u32.to_le_bytes());
+    let d = Capture::from_reader(&bytes[..]).unwrap();
+    assert_eq!(d.launches.len(), 2);
+    assert!(d.launches.iter().all(|l| l.part.is_none()));
+    assert_eq!(streamed(&bytes).unwrap(), d);
+    let again = bytes_of(&d);
+    assert_eq!(again[8..12], CAPTURE_VERSION.to_le_bytes());
+    assert_eq!(Capture::from_reader(&again[..]).unwrap(), d);
+}
+
+/// [`sample`] with launch 1 streamed in three parts, launch 2 (whole) between
+/// its second and third: the order a recorder takes them in when two
+/// launches run at once.
+fn sample_with_parts() -> Capture {
+    let mut d = sample();
+    for dev in &mut d.devices {
+        dev.calibrations.truncate(1); // The second round cannot be fitted.
+    }
+    let whole = d.launches.remove(0);
+    let other = d.launches.remove(0);
+    let part = |index, last| CaptureLaunch {
+        part: Some(crate::batch::Part { index, last }),
+        host_complete_ns: whole.host_complete_ns - 10 + u64::from(index),
+        ..whole.clone()
+    };
+    d.launches = vec![part(0, false), part(1, false), other, part(2, true)];
+    d
+}
+
+#[test]
+fn a_streamed_launch_is_held_as_its_parts_in_order() {
+    let d = sample_with_parts();
+    d.validate().unwrap();
+    let bytes = bytes_of(&d);
+    let back = Capture::from_reader(&bytes[..]).unwrap();
+    assert_eq!(back, d);
+    assert_eq!(streamed(&bytes).unwrap(), d);
+    // Replayed as the same parts, in the same order.
+    let parts = |batches: Vec<Arc<Batch>>| -> Vec<_> {
+        batches
+            .iter()
+            .map(|b| (b.launch.launch_id, b.launch.part, b.launch.host_complete_ns))
+            .collect()
+    };
+    let want: Vec<_> = d
+        .launches
+        .iter()
+        .map(|l| (l.launch_id, l.part, l.host_complete_ns))
+        .collect();
+    assert_eq!(parts(back.batches().unwrap()), want);
+    let mut reader = CaptureReader::new(Cursor::new(&bytes)).unwrap();
+    let batches = reader.batches().unwrap().collect::<Result<_, _>>().unwrap();
+    assert_eq!(parts(batches), want);
+}
+
+#[test]
+fn parts_in_packed_buffers_round_trip() {
+    // What the live drain delivers a part in: a packed buffer (docs/format.md).
+    use crate::format::PackedWriter;
+    let mut d = sample_with_parts();
+    for l in d.launches.iter_mut().filter(|l| l.part.is_some()) {
+        let view = l.buffer.view();
+        let mut w = PackedWriter::new(view.header());
+        for slot in view.slots() {
+            w.slot(&slot.header, &slot.events().collect::<Vec<_>>());
+        }
+        l.buffer = Arc::new(OwnedBuffer::decode(w.finish(), None).unwrap());
+    }
+    let bytes = bytes_of(&d);
+    let back = Capture::from_reader(&bytes[..]).unwrap();
+    assert_eq!(back, d);
+    assert_eq!(streamed(&bytes).unwrap(), d);
+    let packed = back.launches[0].buffer.header().flags;
+    assert_eq!(packed, crate::format::BUFFER_FLAG_PACKED);
+    assert_eq!(back.batches().unwrap().len(), 4);
+}
+
+#[test]
+fn parts_out_of_order_are_refused_by_both_readers() {
+    use crate::batch::Part;
+    let part = |index, last| Some(Part { index, last });
+    // What each spoils, and whether the error is a duplicate (else bad parts).
+    let cases: [(&str, usize, Option<Part>, bool); 4] = [
+        ("a gap", 1, part(2, false), false),
+        ("a part after the last", 1, part(1, true), false),
+        ("a part and a whole launch", 0, None, true),
+        ("a part twice", 1, part(0, false), false),
+    ];
+    for (what, at, spoilt, duplicate) in cases {
+        let is = |e: &CaptureError| match duplicate {
+            true => matches!(e, CaptureError::DuplicateLaunch { launch_id: 1 }),
+            false => matches!(e, CaptureError::BadParts { launch_id: 1, .. }),
+        };
+        let mut d = sample_with_parts();
+        d.launches[at].part = spoilt;
+        let e = d.validate().unwrap_err();
+        assert!(is(&e), "{what}: {e}");
+        let bytes = bytes_of(&d);
+        let e = Capture::from_reader(&bytes[..]).unwrap_err();
+        assert!(is(&e), "{what}: {e}");
+        let e = streamed(&bytes).unwrap_err();
+        assert!(is(&e), "{what}: {e}");
+    }
+    // The run ended while the launch streamed: its last part is missing.
+    let mut d = sample_with_parts();
+    d.launches.pop();
+    assert_eq!(Capture::from_reader(&bytes_of(&d)[..]).unwrap(), d);
 }
 
 #[test]
@@ -633,6 +748,7 @@ mod props {
                         grid: [1, 1, 1],
                         block: [32 * (i as u32 + 1), 1, 1],
                         host_thread: String::new(),
+                        part: None,
                         buffer: capture(i, [1, 1, 1], [32 * (i as u32 + 1), 1, 1]),
                     })
                     .collect();

@@ -167,7 +167,10 @@ impl Archive for RecorderArchive {
         let launch = CaptureLaunch::new(batch.device.ordinal, &batch.launch, batch.buffer.clone());
         let mut capture = self.0.capture.lock();
         capture.launches.push(launch);
-        if !self.0.layer_seen.load(Ordering::Relaxed) {
+        // A streamed launch's parts go in one by one, as they come; its span
+        // once, with its last part, when its completion is known.
+        let whole = batch.launch.part.is_none_or(|p| p.last);
+        if whole && !self.0.layer_seen.load(Ordering::Relaxed) {
             // Without the layer, the launch's own span still goes in (so a replay
             // has its launch slices and arrows): from what the launch knows.
             capture.host_spans.push(launch_span(&batch.launch));
@@ -419,5 +422,38 @@ mod tests {
             "{:?}",
             back.metadata
         );
+    }
+
+    #[test]
+    fn a_streamed_launch_is_recorded_part_by_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.tgpu");
+        let rec = CaptureRecorder::new(&path);
+        let b = batch(0, 9, None);
+        rec.add_registry(&b.registry).unwrap();
+        rec.add_device(&b.device);
+        let mut archive = rec.archive();
+        // What the live drain hands the archive: the same launch, part by
+        // part, each through `Archive::record` as it is delivered.
+        for index in 0..3u32 {
+            let mut part = (*b).clone();
+            part.launch.part = Some(crate::batch::Part {
+                index,
+                last: index == 2,
+            });
+            part.launch.host_complete_ns = b.launch.host_complete_ns + u64::from(index);
+            archive.record(&part);
+        }
+        archive.finish().unwrap();
+        let back = Capture::read(&path).unwrap();
+        let parts: Vec<_> = back.launches.iter().map(|l| l.part).collect();
+        assert_eq!(parts.len(), 3);
+        assert!(parts
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p.is_some_and(|p| p.index == i as u32 && p.last == (i == 2))));
+        // The launch's span once, to its completion (the last part's).
+        assert_eq!(back.host_spans.len(), 1);
+        assert_eq!(back.host_spans[0].end_ns, b.launch.host_complete_ns + 2);
     }
 }

@@ -337,3 +337,75 @@ fn a_host_that_falls_behind_makes_the_warp_drop_its_newest_and_count_them() {
     // Both warps' slots come back zero, their region free for the next launch.
     drop(warps);
 }
+
+/// The parts the drain delivers (packed buffers, `Part`s in order) are what
+/// everything downstream takes as one launch: one kernel slice in a trace,
+/// one launch in a report, and a capture that replays the same parts.
+#[test]
+fn a_drained_stream_is_one_launch_downstream() {
+    const T0: u64 = 1 << 40;
+    let rig = Rig::new(0, None);
+    let (sink, dispatch) = sink_dispatch();
+    let (warps, event) =
+        tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 4, 2, true));
+    let threads: Vec<_> = warps
+        .into_iter()
+        .map(|mut w| {
+            std::thread::spawn(move || {
+                let mut t = T0 + w.index as u64 * 7;
+                for k in 0..120u64 {
+                    w.entry(word(t, 1, ENTRY_BEGIN), t + 1);
+                    w.entry(word(t + 30, 1, ENTRY_END), t + 31);
+                    t += 40;
+                    if k % 30 == 0 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+                w.flush(t + 10);
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    rig.gpu.fire(event);
+    rig.collector.flush().unwrap();
+    let parts = sink.0.lock().clone();
+    assert!(parts.len() >= 2, "{} parts", parts.len());
+    let events: u64 = parts.iter().map(|b| b.buffer.event_count()).sum();
+    assert_eq!(events, 8 * 120);
+
+    let mut trace = crate::perfetto::TraceWriter::new(Vec::new()).unwrap();
+    for b in &parts {
+        trace.write_batch(b).unwrap();
+    }
+    let (_, stats) = trace.finish().unwrap();
+    assert_eq!((stats.kernels, stats.device_events), (1, events));
+
+    let mut timeline = crate::report::Timeline::new();
+    for b in &parts {
+        let last = b.launch.part.unwrap().last;
+        timeline.add_part(b.launch.launch_id, &b.buffer.view(), last);
+    }
+    let report = timeline.report();
+    assert_eq!((report.launches, report.events), (1, events));
+    let warps: u64 = report.sms.iter().map(|s| s.warps).sum();
+    assert_eq!(warps, 8, "a warp in every part is one warp");
+
+    let capture = crate::capture::Capture {
+        devices: vec![crate::capture::CaptureDevice {
+            info: (*parts[0].device).clone(),
+            calibrations: Vec::new(),
+        }],
+        launches: parts
+            .iter()
+            .map(|b| crate::capture::CaptureLaunch::new(0, &b.launch, b.buffer.clone()))
+            .collect(),
+        ..Default::default()
+    };
+    let mut bytes = Vec::new();
+    capture.to_writer(&mut bytes).unwrap();
+    let back = crate::capture::Capture::from_reader(&bytes[..]).unwrap();
+    assert_eq!(back, capture);
+    let replayed: Vec<_> = back.launches.iter().map(|l| l.part).collect();
+    let delivered: Vec<_> = parts.iter().map(|b| b.launch.part).collect();
+    assert_eq!(replayed, delivered);
+}

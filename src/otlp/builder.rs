@@ -23,6 +23,7 @@ use super::layer::OtlpGuard;
 use super::layer::OtlpLayer;
 use super::layer::Progress;
 use super::layer::MODE_UNKNOWN;
+use super::streamed::PresetIds;
 use super::Detail;
 use super::HostSpans;
 use super::OtlpError;
@@ -270,6 +271,8 @@ impl OtlpLayerBuilder {
         }
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
+            // A streamed launch's kernel span gets the id its parts named.
+            .with_id_generator(PresetIds::default())
             .with_resource(resource.build())
             .build();
         let tracer = provider.tracer_with_scope(

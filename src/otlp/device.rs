@@ -1,20 +1,22 @@
 //! The conversion thread: device batches in, spans out, at the layer's level of detail.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{Span as _, SpanBuilder, SpanKind, TraceContextExt, Tracer as _};
 use opentelemetry::{Array, Context as OtelContext, KeyValue, StringValue, Value};
 
 use super::export::Patient;
+use super::group::Group;
 use super::layer::Inner;
 use super::layer::Job;
+use super::streamed::{KernelSum, PresetIds, StreamedKernels};
 use super::Detail;
 use super::PhaseGroup;
-use crate::batch::{thread_name, Batch, DeviceInfo};
+use crate::batch::{thread_name, Batch, DeviceInfo, Part};
 use crate::clock::HostClock;
 use crate::format::EventKind;
 use crate::format::NO_CLUSTER;
@@ -24,6 +26,7 @@ use crate::format::NO_CLUSTER;
 
 pub(crate) fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
     let _patient = Patient::new();
+    let mut streams = StreamedKernels::default();
     while let Ok(Job::Batch(batch, parent)) = jobs.recv() {
         if inner.shared.stopped.load(Ordering::Acquire) {
             // Shut down with the queue full (so `Job::Stop` may not be in it):
@@ -42,7 +45,7 @@ pub(crate) fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
             // Its spans could not be sent: not converted, counted.
             inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
         } else {
-            emit_batch(&inner, &batch, &parent);
+            emit_batch(&inner, &mut streams, &batch, &parent);
         }
         inner.shared.log_pending();
         inner.progress.lock().done += 1;
@@ -50,46 +53,6 @@ pub(crate) fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
     }
     inner.progress.lock().exited = true;
     inner.progress_cv.notify_all();
-}
-
-/// Durations of one group of events, and its extent (device ns).
-pub(crate) struct Group {
-    pub(crate) first_start: u64,
-    pub(crate) last_end: u64,
-    pub(crate) total: u64,
-    pub(crate) durations: Vec<u64>,
-}
-
-impl Group {
-    pub(crate) fn new() -> Group {
-        Group {
-            first_start: u64::MAX,
-            last_end: 0,
-            total: 0,
-            durations: Vec::new(),
-        }
-    }
-
-    pub(crate) fn add(&mut self, start: u64, end: u64) {
-        self.first_start = self.first_start.min(start);
-        self.last_end = self.last_end.max(end);
-        self.total += end - start;
-        self.durations.push(end - start);
-    }
-
-    /// count, total, p50 and p99 (nearest rank), under `prefix`.
-    pub(crate) fn summary(&mut self, prefix: &str, out: &mut Vec<KeyValue>) {
-        self.durations.sort_unstable();
-        let n = self.durations.len() as u64;
-        let rank = |p: f64| crate::report::nearest_rank(&self.durations, p) as i64;
-        out.push(KeyValue::new(format!("{prefix}.count"), n as i64));
-        out.push(KeyValue::new(
-            format!("{prefix}.total_ns"),
-            self.total as i64,
-        ));
-        out.push(KeyValue::new(format!("{prefix}.p50_ns"), rank(50.0)));
-        out.push(KeyValue::new(format!("{prefix}.p99_ns"), rank(99.0)));
-    }
 }
 
 /// Event names and declared payload names by id, each looked up once per batch.
@@ -144,8 +107,16 @@ pub(crate) fn string(s: &Arc<str>) -> StringValue {
     StringValue::from(s.clone())
 }
 
-/// Turns one batch into spans under `parent`, at the layer's level of detail.
-pub(crate) fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
+/// Turns one batch into spans under `parent`, at the layer's level of detail:
+/// a launch delivered whole, its kernel span and the spans under it; a part
+/// of a streamed launch, the spans under the launch's kernel span, which its
+/// last part ends ([`StreamedKernels`]).
+pub(crate) fn emit_batch(
+    inner: &Inner,
+    streams: &mut StreamedKernels,
+    batch: &Batch,
+    parent: &OtelContext,
+) {
     let capture = batch.buffer.view();
     let calibration = &batch.calibration;
     let wall = |device_ns: u64| {
@@ -158,69 +129,60 @@ pub(crate) fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
         cache: HashMap::new(),
     };
 
-    // The kernel's extent on the device: first timer read to last flush.
+    // The kernel's extent on the device (first timer read to last flush),
+    // its SMs, and for a part, its warps (a warp is in many parts).
     let (mut first, mut last) = (u64::MAX, 0u64);
-    let mut sms = std::collections::HashSet::new();
+    let mut sum = KernelSum {
+        extent: None,
+        bound_ns: None,
+        events: capture.event_count(),
+        dropped: capture.drop_count(),
+        warps: HashSet::new(),
+        sms: HashSet::new(),
+        by_type: BTreeMap::new(),
+        parts: 1,
+    };
     for slot in capture.slots() {
         first = first.min(slot.header.first_ts);
         last = last.max(slot.header.last_ts);
-        sms.insert(slot.header.sm_first);
+        sum.sms.insert(slot.header.sm_first);
+        if launch.part.is_some() {
+            sum.warps
+                .insert((slot.header.block_linear, slot.header.warp));
+        }
     }
-    let (start, end) = if first <= last {
-        (wall(first), wall(last))
-    } else {
-        // Nothing flushed: the host's view of the launch, moved to wall time.
-        let offset = calibration.latest().host_offsets.of(HostClock::Realtime);
-        let host = |ns: u64| {
-            let t = (i128::from(ns) + i128::from(offset)).max(0) as u64;
-            UNIX_EPOCH + Duration::from_nanos(t)
-        };
-        (host(launch.host_launch_ns), host(launch.host_complete_ns))
-    };
-    let gpu: Arc<str> = Arc::from(format!("GPU {}", dev.ordinal));
-    let hw_id = StringValue::from(dev.uuid.clone());
-
-    let mut attributes = device_attributes(dev);
-    attributes.extend([
-        KeyValue::new("thread.name", string(&gpu)),
-        KeyValue::new("gpu.launch_id", launch.launch_id as i64),
-        KeyValue::new("gpu.grid", dims(launch.grid)),
-        KeyValue::new("gpu.block", dims(launch.block)),
-        KeyValue::new("gpu.events", capture.event_count() as i64),
-        KeyValue::new("gpu.dropped", capture.drop_count() as i64),
-        KeyValue::new("gpu.warps", capture.flushed_slot_count() as i64),
-        KeyValue::new("gpu.sms", sms.len() as i64),
-        KeyValue::new(
-            "gpu.clock.bound_ns",
-            calibration.bound_ns_on(HostClock::Realtime, if first <= last { first } else { 0 })
-                as i64,
-        ),
-    ]);
-    if !launch.host_thread.is_empty() {
-        attributes.push(KeyValue::new("gpu.host_thread", launch.host_thread.clone()));
+    if first <= last {
+        sum.extent = Some((wall(first), wall(last)));
+        sum.bound_ns = Some(calibration.bound_ns_on(HostClock::Realtime, first) as i64);
     }
     if inner.detail == Detail::Kernel {
-        let mut by_type: BTreeMap<u16, Group> = BTreeMap::new();
         for slot in capture.slots() {
             for e in slot.events() {
-                by_type
+                sum.by_type
                     .entry(e.id)
                     .or_insert_with(Group::new)
                     .add(e.start_ns, e.end_ns);
             }
         }
-        for (id, mut group) in by_type {
-            group.summary(&format!("gpu.phase.{}", names.get(id)), &mut attributes);
-        }
     }
-    let kernel = inner.tracer.build_with_context(
-        SpanBuilder::from_name(launch.kernel.to_string())
-            .with_kind(SpanKind::Internal)
-            .with_start_time(start)
-            .with_attributes(attributes),
-        parent,
-    );
-    let kernel_cx = parent.with_span(kernel);
+    let gpu: Arc<str> = Arc::from(format!("GPU {}", dev.ordinal));
+    let hw_id = StringValue::from(dev.uuid.clone());
+
+    let (kernel_cx, kernel) = match launch.part {
+        None => {
+            let warps = capture.flushed_slot_count() as u64;
+            let (kernel, end) = kernel_span(inner, batch, parent, sum, warps, &mut names);
+            (parent.with_span(kernel), Kernel::Whole(end))
+        }
+        Some(part) => {
+            let cx = streams.part(launch.launch_id, parent);
+            (cx, Kernel::Part(part, sum))
+        }
+    };
+    // The part a span of a streamed launch comes from.
+    let part = launch
+        .part
+        .map(|p| KeyValue::new("gpu.part", i64::from(p.index)));
 
     match inner.detail {
         Detail::Kernel => {}
@@ -249,6 +211,7 @@ pub(crate) fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
                     KeyValue::new("gpu.event.id", i64::from(id)),
                     KeyValue::new(role_key, i64::from(role)),
                 ];
+                attributes.extend(part.clone());
                 group.summary("gpu.phase", &mut attributes);
                 let span = inner.tracer.build_with_context(
                     SpanBuilder::from_name(names.get(id).to_string())
@@ -284,6 +247,7 @@ pub(crate) fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
                 if slot.open_at_flush() {
                     attributes.push(KeyValue::new("gpu.open_at_flush", true));
                 }
+                attributes.extend(part.clone());
                 let warp = inner.tracer.build_with_context(
                     SpanBuilder::from_name(format!("block {} warp {}", h.block_linear, h.warp))
                         .with_kind(SpanKind::Internal)
@@ -318,5 +282,78 @@ pub(crate) fn emit_batch(inner: &Inner, batch: &Batch, parent: &OtelContext) {
             }
         }
     }
-    kernel_cx.span().end_with_timestamp(end);
+    let (part, sum) = match kernel {
+        Kernel::Whole(end) => return kernel_cx.span().end_with_timestamp(end),
+        Kernel::Part(part, sum) => (part, sum),
+    };
+    let Some((parent, ids, sum)) = streams.add(launch.launch_id, sum, part.last) else {
+        return; // More parts to come.
+    };
+    let warps = sum.warps.len() as u64;
+    let (mut kernel, end) = PresetIds::build(ids.trace_id(), ids.span_id(), || {
+        kernel_span(inner, batch, &parent, sum, warps, &mut names)
+    });
+    kernel.end_with_timestamp(end);
+}
+
+/// The kernel span of a batch: started (a launch delivered whole), ending
+/// then; or not yet (a part of a streamed launch), the part's sum to add.
+enum Kernel {
+    Whole(SystemTime),
+    Part(Part, KernelSum),
+}
+
+/// Starts the kernel span of `batch`'s launch under `parent`, from `sum` (of
+/// the batch, or of every part of a streamed launch, the last being `batch`);
+/// returns it and its end.
+fn kernel_span(
+    inner: &Inner,
+    batch: &Batch,
+    parent: &OtelContext,
+    mut sum: KernelSum,
+    warps: u64,
+    names: &mut Names<'_>,
+) -> (opentelemetry_sdk::trace::Span, SystemTime) {
+    let (dev, launch, calibration) = (&batch.device, &batch.launch, &batch.calibration);
+    let (start, end) = sum.extent.unwrap_or_else(|| {
+        // Nothing flushed: the host's view of the launch, moved to wall time.
+        let offset = calibration.latest().host_offsets.of(HostClock::Realtime);
+        let host = |ns: u64| {
+            let t = (i128::from(ns) + i128::from(offset)).max(0) as u64;
+            UNIX_EPOCH + Duration::from_nanos(t)
+        };
+        (host(launch.host_launch_ns), host(launch.host_complete_ns))
+    });
+    let bound_ns = sum
+        .bound_ns
+        .unwrap_or_else(|| calibration.bound_ns_on(HostClock::Realtime, 0) as i64);
+    let mut attributes = device_attributes(dev);
+    attributes.extend([
+        KeyValue::new("thread.name", format!("GPU {}", dev.ordinal)),
+        KeyValue::new("gpu.launch_id", launch.launch_id as i64),
+        KeyValue::new("gpu.grid", dims(launch.grid)),
+        KeyValue::new("gpu.block", dims(launch.block)),
+        KeyValue::new("gpu.events", sum.events as i64),
+        KeyValue::new("gpu.dropped", sum.dropped as i64),
+        KeyValue::new("gpu.warps", warps as i64),
+        KeyValue::new("gpu.sms", sum.sms.len() as i64),
+        KeyValue::new("gpu.clock.bound_ns", bound_ns),
+    ]);
+    if launch.part.is_some() {
+        attributes.push(KeyValue::new("gpu.parts", i64::from(sum.parts)));
+    }
+    if !launch.host_thread.is_empty() {
+        attributes.push(KeyValue::new("gpu.host_thread", launch.host_thread.clone()));
+    }
+    for (id, group) in &mut sum.by_type {
+        group.summary(&format!("gpu.phase.{}", names.get(*id)), &mut attributes);
+    }
+    let kernel = inner.tracer.build_with_context(
+        SpanBuilder::from_name(launch.kernel.to_string())
+            .with_kind(SpanKind::Internal)
+            .with_start_time(start)
+            .with_attributes(attributes),
+        parent,
+    );
+    (kernel, end)
 }

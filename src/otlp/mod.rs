@@ -110,8 +110,10 @@ mod builder;
 mod client;
 mod device;
 mod export;
+mod group;
 mod layer;
 mod replay;
+mod streamed;
 #[cfg(test)]
 mod tests;
 

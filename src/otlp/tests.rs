@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 use opentelemetry::Value;
 
 use super::builder::*;
-use super::device::*;
 use super::export::*;
+use super::group::*;
 use super::layer::*;
 use super::*;
 

@@ -11,6 +11,7 @@ use super::proto::{
     Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket, TracePacketDefaults,
     TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME, SEQ_INCREMENTAL_STATE_CLEARED,
 };
+use super::streamed::{KernelSum, StreamedLaunches};
 use super::tracks::{DeviceTracks, Ids, MISC_SEQUENCE};
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use super::PerfettoError;
@@ -24,7 +25,8 @@ pub struct WriteStats {
     pub bytes: u64,
     /// Device events written (each a slice: range or instant).
     pub device_events: u64,
-    /// Kernel slices written (one per batch).
+    /// Kernel slices written (one per launch: a launch delivered in parts
+    /// gets one, at its last part).
     pub kernels: u64,
     /// Device records the slots had to drop (shown on the counter tracks).
     pub dropped: u64,
@@ -64,6 +66,8 @@ pub(crate) struct Core {
     pub(crate) stats: WriteStats,
     tracks: DeviceTracks,
     warps: WarpEncoder,
+    /// Launches delivered in parts whose last part is still to come.
+    streamed: StreamedLaunches,
 }
 
 /// What [`Core::head`] learnt of a batch from its slots' headers.
@@ -114,6 +118,7 @@ impl Core {
             stats: WriteStats::default(),
             tracks: DeviceTracks::default(),
             warps: WarpEncoder::default(),
+            streamed: StreamedLaunches::default(),
         }
     }
 
@@ -174,15 +179,35 @@ impl Core {
         }
     }
 
-    /// Writes the batch's kernel slice and its drops on the GPU's counter.
+    /// Writes the batch's kernel slice and its drops on the GPU's counter; for
+    /// a launch delivered in parts, once, at its last part, over every part
+    /// ([`StreamedLaunches`]).
     pub(crate) fn kernel(&mut self, b: &Batch, head: &Head) {
-        self.stats.dropped += head.dropped;
         let map = b.calibration.mapper(head.window.0, head.window.1);
-        let (start, end) = if head.slots > 0 {
-            (map.boottime(head.window.0), map.boottime(head.window.1))
-        } else {
-            (b.launch.host_launch_ns, b.launch.host_complete_ns)
+        let sum = KernelSum {
+            extent: (head.slots > 0)
+                .then(|| (map.boottime(head.window.0), map.boottime(head.window.1))),
+            events: b.buffer.event_count(),
+            warps: head.slots,
+            dropped: head.dropped,
         };
+        let sum = match b.launch.part {
+            None => sum,
+            Some(part) => {
+                let buffer = b.buffer.view();
+                let warps = buffer
+                    .slots()
+                    .map(|s| (s.header.block_linear, s.header.warp));
+                match self.streamed.add(b.launch.launch_id, part, sum, warps) {
+                    Some(sum) => sum,
+                    None => return,
+                }
+            }
+        };
+        self.stats.dropped += sum.dropped;
+        let (start, end) = sum
+            .extent
+            .unwrap_or((b.launch.host_launch_ns, b.launch.host_complete_ns));
         if start == 0 || end < start {
             return; // Nothing recorded and no host times: no kernel to draw.
         }
@@ -192,16 +217,18 @@ impl Core {
             .lock()
             .remove(&b.launch.launch_id)
             .then(|| launch_flow_id(b.launch.launch_id));
-        self.kernel_slice(b, head, start, end, flow);
+        self.kernel_slice(b, head.gpu, &sum, (start, end), flow);
     }
 
-    fn kernel_slice(&mut self, b: &Batch, head: &Head, start: u64, end: u64, flow: Option<u64>) {
-        let Head {
-            gpu,
-            slots: warps,
-            dropped,
-            ..
-        } = *head;
+    fn kernel_slice(
+        &mut self,
+        b: &Batch,
+        gpu: usize,
+        sum: &KernelSum,
+        (start, end): (u64, u64),
+        flow: Option<u64>,
+    ) {
+        let dropped = sum.dropped;
         let Core {
             ids, enc, tracks, ..
         } = self;
@@ -229,11 +256,11 @@ impl Core {
                 ..arg("block")
             },
             DebugAnnotation {
-                uint_value: Some(b.buffer.event_count()),
+                uint_value: Some(sum.events),
                 ..arg("events")
             },
             DebugAnnotation {
-                uint_value: Some(warps),
+                uint_value: Some(sum.warps),
                 ..arg("warps")
             },
             DebugAnnotation {

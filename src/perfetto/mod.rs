@@ -35,6 +35,11 @@
 //!   warp's track at its last record (argument `records`: how many); a
 //!   cumulative "dropped events" counter under the GPU; and a `dropped`
 //!   argument on the kernel slice.
+//! - A streamed launch ([`crate::batch::Part`]): each part's warps are
+//!   written as the part arrives, on the same warp tracks (a range that
+//!   encloses ranges of earlier parts opens after their packets, so it goes
+//!   on a second lane of its warp); its kernel slice, drop counter values and
+//!   flow once, at its last part, over every part.
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
 
@@ -44,6 +49,7 @@ mod fields;
 mod host;
 mod layer;
 pub(crate) mod proto;
+mod streamed;
 mod tracks;
 mod warps;
 mod writer;

@@ -76,6 +76,9 @@ pub struct Timeline {
     migrated: u64,
     /// The launch being given slot by slot ([`Timeline::push_slot`]).
     pending: Pending,
+    /// The streamed launches whose last part is still to come
+    /// ([`Timeline::add_part`]), by launch id.
+    streaming: BTreeMap<u64, Pending>,
     picture: Option<Picture>,
 }
 
@@ -87,9 +90,20 @@ struct Pending {
     events: Vec<Event>,
 }
 
+impl Pending {
+    fn push(&mut self, header: &SlotHeader, events: impl IntoIterator<Item = Event>) {
+        let at = self.events.len();
+        self.events.extend(events);
+        let len = self.events.len() - at;
+        self.slots.push(SlotRec::new(header, at, len));
+    }
+}
+
 /// One slot (warp) of the launch being added.
 #[derive(Debug, Clone, Copy)]
 struct SlotRec {
+    /// Its warp: (linear block index, warp in the block).
+    warp: (u32, u32),
     sm: u32,
     first_ts: u64,
     last_ts: u64,
@@ -104,6 +118,7 @@ struct SlotRec {
 impl SlotRec {
     fn new(h: &SlotHeader, at: usize, len: usize) -> SlotRec {
         SlotRec {
+            warp: (h.block_linear, h.warp),
             sm: h.sm_first,
             first_ts: h.first_ts,
             last_ts: h.last_ts,
@@ -341,10 +356,7 @@ impl Timeline {
         if !self.pending.open {
             self.begin_capture();
         }
-        let at = self.pending.events.len();
-        self.pending.events.extend(events);
-        let len = self.pending.events.len() - at;
-        self.pending.slots.push(SlotRec::new(header, at, len));
+        self.pending.push(header, events);
     }
 
     /// Number of events added.
@@ -359,10 +371,50 @@ impl Timeline {
             .unwrap_or_else(|| unknown_event_name(id))
     }
 
+    /// Adds a part of streamed launch `launch_id` (a long-running kernel
+    /// drained while it ran, in parts), as it comes; the parts of several
+    /// launches may come interleaved. Its events are kept (as
+    /// [`Timeline::push_slot`] keeps them) until its last part (`last`), which
+    /// adds the launch: all its parts as one launch, a warp in several parts
+    /// one warp, the launch window over every part.
+    pub fn add_part(&mut self, launch_id: u64, buffer: &Buffer<'_>, last: bool) {
+        let pending = self.streaming.entry(launch_id).or_default();
+        for slot in buffer.slots() {
+            pending.push(&slot.header, slot.events());
+        }
+        if last {
+            let pending = self.streaming.remove(&launch_id).unwrap_or_default();
+            self.launches += 1;
+            self.fold(pending, true);
+        }
+    }
+
+    /// Adds the streamed launches whose last part has not come (the run ended
+    /// while they ran) with what their parts hold.
+    pub fn end_parts(&mut self) {
+        for (_, pending) in std::mem::take(&mut self.streaming) {
+            self.launches += 1;
+            self.fold(pending, true);
+        }
+    }
+
     /// Folds the launch given slot by slot into the statistics.
     fn close_pending(&mut self) {
-        let Pending { slots, events, .. } = std::mem::take(&mut self.pending);
-        let mut slots = slots;
+        let pending = std::mem::take(&mut self.pending);
+        self.fold(pending, false);
+    }
+
+    /// Folds a launch given slot by slot (or part by part: `parts`, its
+    /// warps' slots then merged) into the statistics.
+    fn fold(&mut self, pending: Pending, parts: bool) {
+        let Pending {
+            mut slots,
+            mut events,
+            ..
+        } = pending;
+        if parts {
+            merge_warps(&mut slots, &mut events);
+        }
         self.close_launch(&mut slots, |r, out| {
             out.extend_from_slice(&events[r.at..r.at + r.len])
         });
@@ -528,6 +580,41 @@ impl Timeline {
 
 /// Nearest-rank percentile of sorted values (zero when empty). Shared with the
 /// OTLP phase summaries, so both outputs report the same p50 and p99.
+/// Makes the slots of one warp given more than once (the parts of a
+/// streamed launch, [`Timeline::add_part`]) one slot, its events together:
+/// from its first part's SM, over all its parts' time, its drops summed.
+fn merge_warps(slots: &mut Vec<SlotRec>, events: &mut Vec<Event>) {
+    let mut order: Vec<usize> = (0..slots.len()).collect();
+    order.sort_unstable_by_key(|&i| (slots[i].warp, slots[i].at));
+    if order
+        .windows(2)
+        .all(|w| slots[w[0]].warp != slots[w[1]].warp)
+    {
+        return; // One slot per warp: a launch given whole.
+    }
+    let mut merged: Vec<SlotRec> = Vec::with_capacity(slots.len());
+    let mut together = Vec::with_capacity(events.len());
+    for i in order {
+        let s = slots[i];
+        match merged.last_mut() {
+            Some(m) if m.warp == s.warp => {
+                m.first_ts = m.first_ts.min(s.first_ts);
+                m.last_ts = m.last_ts.max(s.last_ts);
+                m.dropped = m.dropped.saturating_add(s.dropped);
+                m.migrated |= s.migrated || s.sm != m.sm;
+                m.len += s.len;
+            }
+            _ => merged.push(SlotRec {
+                at: together.len(),
+                ..s
+            }),
+        }
+        together.extend_from_slice(&events[s.at..s.at + s.len]);
+    }
+    *slots = merged;
+    *events = together;
+}
+
 pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo};
+use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo, Part};
 use tracing_gpu::clock::{Calibration, HostClock};
 use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::BufferBuilder;
@@ -98,6 +98,125 @@ pub fn batch(launch_id: u64) -> Arc<Batch> {
             ..LaunchInfo::default()
         },
     )
+}
+
+/// `whole` delivered as a streamed launch would be: one batch per part, the
+/// parts cut at device times `cuts` (increasing). Each range goes to the part
+/// that drains its end (the first part whose cut is past its end; the last
+/// part after the last cut), so a warp is in several parts and no range is
+/// split. A warp that dropped records is in the last part only, whole (its
+/// slot overflowed while that part was drained). A part before the last says
+/// it was drained at its cut.
+pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
+    use tracing_gpu::format::Event;
+    let view = whole.buffer.view();
+    let h = view.header();
+    let n = cuts.len() + 1;
+    // Per part, per slot: (header, its events in this part, first / last part).
+    type Piece = (tracing_gpu::format::SlotHeader, Vec<Event>, bool, bool);
+    let mut parts: Vec<Vec<Piece>> = vec![Vec::new(); n];
+    for slot in view.slots() {
+        let s = slot.header;
+        if s.drop_count > 0 {
+            parts[n - 1].push((s, slot.events().collect(), true, true));
+            continue;
+        }
+        let mut mine: Vec<Vec<Event>> = vec![Vec::new(); n];
+        for e in slot.events() {
+            let part = cuts.iter().position(|&c| e.end_ns < c).unwrap_or(n - 1);
+            mine[part].push(e);
+        }
+        let used: Vec<usize> = (0..n).filter(|&p| !mine[p].is_empty()).collect();
+        for (k, events) in mine.into_iter().enumerate() {
+            if !events.is_empty() {
+                let (first, last) = (Some(&k) == used.first(), Some(&k) == used.last());
+                parts[k].push((s, events, first, last));
+            }
+        }
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(index, pieces)| {
+            // Each part as the collector trims a buffer: room for its
+            // longest slot, as v1 records (a v2 slot holds more events than
+            // its capacity in records); a slot that dropped records is the
+            // longest, full, and drops them again.
+            let capacity = pieces.iter().map(|p| p.1.len() as u32).max().unwrap_or(1);
+            let mut b = BufferBuilder::new(h.grid, h.block, capacity.max(1));
+            b.launch_id(h.launch_id);
+            for (s, events, first, last) in pieces {
+                let w = b.warp(s.block_linear, s.warp).unwrap();
+                w.sm(s.sm_first, s.sm_last);
+                events.iter().for_each(|&e| {
+                    w.push(e);
+                });
+                // The warp's first timer read and its flush, in its first and last parts.
+                if *first {
+                    w.first_ts(s.first_ts);
+                }
+                if *last {
+                    w.last_ts(s.last_ts);
+                }
+                if s.drop_count > 0 {
+                    assert_eq!(events.len() as u32, capacity, "a full slot dropped");
+                    for _ in 0..s.drop_count {
+                        w.instant(0, s.last_ts, 0);
+                    }
+                }
+            }
+            let last = index == n - 1;
+            let buffer = OwnedBuffer::decode(b.finish(), Some(&whole.registry)).unwrap();
+            Arc::new(Batch {
+                launch: LaunchInfo {
+                    host_complete_ns: match last {
+                        true => whole.launch.host_complete_ns,
+                        false => whole.trace_ns(cuts[index]),
+                    },
+                    part: Some(Part {
+                        index: index as u32,
+                        last,
+                    }),
+                    ..whole.launch.clone()
+                },
+                buffer: Arc::new(buffer),
+                ..whole.clone()
+            })
+        })
+        .collect()
+}
+
+/// The capture at `from` with every launch streamed, written to `to`: each
+/// cut in `parts` parts of equal device time ([`in_parts`]), and the parts of
+/// all launches interleaved (part 0 of each, then part 1 of each, ...), as
+/// launches streaming at once would be recorded.
+pub fn streamed_capture(from: &std::path::Path, parts: u64, to: &std::path::Path) {
+    use tracing_gpu::capture::{Capture, CaptureLaunch};
+    let mut capture = Capture::read(from).unwrap();
+    let batches = capture.batches().unwrap();
+    let mut launches: Vec<std::vec::IntoIter<CaptureLaunch>> = batches
+        .iter()
+        .zip(&capture.launches)
+        .map(|(b, l)| {
+            let view = b.buffer.view();
+            let first = view.slots().map(|s| s.header.first_ts).min().unwrap();
+            let last = view.slots().map(|s| s.header.last_ts).max().unwrap();
+            let step = (last - first) / parts;
+            let cuts: Vec<u64> = (1..parts).map(|k| first + k * step).collect();
+            let parts: Vec<CaptureLaunch> = in_parts(b, &cuts)
+                .iter()
+                .map(|p| CaptureLaunch::new(l.device, &p.launch, p.buffer.clone()))
+                .collect();
+            parts.into_iter()
+        })
+        .collect();
+    capture.launches.clear();
+    while launches.iter().any(|l| l.len() > 0) {
+        capture
+            .launches
+            .extend(launches.iter_mut().filter_map(Iterator::next));
+    }
+    capture.write(to).unwrap();
 }
 
 /// The CLI binary, built for the integration tests.
