@@ -273,6 +273,8 @@ static_assert(CHUNK_SIZE == (CHUNK_ENTRIES + 1) * ENTRY_SIZE && chunk_offsets::S
               "chunk: 31 entries, then stamp_lo, stamp_mid | info << 16 as the 32nd lane's 8 bytes");
 static_assert(CHUNK_SIZE % RECORD_SIZE == 0 && CHUNK_COUNT_MASK >= CHUNK_ENTRIES && (CHUNK_GAP & CHUNK_COUNT_MASK) == 0,
               "a chunk takes whole records; n and the gap flag share the info field");
+static_assert(((0xFFFFFFFFu * ENTRY_SIZE) & (CHUNK_SIZE - 1u)) == chunk_offsets::STAMP_LO,
+              "the recorder's first lane (rank ~0) stores at the meta's place");
 
 /// The kernel argument: passed by value, so the device reads it from the parameter bank.
 /// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
@@ -698,7 +700,7 @@ class Recorder {
 
   Trace trace_;          // the argument, kept: the slot is found at the first store
   unsigned int lane_;    // this lane's rank among the warp's lanes (streaming: minus one, so
-                         // ~0 in the first lane, which keeps the ring); ~0 if it records nothing
+                         // ~0 in the first lane, which stages nothing); ~0 if it records nothing
   unsigned int group_;   // entries staged per store: the warp's lanes (streaming: minus one);
                          // 0 if it records nothing
   unsigned int last_;    // group_ - 1: k_ of the entry that fills the group
@@ -720,15 +722,14 @@ class Recorder {
 
   // Finds the slot: its header's address and its capacity in records; false if this launch
   // or this warp records nothing (a graph node never streams: TRACE_INDIRECT with
-  // TRACE_STREAM records nothing; nor does a streaming warp of one lane, which has no lane
-  // to stage). Runs once per group store and at the flush, never per event.
+  // TRACE_STREAM records nothing). Runs once per group store and at the flush, never per
+  // event.
   __device__ __forceinline__ bool locate(unsigned long long& header, unsigned int& capacity,
                                          unsigned int& slot) const {
-    if ((trace_.capacity & (TRACE_INDIRECT | TRACE_STREAM)) == (TRACE_INDIRECT | TRACE_STREAM) || group_ == 0) {
-      return false;
-    }
     unsigned long long base = trace_.base;
-    if (trace_.capacity & TRACE_INDIRECT) base = *reinterpret_cast<const unsigned long long*>(base);
+    if (trace_.capacity & TRACE_INDIRECT) {
+      base = trace_.capacity & TRACE_STREAM ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
+    }
     capacity = trace_.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
     // Opaque to the compiler, so that the slot's address is computed here, in the store's
     // code, and not ahead of the kernel's loops, where it would hold registers across
@@ -786,11 +787,14 @@ class Recorder {
     unsigned int read = stored_;
     detail::load_volatile_if((((stored_ >> 16) - stored_) & 0xFFFFu) >= chunks, h + slot_stream_offsets::READ, read);
     stored_ = (stored_ & 0xFFFF0000u) | (read & 0xFFFFu);
-    const bool keep = (((stored_ >> 16) - stored_) & 0xFFFFu) < chunks;
+    // n is 0 only in a warp of one lane (group_ 0), which has no lane to stage.
+    const bool keep = n != 0 && (((stored_ >> 16) - stored_) & 0xFFFFu) < chunks;
     const bool first = lane_ == 0xFFFFFFFFu;
     // The chunk's position is below `chunks` whatever `chunks` is: no store leaves the slot.
+    // A lane stores at 8 * lane_ in the chunk, modulo its size: the first lane (lane_ ~0)
+    // at 248, the meta's place.
     const unsigned int at = SLOT_HEADER_SIZE + ((stored_ >> 16) & (chunks - 1u)) * CHUNK_SIZE +
-                            (first ? static_cast<unsigned int>(chunk_offsets::STAMP_LO) : lane_ * ENTRY_SIZE);
+                            ((lane_ * ENTRY_SIZE) & (CHUNK_SIZE - 1u));
     const unsigned int info = STREAM_MARK | ((time_ & 1u) != 0 ? CHUNK_GAP : 0u) | n;
     detail::store2_if(keep && (first || lane_ < n), h + at, first ? static_cast<unsigned int>(stamp) : time_,
                       first ? (static_cast<unsigned int>(stamp >> 32) & 0xFFFFu) | (info << 16)
@@ -882,11 +886,11 @@ class Recorder {
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
     const bool records = trace.base != 0;
     // Streaming, the first lane stores the metas: the others stage, ranked from 0.
-    const unsigned int ring = (trace.capacity & TRACE_STREAM) != 0 ? 1u : 0u;
-    group_ = records ? __popc(active) - ring : 0u;
+    const unsigned int first = (trace.capacity & TRACE_STREAM) != 0 ? 1u : 0u;
+    group_ = records ? __popc(active) - first : 0u;
     last_ = group_ - 1u;
     last2_ = group_ > 1u ? group_ - 2u : last_;
-    lane_ = records ? __popc(active & below) - ring : 0xFFFFFFFFu;
+    lane_ = records ? __popc(active & below) - first : 0xFFFFFFFFu;
     before_ = records ? lane_ - 1u : 0xFFFFFFFFu;
   }
 
@@ -945,13 +949,12 @@ class Recorder {
   /// nothing.
   __device__ __forceinline__ void flush() {
     const unsigned int count = stored_ + k_;
-    const bool stream = (trace_.capacity & TRACE_STREAM) != 0;
     unsigned long long h;
     unsigned int capacity, slot;
     // Streaming, stored_ is not a count (it may wrap to 0): flush_stream asks the first lane.
-    if (group_ != 0 && (count != 0 || stream) && locate(h, capacity, slot)) {
+    if (group_ != 0 && (count | (trace_.capacity & TRACE_STREAM)) != 0 && locate(h, capacity, slot)) {
       const unsigned long long last = globaltimer();
-      if (stream) {
+      if (trace_.capacity & TRACE_STREAM) {
         flush_stream(h, capacity, slot, last);
       } else {
         const unsigned int cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
