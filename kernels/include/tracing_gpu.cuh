@@ -237,8 +237,8 @@ enum : unsigned int { CHUNK_GAP = 0x20u };
 /// Meta info bits that hold the chunk's entry count.
 enum : unsigned int { CHUNK_COUNT_MASK = 0x1Fu };
 
-/// Byte offsets in a streaming slot header (lane 0 writes bytes 0-35 at flush; the host
-/// writes READ while the kernel runs; the rest stays zero).
+/// Byte offsets in a streaming slot header (the warp's first lane writes bytes 0-35 at
+/// flush; the host writes READ while the kernel runs; the rest stays zero).
 namespace slot_stream_offsets {
 enum : unsigned int { MAGIC = 0u };
 enum : unsigned int { CHUNKS = 4u };
@@ -281,7 +281,8 @@ static_assert(((0xFFFFFFFFu * ENTRY_SIZE) & (CHUNK_SIZE - 1u)) == chunk_offsets:
 struct Trace {
   /// Device address of the buffer (its header); 0 turns recording off for the launch.
   unsigned long long base;
-  /// Records per slot; with `TRACE_INDIRECT`, `base` points at the buffer's address.
+  /// Records per slot; with `TRACE_INDIRECT`, `base` points at the buffer's address; with
+  /// `TRACE_STREAM`, each slot is a ring (v2).
   unsigned int capacity;
   /// Number of slots; a warp whose slot index is not below it records nothing.
   unsigned int slot_count;
