@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use tracing_gpu::format::{
-    self, buffer_offsets, entry_offsets, record_offsets, slot_offsets, slot_v2_offsets,
+    self, buffer_offsets, chunk_offsets, entry_offsets, record_offsets, slot_offsets,
+    slot_stream_offsets, slot_v2_offsets,
 };
 
 const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
@@ -89,7 +90,7 @@ fn format_rs_names() -> Vec<String> {
 
 /// The Rust values, by the header's names.
 fn rust_constants() -> BTreeMap<String, u64> {
-    let top: [(&str, u64); 20] = [
+    let top: [(&str, u64); 27] = [
         ("BUFFER_MAGIC", format::BUFFER_MAGIC.into()),
         ("SLOT_MAGIC", format::SLOT_MAGIC.into()),
         ("VERSION", format::VERSION.into()),
@@ -113,6 +114,13 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("ENTRY_INSTANT", format::ENTRY_INSTANT.into()),
         ("ENTRY_PAYLOAD", format::ENTRY_PAYLOAD.into()),
         ("MAX_DEPTH", format::MAX_DEPTH as u64),
+        ("TRACE_STREAM", format::TRACE_STREAM.into()),
+        ("SLOT_MAGIC_STREAM", format::SLOT_MAGIC_STREAM.into()),
+        ("CHUNK_SIZE", format::CHUNK_SIZE as u64),
+        ("CHUNK_ENTRIES", format::CHUNK_ENTRIES as u64),
+        ("STREAM_MARK", format::STREAM_MARK.into()),
+        ("CHUNK_GAP", format::CHUNK_GAP.into()),
+        ("CHUNK_COUNT_MASK", format::CHUNK_COUNT_MASK.into()),
     ];
     let buffer: [(&str, usize); 13] = [
         ("MAGIC", buffer_offsets::MAGIC),
@@ -159,6 +167,27 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("EVENT_ID", entry_offsets::EVENT_ID),
         ("KIND", entry_offsets::KIND),
     ];
+    let slot_stream: [(&str, usize); 11] = [
+        ("MAGIC", slot_stream_offsets::MAGIC),
+        ("CHUNKS", slot_stream_offsets::CHUNKS),
+        ("LAST_TS", slot_stream_offsets::LAST_TS),
+        ("ENTRY_COUNT", slot_stream_offsets::ENTRY_COUNT),
+        ("DROP_COUNT", slot_stream_offsets::DROP_COUNT),
+        ("SM", slot_stream_offsets::SM),
+        ("SLOT", slot_stream_offsets::SLOT),
+        ("CLUSTER_RANK", slot_stream_offsets::CLUSTER_RANK),
+        ("RESERVED", slot_stream_offsets::RESERVED),
+        ("READ", slot_stream_offsets::READ),
+        (
+            "RESERVED_AFTER_READ",
+            slot_stream_offsets::RESERVED_AFTER_READ,
+        ),
+    ];
+    let chunk: [(&str, usize); 3] = [
+        ("STAMP_LO", chunk_offsets::STAMP_LO),
+        ("STAMP_MID", chunk_offsets::STAMP_MID),
+        ("INFO", chunk_offsets::INFO),
+    ];
     let record: [(&str, usize); 5] = [
         ("END_LO", record_offsets::END_LO),
         ("DURATION", record_offsets::DURATION),
@@ -173,6 +202,8 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("record_offsets", &record[..]),
         ("slot_v2_offsets", &slot_v2[..]),
         ("entry_offsets", &entry[..]),
+        ("slot_stream_offsets", &slot_stream[..]),
+        ("chunk_offsets", &chunk[..]),
     ] {
         for (k, v) in table {
             out.insert(format!("{module}::{k}"), *v as u64);

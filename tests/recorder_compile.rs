@@ -80,10 +80,18 @@ fn check_ptx(name: &str, arch: &str, format: u8, ptx: &str) {
         "{name_arch}: no entry point in the PTX"
     );
     // v1: lane 0 stores 16-byte records, streaming; v2: each lane its staged 8-byte
-    // entry, among the lanes `activemask` found.
+    // entry, among the lanes `activemask` found, and (chosen at run time, so always in
+    // the code) a ring's chunks: the host's `read` loaded past the caches, and the
+    // flush's vote on whether the warp stored any.
     let stores: &[&str] = match format {
         1 => &["st.global.cs.v4.u32"],
-        _ => &["st.global.v2.u32", "activemask.b32", "%lanemask_lt"],
+        _ => &[
+            "st.global.v2.u32",
+            "activemask.b32",
+            "%lanemask_lt",
+            "ld.volatile.global.u32",
+            "vote.sync.any.pred",
+        ],
     };
     if on {
         for needle in ["%globaltimer_lo", "%globaltimer;", "%smid"]
@@ -92,6 +100,12 @@ fn check_ptx(name: &str, arch: &str, format: u8, ptx: &str) {
         {
             assert!(ptx.contains(needle), "{name_arch}: no {needle} in the PTX");
         }
+        // v1 never streams: it loads nothing the host writes.
+        assert_eq!(
+            ptx.contains("ld.volatile"),
+            format == 2,
+            "{name_arch}: only v2 streams"
+        );
         assert_eq!(
             ptx.contains("%cluster_ctarank"),
             arch == "sm_90",

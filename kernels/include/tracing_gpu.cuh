@@ -14,6 +14,13 @@
 //     and `end` never touch memory except for one evict-first store per record.
 // The host needs no setting: the buffer is the same, and each slot says which it holds.
 //
+// Streaming (v2 only, chosen per launch by TRACE_STREAM in the argument, for kernels that
+// run for seconds): the buffer is host memory mapped into the device, and each warp's slot
+// a ring of 256-byte chunks that the host drains while the kernel runs. A group is then a
+// chunk of up to 31 entries (the warp's first lane stores its meta), written to the ring's
+// next place; when the host has not freed one, the chunk is dropped and counted. The
+// events' code is the same in both modes; only the group store and the flush differ.
+//
 //   #include "tracing_gpu.cuh"
 //   TGPU_EVENT(Load, 1);                       // user event types: a name and a 16-bit id
 //   TGPU_EVENT(Mma, 2);
@@ -211,12 +218,71 @@ static_assert(entry_offsets::TIME_LO == 0 && entry_offsets::EVENT_ID == 4 && ent
 /// (a kernel node of a captured graph, whose replay's prologue writes it; 0 = off).
 enum : unsigned int { TRACE_INDIRECT = 0x80000000u };
 
+// Streaming (docs/format.md, "Streaming slots"): a v2 warp's slot is a ring of 256-byte
+// chunks in host memory mapped into the device, which the host drains while the kernel runs.
+
+/// `Trace::capacity` with this bit set: the buffer is in mapped host memory and each slot a
+/// ring of `capacity / 16` chunks (v2 only; never with TRACE_INDIRECT).
+enum : unsigned int { TRACE_STREAM = 0x40000000u };
+/// "STM2" as a little-endian u32: the magic of a streaming slot (written at flush).
+enum : unsigned int { SLOT_MAGIC_STREAM = 0x324D5453u };
+/// Size of one chunk of a ring: 31 entries and the meta, one 8-byte store per lane.
+enum : unsigned int { CHUNK_SIZE = 256u };
+/// Entries a chunk holds at most (positions 0-30; the meta is position 31).
+enum : unsigned int { CHUNK_ENTRIES = 31u };
+/// Set in every entry's kind and in the meta's info, so that no stored word is zero.
+enum : unsigned int { STREAM_MARK = 0x8000u };
+/// Meta info flag: entries of this warp were dropped since its previous chunk.
+enum : unsigned int { CHUNK_GAP = 0x20u };
+/// Meta info bits that hold the chunk's entry count.
+enum : unsigned int { CHUNK_COUNT_MASK = 0x1Fu };
+
+/// Byte offsets in a streaming slot header (the warp's first lane writes bytes 0-35 at
+/// flush; the host writes READ while the kernel runs; the rest stays zero).
+namespace slot_stream_offsets {
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { CHUNKS = 4u };
+enum : unsigned int { LAST_TS = 8u };
+enum : unsigned int { ENTRY_COUNT = 16u };
+enum : unsigned int { DROP_COUNT = 20u };
+enum : unsigned int { SM = 24u };
+enum : unsigned int { SLOT = 28u };
+enum : unsigned int { CLUSTER_RANK = 32u };
+enum : unsigned int { RESERVED = 36u };
+enum : unsigned int { READ = 48u };
+enum : unsigned int { RESERVED_AFTER_READ = 52u };
+}  // namespace slot_stream_offsets
+
+/// Byte offsets in a chunk: entries from 0, the meta in the last 8 bytes.
+namespace chunk_offsets {
+enum : unsigned int { STAMP_LO = 248u };
+enum : unsigned int { STAMP_MID = 252u };
+enum : unsigned int { INFO = 254u };
+}  // namespace chunk_offsets
+
+static_assert(slot_stream_offsets::MAGIC == 0 && slot_stream_offsets::CHUNKS == 4 && slot_stream_offsets::LAST_TS == 8,
+              "stream slot header word 0: magic, chunks, last_ts");
+static_assert(slot_stream_offsets::ENTRY_COUNT == 16 && slot_stream_offsets::DROP_COUNT == 20 &&
+                  slot_stream_offsets::SM == 24 && slot_stream_offsets::SLOT == 28,
+              "stream slot header word 1: entry_count, drop_count, sm, slot");
+static_assert(slot_stream_offsets::CLUSTER_RANK == 32 && slot_stream_offsets::RESERVED == 36,
+              "stream slot header: cluster_rank, the flush's last word");
+static_assert(CHUNK_SIZE == (CHUNK_ENTRIES + 1) * ENTRY_SIZE && chunk_offsets::STAMP_LO == CHUNK_ENTRIES * ENTRY_SIZE &&
+                  chunk_offsets::STAMP_MID == chunk_offsets::STAMP_LO + 4 &&
+                  chunk_offsets::INFO == chunk_offsets::STAMP_MID + 2,
+              "chunk: 31 entries, then stamp_lo, stamp_mid | info << 16 as the 32nd lane's 8 bytes");
+static_assert(CHUNK_SIZE % RECORD_SIZE == 0 && CHUNK_COUNT_MASK >= CHUNK_ENTRIES && (CHUNK_GAP & CHUNK_COUNT_MASK) == 0,
+              "a chunk takes whole records; n and the gap flag share the info field");
+static_assert(((0xFFFFFFFFu * ENTRY_SIZE) & (CHUNK_SIZE - 1u)) == chunk_offsets::STAMP_LO,
+              "the recorder's first lane (rank ~0) stores at the meta's place");
+
 /// The kernel argument: passed by value, so the device reads it from the parameter bank.
 /// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
 struct Trace {
   /// Device address of the buffer (its header); 0 turns recording off for the launch.
   unsigned long long base;
-  /// Records per slot; with `TRACE_INDIRECT`, `base` points at the buffer's address.
+  /// Records per slot; with `TRACE_INDIRECT`, `base` points at the buffer's address; with
+  /// `TRACE_STREAM`, each slot is a ring (v2).
   unsigned int capacity;
   /// Number of slots; a warp whose slot index is not below it records nothing.
   unsigned int slot_count;
@@ -367,6 +433,47 @@ __device__ __forceinline__ void store2(unsigned long long addr, unsigned int a, 
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(addr), "r"(a), "r"(b));
 }
 
+__device__ __forceinline__ void store1(unsigned long long addr, unsigned int a) {
+  asm volatile("st.global.u32 [%0], %1;" ::"l"(addr), "r"(a));
+}
+
+// A word the host writes while the kernel runs (a streaming slot's `read`), into `v` if
+// `load`: a volatile load, that is relaxed at system scope, not cached and never merged
+// with another. When the lanes of a warp load one address with one instruction, the warp
+// sends one request and every lane receives its one answer.
+__device__ __forceinline__ void load_volatile_if(bool load, unsigned long long addr, unsigned int& v) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.u32 p, %2, 0;\n\t"
+      "@p ld.volatile.global.u32 %0, [%1];\n\t}"
+      : "+r"(v)
+      : "l"(addr), "r"(static_cast<unsigned int>(load))
+      : "memory");
+}
+
+// Whether `p` holds in any active lane of the warp.
+__device__ __forceinline__ bool any(bool p) {
+  unsigned int active, r;
+  asm volatile("activemask.b32 %0;" : "=r"(active));
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\t"
+      "setp.ne.u32 p, %1, 0;\n\t"
+      "vote.sync.any.pred q, p, %2;\n\t"
+      "selp.u32 %0, 1, 0, q;\n\t}"
+      : "=r"(r)
+      : "r"(static_cast<unsigned int>(p)), "r"(active));
+  return r != 0;
+}
+
+// store2, if `store`.
+__device__ __forceinline__ void store2_if(bool store, unsigned long long addr, unsigned int a, unsigned int b) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.u32 p, %0, 0;\n\t"
+      "@p st.global.v2.u32 [%1], {%2, %3};\n\t}" ::"r"(static_cast<unsigned int>(store)),
+      "l"(addr), "r"(a), "r"(b));
+}
+
 }  // namespace detail
 
 #if TGPU_FORMAT == 1
@@ -454,7 +561,8 @@ class Recorder {
     const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
     const unsigned long long slot =
         static_cast<unsigned long long>(detail::block_linear()) * ((threads + 31u) >> 5) + (tid >> 5);
-    const bool lane = slot < trace.slot_count && (tid & 31u) == 0;
+    // A streaming argument is for v2 only (docs/format.md): with it, v1 records nothing.
+    const bool lane = slot < trace.slot_count && (tid & 31u) == 0 && !(trace.capacity & TRACE_STREAM);
     // Whether to stamp the start: decided from the argument alone, so that a graph node's
     // load below is waited for only where its result is first used (the first store).
     const bool stamps = lane && trace.base != 0;
@@ -575,6 +683,14 @@ class Recorder {
 /// capacity check, no store. The slot is found only when something is stored: a warp
 /// that records nothing does nothing but count its lanes, and writes nothing at all.
 ///
+/// Streaming (TRACE_STREAM in the argument) changes what a group store does, and which
+/// lanes stage: the warp's first lane stores each chunk's meta and keeps the header's
+/// counts in its staging registers, and the others stage, 31 in a full warp; the ring's
+/// counters take stored_'s place. So streaming costs the events no register and no
+/// instruction: per event, the two modes run the same code. A group is a chunk, the
+/// ring's next one, stored with one store, or dropped when the ring is full. (A warp of
+/// one lane has no lane to stage: it records nothing when streaming.)
+///
 /// The lanes are those active at construction (`activemask`), ranked: a kernel whose
 /// threads returned early still stages in the lanes it has. So construct it where the
 /// warp runs converged (the kernel's start, after a barrier, outside divergent code),
@@ -584,15 +700,20 @@ class Recorder {
   using Checks = detail::checks<Events...>;
 
   Trace trace_;          // the argument, kept: the slot is found at the first store
-  unsigned int lane_;    // this lane's rank among the warp's lanes; ~0 if it records nothing
-  unsigned int group_;   // the warp's lanes, entries staged per store; 0 if it records nothing
+  unsigned int lane_;    // this lane's rank among the warp's lanes (streaming: minus one, so
+                         // ~0 in the first lane, which stages nothing); ~0 if it records nothing
+  unsigned int group_;   // entries staged per store: the warp's lanes (streaming: minus one);
+                         // 0 if it records nothing
   unsigned int last_;    // group_ - 1: k_ of the entry that fills the group
   unsigned int last2_;   // the least k_ at which an entry and its payload fill the group
   unsigned int before_;  // lane_ - 1: k_ at which this lane takes an entry's payload
   unsigned int k_;       // entries staged in the current group
-  unsigned int stored_;  // entries of the groups before it
-  unsigned int time_;    // this lane's staged entry: the stamp (or a payload)
-  unsigned int word_;    //   and event_id | kind << 16
+  unsigned int stored_;  // entries of the groups before it; streaming: chunks stored << 16 |
+                         // the host's `read` as last loaded, both modulo 2^16
+  unsigned int time_;    // this lane's staged entry: the stamp (or a payload); streaming, in
+                         // the first lane: entries dropped << 1 | 1 if since the last chunk
+  unsigned int word_;    //   and event_id | kind << 16; streaming, in the first lane: chunks
+                         //   stored
 
   template <class T, unsigned int Kind>
   __host__ __device__ static constexpr unsigned int word() {
@@ -600,42 +721,90 @@ class Recorder {
     return static_cast<unsigned int>(T::id) | (Kind << 16);
   }
 
-  // Finds the slot: entry 0's address and the entries it holds; false if this launch or
-  // this warp records nothing. Runs once per group store and at the flush, never per event.
-  __device__ __forceinline__ bool locate(unsigned long long& entry0, unsigned int& cap, unsigned int& slot) const {
+  // Finds the slot: its header's address and its capacity in records; false if this launch
+  // or this warp records nothing (a graph node never streams: TRACE_INDIRECT with
+  // TRACE_STREAM records nothing). Runs once per group store and at the flush, never per
+  // event.
+  __device__ __forceinline__ bool locate(unsigned long long& header, unsigned int& capacity,
+                                         unsigned int& slot) const {
     unsigned long long base = trace_.base;
-    unsigned int capacity = trace_.capacity;
-    if (capacity & TRACE_INDIRECT) {
-      capacity &= ~TRACE_INDIRECT;
-      base = *reinterpret_cast<const unsigned long long*>(base);
+    if (trace_.capacity & TRACE_INDIRECT) {
+      base = trace_.capacity & TRACE_STREAM ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
     }
+    capacity = trace_.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
+    // Opaque to the compiler, so that the slot's address is computed here, in the store's
+    // code, and not ahead of the kernel's loops, where it would hold registers across
+    // every event.
+    asm volatile("" : "+r"(capacity));
     const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
     slot = detail::block_linear() * ((threads + 31u) >> 5) + (detail::thread_linear() >> 5);
     if (base == 0 || slot >= trace_.slot_count) return false;
-    entry0 = base + BUFFER_HEADER_SIZE +
-             static_cast<unsigned long long>(slot) * (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE) +
-             SLOT_HEADER_SIZE;
-    cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
+    header = base + BUFFER_HEADER_SIZE +
+             static_cast<unsigned long long>(slot) *
+                 (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE);
     return true;
   }
 
   // The group is full: every lane stores its entry (those past the slot's end are
   // dropped). When this store holds the slot's last kept entry, lane 0 writes anchor_ts
   // now, so that the times of the kept entries unwrap from a stamp just after them.
+  // Streaming: the group is the ring's next chunk, stamped now.
   __device__ __forceinline__ void store_group() {
-    unsigned long long entry0;
-    unsigned int cap, slot;
-    if (locate(entry0, cap, slot)) {
-      const unsigned int i = stored_ + lane_;
-      if (i < cap) detail::store2(entry0 + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
-      if (lane_ == 0 && stored_ < cap && cap - stored_ <= group_) {
-        const unsigned long long t = globaltimer();
-        detail::store2(entry0 - SLOT_HEADER_SIZE + slot_v2_offsets::ANCHOR_TS, static_cast<unsigned int>(t),
-                       static_cast<unsigned int>(t >> 32));
+    unsigned long long h;
+    unsigned int capacity, slot;
+    if (locate(h, capacity, slot)) {
+      if (trace_.capacity & TRACE_STREAM) {
+        store_chunk(h, capacity, group_, globaltimer());
+      } else {
+        const unsigned long long entry0 = h + SLOT_HEADER_SIZE;
+        const unsigned int cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
+        const unsigned int i = stored_ + lane_;
+        if (i < cap) detail::store2(entry0 + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
+        if (lane_ == 0 && stored_ < cap && cap - stored_ <= group_) {
+          const unsigned long long t = globaltimer();
+          detail::store2(h + slot_v2_offsets::ANCHOR_TS, static_cast<unsigned int>(t),
+                         static_cast<unsigned int>(t >> 32));
+        }
       }
     }
-    stored_ += group_;
+    // Counted here, where the store's branches join, rather than in the slot's branch: so
+    // ptxas puts no convergence barrier on every event's path (recorder_sass.rs counts it).
+    stored_ += (trace_.capacity & TRACE_STREAM) != 0 ? 0u : group_;
     k_ = 0;
+  }
+
+  // Streaming: the n staged entries become the ring's next chunk, stamped `stamp`, or are
+  // dropped (and flagged in the next chunk) if the ring is full. Every lane keeps the same
+  // counters (stored_) and so decides alike; they load the host's `read` again only when
+  // the value they have says the ring is full: once per ring's worth of chunks while the
+  // host keeps up. A ring's chunks are a power of two, at most 2^15, so that the position
+  // is the count's low bits and `written - read` is exact modulo 2^16. No fence: the host
+  // takes a chunk as complete when its meta and its n entries all carry STREAM_MARK.
+  // Straight-line code (the load and the store predicated, not branched around) with few
+  // values live at once, so that the events' code around it keeps its registers.
+  __device__ __forceinline__ void store_chunk(unsigned long long h, unsigned int capacity, unsigned int n,
+                                              unsigned long long stamp) {
+    const unsigned int chunks = capacity / (CHUNK_SIZE / RECORD_SIZE);
+    unsigned int read = stored_;
+    detail::load_volatile_if((((stored_ >> 16) - stored_) & 0xFFFFu) >= chunks, h + slot_stream_offsets::READ, read);
+    stored_ = (stored_ & 0xFFFF0000u) | (read & 0xFFFFu);
+    // n is 0 only in a warp of one lane (group_ 0), which has no lane to stage.
+    const bool keep = n != 0 && (((stored_ >> 16) - stored_) & 0xFFFFu) < chunks;
+    const bool first = lane_ == 0xFFFFFFFFu;
+    // The chunk's position is below `chunks` whatever `chunks` is: no store leaves the slot.
+    // A lane stores at 8 * lane_ in the chunk, modulo its size: the first lane (lane_ ~0)
+    // at 248, the meta's place.
+    const unsigned int at = SLOT_HEADER_SIZE + ((stored_ >> 16) & (chunks - 1u)) * CHUNK_SIZE +
+                            ((lane_ * ENTRY_SIZE) & (CHUNK_SIZE - 1u));
+    const unsigned int info = STREAM_MARK | ((time_ & 1u) != 0 ? CHUNK_GAP : 0u) | n;
+    detail::store2_if(keep && (first || lane_ < n), h + at, first ? static_cast<unsigned int>(stamp) : time_,
+                      first ? (static_cast<unsigned int>(stamp >> 32) & 0xFFFFu) | (info << 16)
+                            : word_ | (STREAM_MARK << 16));
+    stored_ += keep ? 0x10000u : 0u;
+    if (first) {
+      word_ += keep ? 1u : 0u;
+      time_ = keep ? time_ & ~1u : (time_ + (n << 1)) | 1u;
+    }
   }
 
   // One entry: the lane whose turn it is stamps it and takes its word.
@@ -673,7 +842,9 @@ class Recorder {
         : "memory");
     k_ += 2;
     if (fills) {
-      // k_ is group_ (the pair filled the group) or group_ + 1 (its payload had no lane).
+      // k_ is group_ (the pair filled the group) or group_ + 1 (its payload had no lane
+      // among the group's; streaming in a full warp, the 32nd lane took it, and stores
+      // the meta instead).
       const bool carry = k_ > group_;
       store_group();
       if (carry) {
@@ -687,6 +858,25 @@ class Recorder {
     }
   }
 
+  // Flush, streaming: the staged entries as a last chunk stamped `last`, then (the first
+  // lane) the header's bytes 0-35; `read` (48) is the host's. Every chunk before this one
+  // holds group_ entries.
+  __device__ __forceinline__ void flush_stream(unsigned long long h, unsigned int capacity, unsigned int slot,
+                                               unsigned long long last) {
+    const bool first = lane_ == 0xFFFFFFFFu;
+    // A warp that recorded nothing writes nothing: the first lane counts the chunks stored.
+    if (k_ == 0 && !detail::any(first && word_ != 0)) return;
+    const unsigned int full = word_;
+    if (k_ != 0) store_chunk(h, capacity, k_, last);
+    if (first) {
+      detail::store4(h, SLOT_MAGIC_STREAM, word_, static_cast<unsigned int>(last),
+                     static_cast<unsigned int>(last >> 32));
+      detail::store4(h + slot_stream_offsets::ENTRY_COUNT, full * group_ + (word_ - full) * k_, time_ >> 1, smid(),
+                     slot);
+      detail::store1(h + slot_stream_offsets::CLUSTER_RANK, detail::cluster_rank());
+    }
+  }
+
  public:
   /// Counts the warp's lanes. Call it in every thread of the warp; one recorder per warp
   /// per launch.
@@ -696,10 +886,12 @@ class Recorder {
     asm volatile("activemask.b32 %0;" : "=r"(active));
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
     const bool records = trace.base != 0;
-    group_ = records ? __popc(active) : 0u;
+    // Streaming, the first lane stores the metas: the others stage, ranked from 0.
+    const unsigned int first = (trace.capacity & TRACE_STREAM) != 0 ? 1u : 0u;
+    group_ = records ? __popc(active) - first : 0u;
     last_ = group_ - 1u;
     last2_ = group_ > 1u ? group_ - 2u : last_;
-    lane_ = records ? __popc(active & below) : 0xFFFFFFFFu;
+    lane_ = records ? __popc(active & below) - first : 0xFFFFFFFFu;
     before_ = records ? lane_ - 1u : 0xFFFFFFFFu;
   }
 
@@ -758,27 +950,32 @@ class Recorder {
   /// nothing.
   __device__ __forceinline__ void flush() {
     const unsigned int count = stored_ + k_;
-    unsigned long long entry0;
-    unsigned int cap, slot;
-    if (group_ != 0 && count != 0 && locate(entry0, cap, slot)) {
+    unsigned long long h;
+    unsigned int capacity, slot;
+    // Streaming, stored_ is not a count (it may wrap to 0): flush_stream asks the first lane.
+    if (group_ != 0 && (count | (trace_.capacity & TRACE_STREAM)) != 0 && locate(h, capacity, slot)) {
       const unsigned long long last = globaltimer();
-      const unsigned int i = stored_ + lane_;
-      if (lane_ < k_ && i < cap) {
-        detail::store2(entry0 + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
-      }
-      if (lane_ == 0) {
-        const unsigned int kept = count < cap ? count : cap;
-        const unsigned long long h = entry0 - SLOT_HEADER_SIZE;
-        const unsigned int lo = static_cast<unsigned int>(last), hi = static_cast<unsigned int>(last >> 32);
-        detail::store4(h, SLOT_MAGIC_V2, kept, lo, hi);
-        if (stored_ < cap) {
-          // The slot did not fill before this flush: its last kept entry is staged or
-          // stored, and the flush's stamp anchors it.
-          detail::store4(h + slot_v2_offsets::ANCHOR_TS, lo, hi, count - kept, smid());
-        } else {
-          detail::store2(h + slot_v2_offsets::DROP_COUNT, count - kept, smid());
+      if (trace_.capacity & TRACE_STREAM) {
+        flush_stream(h, capacity, slot, last);
+      } else {
+        const unsigned int cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
+        const unsigned int i = stored_ + lane_;
+        if (lane_ < k_ && i < cap) {
+          detail::store2(h + SLOT_HEADER_SIZE + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
         }
-        detail::store2(h + slot_v2_offsets::SLOT, slot, detail::cluster_rank());
+        if (lane_ == 0) {
+          const unsigned int kept = count < cap ? count : cap;
+          const unsigned int lo = static_cast<unsigned int>(last), hi = static_cast<unsigned int>(last >> 32);
+          detail::store4(h, SLOT_MAGIC_V2, kept, lo, hi);
+          if (stored_ < cap) {
+            // The slot did not fill before this flush: its last kept entry is staged or
+            // stored, and the flush's stamp anchors it.
+            detail::store4(h + slot_v2_offsets::ANCHOR_TS, lo, hi, count - kept, smid());
+          } else {
+            detail::store2(h + slot_v2_offsets::DROP_COUNT, count - kept, smid());
+          }
+          detail::store2(h + slot_v2_offsets::SLOT, slot, detail::cluster_rank());
+        }
       }
     }
     group_ = 0;

@@ -83,6 +83,25 @@ pub const ENTRY_PAYLOAD: u16 = 4;
 /// The deepest nesting of open ranges a v2 slot may hold.
 pub const MAX_DEPTH: usize = 32;
 
+/// [`KernelArg::capacity`] with this bit set: streaming (`docs/format.md`, "Streaming
+/// slots"). `base` is a buffer in host memory mapped into the device, and each slot a
+/// ring of `capacity / 16` chunks that the host drains while the kernel runs (v2 only,
+/// never with [`TRACE_INDIRECT`]).
+pub const TRACE_STREAM: u32 = 0x4000_0000;
+/// `"STM2"` read as a little-endian `u32`: the magic of a flushed streaming slot.
+pub const SLOT_MAGIC_STREAM: u32 = u32::from_le_bytes(*b"STM2");
+/// Size of one chunk of a streaming ring: [`CHUNK_ENTRIES`] entries, then the meta.
+pub const CHUNK_SIZE: usize = 256;
+/// Entries a chunk holds at most (positions 0-30; the meta is at position 31).
+pub const CHUNK_ENTRIES: usize = 31;
+/// Set in the `kind` of every entry of a chunk, and in its meta's `info`, so that no
+/// stored word is zero: a chunk is complete when its meta and its `n` entries have it.
+pub const STREAM_MARK: u16 = 0x8000;
+/// Meta `info` flag: entries of this warp were dropped since its previous chunk.
+pub const CHUNK_GAP: u16 = 0x20;
+/// Meta `info` bits that hold `n`, the chunk's entry count (1 to [`CHUNK_ENTRIES`]).
+pub const CHUNK_COUNT_MASK: u16 = 0x1F;
+
 /// Field offsets of the buffer header, as the header file and `docs/format.md` give them.
 #[doc(hidden)]
 pub mod buffer_offsets {
@@ -176,6 +195,46 @@ pub mod entry_offsets {
     pub const EVENT_ID: usize = 4;
     /// `u16` one of the `ENTRY_*` kinds.
     pub const KIND: usize = 6;
+}
+
+/// Field offsets of a streaming slot header: the device writes bytes 0 to
+/// [`RESERVED`](slot_stream_offsets::RESERVED) at flush, the host writes
+/// [`READ`](slot_stream_offsets::READ) while the kernel runs, the rest stays zero.
+#[doc(hidden)]
+pub mod slot_stream_offsets {
+    /// `u32` [`super::SLOT_MAGIC_STREAM`] once flushed, else zero.
+    pub const MAGIC: usize = 0;
+    /// `u32` chunks stored in all, the flush's included.
+    pub const CHUNKS: usize = 4;
+    /// `u64` `%globaltimer` at flush.
+    pub const LAST_TS: usize = 8;
+    /// `u32` entries stored in chunks, in all.
+    pub const ENTRY_COUNT: usize = 16;
+    /// `u32` entries dropped because the ring was full.
+    pub const DROP_COUNT: usize = 20;
+    /// `u32` `%smid` at flush.
+    pub const SM: usize = 24;
+    /// `u32` the slot's own index, as the warp computed it.
+    pub const SLOT: usize = 28;
+    /// `u32` `%cluster_ctarank`, or [`super::NO_CLUSTER`].
+    pub const CLUSTER_RANK: usize = 32;
+    /// 12 bytes, zero.
+    pub const RESERVED: usize = 36;
+    /// `u32` host-written: the chunks the host has consumed.
+    pub const READ: usize = 48;
+    /// 12 bytes, zero.
+    pub const RESERVED_AFTER_READ: usize = 52;
+}
+
+/// Field offsets of a chunk's meta, in the chunk (entries are at `8 × position` before it).
+#[doc(hidden)]
+pub mod chunk_offsets {
+    /// `u32` bits 0-31 of the `%globaltimer` stamp taken when the chunk was stored.
+    pub const STAMP_LO: usize = 248;
+    /// `u16` bits 32-47 of the same stamp.
+    pub const STAMP_MID: usize = 252;
+    /// `u16` [`super::STREAM_MARK`] | [`super::CHUNK_GAP`] if set | the entry count.
+    pub const INFO: usize = 254;
 }
 
 /// Field offsets of a record.

@@ -7,6 +7,9 @@ pub const BASELINES: &str = include_str!("../kernels/baselines.cuh");
 pub const RECORDER_BENCH: &str = include_str!("../kernels/recorder_bench.cu");
 /// Short-lived warps that record densely (`dense`).
 pub const DENSE: &str = include_str!("../kernels/dense.cu");
+/// A persistent, warp-specialized kernel that records for seconds, with a known number of
+/// events per warp, for streaming traces (`stream_bench`).
+pub const STREAM: &str = include_str!("../kernels/stream.cu");
 /// The warp-specialized bf16 GEMM (`gemm`, `overhead`; host side in [`crate::gemm`]).
 pub const GEMM: &str = include_str!("../kernels/gemm.cu");
 /// The library's example kernels (`kernels/examples/`), which `recorder_bench` checks.

@@ -87,3 +87,37 @@ fn dense_kernel_compiles_in_every_build() {
         assert_eq!(p.contains("activemask.b32"), on && !v1, "{defines:?}");
     }
 }
+
+/// The streaming benchmark's kernel (`stream_bench`) under NVRTC: the gate off has no timer
+/// and no trace parameter; v2 holds the streaming path (the host's `read` loaded past the
+/// caches); v1 compiles too and never loads it.
+#[test]
+fn stream_kernel_compiles_in_every_build() {
+    if !available() {
+        return;
+    }
+    let builds: [&[&str]; 3] = [
+        &[],
+        &["TGPU_ENABLED=1"],
+        &["TGPU_ENABLED=1", "TGPU_FORMAT=1"],
+    ];
+    for defines in builds {
+        for arch in ["sm_80", "sm_90"] {
+            let p = ptx(
+                "stream_bench",
+                arch,
+                tracing_gpu_bench::kernels::STREAM,
+                defines,
+            );
+            let on = !defines.is_empty();
+            let v1 = defines.contains(&"TGPU_FORMAT=1");
+            assert!(p.contains(".entry stream_bench("), "{defines:?}");
+            assert_eq!(p.contains("%globaltimer"), on, "{defines:?}");
+            assert_eq!(
+                p.contains("ld.volatile.global.u32"),
+                on && !v1,
+                "{defines:?}"
+            );
+        }
+    }
+}
