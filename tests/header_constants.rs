@@ -90,7 +90,7 @@ fn format_rs_names() -> Vec<String> {
 
 /// The Rust values, by the header's names.
 fn rust_constants() -> BTreeMap<String, u64> {
-    let top: [(&str, u64); 27] = [
+    let top: [(&str, u64); 29] = [
         ("BUFFER_MAGIC", format::BUFFER_MAGIC.into()),
         ("SLOT_MAGIC", format::SLOT_MAGIC.into()),
         ("VERSION", format::VERSION.into()),
@@ -121,6 +121,8 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("STREAM_MARK", format::STREAM_MARK.into()),
         ("CHUNK_GAP", format::CHUNK_GAP.into()),
         ("CHUNK_COUNT_MASK", format::CHUNK_COUNT_MASK.into()),
+        ("CHUNK_SM_SHIFT", format::CHUNK_SM_SHIFT.into()),
+        ("CHUNK_SM_MASK", format::CHUNK_SM_MASK.into()),
     ];
     let buffer: [(&str, usize); 13] = [
         ("MAGIC", buffer_offsets::MAGIC),

@@ -236,6 +236,10 @@ enum : unsigned int { STREAM_MARK = 0x8000u };
 enum : unsigned int { CHUNK_GAP = 0x20u };
 /// Meta info bits that hold the chunk's entry count.
 enum : unsigned int { CHUNK_COUNT_MASK = 0x1Fu };
+/// Meta info bits 6-14 hold %smid's low bits: the host names a warp's SM before it flushes.
+enum : unsigned int { CHUNK_SM_SHIFT = 6u };
+/// The %smid bits of the meta info, shifted down.
+enum : unsigned int { CHUNK_SM_MASK = 0x1FFu };
 
 /// Byte offsets in a streaming slot header (the warp's first lane writes bytes 0-35 at
 /// flush; the host writes READ while the kernel runs; the rest stays zero).
@@ -273,6 +277,9 @@ static_assert(CHUNK_SIZE == (CHUNK_ENTRIES + 1) * ENTRY_SIZE && chunk_offsets::S
               "chunk: 31 entries, then stamp_lo, stamp_mid | info << 16 as the 32nd lane's 8 bytes");
 static_assert(CHUNK_SIZE % RECORD_SIZE == 0 && CHUNK_COUNT_MASK >= CHUNK_ENTRIES && (CHUNK_GAP & CHUNK_COUNT_MASK) == 0,
               "a chunk takes whole records; n and the gap flag share the info field");
+static_assert(((CHUNK_SM_MASK << CHUNK_SM_SHIFT) & (STREAM_MARK | CHUNK_GAP | CHUNK_COUNT_MASK)) == 0 &&
+                  (CHUNK_SM_MASK << CHUNK_SM_SHIFT) < STREAM_MARK,
+              "the info field: the mark, the SM, the gap flag and n do not overlap");
 static_assert(((0xFFFFFFFFu * ENTRY_SIZE) & (CHUNK_SIZE - 1u)) == chunk_offsets::STAMP_LO,
               "the recorder's first lane (rank ~0) stores at the meta's place");
 
@@ -796,7 +803,8 @@ class Recorder {
     // at 248, the meta's place.
     const unsigned int at = SLOT_HEADER_SIZE + ((stored_ >> 16) & (chunks - 1u)) * CHUNK_SIZE +
                             ((lane_ * ENTRY_SIZE) & (CHUNK_SIZE - 1u));
-    const unsigned int info = STREAM_MARK | ((time_ & 1u) != 0 ? CHUNK_GAP : 0u) | n;
+    const unsigned int info = STREAM_MARK | (smid() & CHUNK_SM_MASK) << CHUNK_SM_SHIFT |
+                              ((time_ & 1u) != 0 ? CHUNK_GAP : 0u) | n;
     detail::store2_if(keep && (first || lane_ < n), h + at, first ? static_cast<unsigned int>(stamp) : time_,
                       first ? (static_cast<unsigned int>(stamp >> 32) & 0xFFFFu) | (info << 16)
                             : word_ | (STREAM_MARK << 16));

@@ -20,8 +20,8 @@ use super::ring::{Arena, Region};
 use crate::decode::stream::{complete, WarpStream};
 use crate::decode::DecodeError;
 use crate::format::{
-    stream_slot_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
-    CHUNK_RECORDS, CHUNK_SIZE, NO_CLUSTER, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
+    slot_stream_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
+    CHUNK_SIZE, NO_CLUSTER, RECORD_SIZE, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
     SLOT_MAGIC_STREAM,
 };
 use crate::registry::EventRegistry;
@@ -31,6 +31,8 @@ use crate::registry::EventRegistry;
 pub const DEFAULT_STREAM_MEMORY: usize = 64 << 20;
 /// Default records (of 16 bytes) per warp's ring: 64 chunks of 31 entries.
 pub const DEFAULT_STREAM_CAPACITY: u32 = 64 * CHUNK_RECORDS;
+/// Records (of 16 bytes) per chunk: a ring's capacity is a multiple of it.
+pub(crate) const CHUNK_RECORDS: u32 = (CHUNK_SIZE / RECORD_SIZE) as u32;
 /// The largest ring: 2¹⁵ chunks.
 const MAX_STREAM_CAPACITY: u32 = 1 << 19;
 /// Default time between two parts of a running streamed launch.

@@ -6,11 +6,12 @@
 //! while the launch runs.
 use super::*;
 use crate::batch::Part;
+use crate::cuda::stream::CHUNK_RECORDS;
 use crate::deliver::SinkLayer;
 use crate::format::{
-    stream_slot_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
-    CHUNK_RECORDS, CHUNK_SIZE, CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT,
-    ENTRY_PAYLOAD, ENTRY_SWITCH, SLOT_HEADER_SIZE, SLOT_MAGIC_STREAM, STREAM_MARK,
+    slot_stream_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
+    CHUNK_SIZE, CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SWITCH,
+    SLOT_HEADER_SIZE, SLOT_MAGIC_STREAM, STREAM_MARK,
 };
 
 /// Every batch delivered, kept whole.

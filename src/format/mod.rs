@@ -21,18 +21,12 @@
 
 mod builder;
 mod packed;
-mod stream;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use builder::trimmed;
 pub use builder::{BufferBuilder, EntrySlotBuilder, SlotBuilder};
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use packed::PackedWriter;
 pub use packed::{packed_offsets, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};
-pub use stream::{
-    chunk_meta_offsets, stream_slot_offsets, CHUNK_COUNT_MASK, CHUNK_ENTRIES, CHUNK_GAP,
-    CHUNK_RECORDS, CHUNK_SIZE, CHUNK_SM_MASK, CHUNK_SM_SHIFT, SLOT_MAGIC_STREAM, STREAM_MARK,
-    TRACE_STREAM,
-};
 
 /// `"TGPU"` read as a little-endian `u32`: the first four bytes of every buffer.
 pub const BUFFER_MAGIC: u32 = u32::from_le_bytes(*b"TGPU");
@@ -101,6 +95,11 @@ pub const STREAM_MARK: u16 = 0x8000;
 pub const CHUNK_GAP: u16 = 0x20;
 /// Meta `info` bits that hold `n`, the chunk's entry count (1 to [`CHUNK_ENTRIES`]).
 pub const CHUNK_COUNT_MASK: u16 = 0x1F;
+/// Where a meta's `info` holds the low bits of `%smid`: a part names a warp's SM
+/// before the warp flushes.
+pub const CHUNK_SM_SHIFT: u16 = 6;
+/// The `%smid` bits of a meta's `info`, shifted down.
+pub const CHUNK_SM_MASK: u16 = 0x1FF;
 
 /// Field offsets of the buffer header, as the header file and `docs/format.md` give them.
 #[doc(hidden)]
