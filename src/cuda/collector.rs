@@ -27,7 +27,7 @@ use crate::batch::{Batch, DeviceInfo, LaunchInfo, Part};
 use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
 use crate::decode::OwnedBuffer;
 use crate::deliver;
-use crate::format::BufferHeader;
+use crate::format::{BufferHeader, PackedWriter};
 
 use crate::registry::EventRegistry;
 
@@ -36,7 +36,7 @@ use super::job::{decode_all, Job, Taken, Work};
 use super::memory::{replay_taken, Device, Kind, Place};
 use super::ring::{Arena, Region};
 pub(crate) use super::shared::{ProfilerStats, Shared};
-use super::stream::{Drain, SlotError};
+use super::stream::{drain_threads, Drained, Drainers, SlotError};
 
 /// One calibration: the raw samples and the checkpoint fitted from them.
 #[derive(Debug, Clone)]
@@ -129,6 +129,8 @@ impl Collector {
             held: VecDeque::new(),
             held_bytes: 0,
             held_newest: 0,
+            streaming: false,
+            recalibration_paused: false,
         };
         let on_start = config.on_start;
         let thread = std::thread::Builder::new()
@@ -239,6 +241,12 @@ struct Worker {
     /// The latest `last_device_ns` among the launches held (or ever held: it
     /// only decides whether a checkpoint is needed, and a later one does no harm).
     held_newest: u64,
+    /// A streamed launch is running.
+    streaming: bool,
+    /// A recalibration failed while a streamed launch ran (its kernel can keep
+    /// the GPU too busy for the calibration kernel): none is tried again, and
+    /// held launches go with the checkpoints so far, until no stream runs.
+    recalibration_paused: bool,
 }
 
 impl Worker {
@@ -309,7 +317,11 @@ impl Worker {
                 Err(e) => outcome[i] = Some(Err(e)),
             }
         }
-        // Streamed launches still running: read their rings, deliver a part when due.
+        // Streamed launches still running: hold the parts their drain threads sent.
+        self.streaming = pending
+            .iter()
+            .any(|j| matches!(j.work, Work::Stream { .. }));
+        self.recalibration_paused &= self.streaming;
         let mut read = false;
         for (job, o) in pending.iter_mut().zip(&outcome) {
             if o.is_none() && matches!(job.work, Work::Stream { .. }) {
@@ -421,11 +433,11 @@ impl Worker {
         }
     }
 
-    /// Reads a running streamed launch's rings if a poll is due, and holds a
-    /// part if one is due. Returns whether it read anything.
+    /// Starts a running streamed launch's drain threads at the first look,
+    /// and holds the parts they have sent since. Returns whether any came.
     fn drain_running(&mut self, job: &mut Job) -> bool {
         let (before_ns, interval, workers) =
-            (self.stream_floor(), self.stream_interval, self.decoders);
+            (self.stream_floor(), self.stream_interval, drain_threads());
         let Work::Stream {
             header,
             place,
@@ -435,36 +447,63 @@ impl Worker {
         else {
             return false;
         };
-        let drain = drain
-            .get_or_insert_with(|| Box::new(Drain::new(*header, before_ns, interval, workers)));
-        if !drain.poll_due() {
-            return false;
+        if drain.is_none() {
+            let started = Drainers::start(
+                *header,
+                place.memory.clone(),
+                place.region,
+                self.registry.clone(),
+                before_ns,
+                interval,
+                workers,
+            );
+            match started {
+                Ok(d) => *drain = Some(d),
+                Err(e) => {
+                    // Read at completion instead, by this thread (end_stream).
+                    self.shared.push_error(e);
+                    return false;
+                }
+            }
         }
-        let mut errors = drain.poll(&place.memory, &place.region, &self.registry);
-        let mut part = None;
-        if drain.part_due() {
-            let (bytes, more) = drain.cut(None);
-            errors.extend(more);
-            part = bytes.map(|b| (b, drain.parts() - 1));
-        }
-        self.slot_errors(job.launch.launch_id, errors);
-        if let Some((bytes, index)) = part {
-            let mut launch = job.launch.clone();
-            launch.host_complete_ns = HostClock::Boottime.now_ns();
-            launch.part = Some(Part { index, last: false });
-            self.hold_part(launch, bytes, &job.dispatch, &job.span);
-        }
-        true
+        let got = drain.as_ref().map(Drainers::take).unwrap_or_default();
+        let any = !got.is_empty();
+        self.drained((&job.launch, &job.dispatch, &job.span), got);
+        any
     }
 
-    /// A streamed launch has completed: its last part (every event left, the
-    /// flushed counts), then its region zeroed here and given back.
+    /// Holds what a launch's drain threads sent: its parts before the last,
+    /// and slot errors.
+    fn drained(&mut self, job: (&LaunchInfo, &Dispatch, &tracing::Span), got: Vec<Drained>) {
+        let (info, dispatch, span) = job;
+        for d in got {
+            match d {
+                Drained::Errors(errors) => self.slot_errors(info.launch_id, errors),
+                Drained::Part {
+                    buffer,
+                    index,
+                    cut_ns,
+                } => {
+                    let mut launch = info.clone();
+                    launch.host_complete_ns = cut_ns;
+                    launch.part = Some(Part { index, last: false });
+                    let launch_id = launch.launch_id;
+                    let buffer =
+                        buffer.map_err(|source| ProfilerError::Decode { launch_id, source });
+                    self.hold(launch, buffer, dispatch, span);
+                }
+            }
+        }
+    }
+
+    /// A streamed launch has completed: its drain threads read their rings a
+    /// last time (the flushed counts, the events left) and end, an empty last
+    /// part finishes the launch, and its region is zeroed here and given back.
     fn end_stream(&mut self, job: Job, outcome: Result<(), ProfilerError>, complete_ns: u64) {
         self.backend.release(&[job.mark]);
-        let (before_ns, interval, workers) =
-            (self.stream_floor(), self.stream_interval, self.decoders);
+        let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
         let Job {
-            mut launch,
+            launch,
             dispatch,
             span,
             work,
@@ -479,25 +518,51 @@ impl Worker {
         else {
             unreachable!("only streamed launches come here")
         };
-        match outcome {
-            Err(e) => self.shared.finish(1, |st| {
-                st.stats.failed += 1;
-                st.errors.push(e);
-            }),
-            Ok(()) => {
-                let mut drain = drain
-                    .unwrap_or_else(|| Box::new(Drain::new(header, before_ns, interval, workers)));
-                let mut errors = drain.poll(&place.memory, &place.region, &self.registry);
-                let (bytes, more) = drain.cut(Some((&place.memory, &place.region)));
-                errors.extend(more);
-                self.slot_errors(launch.launch_id, errors);
-                launch.host_complete_ns = complete_ns;
-                launch.part = Some(Part {
-                    index: drain.parts() - 1,
+        let job = (&launch, &dispatch, &span);
+        let drain = match drain {
+            Some(d) => Some(d),
+            // Never looked at while it ran: read it all now.
+            None => Drainers::start(
+                header,
+                place.memory.clone(),
+                place.region,
+                self.registry.clone(),
+                before_ns,
+                interval,
+                1,
+            )
+            .ok(),
+        };
+        match (outcome, drain) {
+            (Ok(()), Some(drain)) => {
+                let (got, last) = drain.finish();
+                self.drained(job, got);
+                let mut info = launch.clone();
+                info.host_complete_ns = complete_ns;
+                info.part = Some(Part {
+                    index: last,
                     last: true,
                 });
-                let bytes = bytes.expect("a last part is always cut");
-                self.hold_part(launch, bytes, &dispatch, &span);
+                let empty = OwnedBuffer::decode(PackedWriter::new(&header).finish(), None).map_err(
+                    |source| ProfilerError::Decode {
+                        launch_id: info.launch_id,
+                        source,
+                    },
+                );
+                self.hold(info, empty, &dispatch, &span);
+            }
+            (outcome, drain) => {
+                if let Some(d) = drain {
+                    let (got, _) = d.finish();
+                    self.drained(job, got);
+                }
+                let e = outcome.err().unwrap_or(ProfilerError::Invalid(
+                    "the streamed launch's drain threads could not start".into(),
+                ));
+                self.shared.finish(1, |st| {
+                    st.stats.failed += 1;
+                    st.errors.push(e);
+                });
             }
         }
         // The kernel has finished: nothing writes the region any more.
@@ -509,19 +574,6 @@ impl Worker {
     /// checkpoint's, less an hour (a checkpoint may be taken after the launch).
     fn stream_floor(&self) -> u64 {
         self.latest_anchor().saturating_sub(3_600_000_000_000)
-    }
-
-    fn hold_part(
-        &mut self,
-        launch: LaunchInfo,
-        bytes: Vec<u8>,
-        dispatch: &Dispatch,
-        span: &tracing::Span,
-    ) {
-        let launch_id = launch.launch_id;
-        let capture = OwnedBuffer::decode(bytes, Some(&self.registry))
-            .map_err(|source| ProfilerError::Decode { launch_id, source });
-        self.hold(launch, capture, dispatch, span);
     }
 
     /// Keeps a streamed launch's slot errors for the next flush.
@@ -583,6 +635,9 @@ impl Worker {
         let Some((recal, _)) = self.recalibrate.as_mut() else {
             return;
         };
+        if self.recalibration_paused {
+            return;
+        }
         let result = recal.round().and_then(|round| {
             self.calibration
                 .push(round.checkpoint.clone())
@@ -597,6 +652,10 @@ impl Worker {
             Ok(()) => {
                 st.calibration = Arc::new(self.calibration.clone());
                 st.stats.calibrations += 1;
+            }
+            Err(_) if self.streaming => {
+                st.stats.calibrations_missed += 1;
+                self.recalibration_paused = true;
             }
             Err(e) => st.errors.push(e),
         }

@@ -14,7 +14,7 @@ use crate::registry::EventRegistry;
 use super::error::ProfilerError;
 use super::memory::{Mark, Place};
 use super::ring::Arena;
-use super::stream::Drain;
+use super::stream::Drainers;
 
 /// One profiled launch, or one replay of a profiled graph, on its way to the sinks.
 pub(crate) struct Job {
@@ -62,8 +62,9 @@ pub(crate) enum Work {
         place: Place,
         /// The streaming arena, which the region goes back to.
         arena: Arc<Arena>,
-        /// Made by the collector at its first look (not on the launching thread).
-        drain: Option<Box<Drain>>,
+        /// The threads that read the rings, started by the collector at its
+        /// first look (not on the launching thread).
+        drain: Option<Drainers>,
     },
 }
 

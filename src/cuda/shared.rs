@@ -36,6 +36,10 @@ pub struct ProfilerStats {
     pub parts: u64,
     /// Clock checkpoints taken (the first calibration included).
     pub calibrations: u64,
+    /// Recalibrations that failed while a streamed launch ran, after which
+    /// none was tried until it completed: its parts (and launches held with
+    /// them) were mapped with the checkpoints before, extrapolated.
+    pub calibrations_missed: u64,
     /// Device memory held for traces: the arena and the graphs' replay rings
     /// (as much again is pinned host memory).
     pub memory_bytes: u64,

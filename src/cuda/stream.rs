@@ -1,15 +1,21 @@
-//! A streamed launch on the collector's side ([`Drain`]): its warps' rings
-//! (docs/format.md, "Streaming slots") read in place, in mapped host memory,
-//! while the kernel runs, and cut into parts, each a packed buffer of the
-//! events drained since the part before.
+//! A streamed launch on the collector's side: its warps' rings (docs/format.md,
+//! "Streaming slots") read in place, in mapped host memory, while the kernel
+//! runs, and cut into parts, each a packed buffer of the events drained since
+//! the part before.
 //!
-//! A poll walks every slot of the launch: it loads the chunk the warp will
-//! store next, and while that chunk is complete, reads it ([`WarpStream`]),
-//! zeroes it and publishes the new read count in the slot header, which is
-//! what frees the chunk for the warp. No driver call, no copy: the device's
-//! stores arrive in this memory over the host link.
+//! The rings are read by threads of their own ([`Drainers`]), each over a
+//! shard of the launch's warps ([`Drain`]), so that reading never waits for
+//! what the collector does with a part (decoding it, holding it for a clock
+//! checkpoint, handing it to the sinks): a ring fills in milliseconds. A pass
+//! over a shard loads, for each warp, the chunk it will store next, and while
+//! that chunk is complete, rebuilds its events ([`WarpStream`]), zeroes it and
+//! publishes the new read count in the slot header, which frees the chunk for
+//! the warp. No driver call, no copy: the device's stores arrive in this
+//! memory over the host link.
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -18,7 +24,7 @@ use super::error::ProfilerError;
 use super::memory::Memory;
 use super::ring::{Arena, Region};
 use crate::decode::stream::{complete, WarpStream};
-use crate::decode::DecodeError;
+use crate::decode::{DecodeError, OwnedBuffer};
 use crate::format::{
     slot_stream_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
     CHUNK_SIZE, NO_CLUSTER, RECORD_SIZE, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
@@ -87,10 +93,6 @@ impl StreamArena {
     }
 }
 
-/// How often a running launch's rings are read: often enough that a ring of
-/// a few dozen chunks does not fill at the rates the host can decode.
-pub(crate) const POLL: Duration = Duration::from_millis(1);
-
 /// A part is cut early when it holds this many events (24 bytes each in its
 /// packed buffer): what a part holds in memory is bounded whatever the rate.
 const PART_EVENTS: usize = 1 << 21;
@@ -152,39 +154,46 @@ impl Ring {
     }
 }
 
-/// Below this many slots a poll reads them all on the collector thread.
-const PARALLEL_SLOTS: usize = 64;
+/// Warps per drain thread, at least: fewer would spend more on threads than
+/// on reading (one core rebuilds about 50-60 M entries a second).
+const SHARD_WARPS: usize = 64;
+/// Drain threads per streamed launch, at most: half the cores, up to 8 (a GPU
+/// can send 200 M entries a second; one core rebuilds about 50 M).
+pub(crate) fn drain_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get() / 2)
+        .clamp(1, 8)
+}
 
-/// One streamed launch's rings, and the part being gathered.
+/// A drain thread that found nothing new sleeps this long before looking again.
+const IDLE: Duration = Duration::from_micros(200);
+
+/// A shard of one streamed launch's rings, and the part being gathered.
 pub(crate) struct Drain {
     header: BufferHeader,
     /// Chunks per ring.
     chunks: u32,
     stride: usize,
+    /// The shard's slots.
+    slots: Range<u32>,
     rings: Vec<Ring>,
-    /// Threads a poll reads on: one warp's ring always on the same thread,
-    /// since rebuilding its ranges carries from chunk to chunk.
-    workers: usize,
     in_part: usize,
-    part: u32,
     cut_at: Instant,
-    polled_at: Option<Instant>,
     interval: Duration,
 }
 
 impl Drain {
-    /// The drain of a launch of `header`'s shape (its capacity a multiple of a
-    /// chunk's records), whose chunks' stamps come after `before_ns` (device
-    /// ns; within 2⁴⁸ ns); parts are cut every `interval`; a poll reads on up
-    /// to `workers` threads.
+    /// The drain of `slots` of a launch of `header`'s shape (its capacity a
+    /// multiple of a chunk's records), whose chunks' stamps come after
+    /// `before_ns` (device ns; within 2⁴⁸ ns); parts are cut every `interval`.
     pub(crate) fn new(
         header: BufferHeader,
+        slots: Range<u32>,
         before_ns: u64,
         interval: Duration,
-        workers: usize,
     ) -> Drain {
-        let n = header.slot_count as usize;
-        let rings = (0..n)
+        let rings = slots
+            .clone()
             .map(|_| Ring {
                 warp: WarpStream::new(before_ns),
                 read: 0,
@@ -198,91 +207,45 @@ impl Drain {
             header,
             chunks: header.slot_capacity / CHUNK_RECORDS,
             stride: crate::format::slot_stride(header.slot_capacity),
+            slots,
             rings,
-            workers: workers.max(1),
             in_part: 0,
-            part: 0,
             cut_at: Instant::now(),
-            polled_at: None,
             interval,
         }
     }
 
-    /// Whether a poll is due ([`POLL`] since the last).
-    pub(crate) fn poll_due(&self) -> bool {
-        self.polled_at.is_none_or(|t| t.elapsed() >= POLL)
-    }
-
     /// Whether the part gathered so far should go now (its interval is over,
-    /// or it is large).
+    /// or it is large). Lost events alone wait for a part with events, or the last.
     pub(crate) fn part_due(&self) -> bool {
-        // Lost events alone wait for the next part with events, or the last.
         self.in_part > 0 && (self.cut_at.elapsed() >= self.interval || self.in_part >= PART_EVENTS)
     }
 
-    /// Reads every complete chunk of every ring of the launch, whose buffer is
-    /// `region` of `memory`. Errors are per slot: that slot stops, the others
-    /// go on. Many slots are read on several threads: one core rebuilds about
-    /// 50-60 M entries a second, short of what a GPU can send.
+    /// Reads every complete chunk of the shard's rings, in the launch's buffer
+    /// `region` of `memory`; returns the events it added. Errors are per slot:
+    /// that slot stops, the others go on.
     pub(crate) fn poll(
         &mut self,
         memory: &Memory,
         region: &Region,
         registry: &EventRegistry,
-    ) -> Vec<SlotError> {
-        self.polled_at = Some(Instant::now());
-        let (chunks, stride) = (self.chunks, self.stride);
+        errors: &mut Vec<SlotError>,
+    ) -> usize {
         let base = region.offset + BUFFER_HEADER_SIZE;
-        let read = |first: usize, rings: &mut [Ring], errors: &mut Vec<SlotError>| {
-            let mut added = 0;
-            for (k, ring) in rings.iter_mut().enumerate() {
-                let s = first + k;
-                added += ring.poll(
-                    s as u32,
-                    (memory, base + s * stride),
-                    chunks,
-                    registry,
-                    errors,
-                );
-            }
-            added
-        };
-        let mut errors = Vec::new();
-        let n = self.rings.len();
-        if self.workers == 1 || n < PARALLEL_SLOTS {
-            self.in_part += read(0, &mut self.rings, &mut errors);
-            return errors;
+        let mut added = 0;
+        for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
+            let at = (memory, base + s as usize * self.stride);
+            added += ring.poll(s, at, self.chunks, registry, errors);
         }
-        let per = n.div_ceil(self.workers);
-        let done: Vec<(usize, Vec<SlotError>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .rings
-                .chunks_mut(per)
-                .enumerate()
-                .map(|(i, rings)| {
-                    scope.spawn(move || {
-                        let mut errors = Vec::new();
-                        (read(i * per, rings, &mut errors), errors)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("reading a ring does not panic"))
-                .collect()
-        });
-        for (added, e) in done {
-            self.in_part += added;
-            errors.extend(e);
-        }
-        errors
+        self.in_part += added;
+        added
     }
 
     /// The part gathered so far, as a packed buffer (`None` if it has nothing).
-    /// For the launch's last part, after it completed and a last [`poll`](Self::poll),
-    /// `last` gives its region: the flushed slot headers' drop counts and times
-    /// go in, every held event goes out, and the ring's counts are checked.
-    /// The last part is always cut, empty or not: it finishes the launch.
+    /// For the shard's last part, after the launch completed and a last
+    /// [`poll`](Self::poll), `last` gives its region: the flushed slot headers'
+    /// drop counts and times go in, every held event goes out, and the ring's
+    /// counts are checked.
     pub(crate) fn cut(
         &mut self,
         last: Option<(&Memory, &Region)>,
@@ -291,11 +254,11 @@ impl Drain {
         let wpb = self.header.warps_per_block;
         let [gx, gy, _] = self.header.grid;
         let mut w = PackedWriter::new(&self.header);
-        for (s, ring) in self.rings.iter_mut().enumerate() {
+        for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
             let end = match last {
                 Some((memory, region)) => {
-                    let slot = region.offset + BUFFER_HEADER_SIZE + s * self.stride;
-                    Flushed::read(memory, slot, ring, s as u32, &mut errors)
+                    let slot = region.offset + BUFFER_HEADER_SIZE + s as usize * self.stride;
+                    Flushed::read(memory, slot, ring, s, &mut errors)
                 }
                 None => None,
             };
@@ -317,7 +280,6 @@ impl Drain {
                 .chain(end.as_ref().map(|f| f.last_ts))
                 .max()
                 .unwrap_or(0);
-            let s = s as u32;
             let bl = s / wpb;
             let sm = end.as_ref().map_or(ring.warp.sm, |f| f.sm);
             let h = SlotHeader {
@@ -342,16 +304,163 @@ impl Drain {
         }
         self.in_part = 0;
         self.cut_at = Instant::now();
-        if w.slot_count() == 0 && last.is_none() {
+        if w.slot_count() == 0 {
             return (None, errors);
         }
-        self.part += 1;
         (Some(w.finish()), errors)
     }
+}
 
-    /// Parts cut so far.
-    pub(crate) fn parts(&self) -> u32 {
-        self.part
+/// What the drain threads send the collector.
+pub(crate) enum Drained {
+    /// A part: a packed buffer, decoded (on the drain thread: checking a part
+    /// is as much work as reading it, and the collector is one thread), its
+    /// index in the launch, and when it was cut (trace clock).
+    Part {
+        buffer: Result<OwnedBuffer, DecodeError>,
+        index: u32,
+        cut_ns: u64,
+    },
+    /// Slots that stopped.
+    Errors(Vec<SlotError>),
+}
+
+/// Parts are numbered as they are sent, under one lock, so that they reach the
+/// collector in the order of their numbers whatever thread cut them.
+struct Outbox {
+    tx: mpsc::Sender<Drained>,
+    next: u32,
+}
+
+impl Outbox {
+    fn part(&mut self, buffer: Result<OwnedBuffer, DecodeError>) {
+        let index = self.next;
+        self.next += 1;
+        let cut_ns = crate::clock::HostClock::Boottime.now_ns();
+        let _ = self.tx.send(Drained::Part {
+            buffer,
+            index,
+            cut_ns,
+        });
+    }
+}
+
+/// The drain threads of one streamed launch, reading its rings until the
+/// launch completes ([`Drainers::finish`]).
+pub(crate) struct Drainers {
+    stop: Arc<AtomicBool>,
+    rx: mpsc::Receiver<Drained>,
+    outbox: Arc<Mutex<Outbox>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drainers {
+    /// Starts reading the rings of a launch of `header`'s shape in `region` of
+    /// `memory`: one thread per [`SHARD_WARPS`] warps, at most `workers`.
+    pub(crate) fn start(
+        header: BufferHeader,
+        memory: Arc<Memory>,
+        region: Region,
+        registry: Arc<EventRegistry>,
+        before_ns: u64,
+        interval: Duration,
+        workers: usize,
+    ) -> Result<Drainers, ProfilerError> {
+        let (tx, rx) = mpsc::channel();
+        let outbox = Arc::new(Mutex::new(Outbox { tx, next: 0 }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let n = header.slot_count as usize;
+        let shards = n.div_ceil(SHARD_WARPS).clamp(1, workers.max(1));
+        let per = n.div_ceil(shards).max(1) as u32;
+        let mut threads = Vec::with_capacity(shards);
+        for k in 0..shards as u32 {
+            let slots = (k * per).min(header.slot_count)..((k + 1) * per).min(header.slot_count);
+            let mut drain = Drain::new(header, slots, before_ns, interval);
+            let (memory, registry, halt, outbox) = (
+                memory.clone(),
+                registry.clone(),
+                stop.clone(),
+                outbox.clone(),
+            );
+            let name = format!("tracing-gpu drain {} #{k}", header.launch_id);
+            let t = std::thread::Builder::new().name(name).spawn(move || {
+                drain.run(&memory, &region, &registry, &halt, &outbox);
+            });
+            match t {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    stop.store(true, Ordering::Release);
+                    return Err(ProfilerError::Thread(e));
+                }
+            }
+        }
+        Ok(Drainers {
+            stop,
+            rx,
+            outbox,
+            threads,
+        })
+    }
+
+    /// What the threads have sent so far.
+    pub(crate) fn take(&self) -> Vec<Drained> {
+        self.rx.try_iter().collect()
+    }
+
+    /// The launch has completed: every thread reads its rings a last time and
+    /// sends its last part, with the flushed counts. Returns what they sent,
+    /// and the number the launch's last part (empty, to say it is the last) takes.
+    pub(crate) fn finish(self) -> (Vec<Drained>, u32) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads {
+            // A thread that panicked loses its shard's last part; the others' are kept.
+            let _ = t.join();
+        }
+        let next = self.outbox.lock().next;
+        (self.rx.try_iter().collect(), next)
+    }
+}
+
+impl Drain {
+    /// A drain thread: reads the shard until told to stop, then once more (the
+    /// kernel has finished: every store has landed) for its last part.
+    fn run(
+        &mut self,
+        memory: &Memory,
+        region: &Region,
+        registry: &EventRegistry,
+        stop: &AtomicBool,
+        outbox: &Mutex<Outbox>,
+    ) {
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            let mut errors = Vec::new();
+            let added = self.poll(memory, region, registry, &mut errors);
+            let (part, more) = if stopping {
+                self.cut(Some((memory, region)))
+            } else if self.part_due() {
+                self.cut(None)
+            } else {
+                (None, Vec::new())
+            };
+            errors.extend(more);
+            let part = part.map(|bytes| OwnedBuffer::decode(bytes, Some(registry)));
+            {
+                let mut out = outbox.lock();
+                if !errors.is_empty() {
+                    let _ = out.tx.send(Drained::Errors(errors));
+                }
+                if let Some(buffer) = part {
+                    out.part(buffer);
+                }
+            }
+            if stopping {
+                return;
+            }
+            if added == 0 {
+                std::thread::sleep(IDLE);
+            }
+        }
     }
 }
 

@@ -25,6 +25,7 @@
 //! last part arrived, the streaming memory, and the collector's process CPU time. A
 //! mode fails the run if produced ≠ delivered + dropped.
 
+use std::collections::HashMap;
 use std::error::Error;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -126,23 +127,50 @@ fn now_ns() -> u64 {
     tracing_gpu::clock::HostClock::Boottime.now_ns()
 }
 
-/// The process's CPU time (all threads), in seconds.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
+/// CPU seconds of the profiler's own threads (names starting "tracing-gpu": the
+/// collector, the drain threads, the Perfetto writer and encoders), sampled every
+/// 50 ms while `f` runs, so that threads that end before it are counted too.
+fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::new(parking_lot::Mutex::new(HashMap::<u64, f64>::new()));
+    let sample = {
+        let (stop, seen) = (stop.clone(), seen.clone());
+        std::thread::spawn(move || loop {
+            let last = stop.load(Ordering::Acquire);
+            for task in std::fs::read_dir("/proc/self/task")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                    continue;
+                };
+                if !stat[open + 1..close].starts_with("tracing-gpu") {
+                    continue;
+                }
+                let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+                // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
+                let ticks = |i: usize| {
+                    fields
+                        .get(i)
+                        .and_then(|x| x.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                };
+                let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
+                seen.lock().insert(tid, (ticks(11) + ticks(12)) / 100.0);
+            }
+            if last {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        })
     };
-    (ticks(11) + ticks(12)) / 100.0
+    let out = f();
+    stop.store(true, Ordering::Release);
+    let _ = sample.join();
+    let total = seen.lock().values().sum();
+    (out, total)
 }
 
 struct Kernel {
@@ -265,26 +293,39 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         .stream_memory(o.stream_memory)
         .stream_interval(Duration::from_millis(o.interval_ms))
         .build()?;
-    let cpu0 = cpu_seconds();
-    timer.around(&stream, || -> Result<()> {
-        let launch = |trace| kernel.launch(&stream, iters, o, Some(trace));
-        match mode {
-            "fixed" => gpu_profile!(profiler, &stream, "stream_bench", kernel.cfg, launch)?,
-            _ => gpu_profile!(
-                profiler.streamed(),
-                &stream,
-                "stream_bench",
-                kernel.cfg,
-                launch
-            )?,
-        }
-        Ok(())
-    })?;
-    let kernel_s = timer.ms()? / 1e3;
-    let done_ns = now_ns();
-    profiler.flush()?;
+    let (ran, cpu_s) = profiler_cpu(|| -> Result<(f64, u64, Option<String>)> {
+        timer.around(&stream, || -> Result<()> {
+            let launch = |trace| kernel.launch(&stream, iters, o, Some(trace));
+            match mode {
+                "fixed" => gpu_profile!(profiler, &stream, "stream_bench", kernel.cfg, launch)?,
+                _ => gpu_profile!(
+                    profiler.streamed(),
+                    &stream,
+                    "stream_bench",
+                    kernel.cfg,
+                    launch
+                )?,
+            }
+            Ok(())
+        })?;
+        let kernel_s = timer.ms()? / 1e3;
+        let done_ns = now_ns();
+        // A failed recalibration (say, the GPU too busy for the calibration kernel)
+        // is reported, and the figures are still printed.
+        let flushed = profiler.flush().err().map(|e| e.to_string());
+        Ok((kernel_s, done_ns, flushed))
+    });
+    let (kernel_s, done_ns, flushed) = ran?;
+    if let Some(e) = &flushed {
+        println!("  flush: {e}");
+    }
     let stats = profiler.stats();
-    let cpu_s = cpu_seconds() - cpu0;
+    if stats.calibrations_missed > 0 {
+        println!(
+            "  {} recalibration(s) failed while the kernel ran: its parts went with the checkpoints before",
+            stats.calibrations_missed
+        );
+    }
     drop(profiler);
     if let Some(g) = guard {
         let w = g.finish()?;
@@ -348,7 +389,7 @@ fn run(o: &Options) -> Result<bool> {
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
             "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  produced {}  delivered {}  dropped {}  \
-             parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  cpu {:.1} s",
+             parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  profiler threads' cpu {:.1} s",
             f.mode,
             f.kernel_s,
             slow(off_s),
