@@ -71,7 +71,7 @@ fn stripping_leaves_a_plain_cuda_kernel() {
 }
 
 /// PTX that must show the recorder of record format `format` at work (1 or 2: the gate
-/// on) or not at all (0: the gate off).
+/// on; 3: v2 built with `TGPU_STREAM=1`) or not at all (0: the gate off).
 fn check_ptx(name: &str, arch: &str, format: u8, ptx: &str) {
     let on = format != 0;
     let name_arch = format!("{name} {arch} format {format} (0: gate off)");
@@ -80,11 +80,12 @@ fn check_ptx(name: &str, arch: &str, format: u8, ptx: &str) {
         "{name_arch}: no entry point in the PTX"
     );
     // v1: lane 0 stores 16-byte records, streaming; v2: each lane its staged 8-byte
-    // entry, among the lanes `activemask` found, and (chosen at run time, so always in
-    // the code) a ring's chunks: the host's `read` loaded past the caches, and the
-    // flush's vote on whether the warp stored any.
+    // entry, among the lanes `activemask` found; v2 with TGPU_STREAM=1 also (chosen at
+    // run time, so in the code) a ring's chunks: the host's `read` loaded past the
+    // caches, and the flush's vote on whether the warp stored any.
     let stores: &[&str] = match format {
         1 => &["st.global.cs.v4.u32"],
+        2 => &["st.global.v2.u32", "activemask.b32", "%lanemask_lt"],
         _ => &[
             "st.global.v2.u32",
             "activemask.b32",
@@ -100,11 +101,12 @@ fn check_ptx(name: &str, arch: &str, format: u8, ptx: &str) {
         {
             assert!(ptx.contains(needle), "{name_arch}: no {needle} in the PTX");
         }
-        // v1 never streams: it loads nothing the host writes.
+        // Only v2 built to stream loads what the host writes; v1 and plain v2 have
+        // no streaming code at all.
         assert_eq!(
             ptx.contains("ld.volatile"),
-            format == 2,
-            "{name_arch}: only v2 streams"
+            format == 3,
+            "{name_arch}: only v2 with TGPU_STREAM=1 streams"
         );
         assert_eq!(
             ptx.contains("%cluster_ctarank"),
@@ -137,6 +139,8 @@ mod nvrtc {
         for (name, src) in KERNELS {
             for arch in ARCHS {
                 check_ptx(name, arch, 2, &ptx(name, arch, src, &["TGPU_ENABLED=1"]));
+                let stream = ptx(name, arch, src, &["TGPU_ENABLED=1", "TGPU_STREAM=1"]);
+                check_ptx(name, arch, 3, &stream);
                 let v1 = ptx(name, arch, src, &["TGPU_ENABLED=1", "TGPU_FORMAT=1"]);
                 check_ptx(name, arch, 1, &v1);
                 check_ptx(name, arch, 0, &ptx(name, arch, src, &[]));

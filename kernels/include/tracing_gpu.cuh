@@ -14,12 +14,14 @@
 //     and `end` never touch memory except for one evict-first store per record.
 // The host needs no setting: the buffer is the same, and each slot says which it holds.
 //
-// Streaming (v2 only, chosen per launch by TRACE_STREAM in the argument, for kernels that
-// run for seconds): the buffer is host memory mapped into the device, and each warp's slot
-// a ring of 256-byte chunks that the host drains while the kernel runs. A group is then a
-// chunk of up to 31 entries (the warp's first lane stores its meta), written to the ring's
-// next place; when the host has not freed one, the chunk is dropped and counted. The
-// events' code is the same in both modes; only the group store and the flush differ.
+// Streaming (v2 built with TGPU_STREAM=1, chosen per launch by TRACE_STREAM in the
+// argument, for kernels that run for seconds): the buffer is host memory mapped into the
+// device, and each warp's slot a ring of 256-byte chunks that the host drains while the
+// kernel runs. A group is then a chunk of up to 31 entries (the warp's first lane stores
+// its meta), written to the ring's next place; when the host has not freed one, the chunk
+// is dropped and counted. The events' code is the same in both modes; only the group store
+// and the flush differ. Without TGPU_STREAM=1 there is no streaming code at all (the
+// fixed-slot path pays nothing for it), and a streaming argument records nothing.
 //
 //   #include "tracing_gpu.cuh"
 //   TGPU_EVENT(Load, 1);                       // user event types: a name and a 16-bit id
@@ -410,6 +412,14 @@ __device__ __forceinline__ unsigned int smid() {
 #error "TGPU_FORMAT is 1 or 2"
 #endif
 
+// TGPU_STREAM=1 builds the streaming code into the v2 recorder (a launch then streams
+// when its argument says so, and records into fixed slots otherwise). Without it, the
+// v2 recorder has no streaming code, so its fixed-slot path pays nothing for it, and a
+// streaming argument records nothing.
+#ifndef TGPU_STREAM
+#define TGPU_STREAM 0
+#endif
+
 namespace tgpu {
 namespace detail {
 
@@ -728,6 +738,12 @@ class Recorder {
     return static_cast<unsigned int>(T::id) | (Kind << 16);
   }
 
+  // Whether this launch streams: a build with TGPU_STREAM=1 given a streaming argument.
+  // A constant false without it, so that the streaming code compiles away.
+  __device__ __forceinline__ bool streaming() const {
+    return TGPU_STREAM && (trace_.capacity & TRACE_STREAM) != 0;
+  }
+
   // Finds the slot: its header's address and its capacity in records; false if this launch
   // or this warp records nothing (a graph node never streams: TRACE_INDIRECT with
   // TRACE_STREAM records nothing). Runs once per group store and at the flush, never per
@@ -736,9 +752,10 @@ class Recorder {
                                          unsigned int& slot) const {
     unsigned long long base = trace_.base;
     if (trace_.capacity & TRACE_INDIRECT) {
-      base = trace_.capacity & TRACE_STREAM ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
+      base = streaming() ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
     }
-    capacity = trace_.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
+    // (Without TGPU_STREAM a streaming argument never gets here: it records nothing.)
+    capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : TRACE_INDIRECT);
     // Opaque to the compiler, so that the slot's address is computed here, in the store's
     // code, and not ahead of the kernel's loops, where it would hold registers across
     // every event.
@@ -760,7 +777,7 @@ class Recorder {
     unsigned long long h;
     unsigned int capacity, slot;
     if (locate(h, capacity, slot)) {
-      if (trace_.capacity & TRACE_STREAM) {
+      if (streaming()) {
         store_chunk(h, capacity, group_, globaltimer());
       } else {
         const unsigned long long entry0 = h + SLOT_HEADER_SIZE;
@@ -776,7 +793,7 @@ class Recorder {
     }
     // Counted here, where the store's branches join, rather than in the slot's branch: so
     // ptxas puts no convergence barrier on every event's path (recorder_sass.rs counts it).
-    stored_ += (trace_.capacity & TRACE_STREAM) != 0 ? 0u : group_;
+    stored_ += streaming() ? 0u : group_;
     k_ = 0;
   }
 
@@ -893,9 +910,11 @@ class Recorder {
     unsigned int active, below;
     asm volatile("activemask.b32 %0;" : "=r"(active));
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
-    const bool records = trace.base != 0;
+    const bool stream = (trace.capacity & TRACE_STREAM) != 0;
+    // A build without the streaming code records nothing from a streaming argument.
+    const bool records = trace.base != 0 && (TGPU_STREAM || !stream);
     // Streaming, the first lane stores the metas: the others stage, ranked from 0.
-    const unsigned int first = (trace.capacity & TRACE_STREAM) != 0 ? 1u : 0u;
+    const unsigned int first = TGPU_STREAM && stream ? 1u : 0u;
     group_ = records ? __popc(active) - first : 0u;
     last_ = group_ - 1u;
     last2_ = group_ > 1u ? group_ - 2u : last_;
@@ -961,9 +980,9 @@ class Recorder {
     unsigned long long h;
     unsigned int capacity, slot;
     // Streaming, stored_ is not a count (it may wrap to 0): flush_stream asks the first lane.
-    if (group_ != 0 && (count | (trace_.capacity & TRACE_STREAM)) != 0 && locate(h, capacity, slot)) {
+    if (group_ != 0 && (count != 0 || streaming()) && locate(h, capacity, slot)) {
       const unsigned long long last = globaltimer();
-      if (trace_.capacity & TRACE_STREAM) {
+      if (streaming()) {
         flush_stream(h, capacity, slot, last);
       } else {
         const unsigned int cap = capacity * (RECORD_SIZE / ENTRY_SIZE);

@@ -27,8 +27,9 @@
 // (A streaming warp stages in 31 lanes, so a chunk holds 31 entries; the counts above do
 // not depend on it.)
 //
-// Builds: no define, the gate off; TGPU_ENABLED=1, recording (v2, which streams when the
-// launch's trace asks; TGPU_FORMAT=1, v1, which records nothing from a streaming trace).
+// Builds: no define, the gate off; TGPU_ENABLED=1, recording into fixed slots (v2);
+// with TGPU_STREAM=1 as well, v2 that streams when the launch's trace asks; TGPU_FORMAT=1,
+// v1, which records nothing from a streaming trace.
 #include "tracing_gpu.cuh"
 
 TGPU_EVENT(Load, 1);

@@ -246,12 +246,9 @@ fn recorder_sass_per_range_event() {
         // The bounds these designs meet; a change that adds instructions per event fails here.
         assert!(at("v1: begin/end") <= 12.0, "v1: {}", at("v1: begin/end"));
         assert!(at("v1: switch_to") <= 12.0, "v1: {}", at("v1: switch_to"));
-        // v2's bounds were 6.5 and 12.5 before streaming: the group store holds both
-        // modes now, and under this kernel's 32-register cap ptxas reloads a kernel
-        // parameter (one LDC) per loop pass to make room; with 64 registers the events'
-        // code is as before (docs/performance.md).
-        assert!(at("v2: switch_to") <= 7.0, "v2: {}", at("v2: switch_to"));
-        assert!(at("v2: begin/end") <= 13.0, "v2: {}", at("v2: begin/end"));
+        // (Built without TGPU_STREAM, v2 has no streaming code: these hold as before.)
+        assert!(at("v2: switch_to") <= 6.5, "v2: {}", at("v2: switch_to"));
+        assert!(at("v2: begin/end") <= 12.5, "v2: {}", at("v2: begin/end"));
         assert!(
             at("v2: switch_to") < at("v1: switch_to") / 1.5,
             "v2's switch_to is no longer the cheap one"

@@ -183,12 +183,17 @@ impl Kernel {
     fn load(
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
-        traced: bool,
+        mode: &str,
         o: &Options,
     ) -> Result<Kernel> {
         let mut build = KernelBuild::new("stream_bench", device::arch(ctx)?);
-        if traced {
+        if mode != "off" {
             build = build.define("TGPU_ENABLED=1");
+        }
+        // Only the streamed modes carry the streaming code: fixed slots are timed with
+        // the recorder a kernel gets by default.
+        if mode == "memory" || mode == "perfetto" {
+            build = build.define("TGPU_STREAM=1");
         }
         let module = ctx.load_module(compile(STREAM, &build)?)?;
         let sms = device::sm_count(ctx)?;
@@ -249,7 +254,7 @@ struct Figures {
 fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Result<Figures> {
     let stream = ctx.new_stream()?;
     let timer = Timer::new(ctx)?;
-    let kernel = Kernel::load(ctx, &stream, mode != "off", o)?;
+    let kernel = Kernel::load(ctx, &stream, mode, o)?;
     let produced = kernel.produced(iters, o);
     if mode == "off" {
         timer.around(&stream, || kernel.launch(&stream, iters, o, None))?;
@@ -357,7 +362,7 @@ fn run(o: &Options) -> Result<bool> {
             // A short gate-off launch sets the loop's length.
             let stream = ctx.new_stream()?;
             let timer = Timer::new(&ctx)?;
-            let kernel = Kernel::load(&ctx, &stream, false, o)?;
+            let kernel = Kernel::load(&ctx, &stream, "off", o)?;
             let probe = 20_000;
             timer.around(&stream, || kernel.launch(&stream, probe, o, None))?;
             let ms = timer.ms()?;
