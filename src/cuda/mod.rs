@@ -34,7 +34,7 @@ pub use profiler::{
 };
 pub use recorder::{CaptureLayer, CaptureRecorder};
 pub use shared::ProfilerStats;
-pub use stream::{DEFAULT_STREAM_CAPACITY, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
+pub use stream::{DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
 pub use streaming::Streaming;
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).

@@ -35,10 +35,11 @@ use crate::registry::EventRegistry;
 /// Default size of the streaming arena: 64 MiB of pinned host memory, mapped
 /// into the device, allocated at the first streamed launch.
 pub const DEFAULT_STREAM_MEMORY: usize = 64 << 20;
-/// Default records (of 16 bytes) per warp's ring: 64 chunks of 31 entries.
-pub const DEFAULT_STREAM_CAPACITY: u32 = 64 * CHUNK_RECORDS;
+
 /// Records (of 16 bytes) per chunk: a ring's capacity is a multiple of it.
 pub(crate) const CHUNK_RECORDS: u32 = (CHUNK_SIZE / RECORD_SIZE) as u32;
+/// The smallest ring: 2 chunks.
+const MIN_STREAM_CAPACITY: u32 = 2 * CHUNK_RECORDS;
 /// The largest ring: 2¹⁵ chunks.
 const MAX_STREAM_CAPACITY: u32 = 1 << 19;
 /// Default time between two parts of a running streamed launch.
@@ -48,7 +49,8 @@ pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StreamSettings {
     pub(crate) memory: usize,
-    pub(crate) capacity: u32,
+    /// Records per ring; `None`: sized per launch ([`StreamSettings::capacity_for`]).
+    pub(crate) capacity: Option<u32>,
     pub(crate) interval: Duration,
 }
 
@@ -56,7 +58,7 @@ impl Default for StreamSettings {
     fn default() -> Self {
         StreamSettings {
             memory: DEFAULT_STREAM_MEMORY,
-            capacity: DEFAULT_STREAM_CAPACITY,
+            capacity: None,
             interval: DEFAULT_STREAM_INTERVAL,
         }
     }
@@ -66,14 +68,31 @@ impl StreamSettings {
     pub(crate) fn check(&self) -> Result<(), ProfilerError> {
         // The device keeps its ring counters modulo 2¹⁶ and finds a chunk by the
         // low bits of its number (docs/format.md).
-        let c = self.capacity;
-        if !c.is_power_of_two() || !(2 * CHUNK_RECORDS..=MAX_STREAM_CAPACITY).contains(&c) {
+        let Some(c) = self.capacity else {
+            return Ok(());
+        };
+        if !c.is_power_of_two() || !(MIN_STREAM_CAPACITY..=MAX_STREAM_CAPACITY).contains(&c) {
             return Err(ProfilerError::Invalid(format!(
-                "stream capacity must be a power of two from {} to {MAX_STREAM_CAPACITY} records, not {c}",
-                2 * CHUNK_RECORDS
+                "stream capacity must be a power of two from {MIN_STREAM_CAPACITY} to {MAX_STREAM_CAPACITY} records, not {c}"
             )));
         }
         Ok(())
+    }
+
+    /// The ring size of a launch of `slots` warps: the one set, or the largest
+    /// whose rings take at most half the arena (room for a second streamed
+    /// launch), so that a ring holds as many milliseconds as memory allows.
+    pub(crate) fn capacity_for(&self, slots: u64) -> u32 {
+        self.capacity.unwrap_or_else(|| {
+            let per_warp = (self.memory as u64 / 2).saturating_sub(64) / slots.max(1);
+            let records = per_warp.saturating_sub(64) / 16;
+            let fit = if records == 0 {
+                1
+            } else {
+                1u64 << records.ilog2()
+            };
+            fit.clamp(MIN_STREAM_CAPACITY as u64, MAX_STREAM_CAPACITY as u64) as u32
+        })
     }
 }
 
@@ -93,9 +112,11 @@ impl StreamArena {
     }
 }
 
-/// A part is cut early when it holds this many events (24 bytes each in its
-/// packed buffer): what a part holds in memory is bounded whatever the rate.
-const PART_EVENTS: usize = 1 << 21;
+/// A drain thread cuts a part early when it holds this many events (24 bytes
+/// each in its packed buffer): what a part holds in memory is bounded whatever
+/// the rate, and so is the time the thread spends packing and checking it,
+/// during which its rings are not read (a few milliseconds).
+const PART_EVENTS: usize = 1 << 18;
 
 /// What the drain found wrong with a launch; the launch goes on without the slot.
 #[derive(Debug)]
@@ -507,5 +528,34 @@ impl Flushed {
             cluster_rank: memory.load_u32(slot + so::CLUSTER_RANK),
             open: ring.warp.finish(&mut ring.events),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rings_fill_half_the_arena_unless_set() {
+        let auto = StreamSettings::default();
+        // 132 SMs × 4 warps in 64 MiB: 2048 records (32 KiB, 128 chunks) each.
+        assert_eq!(auto.capacity_for(528), 2048);
+        let total = 528 * crate::format::slot_stride(2048);
+        assert!(total <= DEFAULT_STREAM_MEMORY / 2 && 2 * total > DEFAULT_STREAM_MEMORY / 2);
+        // Few warps: the largest ring; very many: the smallest (the launch is
+        // then refused if even those do not fit).
+        assert_eq!(auto.capacity_for(2), MAX_STREAM_CAPACITY);
+        assert_eq!(auto.capacity_for(1 << 30), MIN_STREAM_CAPACITY);
+        let set = StreamSettings {
+            capacity: Some(64),
+            ..auto
+        };
+        assert_eq!(set.capacity_for(528), 64);
+        assert!(set.check().is_ok());
+        let bad = StreamSettings {
+            capacity: Some(48),
+            ..auto
+        };
+        assert!(bad.check().is_err());
     }
 }

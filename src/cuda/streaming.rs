@@ -39,6 +39,9 @@ use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::HostClock;
 use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 
+/// Any ring size, to count a launch's warps.
+const MIN_RING: u32 = 32;
+
 impl ProfilerBuilder {
     /// Bytes of the streaming arena (default [`super::DEFAULT_STREAM_MEMORY`]): pinned
     /// host memory mapped into the device, allocated at the first streamed
@@ -50,12 +53,14 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Records of 16 bytes per warp's ring (default
-    /// [`super::DEFAULT_STREAM_CAPACITY`]): a power of two from 32 to 2¹⁹ (16
-    /// records are one 256-byte chunk of 31 entries). A warp that writes faster than the collector
-    /// reads drops its newest entries when its ring is full, and counts them.
+    /// Records of 16 bytes per warp's ring: a power of two from 32 to 2¹⁹ (16
+    /// records are one 256-byte chunk of 31 entries). By default each launch
+    /// gets the largest rings whose total is at most half of
+    /// [`ProfilerBuilder::stream_memory`]: a ring holds as long a burst as
+    /// memory allows. A warp that writes faster than the rings are read drops
+    /// its newest entries when its ring is full, and counts them.
     pub fn stream_capacity(mut self, records: u32) -> Self {
-        self.stream.capacity = records;
+        self.stream.capacity = Some(records);
         self
     }
 
@@ -114,7 +119,9 @@ impl Streaming<'_> {
             });
         }
         let settings = p.stream_settings;
-        let shape = Shape::of(&cfg, settings.capacity, settings.memory)?;
+        let warps = Shape::of(&cfg, MIN_RING, usize::MAX)?.slots;
+        let capacity = settings.capacity_for(warps as u64);
+        let shape = Shape::of(&cfg, capacity, settings.memory)?;
         p.ctx.bind_to_thread()?;
         if !stream.cu_stream().is_null() {
             // SAFETY: the stream is live (borrowed) and its context is bound.
@@ -140,7 +147,7 @@ impl Streaming<'_> {
         };
         let header = BufferHeader {
             version: format::VERSION,
-            slot_capacity: settings.capacity,
+            slot_capacity: capacity,
             slot_count: shape.slots,
             warps_per_block: shape.warps_per_block,
             launch_id,
@@ -153,7 +160,7 @@ impl Streaming<'_> {
         let arg = match &region {
             Some(r) => KernelArg {
                 base: memory.dptr + r.offset as u64,
-                capacity: settings.capacity | TRACE_STREAM,
+                capacity: capacity | TRACE_STREAM,
                 slot_count: shape.slots,
             },
             None => KernelArg::default(),

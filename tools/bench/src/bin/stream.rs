@@ -72,9 +72,10 @@ struct Options {
     /// Warps per block (one producer, the rest consumers); at least 2.
     #[arg(long, default_value_t = 4, value_parser = cli::positive::<u32>)]
     warps: u32,
-    /// Records per warp's ring (a power of two, 32 to 2^19) when streaming.
-    #[arg(long, default_value_t = 1024)]
-    ring: u32,
+    /// Records per warp's ring (a power of two, 32 to 2^19) when streaming; by
+    /// default the profiler sizes them to half the streaming memory.
+    #[arg(long)]
+    ring: Option<u32>,
     /// Records per warp with fixed slots.
     #[arg(long, default_value_t = 256)]
     capacity: u32,
@@ -290,11 +291,14 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         }
     };
     let _default = tracing::dispatcher::set_default(&dispatch);
-    let profiler = Profiler::builder()
+    let mut builder = Profiler::builder();
+    if let Some(r) = o.ring {
+        builder = builder.stream_capacity(r);
+    }
+    let profiler = builder
         .context(ctx.clone())
         .events(EVENTS)
         .capacity(o.capacity)
-        .stream_capacity(o.ring)
         .stream_memory(o.stream_memory)
         .stream_interval(Duration::from_millis(o.interval_ms))
         .build()?;
