@@ -5,7 +5,9 @@
 //! collector reads the rings while the kernel runs (`stream.rs`) and delivers
 //! the launch in parts ([`crate::batch::Part`]), at
 //! [`ProfilerBuilder::stream_interval`]. The kernel's code does not change:
-//! the trace argument says the mode.
+//! the trace argument says the mode. Build it with `TGPU_STREAM=1` (and
+//! `TGPU_ENABLED=1`): without it the recorder has no streaming code, and a
+//! streamed launch records nothing.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
