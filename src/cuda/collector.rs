@@ -7,13 +7,14 @@
 //! [`Device`] (`memory.rs`): CUDA's in `device.rs`, host memory in the tests,
 //! which is how a device (or a second one) is simulated without a GPU.
 //!
-//! One pass: ask each stream's oldest unfinished mark (launches on a stream
-//! finish in order, streams in any order); copy every finished launch back at
+//! One pass: find each stream's finished launches (a stream's launches finish
+//! in order: its newest mark is asked first, then the finished prefix's end by
+//! bisection; streams finish in any order); copy every finished launch back at
 //! once, one copy per run of neighbouring regions; zero them on the device and
-//! give them back to the arena; then decode. Besides one event query per
-//! finished launch, the driver calls of a pass do not grow with the number of
-//! launches it finds, so the collector keeps up with storms of short launches
-//! and disturbs the launching threads as little as it can.
+//! give them back to the arena; then decode. The driver calls of a pass grow
+//! with the log of the launches it finds, so the collector keeps up with
+//! storms of short launches and disturbs the launching threads as little as it
+//! can (its event queries meet their launch calls inside the driver).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -23,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use tracing::Dispatch;
 
-use crate::batch::{Batch, DeviceInfo, LaunchInfo, Part};
+use crate::batch::{Batch, DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
 use crate::decode::OwnedBuffer;
 use crate::deliver;
-use crate::format::{BufferHeader, PackedWriter};
+use crate::format::BufferHeader;
 
 use crate::registry::EventRegistry;
 
@@ -36,7 +37,6 @@ use super::job::{decode_all, Job, Taken, Work};
 use super::memory::{replay_taken, Device, Kind, Place};
 use super::ring::{Arena, Region};
 pub(crate) use super::shared::{ProfilerStats, Shared};
-use super::stream::{drain_threads, Drained, Drainers, SlotError};
 
 /// One calibration: the raw samples and the checkpoint fitted from them.
 #[derive(Debug, Clone)]
@@ -124,6 +124,7 @@ impl Collector {
             backend: config.backend,
             arena: config.arena,
             streams: Vec::new(),
+            by_stream: Vec::new(),
             decoders: config.decoders.max(1),
             stream_interval: config.stream_interval,
             held: VecDeque::new(),
@@ -231,8 +232,10 @@ struct Worker {
     archive: Option<Box<dyn Archive>>,
     backend: Box<dyn Device>,
     arena: Arc<Arena>,
-    /// Scratch for a pass: the streams seen with an unfinished launch.
+    /// Scratch for a pass: the streams of its jobs, and each one's jobs (their
+    /// places in the pending queue, in order).
     streams: Vec<u64>,
+    by_stream: Vec<Vec<usize>>,
     /// Threads a pass decodes on (`decode_all`).
     decoders: usize,
     stream_interval: Duration,
@@ -302,20 +305,28 @@ impl Worker {
     /// One pass over the pending jobs (see the module docs). Returns whether
     /// any had finished.
     fn pass(&mut self, pending: &mut VecDeque<Job>) -> bool {
-        // Which have finished: per stream, in order, up to the first that has not.
-        self.streams.clear();
+        // Which have finished: per stream, in order, the finished ones first.
         let n = pending.len().min(Self::PASS_LIMIT);
         let mut outcome: Vec<Option<Result<(), ProfilerError>>> = (0..n).map(|_| None).collect();
+        self.streams.clear();
+        self.by_stream.iter_mut().for_each(Vec::clear);
         for (i, job) in pending.iter().take(n).enumerate() {
-            if self.streams.contains(&job.mark.stream) {
-                continue;
-            }
-            match self.backend.finished(&job.mark) {
-                Ok(true) => outcome[i] = Some(Ok(())),
-                Ok(false) => self.streams.push(job.mark.stream),
-                // It cannot be waited for (a broken context): it fails.
-                Err(e) => outcome[i] = Some(Err(e)),
-            }
+            let k = match self.streams.iter().position(|&s| s == job.mark.stream) {
+                Some(k) => k,
+                None => {
+                    self.streams.push(job.mark.stream);
+                    if self.by_stream.len() < self.streams.len() {
+                        self.by_stream.push(Vec::new());
+                    }
+                    self.streams.len() - 1
+                }
+            };
+            self.by_stream[k].push(i);
+        }
+        for k in 0..self.streams.len() {
+            let jobs = std::mem::take(&mut self.by_stream[k]);
+            self.finished_prefix(self.streams[k], &jobs, pending, &mut outcome);
+            self.by_stream[k] = jobs;
         }
         // Streamed launches still running: hold the parts their drain threads sent.
         self.streaming = pending
@@ -343,6 +354,59 @@ impl Worker {
         *pending = rest;
         self.bring_back(done);
         true
+    }
+
+    /// Finds which of one stream's jobs (`jobs`: their places in `pending`, in
+    /// launch order) have finished. Launches on a stream finish in order, so
+    /// they are a prefix: the newest is asked first (a storm's pass usually
+    /// finds them all finished: one query), then the prefix's end by bisection,
+    /// so a pass asks the driver about log₂ of a stream's launches, not each:
+    /// the collector's event queries contend with the launching threads' calls
+    /// inside the driver (docs/performance.md). The per-thread default stream
+    /// is one handle for many streams, which finish in any order: asked one by
+    /// one, as is any stream where a query fails.
+    fn finished_prefix(
+        &mut self,
+        stream: u64,
+        jobs: &[usize],
+        pending: &VecDeque<Job>,
+        outcome: &mut [Option<Result<(), ProfilerError>>],
+    ) {
+        const PER_THREAD: u64 = 0x2;
+        let one_by_one = |this: &mut Self, outcome: &mut [Option<Result<(), ProfilerError>>]| {
+            for &i in jobs {
+                match this.backend.finished(&pending[i].mark) {
+                    Ok(true) => outcome[i] = Some(Ok(())),
+                    Ok(false) => break,
+                    // It cannot be waited for (a broken context): it fails.
+                    Err(e) => outcome[i] = Some(Err(e)),
+                }
+            }
+        };
+        let Some(&newest) = jobs.last() else {
+            return;
+        };
+        if stream == PER_THREAD {
+            return one_by_one(self, outcome);
+        }
+        // `done` jobs known finished; the one at `hi` known not to be.
+        let (mut done, mut hi) = (0, jobs.len() - 1);
+        match self.backend.finished(&pending[newest].mark) {
+            Ok(true) => done = jobs.len(),
+            Ok(false) => {}
+            Err(_) => return one_by_one(self, outcome),
+        }
+        while done < hi {
+            let mid = (done + hi) / 2;
+            match self.backend.finished(&pending[jobs[mid]].mark) {
+                Ok(true) => done = mid + 1,
+                Ok(false) => hi = mid,
+                Err(_) => return one_by_one(self, outcome),
+            }
+        }
+        for &i in &jobs[..done] {
+            outcome[i] = Some(Ok(()));
+        }
     }
 
     /// Copies the finished jobs' regions back in one go, zeroes them and gives
@@ -430,164 +494,6 @@ impl Worker {
         let decoded = decode_all(&self.registry, &inputs, self.decoders);
         for (t, d) in launches.into_iter().zip(decoded) {
             self.hold(t.launch, d, t.dispatch, t.span);
-        }
-    }
-
-    /// Starts a running streamed launch's drain threads at the first look,
-    /// and holds the parts they have sent since. Returns whether any came.
-    fn drain_running(&mut self, job: &mut Job) -> bool {
-        let (before_ns, interval, workers) =
-            (self.stream_floor(), self.stream_interval, drain_threads());
-        let Work::Stream {
-            header,
-            place,
-            drain,
-            ..
-        } = &mut job.work
-        else {
-            return false;
-        };
-        if drain.is_none() {
-            let started = Drainers::start(
-                *header,
-                place.memory.clone(),
-                place.region,
-                self.registry.clone(),
-                before_ns,
-                interval,
-                workers,
-            );
-            match started {
-                Ok(d) => *drain = Some(d),
-                Err(e) => {
-                    // Read at completion instead, by this thread (end_stream).
-                    self.shared.push_error(e);
-                    return false;
-                }
-            }
-        }
-        let got = drain.as_ref().map(Drainers::take).unwrap_or_default();
-        let any = !got.is_empty();
-        self.drained((&job.launch, &job.dispatch, &job.span), got);
-        any
-    }
-
-    /// Holds what a launch's drain threads sent: its parts before the last,
-    /// and slot errors.
-    fn drained(&mut self, job: (&LaunchInfo, &Dispatch, &tracing::Span), got: Vec<Drained>) {
-        let (info, dispatch, span) = job;
-        for d in got {
-            match d {
-                Drained::Errors(errors) => self.slot_errors(info.launch_id, errors),
-                Drained::Part {
-                    buffer,
-                    index,
-                    cut_ns,
-                } => {
-                    let mut launch = info.clone();
-                    launch.host_complete_ns = cut_ns;
-                    launch.part = Some(Part { index, last: false });
-                    let launch_id = launch.launch_id;
-                    let buffer =
-                        buffer.map_err(|source| ProfilerError::Decode { launch_id, source });
-                    self.hold(launch, buffer, dispatch, span);
-                }
-            }
-        }
-    }
-
-    /// A streamed launch has completed: its drain threads read their rings a
-    /// last time (the flushed counts, the events left) and end, an empty last
-    /// part finishes the launch, and its region is zeroed here and given back.
-    fn end_stream(&mut self, job: Job, outcome: Result<(), ProfilerError>, complete_ns: u64) {
-        self.backend.release(&[job.mark]);
-        let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
-        let Job {
-            launch,
-            dispatch,
-            span,
-            work,
-            ..
-        } = job;
-        let Work::Stream {
-            header,
-            place,
-            arena,
-            drain,
-        } = work
-        else {
-            unreachable!("only streamed launches come here")
-        };
-        let job = (&launch, &dispatch, &span);
-        let drain = match drain {
-            Some(d) => Some(d),
-            // Never looked at while it ran: read it all now.
-            None => Drainers::start(
-                header,
-                place.memory.clone(),
-                place.region,
-                self.registry.clone(),
-                before_ns,
-                interval,
-                1,
-            )
-            .ok(),
-        };
-        match (outcome, drain) {
-            (Ok(()), Some(drain)) => {
-                let (got, last) = drain.finish();
-                self.drained(job, got);
-                let mut info = launch.clone();
-                info.host_complete_ns = complete_ns;
-                info.part = Some(Part {
-                    index: last,
-                    last: true,
-                });
-                let empty = OwnedBuffer::decode(PackedWriter::new(&header).finish(), None).map_err(
-                    |source| ProfilerError::Decode {
-                        launch_id: info.launch_id,
-                        source,
-                    },
-                );
-                self.hold(info, empty, &dispatch, &span);
-            }
-            (outcome, drain) => {
-                if let Some(d) = drain {
-                    let (got, _) = d.finish();
-                    self.drained(job, got);
-                }
-                let e = outcome.err().unwrap_or(ProfilerError::Invalid(
-                    "the streamed launch's drain threads could not start".into(),
-                ));
-                self.shared.finish(1, |st| {
-                    st.stats.failed += 1;
-                    st.errors.push(e);
-                });
-            }
-        }
-        // The kernel has finished: nothing writes the region any more.
-        place.memory.zero(place.region.offset, place.region.len);
-        arena.free([place.region]);
-    }
-
-    /// A device time before any stamp of a launch made now: the latest
-    /// checkpoint's, less an hour (a checkpoint may be taken after the launch).
-    fn stream_floor(&self) -> u64 {
-        self.latest_anchor().saturating_sub(3_600_000_000_000)
-    }
-
-    /// Keeps a streamed launch's slot errors for the next flush.
-    fn slot_errors(&mut self, launch_id: u64, errors: Vec<SlotError>) {
-        if errors.is_empty() {
-            return;
-        }
-        let mut st = self.shared.state.lock();
-        for e in errors {
-            st.errors.push(ProfilerError::Stream {
-                launch_id,
-                slot: e.slot,
-                source: e.error,
-            });
         }
     }
 
@@ -744,6 +650,10 @@ impl Worker {
 #[allow(dead_code)]
 #[path = "../../tests/perfetto_check/mod.rs"]
 mod perfetto_check;
+
+// The collector's side of streamed launches (impl Worker).
+#[path = "collector_streams.rs"]
+mod streams;
 
 #[cfg(test)]
 #[path = "collector_tests.rs"]

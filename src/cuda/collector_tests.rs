@@ -30,6 +30,8 @@ struct Gpu {
     released: AtomicU64,
     /// Fail the next fetch.
     fail_fetch: Mutex<bool>,
+    /// Events the collector asked about.
+    queries: AtomicU64,
 }
 
 impl Gpu {
@@ -70,6 +72,7 @@ struct Sim(Arc<Gpu>);
 
 impl Device for Sim {
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
+        self.0.queries.fetch_add(1, Ordering::Relaxed);
         Ok(mark.event.is_none_or(|e| self.0.fired.lock().contains(&e)))
     }
 
@@ -636,3 +639,6 @@ mod graph;
 
 #[path = "stream_tests.rs"]
 mod stream;
+
+#[path = "pass_tests.rs"]
+mod pass;
