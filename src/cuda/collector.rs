@@ -358,9 +358,10 @@ impl Worker {
 
     /// Finds which of one stream's jobs (`jobs`: their places in `pending`, in
     /// launch order) have finished. Launches on a stream finish in order, so
-    /// they are a prefix: the newest is asked first (a storm's pass usually
-    /// finds them all finished: one query), then the prefix's end by bisection,
-    /// so a pass asks the driver about log₂ of a stream's launches, not each:
+    /// they are a prefix: the oldest is asked first (unfinished: none is, one
+    /// query), then the newest (finished: all are, two), then the prefix's end
+    /// by bisection, so a pass asks the driver about log₂ of a stream's
+    /// launches at most, not each:
     /// the collector's event queries contend with the launching threads' calls
     /// inside the driver (docs/performance.md). The per-thread default stream
     /// is one handle for many streams, which finish in any order: asked one by
@@ -389,12 +390,20 @@ impl Worker {
         if stream == PER_THREAD {
             return one_by_one(self, outcome);
         }
-        // `done` jobs known finished; the one at `hi` known not to be.
-        let (mut done, mut hi) = (0, jobs.len() - 1);
-        match self.backend.finished(&pending[newest].mark) {
-            Ok(true) => done = jobs.len(),
-            Ok(false) => {}
+        // The oldest first: while a stream's head runs (a busy GPU), one query.
+        match self.backend.finished(&pending[jobs[0]].mark) {
+            Ok(true) => {}
+            Ok(false) => return,
             Err(_) => return one_by_one(self, outcome),
+        }
+        // `done` jobs known finished; the one at `hi` known not to be.
+        let (mut done, mut hi) = (1, jobs.len() - 1);
+        if hi > 0 {
+            match self.backend.finished(&pending[newest].mark) {
+                Ok(true) => done = jobs.len(),
+                Ok(false) => {}
+                Err(_) => return one_by_one(self, outcome),
+            }
         }
         while done < hi {
             let mid = (done + hi) / 2;

@@ -12,6 +12,7 @@ mod device;
 mod error;
 mod graph;
 mod job;
+mod launch;
 mod memory;
 mod names;
 mod profiler;

@@ -72,8 +72,8 @@ use super::collector::{Collector, CollectorConfig, Recalibrate, Recalibration, R
 use super::device::{allocate, device_info, CudaDevice, Events};
 use super::error::{CalibrateError, ProfilerError};
 use super::graph::{Graphs, ProfiledGraph};
-use super::job::{Job, Work};
-use super::memory::{Kind, Mark, Memory, Place, Shape};
+use super::job::Work;
+use super::memory::{Kind, Memory, Place, Shape};
 use super::names::{kernel_name, thread_name};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};
@@ -379,10 +379,10 @@ pub struct Profiler {
     /// The arena's device memory and mirror; `arena` says which bytes are whose.
     memory: Arc<Memory>,
     arena: Arc<Arena>,
-    events: Arc<Events>,
+    pub(super) events: Arc<Events>,
     graphs: Arc<Graphs>,
     pub(super) shared: Arc<Shared>,
-    collector: Collector,
+    pub(super) collector: Collector,
     pub(super) stream_settings: StreamSettings,
     /// The streaming arena, made at the first streamed launch (`streaming.rs`).
     pub(super) streaming: StreamArena,
@@ -506,49 +506,24 @@ impl Profiler {
                 .launch_captured(stream, kernel, &shape, header, launch);
         }
         let region = self.arena.alloc(shape.bytes, self.wait);
-        self.shared.count_launch(region.is_none());
-        let arg = match &region {
-            Some(r) => KernelArg {
-                base: self.memory.dptr + r.offset as u64,
+        let memory = &self.memory;
+        self.launch_in(
+            (stream, kernel, header, span),
+            (&self.arena, region),
+            |r| KernelArg {
+                base: memory.dptr + r.offset as u64,
                 capacity: self.capacity,
                 slot_count: shape.slots,
             },
-            None => KernelArg::default(),
-        };
-        let entered = span.enter();
-        let host_launch_ns = HostClock::Boottime.now_ns();
-        let result = launch(arg);
-        drop(entered);
-        // Recorded after the launch call, so that the call follows the clock read at once.
-        span.record("gpu.host_launch_ns", host_launch_ns);
-        let Some(region) = region else {
-            return result.map_err(Into::into);
-        };
-        let value = match result {
-            Ok(v) => v,
-            Err(e) => {
-                // Nothing ran: the region is still zero.
-                self.arena.free([region]);
-                return Err(e.into());
-            }
-        };
-        let launch = LaunchInfo {
-            launch_id,
-            kernel: kernel_name(kernel),
-            host_launch_ns,
-            host_complete_ns: 0,
-            grid: header.grid,
-            block: header.block,
-            parent: span.id(),
-            host_thread: thread_name(),
-            part: None,
-        };
-        let place = Place {
-            memory: self.memory.clone(),
-            region,
-        };
-        self.hand_over(stream, span, launch, Work::Launch { header, place });
-        Ok(value)
+            launch,
+            |region| Work::Launch {
+                header,
+                place: Place {
+                    memory: memory.clone(),
+                    region,
+                },
+            },
+        )
     }
 
     /// Adopts a graph captured with profiled launches in it (made with
@@ -635,40 +610,6 @@ impl Profiler {
         };
         self.hand_over(stream, span, launch, work);
         Ok(())
-    }
-
-    /// Marks the end of what was just launched on `stream` with an event and
-    /// sends the job to the collector. If no event can be recorded, the
-    /// launching thread waits for the stream itself and sends the job marked
-    /// finished: the trace is kept if it can be, and the region comes back
-    /// either way (the error is said at the next flush).
-    pub(super) fn hand_over(
-        &self,
-        stream: &CudaStream,
-        span: tracing::Span,
-        launch: LaunchInfo,
-        work: Work,
-    ) {
-        let event = match self.events.record(stream.cu_stream()) {
-            Ok(ev) => Some(ev),
-            Err(e) => {
-                self.shared.push_error(e.into());
-                if let Err(e) = stream.synchronize() {
-                    self.shared.push_error(e.into());
-                }
-                None
-            }
-        };
-        self.collector.send(Job {
-            launch,
-            dispatch: tracing::dispatcher::get_default(|d| d.clone()),
-            span,
-            mark: Mark {
-                stream: stream.cu_stream() as u64,
-                event,
-            },
-            work,
-        });
     }
 
     /// Waits until every launch made so far has reached the subscriber, then

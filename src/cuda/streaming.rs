@@ -34,11 +34,9 @@ use super::device::allocate_mapped;
 use super::error::ProfilerError;
 use super::job::Work;
 use super::memory::{Place, Shape};
-use super::names::{kernel_name, thread_name};
 use super::profiler::{Profiler, ProfilerBuilder};
 use super::ring::Arena;
-use crate::batch::{DeviceInfo, LaunchInfo};
-use crate::clock::HostClock;
+use crate::batch::DeviceInfo;
 use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 
 /// Any ring size, to count a launch's warps.
@@ -158,49 +156,22 @@ impl Streaming<'_> {
             flags: 0,
         };
         let region = arena.alloc(shape.bytes, None);
-        p.shared.count_launch(region.is_none());
-        let arg = match &region {
-            Some(r) => KernelArg {
-                base: memory.dptr + r.offset as u64,
+        let (dptr, ring) = (memory.dptr, arena.clone());
+        p.launch_in(
+            (stream, kernel, header, span),
+            (&ring, region),
+            |r| KernelArg {
+                base: dptr + r.offset as u64,
                 capacity: capacity | TRACE_STREAM,
                 slot_count: shape.slots,
             },
-            None => KernelArg::default(),
-        };
-        let entered = span.enter();
-        let host_launch_ns = HostClock::Boottime.now_ns();
-        let result = launch(arg);
-        drop(entered);
-        span.record("gpu.host_launch_ns", host_launch_ns);
-        let Some(region) = region else {
-            return result.map_err(Into::into);
-        };
-        let value = match result {
-            Ok(v) => v,
-            Err(e) => {
-                // Nothing ran: the region is still zero.
-                arena.free([region]);
-                return Err(e.into());
-            }
-        };
-        let info = LaunchInfo {
-            launch_id,
-            kernel: kernel_name(kernel),
-            host_launch_ns,
-            host_complete_ns: 0,
-            grid: header.grid,
-            block: header.block,
-            parent: span.id(),
-            host_thread: thread_name(),
-            part: None,
-        };
-        let work = Work::Stream {
-            header,
-            place: Place { memory, region },
-            arena,
-            drain: None,
-        };
-        p.hand_over(stream, span, info, work);
-        Ok(value)
+            launch,
+            |region| Work::Stream {
+                header,
+                place: Place { memory, region },
+                arena,
+                drain: None,
+            },
+        )
     }
 }

@@ -6,7 +6,7 @@
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use writer::PackedWriter;
 
-/// [`BufferHeader::flags`] bit: the buffer is packed.
+/// [`super::BufferHeader::flags`] bit: the buffer is packed.
 pub const BUFFER_FLAG_PACKED: u32 = 1;
 /// Size of one record of a packed slot: an event with full device times.
 pub const PACKED_RECORD_SIZE: usize = 24;
