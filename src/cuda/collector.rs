@@ -8,8 +8,8 @@
 //! which is how a device (or a second one) is simulated without a GPU.
 //!
 //! One pass: find each stream's finished launches (a stream's launches finish
-//! in order: its newest mark is asked first, then the finished prefix's end by
-//! bisection; streams finish in any order); copy every finished launch back at
+//! in order: its oldest mark is asked, then its newest, then the finished
+//! prefix's end by bisection; streams finish in any order); copy every finished launch back at
 //! once, one copy per run of neighbouring regions; zero them on the device and
 //! give them back to the arena; then decode. The driver calls of a pass grow
 //! with the log of the launches it finds, so the collector keeps up with
