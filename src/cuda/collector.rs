@@ -9,12 +9,16 @@
 //!
 //! One pass: find each stream's finished launches (a stream's launches finish
 //! in order: its oldest mark is asked, then its newest, then the finished
-//! prefix's end by bisection; streams finish in any order); copy every finished launch back at
-//! once, one copy per run of neighbouring regions; zero them on the device and
-//! give them back to the arena; then decode. The driver calls of a pass grow
-//! with the log of the launches it finds, so the collector keeps up with
-//! storms of short launches and disturbs the launching threads as little as it
-//! can (its event queries meet their launch calls inside the driver).
+//! prefix's end by bisection; streams finish in any order). On CUDA a mark is
+//! a cell of host memory that the stream sets, so asking is a read, not a
+//! driver call (with events, the fallback, the queries grow with the log of
+//! the launches). What finished is brought back in bulk, every few
+//! milliseconds rather than at every pass ([`Worker::bring_back_now`]): copy
+//! every finished launch back at once, one copy per run of neighbouring
+//! regions; zero them on the device and give them back to the arena; then
+//! decode. So the collector keeps up with storms of short launches and
+//! disturbs the launching threads as little as it can: its driver calls meet
+//! their launch calls inside the driver.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -102,6 +106,9 @@ pub(crate) struct CollectorConfig {
     pub decoders: usize,
     /// How often a running streamed launch delivers a part.
     pub stream_interval: Duration,
+    /// How long finished launches may wait to be brought back in bulk
+    /// ([`BRING_BACK_EVERY`]).
+    pub bring_back_every: Duration,
     /// Called on the collector thread before anything else (binds the CUDA context).
     pub on_start: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -127,10 +134,12 @@ impl Collector {
             by_stream: Vec::new(),
             decoders: config.decoders.max(1),
             stream_interval: config.stream_interval,
+            bring_back_every: config.bring_back_every,
             held: VecDeque::new(),
             held_bytes: 0,
             held_newest: 0,
             streaming: false,
+            finished_since: None,
             recalibration_paused: false,
         };
         let on_start = config.on_start;
@@ -195,6 +204,10 @@ impl Drop for Collector {
     }
 }
 
+/// How long finished launches may wait for the next bring-back
+/// ([`Worker::bring_back_now`]; `CollectorConfig::bring_back_every`).
+pub(crate) const BRING_BACK_EVERY: Duration = Duration::from_millis(5);
+
 /// Decoded launches held for their checkpoint may hold this many bytes before
 /// a checkpoint is taken early: holding must not grow without bound when the
 /// launches come fast and large.
@@ -239,6 +252,7 @@ struct Worker {
     /// Threads a pass decodes on (`decode_all`).
     decoders: usize,
     stream_interval: Duration,
+    bring_back_every: Duration,
     held: VecDeque<Held>,
     held_bytes: usize,
     /// The latest `last_device_ns` among the launches held (or ever held: it
@@ -246,6 +260,9 @@ struct Worker {
     held_newest: u64,
     /// A streamed launch is running.
     streaming: bool,
+    /// When a pass first found launches finished that have not been brought
+    /// back since ([`Worker::bring_back_now`]).
+    finished_since: Option<Instant>,
     /// A recalibration failed while a streamed launch ran (its kernel can keep
     /// the GPU too busy for the calibration kernel): none is tried again, and
     /// held launches go with the checkpoints so far, until no stream runs.
@@ -278,7 +295,7 @@ impl Worker {
                     Msg::Stop => stopping = true,
                 }
             }
-            if !pending.is_empty() && !self.pass(&mut pending) {
+            if !pending.is_empty() && !self.pass(&mut pending, flush || stopping) {
                 self.backend.idle();
             }
             // A flush or stop must see every job sent before it delivered.
@@ -302,9 +319,10 @@ impl Worker {
     /// (and held launches get their checkpoint) whatever is queued.
     const PASS_LIMIT: usize = 4096;
 
-    /// One pass over the pending jobs (see the module docs). Returns whether
-    /// any had finished.
-    fn pass(&mut self, pending: &mut VecDeque<Job>) -> bool {
+    /// One pass over the pending jobs (see the module docs); `now`: bring back
+    /// whatever has finished (a flush or stop waits). Returns whether any was
+    /// brought back (or a running stream read).
+    fn pass(&mut self, pending: &mut VecDeque<Job>, now: bool) -> bool {
         // Which have finished: per stream, in order, the finished ones first.
         let n = pending.len().min(Self::PASS_LIMIT);
         let mut outcome: Vec<Option<Result<(), ProfilerError>>> = (0..n).map(|_| None).collect();
@@ -339,9 +357,10 @@ impl Worker {
                 read |= self.drain_running(job);
             }
         }
-        if outcome.iter().all(Option::is_none) {
+        if outcome.iter().all(Option::is_none) || !(now || self.bring_back_now(pending, &outcome)) {
             return read;
         }
+        self.finished_since = None;
         let mut done = Vec::new();
         let mut rest = VecDeque::with_capacity(pending.len());
         let mut outcome = outcome.into_iter();
@@ -356,14 +375,52 @@ impl Worker {
         true
     }
 
+    /// Whether to bring back the launches a pass found finished (`outcome`)
+    /// now, or to leave them for a later pass. A bring-back's driver calls (the
+    /// copies, the zeroing, their waits) meet the launching threads' launch
+    /// calls inside the driver, so in a storm they are made once every
+    /// [`BRING_BACK_EVERY`] for hundreds of launches, not at every pass;
+    /// finding what finished costs no driver call (`device.rs`, `Marks`), and
+    /// holding for the clock checkpoint delays delivery far longer anyway. Now
+    /// when: the oldest finished launch has waited that long, a replay or a
+    /// streamed launch finished (a graph has few replay regions; a stream's
+    /// end is its last part), a launch failed, the finished regions hold an
+    /// eighth of the arena or all pending ones a quarter (launches must not
+    /// be skipped for want of room the collector could give back), or a pass
+    /// cannot look at every pending job.
+    fn bring_back_now(
+        &mut self,
+        pending: &VecDeque<Job>,
+        outcome: &[Option<Result<(), ProfilerError>>],
+    ) -> bool {
+        let since = *self.finished_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= self.bring_back_every || pending.len() > outcome.len() {
+            return true;
+        }
+        let (mut finished, mut outstanding) = (0, 0);
+        for (job, o) in pending.iter().zip(outcome) {
+            match (&job.work, o) {
+                (_, Some(Err(_))) => return true,
+                (Work::Launch { place, .. }, _) => {
+                    outstanding += place.region.len;
+                    finished += o.as_ref().map_or(0, |_| place.region.len);
+                }
+                (_, Some(Ok(()))) => return true,
+                (_, None) => {}
+            }
+        }
+        let capacity = self.arena.capacity();
+        finished >= capacity / 8 || outstanding >= capacity / 4
+    }
+
     /// Finds which of one stream's jobs (`jobs`: their places in `pending`, in
     /// launch order) have finished. Launches on a stream finish in order, so
     /// they are a prefix: the oldest is asked first (unfinished: none is, one
     /// query), then the newest (finished: all are, two), then the prefix's end
-    /// by bisection, so a pass asks the driver about log₂ of a stream's
-    /// launches at most, not each:
-    /// the collector's event queries contend with the launching threads' calls
-    /// inside the driver (docs/performance.md). The per-thread default stream
+    /// by bisection, so a pass asks about log₂ of a stream's launches at most,
+    /// not each: where marks are events, the collector's queries contend with
+    /// the launching threads' calls inside the driver (docs/performance.md).
+    /// The per-thread default stream
     /// is one handle for many streams, which finish in any order: asked one by
     /// one, as is any stream where a query fails.
     fn finished_prefix(

@@ -73,7 +73,7 @@ struct Sim(Arc<Gpu>);
 impl Device for Sim {
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
         self.0.queries.fetch_add(1, Ordering::Relaxed);
-        Ok(mark.event.is_none_or(|e| self.0.fired.lock().contains(&e)))
+        Ok(mark.signal.is_none_or(|e| self.0.fired.lock().contains(&e)))
     }
 
     fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError> {
@@ -107,7 +107,7 @@ impl Device for Sim {
     fn release(&mut self, marks: &[Mark]) {
         self.0.releases.fetch_add(1, Ordering::Relaxed);
         let mut fired = self.0.fired.lock();
-        for e in marks.iter().filter_map(|m| m.event) {
+        for e in marks.iter().filter_map(|m| m.signal) {
             fired.remove(&e);
             self.0.released.fetch_add(1, Ordering::Relaxed);
         }
@@ -172,6 +172,23 @@ impl Rig {
         calibration: Calibration,
         arena_bytes: usize,
     ) -> Rig {
+        Rig::paced(
+            ordinal,
+            recalibrate,
+            calibration,
+            arena_bytes,
+            BRING_BACK_EVERY,
+        )
+    }
+
+    /// `with`, bringing finished launches back after `bring_back_every`.
+    fn paced(
+        ordinal: u32,
+        recalibrate: Option<Recalibration>,
+        calibration: Calibration,
+        arena_bytes: usize,
+        bring_back_every: Duration,
+    ) -> Rig {
         let gpu = Arc::new(Gpu::default());
         let shared = Shared::new(calibration);
         let arena = Arc::new(Arena::new(arena_bytes));
@@ -188,6 +205,7 @@ impl Rig {
                 // Several, whatever this machine has: the parallel decode is tested.
                 decoders: 3,
                 stream_interval: Duration::from_millis(5),
+                bring_back_every,
                 on_start: None,
             },
             shared.clone(),
@@ -248,7 +266,10 @@ impl Rig {
             },
             dispatch: tracing::dispatcher::get_default(|d| d.clone()),
             span,
-            mark: Mark { stream, event },
+            mark: Mark {
+                stream,
+                signal: event,
+            },
             work: Work::Launch {
                 header,
                 place: Place {

@@ -83,7 +83,7 @@ impl SimGraph {
             span,
             mark: Mark {
                 stream,
-                event: Some(event),
+                signal: Some(event),
             },
             work: Work::Replay {
                 replay,

@@ -1,5 +1,6 @@
-//! How a pass finds finished launches: the finished prefix of each stream,
-//! found with a few event queries rather than one per launch.
+//! How a pass finds finished launches (the finished prefix of each stream,
+//! found with a few queries rather than one per launch), and when it brings
+//! them back (in bulk, not at every pass).
 use super::*;
 
 #[test]
@@ -42,4 +43,59 @@ fn a_pass_asks_about_a_few_launches_per_stream_and_finds_the_finished_prefix() {
     // and the unfinished one at every pass.
     let queries = rig.gpu.queries.load(Ordering::Relaxed);
     assert!(queries < 300, "{queries} event queries");
+}
+
+/// Waits (up to 10 s) until `rig` has delivered `n` launches.
+fn wait_delivered(rig: &Rig, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.shared.stats().delivered < n {
+        assert!(Instant::now() < deadline, "{:?}", rig.shared.stats());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn finished_launches_wait_for_a_bring_back_unless_the_arena_fills_or_a_flush_waits() {
+    let (_rec, dispatch) = recorder_dispatch();
+    // Never by the clock: only the arena's filling or a flush brings launches back.
+    let arena = 64 << 10;
+    let rig = Rig::paced(
+        0,
+        None,
+        Calibration::exact(0, 5_000, 0.0),
+        arena,
+        Duration::from_secs(3600),
+    );
+    let launch = |i: u64| {
+        tracing::dispatcher::with_default(&dispatch, || {
+            rig.launch(7, 1_000_000 + i * 10_000, None, true).unwrap()
+        })
+    };
+    // A few finished launches, far under an eighth of the arena: left for later.
+    for i in 0..3 {
+        launch(i);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        rig.gpu.queries.load(Ordering::Relaxed) > 0,
+        "the collector looked"
+    );
+    assert_eq!(rig.gpu.fetches.load(Ordering::Relaxed), 0);
+    assert_eq!(rig.shared.stats().delivered, 0);
+    // Finished regions reaching an eighth of the arena (`n` launches) are brought
+    // back at once, in one fetch (two, if the collector looked mid-way); those
+    // launched after that wait again.
+    let per_launch = rig.arena.used() / 3;
+    let n = (arena / 8).div_ceil(per_launch) as u64;
+    for i in 3..n + 3 {
+        launch(i);
+    }
+    wait_delivered(&rig, n);
+    assert!(rig.gpu.fetches.load(Ordering::Relaxed) <= 2);
+    // A flush does not wait.
+    rig.collector.flush().unwrap();
+    let st = rig.shared.stats();
+    assert_eq!((st.delivered, st.failed, st.skipped), (n + 3, 0, 0));
+    assert_accounted(&st);
+    assert_eq!(rig.arena.used(), 0);
 }

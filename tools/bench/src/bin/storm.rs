@@ -16,27 +16,31 @@
 //! - `plain`: the launch alone;
 //! - `floor`: the launch, then the driver calls the profiled launch makes besides
 //!   it (`cuStreamIsCapturing`, skipped on the legacy stream, which cannot capture;
-//!   `cuEventRecord` of one reused event): what the design cannot go under;
+//!   `cuStreamWriteValue32` into a cell of mapped host memory, the profiler's mark):
+//!   what the design cannot go under;
+//! - `floor-event`: the same with `cuEventRecord` of one reused event for the mark
+//!   (the profiler's marks before they were cells, and its fallback where a driver
+//!   refuses stream memory operations);
 //! - `unsubscribed`: `gpu_profile!` with no subscriber (the launch span disabled);
 //! - `profiled`: `gpu_profile!` with the Perfetto layer, the launch span included.
 //!
 //! And two that take the profiled call apart (suspects of issue #12):
-//! - `floor-collector`: *floor*, with an event per launch from a ring of the thread's
-//!   own, while a stand-in collector thread makes the real collector's driver calls on
+//! - `floor-collector`: *floor-event*, with an event per launch from a ring of the thread's
+//!   own, while a stand-in collector thread makes an event-asking collector's driver calls on
 //!   those events and on memory of the arena's size
 //!   ([`tracing_gpu_bench::fake_collector`]: an event query per finished launch, a
 //!   copy back and a memset of their trace bytes on a non-blocking stream of its own,
-//!   each waited for). Minus *floor*: what the collector's driver calls cost the
+//!   each waited for). Minus *floor-event*: what such a collector's driver calls cost the
 //!   launch call inside the driver. It has no lock, no channel, no span. With
 //!   `--bisect` its collector asks about log2(launches) events a pass instead of one
 //!   per launch: whether the event queries are what costs;
 //! - `host-only`: *profiled* (Perfetto layer), but the kernel gets the trace with its
 //!   base set to 0, so that it records nothing and is as long as the plain one; the
-//!   host does all it does for a recorded launch (a region, the event, the job; the
+//!   host does all it does for a recorded launch (a region, the mark, the job; the
 //!   collector copies, zeroes and decodes the region). *Profiled* minus it: what the
 //!   longer recorded kernel costs the call (the queue waiting for the device); it
-//!   minus *floor-collector*: the profiler's host path beyond the driver calls (locks,
-//!   channel, span, names).
+//!   minus *floor*: the profiler's host path beyond the launch call's driver calls
+//!   (locks, channel, span, names, and the collector's copies met inside the driver).
 //!
 //! `--launches` launch calls of each variant are made in blocks of `--block`, the
 //! variants in turn (one warm-up block of each first, not counted), by `--threads`
@@ -90,10 +94,12 @@ use tracing_gpu_bench::trace::PerfettoTrace;
 /// Short launches back to back, plain against profiled.
 ///
 /// With all the variants, the profiled call's time over plain is taken apart: floor −
-/// plain (the call's other driver calls), floor-collector − floor (the collector's
-/// driver calls, met inside the driver), host-only − floor-collector (the profiler's
-/// host path: arena and event locks, job channel, span, names), profiled − host-only
-/// (the longer recorded kernel: the queue waiting for the device).
+/// plain (the call's other driver calls), host-only − floor (the profiler's host path:
+/// arena and mark locks, job channel, span, names, and the collector's copies met
+/// inside the driver), profiled − host-only (the longer recorded kernel: the queue
+/// waiting for the device); and, for the design with events, floor-event − floor (an
+/// event instead of a cell) and floor-collector − floor-event (an event-asking
+/// collector's driver calls).
 #[derive(Parser, Debug)]
 #[command(name = "storm")]
 struct Args {
@@ -152,6 +158,8 @@ enum Variant {
     Plain,
     /// The launch and the profiled call's other driver calls.
     Floor,
+    /// `floor`, with an event for the mark.
+    FloorEvent,
     /// `floor`, with an event per launch, beside a thread making the collector's driver calls.
     FloorCollector,
     /// `gpu_profile!` without a subscriber.
@@ -167,6 +175,7 @@ impl Variant {
         match self {
             Variant::Plain => "plain",
             Variant::Floor => "floor (+ driver calls)",
+            Variant::FloorEvent => "floor, event for the mark",
             Variant::FloorCollector => "floor + collector's driver calls",
             Variant::Unsubscribed => "gpu_profile!, no subscriber",
             Variant::HostOnly => "gpu_profile!, kernel not recording",
@@ -178,6 +187,7 @@ impl Variant {
         match self {
             Variant::Plain => "plain",
             Variant::Floor => "floor",
+            Variant::FloorEvent => "floor_event",
             Variant::FloorCollector => "floor_collector",
             Variant::Unsubscribed => "unsubscribed",
             Variant::HostOnly => "host_only",
@@ -288,11 +298,11 @@ impl Storm<'_> {
         if let Err(e) = self.profiler.context().bind_to_thread() {
             self.fail(e.into());
         }
-        let event = match Event::new() {
-            Ok(e) => e,
+        let floor = match Floor::new() {
+            Ok(f) => f,
             Err(e) => {
                 self.fail(e.into());
-                Event(std::ptr::null_mut())
+                Floor::default()
             }
         };
         for (i, &(k, count)) in self.blocks.iter().enumerate() {
@@ -308,9 +318,9 @@ impl Storm<'_> {
             let none = tracing::Dispatch::none();
             let result = match variant {
                 Variant::Unsubscribed => tracing::dispatcher::with_default(&none, || {
-                    self.block(t, variant, mine, stream, b, &event, &mut calls, peak)
+                    self.block(t, variant, mine, stream, b, &floor, &mut calls, peak)
                 }),
-                _ => self.block(t, variant, mine, stream, b, &event, &mut calls, peak),
+                _ => self.block(t, variant, mine, stream, b, &floor, &mut calls, peak),
             };
             if let Err(e) = result {
                 self.fail(e);
@@ -346,7 +356,7 @@ impl Storm<'_> {
         count: usize,
         stream: &Arc<CudaStream>,
         b: &mut Buffers,
-        event: &Event,
+        floor: &Floor,
         calls: &mut Calls,
         peak: &mut u64,
     ) -> Result<(), ProfilerError> {
@@ -355,9 +365,9 @@ impl Storm<'_> {
             let start = Instant::now();
             match variant {
                 Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
-                Variant::Floor => {
+                Variant::Floor | Variant::FloorEvent => {
                     short.launch(stream, b, &KernelArg::default())?;
-                    event.after_capture_check(stream)?;
+                    floor.after_capture_check(stream, variant == Variant::FloorEvent)?;
                 }
                 Variant::FloorCollector => {
                     short.launch(stream, b, &KernelArg::default())?;
@@ -576,8 +586,13 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     // The profiled call's time over plain, taken apart (module docs).
     let parts = [
         ("floor", Variant::Floor, Variant::Plain),
-        ("collector_calls", Variant::FloorCollector, Variant::Floor),
-        ("host_path", Variant::HostOnly, Variant::FloorCollector),
+        ("event_mark", Variant::FloorEvent, Variant::Floor),
+        (
+            "event_collector_calls",
+            Variant::FloorCollector,
+            Variant::FloorEvent,
+        ),
+        ("host_path", Variant::HostOnly, Variant::Floor),
         ("longer_kernel", Variant::Profiled, Variant::HostOnly),
     ];
     let parts: Vec<_> = parts
@@ -671,35 +686,65 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     Ok(ok)
 }
 
-/// A driver event of its own, recorded after a capture check: the floor variant's
-/// driver calls, as `Profiler::launch` makes them.
-struct Event(sys::CUevent);
+/// A mark of its own, made after a capture check: the floor variants' driver calls,
+/// as `Profiler::launch` makes them (a cell of mapped host memory written by the
+/// stream, or an event).
+struct Floor {
+    event: sys::CUevent,
+    cell: *mut std::ffi::c_void,
+    cell_dptr: sys::CUdeviceptr,
+}
 
-impl Event {
-    fn new() -> Result<Event, DriverError> {
-        let mut raw = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: a valid out-pointer; the thread has bound the profiler's context.
-        unsafe { sys::cuEventCreate(&mut raw, flags).result()? };
-        Ok(Event(raw))
-    }
-
-    fn after_capture_check(&self, stream: &CudaStream) -> Result<(), DriverError> {
-        // SAFETY: a live stream and event of the bound context.
-        unsafe {
-            if !stream.cu_stream().is_null() {
-                result::stream::is_capturing(stream.cu_stream())?;
-            }
-            sys::cuEventRecord(self.0, stream.cu_stream()).result()
+impl Default for Floor {
+    fn default() -> Floor {
+        Floor {
+            event: std::ptr::null_mut(),
+            cell: std::ptr::null_mut(),
+            cell_dptr: 0,
         }
     }
 }
 
-impl Drop for Event {
+impl Floor {
+    fn new() -> Result<Floor, DriverError> {
+        let mut f = Floor::default();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: valid out-pointers; the thread has bound the profiler's context;
+        // what is made is owned by `f`, freed by its drop.
+        unsafe {
+            sys::cuEventCreate(&mut f.event, flags).result()?;
+            f.cell = result::malloc_host(4, sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
+            sys::cuMemHostGetDevicePointer_v2(&mut f.cell_dptr, f.cell, 0).result()?;
+        }
+        Ok(f)
+    }
+
+    fn after_capture_check(&self, stream: &CudaStream, event: bool) -> Result<(), DriverError> {
+        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: a live stream, event and mapped cell of the bound context.
+        unsafe {
+            if !stream.cu_stream().is_null() {
+                result::stream::is_capturing(stream.cu_stream())?;
+            }
+            match event {
+                true => sys::cuEventRecord(self.event, stream.cu_stream()).result(),
+                false => sys::cuStreamWriteValue32_v2(stream.cu_stream(), self.cell_dptr, 1, write)
+                    .result(),
+            }
+        }
+    }
+}
+
+impl Drop for Floor {
     fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: owned, destroyed once.
-            let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+        // SAFETY: owned, destroyed once; the storm synchronized its streams.
+        unsafe {
+            if !self.event.is_null() {
+                let _ = sys::cuEventDestroy_v2(self.event);
+            }
+            if !self.cell.is_null() {
+                let _ = result::free_host(self.cell);
+            }
         }
     }
 }
