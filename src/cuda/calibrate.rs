@@ -16,6 +16,13 @@
 //! issued maps to no later than the host stamp taken right after the write.
 //! [`ClockMap::fit`] turns them into a map with a bound (see [`crate::clock`]).
 //!
+//! A round that goes unanswered for the timeout (2 s) is not waited on: the
+//! kernel is most likely queued behind another kernel that shares its stream's
+//! hardware queue. Its stream and memory are abandoned with STOP written there,
+//! and the launch is tried once more on a fresh stream and memory; with
+//! [`LANES`] kernels abandoned and still queued, a calibration fails at once
+//! ([`CalibrateError::Stuck`]). docs/calibration.md has the details.
+//!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tracing_gpu::clock::{Calibration, HostClock};
@@ -41,6 +48,7 @@ use cudarc::driver::{
 
 use super::compile::{compile, ensure_libraries, KernelBuild};
 use super::error::CalibrateError;
+use super::lanes::Lanes;
 use crate::clock::{
     Checkpoint, ClockError, ClockMap, FitOptions, HostClock, HostOffsets, Sample,
     GLOBALTIMER_STEP_NS,
@@ -96,10 +104,20 @@ impl MappedHost {
     fn device_ptr(&self, word: usize) -> sys::CUdeviceptr {
         self.device + 8 * word as u64
     }
+
+    /// Never unpins the pages (a kernel may still use them): they go with the
+    /// context.
+    fn keep_pinned(&mut self) {
+        self.host = std::ptr::null_mut();
+    }
 }
 
 impl Drop for MappedHost {
     fn drop(&mut self) {
+        if self.host.is_null() {
+            // Left pinned (`Calibrator`'s drop says why).
+            return;
+        }
         // Nothing to report to from a drop: a failure leaks the page.
         let _ = self.ctx.bind_to_thread();
         // SAFETY: allocated by `malloc_host` in `new`, freed only here.
@@ -107,8 +125,8 @@ impl Drop for MappedHost {
     }
 }
 
-/// Layout of the mapped words: the flag on its own 128-byte line, then the
-/// answers, then the stale-poll times.
+/// Layout of a lane's slot of mapped words: the flag on its own 128-byte line,
+/// then the answers, then the stale-poll times.
 const CMD: usize = 0;
 const ACK: usize = 16;
 /// Rounds per kernel launch; longer requests run several launches.
@@ -119,6 +137,17 @@ const WARMUP_ROUNDS: usize = 8;
 const LAUNCH_ROUNDS: usize = ROUNDS_PER_LAUNCH + WARMUP_ROUNDS;
 const STALE: usize = ACK + LAUNCH_ROUNDS.next_multiple_of(16);
 const WORDS: usize = STALE + LAUNCH_ROUNDS;
+/// A slot's stride: whole 128-byte lines, so each flag has its line.
+const SLOT_WORDS: usize = WORDS.next_multiple_of(16);
+/// Lanes (stream + slot): the one in use and those abandoned after a timeout
+/// whose kernel has not run yet. All slots are pinned when the calibrator is
+/// made (4 × 66 KB): pinning and unpinning host memory while a kernel runs may
+/// wait for the GPU, which is what a timeout must not do. Four allow two
+/// recalibrations that time out on both tries before one fails at once.
+pub const LANES: usize = 4;
+/// Tries of a launch whose kernel does not answer, each on a fresh lane: one
+/// retry, so a recalibration takes at most twice the timeout.
+const TRIES: usize = 2;
 /// What the kernel takes as "stop now".
 const STOP: u64 = u64::MAX;
 
@@ -128,9 +157,12 @@ const STOP: u64 = u64::MAX;
 /// kernel launch (see docs/calibration.md for measured costs).
 pub struct Calibrator {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    lanes: Lanes<Arc<CudaStream>>,
+    /// The streams' priority: the context's highest.
+    priority: i32,
     calibrate: CudaFunction,
     calibrate_pollers: CudaFunction,
+    /// [`LANES`] slots of [`SLOT_WORDS`].
     mem: MappedHost,
     timer_step_ns: u64,
     options: FitOptions,
@@ -144,6 +176,7 @@ impl std::fmt::Debug for Calibrator {
             .field("ordinal", &self.ctx.ordinal())
             .field("timer_step_ns", &self.timer_step_ns)
             .field("pollers", &self.pollers)
+            .field("abandoned", &self.lanes.abandoned())
             .field("options", &self.options)
             .finish()
     }
@@ -183,11 +216,14 @@ impl Calibrator {
         let calibrate = module.load_function("tgpu_calibrate")?;
         let calibrate_pollers = module.load_function("tgpu_calibrate_pollers")?;
         let step_fn = module.load_function("tgpu_timer_step")?;
-        let stream = ctx.new_stream()?;
-        let mem = MappedHost::new(ctx, WORDS)?;
+        ctx.bind_to_thread()?;
+        let (_, priority) = result::stream::get_priority_range()?;
+        let stream = new_stream(ctx, priority)?;
+        let mem = MappedHost::new(ctx, LANES * SLOT_WORDS)?;
         let mut me = Calibrator {
             ctx: ctx.clone(),
-            stream,
+            lanes: Lanes::new(stream, LANES),
+            priority,
             calibrate,
             calibrate_pollers,
             mem,
@@ -216,7 +252,8 @@ impl Calibrator {
         self.options = options;
     }
 
-    /// How long a round may go unanswered before [`CalibrateError::Timeout`] (2 s by default).
+    /// How long a round may go unanswered before its kernel is given up on
+    /// (2 s by default; a launch tries twice before [`CalibrateError::Timeout`]).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
@@ -242,6 +279,8 @@ impl Calibrator {
 
     /// `n` ping-pong rounds stamped with the trace clock (BOOTTIME): `n`
     /// two-sided samples, followed by the one-sided ones from stale polls.
+    ///
+    /// Never waits on a kernel that does not answer: see the module's docs.
     pub fn sample(&mut self, n: usize) -> Result<Vec<Sample>, CalibrateError> {
         self.sample_with(HostClock::Boottime, n)
     }
@@ -292,7 +331,9 @@ impl Calibrator {
         Ok(self.checkpoint(&samples)?)
     }
 
-    /// One launch of `rounds` (+ warm-up) ping-pongs.
+    /// One launch of `rounds` (+ warm-up) ping-pongs; if its kernel does not
+    /// answer, once more on a fresh lane (a new stream likely lands on another
+    /// hardware queue than the one the kernel waits in).
     fn launch_rounds(
         &mut self,
         clock: HostClock,
@@ -300,17 +341,73 @@ impl Calibrator {
         two: &mut Vec<Sample>,
         one: &mut Vec<Sample>,
     ) -> Result<(), CalibrateError> {
+        let mut tries = 0;
+        loop {
+            let (stream, slot) = self.lane()?;
+            tries += 1;
+            match self.ping_pong(&stream, slot, clock, rounds, two, one) {
+                Err(CalibrateError::Timeout { .. }) if tries < TRIES && self.lanes.can_launch() => {
+                    // The lane was abandoned: again on a fresh one.
+                }
+                Err(CalibrateError::Timeout { round, timeout, .. }) => {
+                    return Err(CalibrateError::Timeout {
+                        round,
+                        timeout,
+                        tries,
+                    });
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The lane to launch on (its stream and slot), after freeing the slots of
+    /// abandoned lanes whose kernel has run: the current one, or a new stream
+    /// on a free slot if the last was abandoned.
+    fn lane(&mut self) -> Result<(Arc<CudaStream>, usize), CalibrateError> {
+        self.ctx.bind_to_thread()?;
+        // An error is no proof the kernel will not run: such a lane stays.
+        let done = self
+            .lanes
+            .reap(|stream| matches!(stream_done(stream), Ok(true)));
+        let (ctx, priority) = (&self.ctx, self.priority);
+        let lane = match self.lanes.current_or_open(|| new_stream(ctx, priority)) {
+            Ok(Some(lane)) => Ok((lane.stream.clone(), lane.slot)),
+            Ok(None) => Err(CalibrateError::Stuck {
+                kernels: self.lanes.abandoned(),
+            }),
+            Err(e) => Err(e),
+        };
+        // Destroyed only now: cudarc synchronizes the whole context when it
+        // makes a stream while it counts none, which would wait for the kernel
+        // that the last lane was stuck behind.
+        drop(done);
+        lane
+    }
+
+    /// One launch on the lane (`stream`, `slot`). On a timeout the lane is
+    /// abandoned, not waited on, and [`CalibrateError::Timeout`] returned.
+    fn ping_pong(
+        &mut self,
+        stream: &CudaStream,
+        slot: usize,
+        clock: HostClock,
+        rounds: usize,
+        two: &mut Vec<Sample>,
+        one: &mut Vec<Sample>,
+    ) -> Result<(), CalibrateError> {
         let total = rounds + WARMUP_ROUNDS;
+        let base = slot * SLOT_WORDS;
         let mem = &self.mem;
-        mem.word(CMD).store(0, Ordering::SeqCst);
+        mem.word(base + CMD).store(0, Ordering::SeqCst);
         for i in 0..total {
-            mem.word(ACK + i).store(0, Ordering::Relaxed);
-            mem.word(STALE + i).store(0, Ordering::Relaxed);
+            mem.word(base + ACK + i).store(0, Ordering::Relaxed);
+            mem.word(base + STALE + i).store(0, Ordering::Relaxed);
         }
         let (cmd_ptr, ack_ptr, stale_ptr) = (
-            mem.device_ptr(CMD),
-            mem.device_ptr(ACK),
-            mem.device_ptr(STALE),
+            mem.device_ptr(base + CMD),
+            mem.device_ptr(base + ACK),
+            mem.device_ptr(base + STALE),
         );
         let total_u32 = total as u32;
         // One poller: the single-thread kernel; more: one thread per warp.
@@ -323,23 +420,25 @@ impl Calibrator {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(function);
+        let mut launch = stream.launch_builder(function);
         launch
             .arg(&cmd_ptr)
             .arg(&ack_ptr)
             .arg(&stale_ptr)
             .arg(&total_u32);
         // SAFETY: the kernel takes (const u64*, u64*, u64*, unsigned) as passed; the
-        // pointers map `mem`, which outlives the kernel: it is synchronized below
-        // on every path, and `mem` is only freed when the calibrator is dropped.
+        // pointers map the lane's slot of `mem`, which outlives the kernel: it is
+        // synchronized below once it has answered every round, or else its lane
+        // is abandoned, and the slot is neither used again nor freed until the
+        // stream is found done (`Calibrator`'s drop leaves `mem` pinned otherwise).
         unsafe { launch.launch(cfg) }?;
 
         let mut stamps: Vec<(u64, u64, u64, u64)> = Vec::with_capacity(total);
         for i in 0..total {
-            let ack = mem.word(ACK + i);
+            let ack = mem.word(base + ACK + i);
             let before = clock.now_ns();
             // A locked store: it is visible to the device before `posted` is read.
-            mem.word(CMD).swap(i as u64 + 1, Ordering::SeqCst);
+            mem.word(base + CMD).swap(i as u64 + 1, Ordering::SeqCst);
             let posted = clock.now_ns();
             let mut spins = 0u32;
             let mut deadline: Option<Instant> = None;
@@ -354,13 +453,17 @@ impl Calibrator {
                     match deadline {
                         None => deadline = Some(now + self.timeout),
                         Some(d) if now > d => {
-                            mem.word(CMD).store(STOP, Ordering::SeqCst);
-                            // The kernel stops on STOP; if it never started, this
-                            // waits for it to start and stop (or reports the error).
-                            self.stream.synchronize()?;
+                            // The kernel returns on STOP, in its own slot,
+                            // whenever it runs. Waiting for that could take
+                            // as long as the kernel it is queued behind.
+                            mem.word(base + CMD).store(STOP, Ordering::SeqCst);
+                            self.lanes.abandon();
+                            // A kernel (this one or another) that failed shows here.
+                            stream_done(stream)?;
                             return Err(CalibrateError::Timeout {
                                 round: i,
                                 timeout: self.timeout,
+                                tries: 1,
                             });
                         }
                         Some(_) => {}
@@ -370,14 +473,15 @@ impl Calibrator {
             let after = clock.now_ns();
             stamps.push((before, posted, device, after));
         }
-        self.stream.synchronize()?;
+        // Every round is answered: the kernel is returning.
+        stream.synchronize()?;
         for (i, &(before, posted, device, after)) in stamps.iter().enumerate().skip(WARMUP_ROUNDS) {
             two.push(Sample {
                 host_before: before,
                 device,
                 host_after: after,
             });
-            let stale = mem.word(STALE + i).load(Ordering::Acquire);
+            let stale = mem.word(base + STALE + i).load(Ordering::Acquire);
             if stale != 0 {
                 one.push(Sample::at_most(stale, posted));
             }
@@ -385,9 +489,11 @@ impl Calibrator {
         Ok(())
     }
 
-    /// Runs `tgpu_timer_step` and returns the smallest non-zero step of `%globaltimer`.
+    /// Runs `tgpu_timer_step` (in the first lane, which no kernel has used
+    /// yet) and returns the smallest non-zero step of `%globaltimer`.
     fn measure_timer_step(&mut self, step_fn: &CudaFunction) -> Result<u64, CalibrateError> {
-        let out = STALE;
+        let (stream, slot) = self.lane()?;
+        let out = slot * SLOT_WORDS + STALE;
         for i in 0..3 {
             self.mem.word(out + i).store(0, Ordering::Relaxed);
         }
@@ -398,12 +504,12 @@ impl Calibrator {
             block_dim: (1, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(step_fn);
+        let mut launch = stream.launch_builder(step_fn);
         launch.arg(&out_ptr).arg(&reads);
         // SAFETY: the kernel takes (u64*, unsigned); it writes three words of `mem`
         // and is synchronized before they are read.
         unsafe { launch.launch(cfg) }?;
-        self.stream.synchronize()?;
+        stream.synchronize()?;
         let step = self.mem.word(out).load(Ordering::Acquire);
         let changes = self.mem.word(out + 1).load(Ordering::Acquire);
         if changes == 0 || step == 0 || step == u64::MAX || step > 1_000_000 {
@@ -412,5 +518,52 @@ impl Calibrator {
             ));
         }
         Ok(step)
+    }
+}
+
+impl Drop for Calibrator {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        self.lanes
+            .reap(|stream| matches!(stream_done(stream), Ok(true)));
+        if self.lanes.abandoned() > 0 {
+            // Kernels given up on are still queued (behind a kernel that may run
+            // for minutes) and will read their slots and run the module's code.
+            // Waiting is what a timeout must not do, and unpinning the memory or
+            // unloading the module under them is unsafe. So both are kept until
+            // the process ends: at most LANES slots' worth of pinned pages, once
+            // per calibrator dropped in that state (the context stays retained).
+            // Destroying the streams is safe: the driver releases a stream once
+            // its work is done.
+            self.mem.keep_pinned();
+            std::mem::forget(self.calibrate.clone());
+        }
+    }
+}
+
+/// A non-blocking stream of the context at `priority` (its highest, from
+/// `cuCtxGetStreamPriorityRange`). Priority orders the blocks waiting for an
+/// SM, so on a GPU busy with large grids the calibration kernel's one block
+/// starts before their later waves. It is not documented to change which
+/// hardware queue a stream is fed through, so it does nothing against false
+/// serialization behind a long kernel in the same queue (a fresh stream after
+/// a timeout is for that), nor against a kernel whose blocks hold every SM's
+/// room for their whole run (blocks are not preempted for priority). Not
+/// measured on a GPU.
+fn new_stream(ctx: &Arc<CudaContext>, priority: i32) -> Result<Arc<CudaStream>, CalibrateError> {
+    Ok(ctx.new_stream_with_priority(priority)?)
+}
+
+/// Whether the stream has nothing left to run: a cheap query that never waits.
+/// An error is a failed launch or kernel, there or elsewhere in the context.
+fn stream_done(stream: &CudaStream) -> Result<bool, CalibrateError> {
+    // SAFETY: a live stream of the context bound to this thread; the query
+    // only reads its state.
+    match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        r => {
+            r.result()?;
+            Ok(true)
+        }
     }
 }

@@ -263,9 +263,10 @@ struct Worker {
     /// When a pass first found launches finished that have not been brought
     /// back since ([`Worker::bring_back_now`]).
     finished_since: Option<Instant>,
-    /// A recalibration failed while a streamed launch ran (its kernel can keep
-    /// the GPU too busy for the calibration kernel): none is tried again, and
-    /// held launches go with the checkpoints so far, until no stream runs.
+    /// A recalibration failed while a streamed launch ran (its kernel can hold
+    /// up the calibration kernel, and a failed try holds this thread for up to
+    /// twice the calibrator's timeout): none is tried again, and held launches
+    /// go with the checkpoints so far, until no stream runs.
     recalibration_paused: bool,
 }
 

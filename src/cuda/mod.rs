@@ -12,6 +12,7 @@ mod device;
 mod error;
 mod graph;
 mod job;
+mod lanes;
 mod launch;
 mod memory;
 mod names;
