@@ -920,13 +920,6 @@ class Recorder {
     last2_ = group_ > 1u ? group_ - 2u : last_;
     lane_ = records ? __popc(active & below) - first : 0xFFFFFFFFu;
     before_ = records ? lane_ - 1u : 0xFFFFFFFFu;
-    // A graph node's buffer address is loaded where it is first used (locate), most often
-    // at the flush, as the warp ends: there an L2 round trip would lengthen every warp of
-    // every node (about 0.2 µs a node on the H200). Fetched into L1 now, which holds no
-    // register across the kernel.
-    if (records && (trace.capacity & TRACE_INDIRECT) != 0) {
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(trace.base));
-    }
   }
 
   Recorder(const Recorder&) = delete;

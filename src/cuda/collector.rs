@@ -7,18 +7,18 @@
 //! [`Device`] (`memory.rs`): CUDA's in `device.rs`, host memory in the tests,
 //! which is how a device (or a second one) is simulated without a GPU.
 //!
-//! One pass: find each stream's finished launches (a stream's launches finish
-//! in order: its oldest mark is asked, then its newest, then the finished
-//! prefix's end by bisection; streams finish in any order). On CUDA a mark is
-//! a cell of host memory that the stream sets, so asking is a read, not a
-//! driver call (with events, the fallback, the queries grow with the log of
-//! the launches). What finished is brought back in bulk, every few
-//! milliseconds rather than at every pass ([`Worker::bring_back_now`]): copy
-//! every finished launch back at once, one copy per run of neighbouring
-//! regions; zero them on the device and give them back to the arena; then
-//! decode. So the collector keeps up with storms of short launches and
-//! disturbs the launching threads as little as it can: its driver calls meet
-//! their launch calls inside the driver.
+//! One pass, every few milliseconds unless the arena fills or a flush waits
+//! ([`Worker::time_to_look`]): find each stream's finished launches (a
+//! stream's launches finish in order: its oldest mark is asked, then its
+//! newest, then the finished prefix's end by bisection; streams finish in any
+//! order); copy every finished launch back at once, one copy per run of
+//! neighbouring regions; zero them on the device and give them back to the
+//! arena; then decode. The driver calls of a pass grow with the log of the
+//! launches it finds, and passes that ask are few, so the collector keeps up
+//! with storms of short launches and disturbs the launching threads as little
+//! as it can (its calls meet their launch calls inside the driver). Running
+//! streamed launches are read at every pass (their parts, read in place, need
+//! no driver call).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -139,7 +139,7 @@ impl Collector {
             held_bytes: 0,
             held_newest: 0,
             streaming: false,
-            finished_since: None,
+            last_look: Instant::now(),
             recalibration_paused: false,
         };
         let on_start = config.on_start;
@@ -205,7 +205,7 @@ impl Drop for Collector {
 }
 
 /// How long finished launches may wait for the next bring-back
-/// ([`Worker::bring_back_now`]; `CollectorConfig::bring_back_every`).
+/// ([`Worker::time_to_look`]; `CollectorConfig::bring_back_every`).
 pub(crate) const BRING_BACK_EVERY: Duration = Duration::from_millis(5);
 
 /// Decoded launches held for their checkpoint may hold this many bytes before
@@ -260,9 +260,8 @@ struct Worker {
     held_newest: u64,
     /// A streamed launch is running.
     streaming: bool,
-    /// When a pass first found launches finished that have not been brought
-    /// back since ([`Worker::bring_back_now`]).
-    finished_since: Option<Instant>,
+    /// When a pass last asked which launches had finished ([`Worker::time_to_look`]).
+    last_look: Instant,
     /// A recalibration failed while a streamed launch ran (its kernel can hold
     /// up the calibration kernel, and a failed try holds this thread for up to
     /// twice the calibrator's timeout): none is tried again, and held launches
@@ -325,7 +324,11 @@ impl Worker {
     /// brought back (or a running stream read).
     fn pass(&mut self, pending: &mut VecDeque<Job>, now: bool) -> bool {
         // Which have finished: per stream, in order, the finished ones first.
-        let n = pending.len().min(Self::PASS_LIMIT);
+        let look = now || self.time_to_look(pending);
+        let n = match look {
+            true => pending.len().min(Self::PASS_LIMIT),
+            false => 0,
+        };
         let mut outcome: Vec<Option<Result<(), ProfilerError>>> = (0..n).map(|_| None).collect();
         self.streams.clear();
         self.by_stream.iter_mut().for_each(Vec::clear);
@@ -347,21 +350,24 @@ impl Worker {
             self.finished_prefix(self.streams[k], &jobs, pending, &mut outcome);
             self.by_stream[k] = jobs;
         }
+        if look {
+            self.last_look = Instant::now();
+        }
         // Streamed launches still running: hold the parts their drain threads sent.
         self.streaming = pending
             .iter()
             .any(|j| matches!(j.work, Work::Stream { .. }));
         self.recalibration_paused &= self.streaming;
         let mut read = false;
-        for (job, o) in pending.iter_mut().zip(&outcome) {
+        let unknown = std::iter::repeat(&None);
+        for (job, o) in pending.iter_mut().zip(outcome.iter().chain(unknown)) {
             if o.is_none() && matches!(job.work, Work::Stream { .. }) {
                 read |= self.drain_running(job);
             }
         }
-        if outcome.iter().all(Option::is_none) || !(now || self.bring_back_now(pending, &outcome)) {
+        if outcome.iter().all(Option::is_none) {
             return read;
         }
-        self.finished_since = None;
         let mut done = Vec::new();
         let mut rest = VecDeque::with_capacity(pending.len());
         let mut outcome = outcome.into_iter();
@@ -376,50 +382,37 @@ impl Worker {
         true
     }
 
-    /// Whether to bring back the launches a pass found finished (`outcome`)
-    /// now, or to leave them for a later pass. A bring-back's driver calls (the
-    /// copies, the zeroing, their waits) meet the launching threads' launch
-    /// calls inside the driver, so in a storm they are made once every
-    /// [`BRING_BACK_EVERY`] for hundreds of launches, not at every pass;
-    /// finding what finished costs no driver call (`device.rs`, `Marks`), and
-    /// holding for the clock checkpoint delays delivery far longer anyway. Now
-    /// when: the oldest finished launch has waited that long, a replay or a
-    /// streamed launch finished (a graph has few replay regions; a stream's
-    /// end is its last part), a launch failed, the finished regions hold an
-    /// eighth of the arena or all pending ones a quarter (launches must not
-    /// be skipped for want of room the collector could give back), or a pass
-    /// cannot look at every pending job.
-    fn bring_back_now(
-        &mut self,
-        pending: &VecDeque<Job>,
-        outcome: &[Option<Result<(), ProfilerError>>],
-    ) -> bool {
-        let since = *self.finished_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= self.bring_back_every || pending.len() > outcome.len() {
+    /// Whether a pass asks which launches have finished (and brings them
+    /// back), or only reads the running streams. The queries, and a
+    /// bring-back's driver calls (the copies, the zeroing, their waits), meet
+    /// the launching threads' launch calls inside the driver, so in a storm
+    /// they are made once every [`BRING_BACK_EVERY`] for hundreds of launches,
+    /// not at every pass; holding for the clock checkpoint delays delivery
+    /// far longer anyway. At once when a replay is pending (a graph has few
+    /// replay regions), when the pending regions hold an eighth of the arena
+    /// (launches must not be skipped for want of room the collector could
+    /// give back), or when a pass cannot look at every pending job.
+    fn time_to_look(&self, pending: &VecDeque<Job>) -> bool {
+        if self.last_look.elapsed() >= self.bring_back_every || pending.len() > Self::PASS_LIMIT {
             return true;
         }
-        let (mut finished, mut outstanding) = (0, 0);
-        for (job, o) in pending.iter().zip(outcome) {
-            match (&job.work, o) {
-                (_, Some(Err(_))) => return true,
-                (Work::Launch { place, .. }, _) => {
-                    outstanding += place.region.len;
-                    finished += o.as_ref().map_or(0, |_| place.region.len);
-                }
-                (_, Some(Ok(()))) => return true,
-                (_, None) => {}
+        let mut outstanding = 0;
+        for job in pending {
+            match &job.work {
+                Work::Launch { place, .. } => outstanding += place.region.len,
+                Work::Replay { .. } => return true,
+                Work::Stream { .. } => {}
             }
         }
-        let capacity = self.arena.capacity();
-        finished >= capacity / 8 || outstanding >= capacity / 4
+        outstanding >= self.arena.capacity() / 8
     }
 
     /// Finds which of one stream's jobs (`jobs`: their places in `pending`, in
     /// launch order) have finished. Launches on a stream finish in order, so
     /// they are a prefix: the oldest is asked first (unfinished: none is, one
     /// query), then the newest (finished: all are, two), then the prefix's end
-    /// by bisection, so a pass asks about log₂ of a stream's launches at most,
-    /// not each: where marks are events, the collector's queries contend with
+    /// by bisection, so a pass asks the driver about log₂ of a stream's
+    /// launches at most, not each: the collector's event queries contend with
     /// the launching threads' calls inside the driver (docs/performance.md).
     /// The per-thread default stream
     /// is one handle for many streams, which finish in any order: asked one by

@@ -73,7 +73,7 @@ struct Sim(Arc<Gpu>);
 impl Device for Sim {
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
         self.0.queries.fetch_add(1, Ordering::Relaxed);
-        Ok(mark.signal.is_none_or(|e| self.0.fired.lock().contains(&e)))
+        Ok(mark.event.is_none_or(|e| self.0.fired.lock().contains(&e)))
     }
 
     fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError> {
@@ -107,7 +107,7 @@ impl Device for Sim {
     fn release(&mut self, marks: &[Mark]) {
         self.0.releases.fetch_add(1, Ordering::Relaxed);
         let mut fired = self.0.fired.lock();
-        for e in marks.iter().filter_map(|m| m.signal) {
+        for e in marks.iter().filter_map(|m| m.event) {
             fired.remove(&e);
             self.0.released.fetch_add(1, Ordering::Relaxed);
         }
@@ -266,10 +266,7 @@ impl Rig {
             },
             dispatch: tracing::dispatcher::get_default(|d| d.clone()),
             span,
-            mark: Mark {
-                stream,
-                signal: event,
-            },
+            mark: Mark { stream, event },
             work: Work::Launch {
                 header,
                 place: Place {

@@ -1,5 +1,5 @@
 //! The CUDA side of the collector's [`Device`]: trace memory (device memory
-//! with a pinned mirror), the marks that say a launch finished, and the bulk copy back
+//! with a pinned mirror), the events that mark launches, and the bulk copy back
 //! and zeroing on the profiler's own stream.
 //!
 //! Raw driver calls are used on purpose: cudarc's safe buffers track reads and
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use super::error::ProfilerError;
 use super::memory::{Device, Kind, Mark, Memory, Place, ARMED};
@@ -53,189 +53,63 @@ impl Drop for Stream {
     }
 }
 
-/// What marks the end of a launch's work on its stream, made ahead and reused
-/// so that a launch makes none.
-///
-/// Where the device takes stream memory operations, a mark is a 32-bit cell of
-/// pinned host memory mapped into the device, which `cuStreamWriteValue32`
-/// sets once everything before it on the stream has finished (after a memory
-/// barrier: the kernel's records are written first). The collector then learns
-/// which launches finished by reading host memory, with no driver call: its
-/// event queries were what met the launching threads' launch calls inside the
-/// driver (docs/performance.md, "Taking the added time apart"). Elsewhere (a
-/// driver that refuses the probe at build) a mark is an event, asked with
-/// `cuEventQuery`. Either way the launching thread makes one call besides the
-/// launch; a mark set by the kernel itself would need every warp of the grid
-/// to report (a counter and a fence per warp, which cost 0.6-0.9 µs per kernel
-/// on the H200, shared/device.md) and would never come for warps that do not
-/// record.
-pub(crate) struct Marks {
+/// Events to mark launches with, created ahead and reused, so that a launch
+/// creates none.
+pub(crate) struct Events {
     ctx: Arc<CudaContext>,
-    via: Via,
-    free: Mutex<Vec<u64>>,
+    free: Mutex<Vec<usize>>,
 }
 
-/// How marks are made.
-enum Via {
-    /// Blocks of [`Marks::CELLS`] cells; a mark is `block << 32 | cell`.
-    Cells(RwLock<Vec<Arc<Memory>>>),
-    /// Events, a mark is the `CUevent`.
-    Events,
-}
-
-/// The value a cell is set to when its launch has finished (zero before).
-const SET: u32 = 1;
-
-impl Marks {
-    /// Cells in a block of mapped memory (16 KiB), allocated again only when
-    /// every cell is in use.
-    const CELLS: usize = 4096;
-
-    /// Marks for launches on `ctx`: cells if a probe write on a stream of our
-    /// own lands in one, events otherwise (1,024 made ahead).
-    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Marks, DriverError> {
-        let mut marks = Marks {
+impl Events {
+    /// `ahead` events made now.
+    pub(crate) fn new(ctx: &Arc<CudaContext>, ahead: usize) -> Result<Events, DriverError> {
+        let events = Events {
             ctx: ctx.clone(),
-            via: Via::Cells(RwLock::new(Vec::new())),
-            free: Mutex::new(Vec::with_capacity(Self::CELLS)),
+            free: Mutex::new(Vec::with_capacity(ahead)),
         };
-        let probed = marks.grow().and_then(|()| {
-            let stream = Stream::new(ctx)?;
-            let mark = marks.record(stream.raw())?;
-            // SAFETY: our own stream.
-            unsafe { result::stream::synchronize(stream.raw())? };
-            let set = marks.finished(mark)?;
-            marks.put([mark]);
-            Ok(set)
-        });
-        if !matches!(probed, Ok(true)) {
-            marks.via = Via::Events;
-            let made = (0..1024)
-                .map(|_| marks.create_event())
-                .collect::<Result<Vec<_>, _>>()?;
-            *marks.free.lock() = made;
-        }
-        Ok(marks)
+        let made = (0..ahead)
+            .map(|_| events.create())
+            .collect::<Result<Vec<_>, _>>()?;
+        *events.free.lock() = made;
+        Ok(events)
     }
 
-    /// How launches are marked: `"memory"` (cells) or `"events"`.
-    pub(crate) fn via(&self) -> &'static str {
-        match self.via {
-            Via::Cells(_) => "memory",
-            Via::Events => "events",
-        }
-    }
-
-    /// Another block of cells, all free.
-    fn grow(&self) -> Result<(), DriverError> {
-        let Via::Cells(blocks) = &self.via else {
-            return Ok(());
-        };
-        let memory = Arc::new(allocate_mapped(&self.ctx, Kind::Marks, Self::CELLS * 4)?);
-        let mut blocks = blocks.write();
-        let b = (blocks.len() as u64) << 32;
-        blocks.push(memory);
-        self.free
-            .lock()
-            .extend((0..Self::CELLS as u64).rev().map(|c| b | c));
-        Ok(())
-    }
-
-    fn create_event(&self) -> Result<u64, DriverError> {
+    fn create(&self) -> Result<usize, DriverError> {
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; the caller has bound the context.
         unsafe { sys::cuEventCreate(&mut raw, flags).result()? };
-        Ok(raw as u64)
+        Ok(raw as usize)
     }
 
-    /// The block holding `mark`, and the cell's byte offset in it.
-    fn cell(blocks: &[Arc<Memory>], mark: u64) -> (&Memory, usize) {
-        (
-            &blocks[(mark >> 32) as usize],
-            (mark & 0xffff_ffff) as usize * 4,
-        )
-    }
-
-    /// Marks the end of the work enqueued so far on `stream` (a new mark only
-    /// when all are in use).
+    /// Records an event on `stream` (a new one only when all are in use).
     pub(crate) fn record(&self, stream: sys::CUstream) -> Result<u64, DriverError> {
-        let mark = loop {
-            if let Some(m) = self.free.lock().pop() {
-                break m;
-            }
-            match self.via {
-                Via::Cells(_) => self.grow()?,
-                Via::Events => break self.create_event()?,
-            }
+        let event = match self.free.lock().pop() {
+            Some(e) => e,
+            None => self.create()?,
         };
-        // SAFETY: a live mark of this context (a cell of a block we own, or an
-        // event); the caller has bound the context and owns the stream.
-        let recorded = unsafe {
-            match &self.via {
-                Via::Cells(blocks) => {
-                    let blocks = blocks.read();
-                    let (memory, offset) = Self::cell(&blocks, mark);
-                    sys::cuStreamWriteValue32_v2(
-                        stream,
-                        memory.dptr + offset as u64,
-                        SET,
-                        sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-                    )
-                    .result()
-                }
-                Via::Events => result::event::record(mark as sys::CUevent, stream),
-            }
-        };
-        match recorded {
-            Ok(()) => Ok(mark),
+        // SAFETY: a live event of this context; the caller has bound it and
+        // owns the stream.
+        match unsafe { result::event::record(event as sys::CUevent, stream) } {
+            Ok(()) => Ok(event as u64),
             Err(e) => {
-                self.free.lock().push(mark);
+                self.free.lock().push(event);
                 Err(e)
             }
         }
     }
 
-    /// Whether the work before `mark` has finished. A cell is read, not asked.
-    pub(crate) fn finished(&self, mark: u64) -> Result<bool, DriverError> {
-        match &self.via {
-            Via::Cells(blocks) => {
-                let blocks = blocks.read();
-                let (memory, offset) = Self::cell(&blocks, mark);
-                Ok(memory.load_u32(offset) == SET)
-            }
-            // SAFETY: a live event of this context, recorded by a launching thread.
-            Via::Events => match unsafe { sys::cuEventQuery(mark as sys::CUevent) } {
-                sys::CUresult::CUDA_SUCCESS => Ok(true),
-                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-                e => Err(DriverError(e)),
-            },
-        }
-    }
-
-    /// Gives marks back (their work finished, or never enqueued), under one
-    /// lock: the launching threads pop from the same list, and a lock per mark
-    /// would meet them once per launch. Cells are cleared first.
-    pub(crate) fn put(&self, marks: impl IntoIterator<Item = u64>) {
+    /// Gives events back, under one lock: the launching threads pop from the
+    /// same list, and a lock per event would meet them once per launch.
+    pub(crate) fn put(&self, events: impl IntoIterator<Item = u64>) {
         let mut free = self.free.lock();
-        match &self.via {
-            Via::Cells(blocks) => {
-                let blocks = blocks.read();
-                for m in marks {
-                    let (memory, offset) = Self::cell(&blocks, m);
-                    memory.publish_u32(offset, 0);
-                    free.push(m);
-                }
-            }
-            Via::Events => free.extend(marks),
-        }
+        free.extend(events.into_iter().map(|e| e as usize));
     }
 }
 
-impl Drop for Marks {
+impl Drop for Events {
     fn drop(&mut self) {
-        // Cells go with their blocks (each `Memory` frees itself).
-        if matches!(self.via, Via::Events) && self.ctx.bind_to_thread().is_ok() {
+        if self.ctx.bind_to_thread().is_ok() {
             for e in self.free.lock().drain(..) {
                 // SAFETY: owned, not in use (given back), destroyed once.
                 let _ = unsafe { result::event::destroy(e as sys::CUevent) };
@@ -302,12 +176,8 @@ pub(crate) fn allocate(
 
 /// `len` bytes of pinned host memory mapped into the device's address space,
 /// zeroed: the streaming arena ([`Kind::Stream`]), which kernels write and the
-/// collector reads in place, or a block of [`Marks`] ([`Kind::Marks`]).
-pub(crate) fn allocate_mapped(
-    ctx: &Arc<CudaContext>,
-    kind: Kind,
-    len: usize,
-) -> Result<Memory, DriverError> {
+/// collector reads in place.
+pub(crate) fn allocate_mapped(ctx: &Arc<CudaContext>, len: usize) -> Result<Memory, DriverError> {
     ctx.bind_to_thread()?;
     // SAFETY: a plain allocation, checked; freed by the returned Memory (or here on error).
     let host = unsafe { result::malloc_host(len.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)? };
@@ -325,7 +195,7 @@ pub(crate) fn allocate_mapped(
     unsafe { std::ptr::write_bytes(host.as_ptr(), 0, len.max(1)) };
     let owner = ctx.clone();
     Ok(Memory::new(
-        kind,
+        Kind::Stream,
         dptr,
         len,
         host,
@@ -345,7 +215,7 @@ pub(crate) struct CudaDevice {
     stream: Stream,
     /// Recorded after a bulk copy or zeroing; sleeps rather than spins.
     done: sys::CUevent,
-    marks: Arc<Marks>,
+    events: Arc<Events>,
     /// Scratch: the runs of a bulk operation.
     runs: Vec<(Arc<Memory>, usize, usize)>,
 }
@@ -357,7 +227,7 @@ impl CudaDevice {
     /// How long the collector sleeps when nothing has finished.
     pub(crate) const POLL: Duration = Duration::from_micros(100);
 
-    pub(crate) fn new(ctx: &Arc<CudaContext>, marks: Arc<Marks>) -> Result<Self, DriverError> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, events: Arc<Events>) -> Result<Self, DriverError> {
         let stream = Stream::new(ctx)?;
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
             | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
@@ -368,7 +238,7 @@ impl CudaDevice {
             ctx: ctx.clone(),
             stream,
             done,
-            marks,
+            events,
             runs: Vec::new(),
         })
     }
@@ -413,9 +283,14 @@ impl Drop for CudaDevice {
 
 impl Device for CudaDevice {
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
-        match mark.signal {
-            Some(m) => Ok(self.marks.finished(m)?),
-            None => Ok(true),
+        let Some(event) = mark.event else {
+            return Ok(true);
+        };
+        // SAFETY: a live event of this context, recorded by a launching thread.
+        match unsafe { sys::cuEventQuery(event as sys::CUevent) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(DriverError(e).into()),
         }
     }
 
@@ -464,7 +339,7 @@ impl Device for CudaDevice {
     }
 
     fn release(&mut self, marks: &[Mark]) {
-        self.marks.put(marks.iter().filter_map(|m| m.signal));
+        self.events.put(marks.iter().filter_map(|m| m.event));
     }
 
     fn idle(&mut self) {

@@ -83,7 +83,7 @@ impl SimGraph {
             span,
             mark: Mark {
                 stream,
-                signal: Some(event),
+                event: Some(event),
             },
             work: Work::Replay {
                 replay,

@@ -64,8 +64,8 @@ impl Profiler {
         Ok(value)
     }
 
-    /// Marks the end of what was just launched on `stream` (`device.rs`,
-    /// `Marks`) and sends the job to the collector. If no mark can be made, the
+    /// Marks the end of what was just launched on `stream` with an event and
+    /// sends the job to the collector. If no event can be recorded, the
     /// launching thread waits for the stream itself and sends the job marked
     /// finished: the trace is kept if it can be, and the region comes back
     /// either way (the error is said at the next flush).
@@ -76,7 +76,7 @@ impl Profiler {
         launch: LaunchInfo,
         work: Work,
     ) {
-        let signal = match self.marks.record(stream.cu_stream()) {
+        let event = match self.events.record(stream.cu_stream()) {
             Ok(ev) => Some(ev),
             Err(e) => {
                 self.shared.push_error(e.into());
@@ -92,7 +92,7 @@ impl Profiler {
             span,
             mark: Mark {
                 stream: stream.cu_stream() as u64,
-                signal,
+                event,
             },
             work,
         });

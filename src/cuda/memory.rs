@@ -27,9 +27,6 @@ pub(crate) enum Kind {
     /// it while kernels write it, and zeroes a region itself before giving it
     /// back (`stream.rs`).
     Stream,
-    /// Host memory mapped into the device, holding the cells that mark
-    /// launches finished (`device.rs`, `Marks`); never a launch's place.
-    Marks,
 }
 
 /// A replay region starts with this header (the prologue writes it); the
@@ -215,19 +212,18 @@ pub(crate) struct Place {
     pub region: Region,
 }
 
-/// What says a launch has finished: a signal enqueued after it on its stream
-/// (CUDA: a cell of host memory the stream sets, or an event; `device.rs`).
-/// Launches on one stream finish in order, so the collector asks about a
-/// stream's finished prefix, not each launch.
+/// What says a launch has finished: an event recorded after it on its stream.
+/// Launches on one stream finish in order, so the collector asks only about
+/// the oldest unfinished mark of each stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Mark {
     /// The stream the launch went to (a key: only compared).
     pub stream: u64,
-    /// The signal enqueued after the work (the simulator's: any key it likes);
-    /// `None` when none could be enqueued and the launching thread waited for
+    /// The event recorded after the work (the simulator's: any key it likes);
+    /// `None` when none could be recorded and the launching thread waited for
     /// the work itself: finished, and handed over all the same, so that its
     /// region comes back (zeroed, or re-armed) like any other.
-    pub signal: Option<u64>,
+    pub event: Option<u64>,
 }
 
 /// The device operations of the collector thread. Everything is done in bulk:
@@ -241,8 +237,8 @@ pub(crate) trait Device: Send {
     /// Zeroes `places` on the device (and arms replay regions again), all
     /// before returning; then the regions may be used again.
     fn recycle(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;
-    /// The collector is done with a pass's `marks`: their signals may be reused
-    /// (all at once: the launching threads take them from the same pool).
+    /// The collector is done with a pass's `marks`: their events may be reused
+    /// (all at once: the launching threads take events from the same pool).
     fn release(&mut self, marks: &[Mark]);
     /// Nothing has finished: wait a little (the poll interval) before asking again.
     fn idle(&mut self);

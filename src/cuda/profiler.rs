@@ -24,20 +24,19 @@
 //!
 //! On the launching thread: a host span, a region of the arena (a short lock
 //! shared with the collector, which holds it only to give regions back), one
-//! clock read, the launch itself, and one mark enqueued after it on the
-//! application's stream (a write of a cell of mapped host memory, which the
-//! collector reads without asking the driver; marks are made ahead and
-//! reused), and a channel send. Besides the launch, two driver calls: the
-//! mark, and asking whether the stream is capturing a graph (not asked of
-//! the legacy stream, which cannot capture). Nothing is allocated on the device, and no
+//! clock read, the launch itself, and one event recorded after it on the
+//! application's stream (events are made ahead and reused), and a channel
+//! send. Besides the launch, two driver calls: the event, and asking whether
+//! the stream is capturing a graph (not asked of the legacy stream, which
+//! cannot capture). Nothing is allocated on the device, and no
 //! copy, memset or synchronisation is added to the application's stream: the
 //! arena was zeroed when it was made, and the collector zeroes each region
 //! (on its own stream) before giving it back. The device never reads the
 //! buffer header (`docs/format.md`), so the collector writes it into the host
 //! copy.
 //!
-//! The collector reads which launches finished, copies
-//! every finished one back at once (one copy per run of neighbouring regions),
+//! The collector asks each stream for its finished launches every few
+//! milliseconds, copies every finished one back at once (one copy per run of neighbouring regions),
 //! zeroes them, and decodes (`collector.rs`); docs/architecture.md says why
 //! it is built this way, and which designs were weighed.
 //!
@@ -73,7 +72,7 @@ use super::collector::ProfilerStats;
 use super::collector::{
     Collector, CollectorConfig, Recalibrate, Recalibration, Round, Shared, BRING_BACK_EVERY,
 };
-use super::device::{allocate, device_info, CudaDevice, Marks};
+use super::device::{allocate, device_info, CudaDevice, Events};
 use super::error::{CalibrateError, ProfilerError};
 use super::graph::{Graphs, ProfiledGraph};
 use super::job::Work;
@@ -325,7 +324,8 @@ impl ProfilerBuilder {
         let shared = Shared::new(Calibration::new(first.checkpoint.clone()));
         let memory = Arc::new(allocate(&ctx, Kind::Arena, self.memory_limit, None, None)?);
         let arena = Arc::new(Arena::new(self.memory_limit));
-        let marks = Arc::new(Marks::new(&ctx)?);
+        // Enough for the launches a busy stream holds in its queue.
+        let events = Arc::new(Events::new(&ctx, 1024)?);
         let graphs = Graphs::new(&ctx, self.lineinfo)?;
         let bind = ctx.clone();
         let collector = Collector::spawn(
@@ -334,7 +334,7 @@ impl ProfilerBuilder {
                 registry: Arc::new(registry),
                 recalibrate,
                 archive,
-                backend: Box::new(CudaDevice::new(&ctx, marks.clone())?),
+                backend: Box::new(CudaDevice::new(&ctx, events.clone())?),
                 arena: arena.clone(),
                 // Half the cores, up to 4: the application and the sinks' writer
                 // threads need the rest.
@@ -363,7 +363,7 @@ impl ProfilerBuilder {
             graph_regions: self.graph_regions,
             memory,
             arena,
-            marks,
+            events,
             graphs,
             shared,
             collector,
@@ -383,7 +383,7 @@ pub struct Profiler {
     /// The arena's device memory and mirror; `arena` says which bytes are whose.
     memory: Arc<Memory>,
     arena: Arc<Arena>,
-    pub(super) marks: Arc<Marks>,
+    pub(super) events: Arc<Events>,
     graphs: Arc<Graphs>,
     pub(super) shared: Arc<Shared>,
     pub(super) collector: Collector,
@@ -397,7 +397,6 @@ impl std::fmt::Debug for Profiler {
         f.debug_struct("Profiler")
             .field("device", &self.device)
             .field("capacity", &self.capacity)
-            .field("marks", &self.marks.via())
             .field("stats", &self.stats())
             .finish_non_exhaustive()
     }

@@ -171,7 +171,7 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
         span,
         mark: Mark {
             stream: 9,
-            signal: Some(event),
+            event: Some(event),
         },
         work: Work::Stream {
             header,

@@ -33,7 +33,7 @@ use cudarc::driver::{sys, CudaStream, LaunchConfig};
 use super::device::allocate_mapped;
 use super::error::ProfilerError;
 use super::job::Work;
-use super::memory::{Kind, Place, Shape};
+use super::memory::{Place, Shape};
 use super::profiler::{Profiler, ProfilerBuilder};
 use super::ring::Arena;
 use crate::batch::DeviceInfo;
@@ -138,7 +138,7 @@ impl Streaming<'_> {
             match &*slot {
                 Some(pair) => pair.clone(),
                 None => {
-                    let memory = Arc::new(allocate_mapped(&p.ctx, Kind::Stream, settings.memory)?);
+                    let memory = Arc::new(allocate_mapped(&p.ctx, settings.memory)?);
                     let pair = (memory, Arc::new(Arena::new(settings.memory)));
                     *slot = Some(pair.clone());
                     pair

@@ -16,31 +16,30 @@
 //! - `plain`: the launch alone;
 //! - `floor`: the launch, then the driver calls the profiled launch makes besides
 //!   it (`cuStreamIsCapturing`, skipped on the legacy stream, which cannot capture;
-//!   `cuStreamWriteValue32` into a cell of mapped host memory, the profiler's mark):
-//!   what the design cannot go under;
-//! - `floor-event`: the same with `cuEventRecord` of one reused event for the mark
-//!   (the profiler's marks before they were cells, and its fallback where a driver
-//!   refuses stream memory operations);
+//!   `cuEventRecord` of one reused event): what the design cannot go under;
+//! - `floor-cell`: the same with `cuStreamWriteValue32` into a cell of mapped host
+//!   memory instead of the event: a mark the collector could read without asking
+//!   the driver (weighed in docs/architecture.md; it costs the launch call more);
 //! - `unsubscribed`: `gpu_profile!` with no subscriber (the launch span disabled);
 //! - `profiled`: `gpu_profile!` with the Perfetto layer, the launch span included.
 //!
 //! And two that take the profiled call apart (suspects of issue #12):
-//! - `floor-collector`: *floor-event*, with an event per launch from a ring of the thread's
+//! - `floor-collector`: *floor*, with an event per launch from a ring of the thread's
 //!   own, while a stand-in collector thread makes an event-asking collector's driver calls on
 //!   those events and on memory of the arena's size
 //!   ([`tracing_gpu_bench::fake_collector`]: an event query per finished launch, a
 //!   copy back and a memset of their trace bytes on a non-blocking stream of its own,
-//!   each waited for). Minus *floor-event*: what such a collector's driver calls cost the
+//!   each waited for). Minus *floor*: what such a collector's driver calls cost the
 //!   launch call inside the driver. It has no lock, no channel, no span. With
 //!   `--bisect` its collector asks about log2(launches) events a pass instead of one
 //!   per launch: whether the event queries are what costs;
 //! - `host-only`: *profiled* (Perfetto layer), but the kernel gets the trace with its
 //!   base set to 0, so that it records nothing and is as long as the plain one; the
-//!   host does all it does for a recorded launch (a region, the mark, the job; the
+//!   host does all it does for a recorded launch (a region, the event, the job; the
 //!   collector copies, zeroes and decodes the region). *Profiled* minus it: what the
 //!   longer recorded kernel costs the call (the queue waiting for the device); it
-//!   minus *floor*: the profiler's host path beyond the launch call's driver calls
-//!   (locks, channel, span, names, and the collector's copies met inside the driver).
+//!   minus *floor-collector*: the profiler's host path beyond the driver calls (locks,
+//!   channel, span, names).
 //!
 //! `--launches` launch calls of each variant are made in blocks of `--block`, the
 //! variants in turn (one warm-up block of each first, not counted), by `--threads`
@@ -94,12 +93,11 @@ use tracing_gpu_bench::trace::PerfettoTrace;
 /// Short launches back to back, plain against profiled.
 ///
 /// With all the variants, the profiled call's time over plain is taken apart: floor −
-/// plain (the call's other driver calls), host-only − floor (the profiler's host path:
-/// arena and mark locks, job channel, span, names, and the collector's copies met
-/// inside the driver), profiled − host-only (the longer recorded kernel: the queue
-/// waiting for the device); and, for the design with events, floor-event − floor (an
-/// event instead of a cell) and floor-collector − floor-event (an event-asking
-/// collector's driver calls).
+/// plain (the call's other driver calls), floor-collector − floor (the collector's
+/// driver calls, met inside the driver), host-only − floor-collector (the profiler's
+/// host path: arena and event locks, job channel, span, names), profiled − host-only
+/// (the longer recorded kernel: the queue waiting for the device); and floor-cell −
+/// floor (a cell written by the stream instead of an event).
 #[derive(Parser, Debug)]
 #[command(name = "storm")]
 struct Args {
@@ -158,8 +156,8 @@ enum Variant {
     Plain,
     /// The launch and the profiled call's other driver calls.
     Floor,
-    /// `floor`, with an event for the mark.
-    FloorEvent,
+    /// `floor`, with a cell of mapped host memory for the mark.
+    FloorCell,
     /// `floor`, with an event per launch, beside a thread making the collector's driver calls.
     FloorCollector,
     /// `gpu_profile!` without a subscriber.
@@ -175,7 +173,7 @@ impl Variant {
         match self {
             Variant::Plain => "plain",
             Variant::Floor => "floor (+ driver calls)",
-            Variant::FloorEvent => "floor, event for the mark",
+            Variant::FloorCell => "floor, cell for the mark",
             Variant::FloorCollector => "floor + collector's driver calls",
             Variant::Unsubscribed => "gpu_profile!, no subscriber",
             Variant::HostOnly => "gpu_profile!, kernel not recording",
@@ -187,7 +185,7 @@ impl Variant {
         match self {
             Variant::Plain => "plain",
             Variant::Floor => "floor",
-            Variant::FloorEvent => "floor_event",
+            Variant::FloorCell => "floor_cell",
             Variant::FloorCollector => "floor_collector",
             Variant::Unsubscribed => "unsubscribed",
             Variant::HostOnly => "host_only",
@@ -365,9 +363,9 @@ impl Storm<'_> {
             let start = Instant::now();
             match variant {
                 Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
-                Variant::Floor | Variant::FloorEvent => {
+                Variant::Floor | Variant::FloorCell => {
                     short.launch(stream, b, &KernelArg::default())?;
-                    floor.after_capture_check(stream, variant == Variant::FloorEvent)?;
+                    floor.after_capture_check(stream, variant == Variant::FloorCell)?;
                 }
                 Variant::FloorCollector => {
                     short.launch(stream, b, &KernelArg::default())?;
@@ -586,13 +584,9 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     // The profiled call's time over plain, taken apart (module docs).
     let parts = [
         ("floor", Variant::Floor, Variant::Plain),
-        ("event_mark", Variant::FloorEvent, Variant::Floor),
-        (
-            "event_collector_calls",
-            Variant::FloorCollector,
-            Variant::FloorEvent,
-        ),
-        ("host_path", Variant::HostOnly, Variant::Floor),
+        ("cell_mark", Variant::FloorCell, Variant::Floor),
+        ("collector_calls", Variant::FloorCollector, Variant::Floor),
+        ("host_path", Variant::HostOnly, Variant::FloorCollector),
         ("longer_kernel", Variant::Profiled, Variant::HostOnly),
     ];
     let parts: Vec<_> = parts
@@ -687,8 +681,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
 }
 
 /// A mark of its own, made after a capture check: the floor variants' driver calls,
-/// as `Profiler::launch` makes them (a cell of mapped host memory written by the
-/// stream, or an event).
+/// as `Profiler::launch` makes them (an event), or with a cell of mapped host
+/// memory written by the stream instead (`floor-cell`).
 struct Floor {
     event: sys::CUevent,
     cell: *mut std::ffi::c_void,
@@ -719,17 +713,17 @@ impl Floor {
         Ok(f)
     }
 
-    fn after_capture_check(&self, stream: &CudaStream, event: bool) -> Result<(), DriverError> {
+    fn after_capture_check(&self, stream: &CudaStream, cell: bool) -> Result<(), DriverError> {
         let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         // SAFETY: a live stream, event and mapped cell of the bound context.
         unsafe {
             if !stream.cu_stream().is_null() {
                 result::stream::is_capturing(stream.cu_stream())?;
             }
-            match event {
-                true => sys::cuEventRecord(self.event, stream.cu_stream()).result(),
-                false => sys::cuStreamWriteValue32_v2(stream.cu_stream(), self.cell_dptr, 1, write)
+            match cell {
+                true => sys::cuStreamWriteValue32_v2(stream.cu_stream(), self.cell_dptr, 1, write)
                     .result(),
+                false => sys::cuEventRecord(self.event, stream.cu_stream()).result(),
             }
         }
     }
