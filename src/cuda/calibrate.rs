@@ -16,12 +16,12 @@
 //! issued maps to no later than the host stamp taken right after the write.
 //! [`ClockMap::fit`] turns them into a map with a bound (see [`crate::clock`]).
 //!
-//! A round that goes unanswered for the timeout (2 s) is not waited on: the
-//! kernel is most likely queued behind another kernel that shares its stream's
-//! hardware queue. Its stream and memory are abandoned with STOP written there,
-//! and the launch is tried once more on a fresh stream and memory; with
-//! [`LANES`] kernels abandoned and still queued, a calibration fails at once
-//! ([`CalibrateError::Stuck`]). docs/calibration.md has the details.
+//! A round that goes unanswered for the timeout (2 s) is not waited on (the
+//! kernel may be queued behind a kernel that runs for minutes): its stream and
+//! memory are abandoned with STOP written there, and the next launch goes to a
+//! fresh stream and memory; with [`LANES`] kernels abandoned and still queued,
+//! a calibration fails at once ([`CalibrateError::Stuck`]).
+//! docs/calibration.md has the details.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -142,12 +142,9 @@ const SLOT_WORDS: usize = WORDS.next_multiple_of(16);
 /// Lanes (stream + slot): the one in use and those abandoned after a timeout
 /// whose kernel has not run yet. All slots are pinned when the calibrator is
 /// made (4 × 66 KB): pinning and unpinning host memory while a kernel runs may
-/// wait for the GPU, which is what a timeout must not do. Four allow two
-/// recalibrations that time out on both tries before one fails at once.
+/// wait for the GPU, which is what a timeout must not do. Four allow four
+/// recalibrations that time out before one fails at once.
 pub const LANES: usize = 4;
-/// Tries of a launch whose kernel does not answer, each on a fresh lane: one
-/// retry, so a recalibration takes at most twice the timeout.
-const TRIES: usize = 2;
 /// What the kernel takes as "stop now".
 const STOP: u64 = u64::MAX;
 
@@ -253,7 +250,7 @@ impl Calibrator {
     }
 
     /// How long a round may go unanswered before its kernel is given up on
-    /// (2 s by default; a launch tries twice before [`CalibrateError::Timeout`]).
+    /// (2 s by default), with [`CalibrateError::Timeout`].
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
@@ -331,9 +328,8 @@ impl Calibrator {
         Ok(self.checkpoint(&samples)?)
     }
 
-    /// One launch of `rounds` (+ warm-up) ping-pongs; if its kernel does not
-    /// answer, once more on a fresh lane (a new stream likely lands on another
-    /// hardware queue than the one the kernel waits in).
+    /// One launch of `rounds` (+ warm-up) ping-pongs, on the current lane (a
+    /// fresh one after a timeout).
     fn launch_rounds(
         &mut self,
         clock: HostClock,
@@ -341,24 +337,8 @@ impl Calibrator {
         two: &mut Vec<Sample>,
         one: &mut Vec<Sample>,
     ) -> Result<(), CalibrateError> {
-        let mut tries = 0;
-        loop {
-            let (stream, slot) = self.lane()?;
-            tries += 1;
-            match self.ping_pong(&stream, slot, clock, rounds, two, one) {
-                Err(CalibrateError::Timeout { .. }) if tries < TRIES && self.lanes.can_launch() => {
-                    // The lane was abandoned: again on a fresh one.
-                }
-                Err(CalibrateError::Timeout { round, timeout, .. }) => {
-                    return Err(CalibrateError::Timeout {
-                        round,
-                        timeout,
-                        tries,
-                    });
-                }
-                other => return other,
-            }
-        }
+        let (stream, slot) = self.lane()?;
+        self.ping_pong(&stream, slot, clock, rounds, two, one)
     }
 
     /// The lane to launch on (its stream and slot), after freeing the slots of
@@ -463,7 +443,6 @@ impl Calibrator {
                             return Err(CalibrateError::Timeout {
                                 round: i,
                                 timeout: self.timeout,
-                                tries: 1,
                             });
                         }
                         Some(_) => {}
@@ -546,10 +525,9 @@ impl Drop for Calibrator {
 /// SM, so on a GPU busy with large grids the calibration kernel's one block
 /// starts before their later waves. It is not documented to change which
 /// hardware queue a stream is fed through, so it does nothing against false
-/// serialization behind a long kernel in the same queue (a fresh stream after
-/// a timeout is for that), nor against a kernel whose blocks hold every SM's
-/// room for their whole run (blocks are not preempted for priority). Not
-/// measured on a GPU.
+/// serialization behind a long kernel in the same queue, nor against a kernel
+/// whose blocks hold every SM's room for their whole run (blocks are not
+/// preempted for priority). Not measured on a GPU.
 fn new_stream(ctx: &Arc<CudaContext>, priority: i32) -> Result<Arc<CudaStream>, CalibrateError> {
     Ok(ctx.new_stream_with_priority(priority)?)
 }

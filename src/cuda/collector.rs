@@ -263,8 +263,8 @@ struct Worker {
     /// When a pass last asked which launches had finished ([`Worker::time_to_look`]).
     last_look: Instant,
     /// A recalibration failed while a streamed launch ran (its kernel can hold
-    /// up the calibration kernel, and a failed try holds this thread for up to
-    /// twice the calibrator's timeout): none is tried again, and held launches
+    /// up the calibration kernel, and a failed try holds this thread for the
+    /// calibrator's timeout): none is tried again, and held launches
     /// go with the checkpoints so far, until no stream runs.
     recalibration_paused: bool,
 }

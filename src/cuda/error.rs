@@ -39,18 +39,15 @@ pub enum CalibrateError {
     /// The samples could not be fitted.
     #[error("clock fit: {0}")]
     Fit(#[from] ClockError),
-    /// The GPU did not answer a round in time, on any try: its kernel waits
-    /// behind another (its stream shares a hardware queue with a long
-    /// kernel's, or the GPU has no room to start it). The kernels were not
-    /// waited on: each returns, unanswered, whenever it starts.
-    #[error("the calibration kernel did not answer round {round} within {} ms (tries: {tries}, each on its own stream; the kernels are left queued and return when they start)", timeout.as_millis())]
+    /// The GPU did not answer a round in time (a GPU too busy to start a
+    /// one-thread kernel, or a kernel that failed to launch). The kernel was
+    /// not waited on: it returns, unanswered, whenever it starts.
+    #[error("the calibration kernel did not answer round {round} within {} ms (it is left queued and returns when it starts)", timeout.as_millis())]
     Timeout {
-        /// The round that went unanswered (the last try's).
+        /// The round that went unanswered.
         round: usize,
-        /// How long the host waited, each try.
+        /// How long the host waited.
         timeout: Duration,
-        /// Launches tried, each on its own stream.
-        tries: usize,
     },
     /// Nothing was launched: the calibration kernels given up on after earlier
     /// timeouts are all still queued, and hold the calibrator's memory
