@@ -443,6 +443,18 @@ impl Drainers {
 }
 
 impl Drain {
+    /// The part gathered so far ([`cut`](Self::cut)), decoded as the collector
+    /// receives it.
+    pub(crate) fn part(
+        &mut self,
+        last: Option<(&Memory, &Region)>,
+        registry: &EventRegistry,
+    ) -> (Option<Result<OwnedBuffer, DecodeError>>, Vec<SlotError>) {
+        let (part, errors) = self.cut(last);
+        let part = part.map(|bytes| OwnedBuffer::decode(bytes, Some(registry)));
+        (part, errors)
+    }
+
     /// A drain thread: reads the shard until told to stop, then once more (the
     /// kernel has finished: every store has landed) for its last part.
     fn run(
@@ -458,14 +470,13 @@ impl Drain {
             let mut errors = Vec::new();
             let added = self.poll(memory, region, registry, &mut errors);
             let (part, more) = if stopping {
-                self.cut(Some((memory, region)))
+                self.part(Some((memory, region)), registry)
             } else if self.part_due() {
-                self.cut(None)
+                self.part(None, registry)
             } else {
                 (None, Vec::new())
             };
             errors.extend(more);
-            let part = part.map(|bytes| OwnedBuffer::decode(bytes, Some(registry)));
             {
                 let mut out = outbox.lock();
                 if !errors.is_empty() {
