@@ -125,7 +125,7 @@ impl Launch {
         let t = Instant::now();
         let part = self.rings.cut();
         let cut = t.elapsed();
-        let part = part.expect("events").expect("a valid part");
+        let part = part.expect("events");
         assert!(part.event_count() > 256 << 10);
         (rebuild, cut)
     }

@@ -1,13 +1,13 @@
 //! One drain thread's work on rings in host memory, for `benches/drain.rs`:
 //! not public API. The bench stores chunks as the device would, and the
 //! drain reads and cuts them with the code the drain threads run
-//! ([`Drain::poll`], [`Drain::part`]), so that its CPU cost is measured
+//! ([`Drain::poll`], [`Drain::cut`]), so that its CPU cost is measured
 //! without a GPU.
 
 use super::memory::{Kind, Memory};
 use super::ring::Region;
 use super::stream::{Drain, CHUNK_RECORDS};
-use crate::decode::{DecodeError, OwnedBuffer};
+use crate::decode::OwnedBuffer;
 use crate::format::{
     slot_stream_offsets as so, slot_stride, BufferHeader, BUFFER_HEADER_SIZE, CHUNK_SIZE,
     SLOT_HEADER_SIZE, VERSION,
@@ -89,9 +89,9 @@ impl Rings {
         added
     }
 
-    /// The part gathered so far, packed and checked as a drain thread does.
-    pub fn cut(&mut self) -> Option<Result<OwnedBuffer, DecodeError>> {
-        let (part, errors) = self.drain.part(None, &self.registry);
+    /// The part gathered so far, packed and indexed as a drain thread does.
+    pub fn cut(&mut self) -> Option<OwnedBuffer> {
+        let (part, errors) = self.drain.cut(None, &self.registry);
         assert!(errors.is_empty(), "{:?}", errors[0].error);
         part
     }
