@@ -448,6 +448,51 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_entry_leaves_the_held_event_as_it_was() {
+        let t = 10_000u64;
+        let lo = |d: u64| (t + d) as u32;
+        let take = |ws: &mut WarpStream, c: &[u64; 32], out: &mut Vec<Event>| {
+            ws.take(c, complete(c).unwrap(), 3, |_| true, out)
+        };
+        // A payload entry with an id: refused, and the event it followed is lost.
+        let mut ws = WarpStream::new(0);
+        let mut out = Vec::new();
+        let c = chunk(
+            &[
+                word(lo(0), 1, ENTRY_BEGIN),
+                word(lo(5), 1, ENTRY_END),
+                word(9, 2, ENTRY_PAYLOAD),
+            ],
+            t + 6,
+            false,
+            0,
+        );
+        let e = take(&mut ws, &c, &mut out);
+        assert!(matches!(e, Err(DecodeError::StrayPayload { entry: 2, .. })));
+        assert_eq!(ws.finish(&mut out), 0);
+        assert!(out.is_empty(), "{out:?}");
+        // A switch to a range open further out: refused after closing the
+        // innermost, which stays held (it goes out at the flush).
+        let mut ws = WarpStream::new(0);
+        let mut out = Vec::new();
+        let c = chunk(
+            &[
+                word(lo(0), 1, ENTRY_BEGIN),
+                word(lo(1), 2, ENTRY_BEGIN),
+                word(lo(3), 1, ENTRY_SWITCH),
+            ],
+            t + 4,
+            false,
+            0,
+        );
+        let e = take(&mut ws, &c, &mut out);
+        assert!(matches!(e, Err(DecodeError::AlreadyOpen { entry: 2, .. })));
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(ws.finish(&mut out), 1);
+        assert_eq!(out, vec![range(2, t + 1, t + 3, 0)]);
+    }
+
+    #[test]
     fn without_a_gap_the_v2_rules_hold() {
         let t = 10_000u64;
         let mut ws = WarpStream::new(0);
