@@ -83,6 +83,7 @@ mod writer {
         /// Makes room for `slots` more slots holding `events` events in all: a
         /// part's buffer is megabytes, which growing by doubling would copy again
         /// and again.
+        #[cfg(feature = "cuda")]
         pub(crate) fn reserve(&mut self, slots: usize, events: usize) {
             self.bytes
                 .reserve(slots * SLOT_HEADER_SIZE + events * PACKED_RECORD_SIZE);
