@@ -67,10 +67,7 @@ impl Worker {
                     let mut launch = info.clone();
                     launch.host_complete_ns = cut_ns;
                     launch.part = Some(Part { index, last: false });
-                    let launch_id = launch.launch_id;
-                    let buffer =
-                        buffer.map_err(|source| ProfilerError::Decode { launch_id, source });
-                    self.hold(launch, buffer, dispatch, span);
+                    self.hold(launch, Ok(buffer), dispatch, span);
                 }
             }
         }

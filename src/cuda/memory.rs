@@ -94,8 +94,8 @@ impl Memory {
         }
     }
 
-    /// Memory with a zeroed mirror on the heap (the simulator's, and tests').
-    #[cfg(test)]
+    /// Memory with a zeroed mirror on the heap (the simulator's, the tests' and
+    /// the drain bench's).
     pub(crate) fn on_heap(kind: Kind, dptr: u64, len: usize) -> Memory {
         let b: Box<[u8]> = vec![0u8; len.max(1)].into_boxed_slice();
         let host = NonNull::new(Box::into_raw(b).cast::<u8>()).expect("box is not null");
@@ -179,7 +179,6 @@ impl Memory {
     }
 
     /// Writes `v` at `offset`, as a simulated device does.
-    #[cfg(test)]
     pub(crate) fn store_u64(&self, offset: usize, v: u64) {
         // SAFETY: in bounds and aligned (word_ptr).
         unsafe { self.word_ptr::<u64>(offset).write_volatile(v) }

@@ -21,6 +21,7 @@ mod recorder;
 mod ring;
 mod shared;
 mod stream;
+mod stream_bench;
 mod streaming;
 
 pub use cudarc;
@@ -41,6 +42,13 @@ pub use streaming::Streaming;
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
 pub use crate::gpu_profile;
+
+#[doc(hidden)]
+pub mod __bench {
+    //! What `benches/drain.rs` measures: a drain thread's work on host memory;
+    //! not public API.
+    pub use super::stream_bench::Rings;
+}
 
 #[doc(hidden)]
 pub mod __private {

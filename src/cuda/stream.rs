@@ -262,19 +262,25 @@ impl Drain {
         added
     }
 
-    /// The part gathered so far, as a packed buffer (`None` if it has nothing).
-    /// For the shard's last part, after the launch completed and a last
-    /// [`poll`](Self::poll), `last` gives its region: the flushed slot headers'
-    /// drop counts and times go in, every held event goes out, and the ring's
-    /// counts are checked.
+    /// The part gathered so far, as a packed buffer (`None` if it has nothing),
+    /// as the collector receives it: indexed as it is written, not decoded
+    /// again, which would read every event once more while the rings wait
+    /// (`OwnedBuffer::from_drain` says why that is safe; `registry` is the one
+    /// the events were checked against). For the shard's last part, after the
+    /// launch completed and a last [`poll`](Self::poll), `last` gives its
+    /// region: the flushed slot headers' drop counts and times go in, every
+    /// held event goes out, and the ring's counts are checked.
     pub(crate) fn cut(
         &mut self,
         last: Option<(&Memory, &Region)>,
-    ) -> (Option<Vec<u8>>, Vec<SlotError>) {
+        registry: &EventRegistry,
+    ) -> (Option<OwnedBuffer>, Vec<SlotError>) {
         let mut errors = Vec::new();
         let wpb = self.header.warps_per_block;
         let [gx, gy, _] = self.header.grid;
         let mut w = PackedWriter::new(&self.header);
+        let events = self.rings.iter().map(|r| r.events.len()).sum();
+        w.reserve(self.rings.len(), events);
         for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
             let end = match last {
                 Some((memory, region)) => {
@@ -294,13 +300,11 @@ impl Drain {
             if events.is_empty() && drops == 0 {
                 continue;
             }
-            let first_ts = events.iter().map(|e| e.start_ns).min();
-            let ends = events.iter().map(|e| e.end_ns).max();
-            let last_ts = ends
-                .into_iter()
-                .chain(end.as_ref().map(|f| f.last_ts))
-                .max()
-                .unwrap_or(0);
+            // One pass for both (the events are megabytes, read once more to pack).
+            let (first_ts, ends) = events.iter().fold((u64::MAX, 0), |(s, e), ev| {
+                (s.min(ev.start_ns), e.max(ev.end_ns))
+            });
+            let last_ts = end.as_ref().map_or(ends, |f| f.last_ts.max(ends));
             let bl = s / wpb;
             let sm = end.as_ref().map_or(ring.warp.sm, |f| f.sm);
             let h = SlotHeader {
@@ -309,7 +313,7 @@ impl Drain {
                 } else {
                     0
                 },
-                first_ts: first_ts.unwrap_or(last_ts),
+                first_ts: if events.is_empty() { last_ts } else { first_ts },
                 last_ts,
                 sm_first: sm,
                 sm_last: sm,
@@ -328,17 +332,18 @@ impl Drain {
         if w.slot_count() == 0 {
             return (None, errors);
         }
-        (Some(w.finish()), errors)
+        let (bytes, header, index) = w.finish_indexed();
+        let part = OwnedBuffer::from_drain(bytes, header, index, registry);
+        (Some(part), errors)
     }
 }
 
 /// What the drain threads send the collector.
 pub(crate) enum Drained {
-    /// A part: a packed buffer, decoded (on the drain thread: checking a part
-    /// is as much work as reading it, and the collector is one thread), its
-    /// index in the launch, and when it was cut (trace clock).
+    /// A part: a packed buffer, indexed on the drain thread (the collector is
+    /// one thread), its index in the launch, and when it was cut (trace clock).
     Part {
-        buffer: Result<OwnedBuffer, DecodeError>,
+        buffer: OwnedBuffer,
         index: u32,
         cut_ns: u64,
     },
@@ -354,7 +359,7 @@ struct Outbox {
 }
 
 impl Outbox {
-    fn part(&mut self, buffer: Result<OwnedBuffer, DecodeError>) {
+    fn part(&mut self, buffer: OwnedBuffer) {
         let index = self.next;
         self.next += 1;
         let cut_ns = crate::clock::HostClock::Boottime.now_ns();
@@ -458,14 +463,13 @@ impl Drain {
             let mut errors = Vec::new();
             let added = self.poll(memory, region, registry, &mut errors);
             let (part, more) = if stopping {
-                self.cut(Some((memory, region)))
+                self.cut(Some((memory, region)), registry)
             } else if self.part_due() {
-                self.cut(None)
+                self.cut(None, registry)
             } else {
                 (None, Vec::new())
             };
             errors.extend(more);
-            let part = part.map(|bytes| OwnedBuffer::decode(bytes, Some(registry)));
             {
                 let mut out = outbox.lock();
                 if !errors.is_empty() {

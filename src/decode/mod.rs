@@ -639,6 +639,46 @@ impl OwnedBuffer {
         Ok(OwnedBuffer { bytes, index })
     }
 
+    /// The packed buffer a drain thread wrote (`PackedWriter::finish_indexed`:
+    /// its bytes, header and index), taken without reading it again: the
+    /// drain's events pass [`decode`](Self::decode)'s checks by construction.
+    /// [`stream::WarpStream::take`] checks every id against `registry` and
+    /// gives each warp's events in the order they end, never before the time
+    /// before them, so that a range starts before it ends and an instant has no
+    /// duration; the drain writes the slots in increasing order, each in its
+    /// place, its times the smallest start and the largest end (or later). A
+    /// buffer from anywhere else goes through [`decode`](Self::decode). Debug
+    /// builds (the tests) decode it all the same and compare.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_drain(
+        bytes: Vec<u8>,
+        header: BufferHeader,
+        packed: format::PackedIndex,
+        registry: &EventRegistry,
+    ) -> OwnedBuffer {
+        let b = OwnedBuffer {
+            index: Index {
+                header,
+                size: packed.size,
+                flushed: packed.flushed,
+                rebuilt: Vec::new(),
+                offsets: packed.offsets,
+                events: packed.events,
+                drops: packed.drops,
+                time_range: packed.time_range,
+            },
+            bytes,
+        };
+        if cfg!(debug_assertions) {
+            assert_eq!(
+                OwnedBuffer::decode(b.bytes.clone(), Some(registry)).as_ref(),
+                Ok(&b),
+                "a drained part that the decoder refuses or reads otherwise"
+            );
+        }
+        b
+    }
+
     /// A borrowed view; nothing is validated again.
     pub fn view(&self) -> Buffer<'_> {
         Buffer {

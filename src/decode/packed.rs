@@ -7,34 +7,21 @@ use super::bytes::{u16_at, u32_at, u64_at};
 use super::error::DecodeError;
 use super::v1::{check_v1_slot, read_slot_header};
 use crate::format::{
-    packed_offsets as po, BufferHeader, Event, EventKind, SlotHeader, BUFFER_HEADER_SIZE,
-    KIND_INSTANT, KIND_RANGE, PACKED_RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC,
+    packed_offsets as po, BufferHeader, Event, EventKind, PackedIndex, SlotHeader,
+    BUFFER_HEADER_SIZE, KIND_INSTANT, KIND_RANGE, PACKED_RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC,
 };
-
-/// What a walk over a packed buffer's slots found.
-pub(super) struct Walked {
-    /// Slot indices, increasing.
-    pub flushed: Vec<u32>,
-    /// Each slot's byte offset in the buffer.
-    pub offsets: Vec<usize>,
-    pub events: u64,
-    pub drops: u64,
-    pub time_range: Option<(u64, u64)>,
-    /// Bytes the buffer occupies.
-    pub size: usize,
-}
 
 /// Checks every slot and record of a packed buffer whose header is `header`.
 pub(super) fn walk(
     bytes: &[u8],
     header: &BufferHeader,
     known: impl Fn(u16) -> bool,
-) -> Result<Walked, DecodeError> {
+) -> Result<PackedIndex, DecodeError> {
     let wpb = header.warps_per_block;
     let [gx, gy, gz] = header.grid;
     let warps =
         u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
-    let mut w = Walked {
+    let mut w = PackedIndex {
         flushed: Vec::with_capacity(header.slot_count.min(1 << 16) as usize),
         offsets: Vec::with_capacity(header.slot_count.min(1 << 16) as usize),
         events: 0,

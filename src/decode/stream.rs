@@ -41,7 +41,12 @@ pub(crate) fn complete(chunk: &[u64; 32]) -> Option<Meta> {
     }
     let info = (meta >> 48) as u16;
     let count = (info & CHUNK_COUNT_MASK) as usize;
-    if count == 0 || count > CHUNK_ENTRIES || chunk[..count].iter().any(|w| w & MARK_BIT == 0) {
+    // Every entry's mark, AND-ed without a branch per word (the drain tests
+    // every chunk it reads).
+    let marked = chunk[..count.min(CHUNK_ENTRIES)]
+        .iter()
+        .fold(MARK_BIT, |m, w| m & w);
+    if count == 0 || count > CHUNK_ENTRIES || marked == 0 {
         // A count of 0 (or of 32) is never written: it is read as not yet
         // complete, and the launch's last part reports the slot as unread.
         return None;
@@ -116,6 +121,12 @@ impl WarpStream {
     /// Reads one complete chunk (`meta` from [`complete`]) of slot `slot`, and
     /// appends the events it ends to `out`, in the order they ended. The last
     /// event stays held until the next entry shows whether a payload follows.
+    ///
+    /// What it appends is what a packed slot's decoder checks (the drain packs
+    /// it without that check, `OwnedBuffer::from_drain`): every id is `known`,
+    /// no event ends before the one before it (times never run backwards, from
+    /// chunk to chunk too), a range starts at or before its end, and an instant
+    /// starts at its end.
     pub(crate) fn take(
         &mut self,
         chunk: &[u64; 32],
@@ -134,7 +145,7 @@ impl WarpStream {
             self.forget(out);
         }
         // Times unwrap backwards from the stamp (v2's rule), then run forwards.
-        let mut times = [0u64; CHUNK_ENTRIES];
+        let mut times = [0u64; 32];
         let mut next = stamp;
         for (i, &w) in entries.iter().enumerate().rev() {
             let e = entry(w);
@@ -156,19 +167,58 @@ impl WarpStream {
             next -= back;
             times[i] = next;
         }
+        // The held event goes into `out` now, where it would go next anyway, and
+        // an event is pushed as it ends: a payload fills it in place, with no
+        // copy through `held`. Each entry pushes at most one event.
+        out.reserve(meta.count + 1);
+        let mut held = match self.held.take() {
+            Some(ev) => {
+                out.push(ev);
+                true
+            }
+            None => false,
+        };
+        let read = self.rebuild(entries, &times, &mut held, out, &known);
+        if held {
+            // Still waiting for its payload, in the next chunk.
+            self.held = out.pop();
+        }
+        if let Err((i, e, f)) = read {
+            return Err(refused(slot, number(i), e, f));
+        }
+        self.known_ns = self.known_ns.max(stamp);
+        Ok(())
+    }
+
+    /// [`take`](Self::take)'s forward pass over a chunk's `entries`, at
+    /// `times`: `held` says that `out`'s last event may still get a payload.
+    /// On a refused entry, returns its position with why.
+    fn rebuild(
+        &mut self,
+        entries: &[u64],
+        times: &[u64; 32],
+        held: &mut bool,
+        out: &mut Vec<Event>,
+        known: impl Fn(u16) -> bool,
+    ) -> Result<(), (usize, Entry, Fail)> {
         for (i, &w) in entries.iter().enumerate() {
             let e = entry(w);
-            let fail = |f| refused(slot, number(i), e, f);
+            let fail = |f| (i, e, f);
             if e.kind == ENTRY_PAYLOAD {
-                match self.held.take() {
-                    Some(mut ev) if e.event_id == 0 => {
-                        ev.payload = e.time_lo;
-                        out.push(ev);
+                if e.event_id == 0 {
+                    if std::mem::take(held) {
+                        let last = out.len() - 1;
+                        out[last].payload = e.time_lo;
+                        continue;
                     }
-                    None if self.resync && e.event_id == 0 => {}
-                    _ => return Err(fail(Fail::Payload)),
+                    if self.resync {
+                        continue;
+                    }
+                } else if std::mem::take(held) {
+                    // A payload entry with an id: its event is dropped with it.
+                    out.pop();
                 }
-                continue;
+                return Err(fail(Fail::Payload));
             }
             if e.kind > ENTRY_PAYLOAD {
                 return Err(fail(Fail::Kind));
@@ -181,27 +231,28 @@ impl WarpStream {
                 return Err(fail(Fail::Backwards(self.known_ns - t)));
             }
             self.known_ns = t;
-            out.extend(self.held.take());
+            // The held event stays where it is: no payload follows it.
+            *held = false;
             match e.kind {
                 ENTRY_BEGIN => self.push(e.event_id, t).map_err(fail)?,
-                ENTRY_END => self.close(e.event_id, true, t).map_err(fail)?,
+                ENTRY_END => *held = self.close(e.event_id, true, t, out).map_err(fail)?,
                 ENTRY_SWITCH => {
-                    self.close(e.event_id, false, t).map_err(fail)?;
+                    *held = self.close(e.event_id, false, t, out).map_err(fail)?;
                     self.push(e.event_id, t).map_err(fail)?;
                 }
                 ENTRY_INSTANT => {
-                    self.held = Some(Event {
+                    out.push(Event {
                         id: e.event_id,
                         kind: EventKind::Instant,
                         start_ns: t,
                         end_ns: t,
                         payload: 0,
-                    })
+                    });
+                    *held = true;
                 }
                 _ => unreachable!("kinds above ENTRY_PAYLOAD are refused above"),
             }
         }
-        self.known_ns = self.known_ns.max(stamp);
         Ok(())
     }
 
@@ -234,13 +285,20 @@ impl WarpStream {
     }
 
     /// Closes the innermost range (with `must_be`, it must be `id`'s) at `t`,
-    /// and holds it as an event.
-    fn close(&mut self, id: u16, must_be: bool, t: u64) -> Result<(), Fail> {
+    /// and pushes it as an event; returns whether it did (its begin may have
+    /// been dropped).
+    fn close(
+        &mut self,
+        id: u16,
+        must_be: bool,
+        t: u64,
+        out: &mut Vec<Event>,
+    ) -> Result<bool, Fail> {
         let Some(top) = self.depth.checked_sub(1) else {
             if self.resync {
                 // Its begin was dropped.
                 self.lost += 1;
-                return Ok(());
+                return Ok(false);
             }
             return Err(Fail::NothingOpen);
         };
@@ -249,14 +307,14 @@ impl WarpStream {
             return Err(Fail::NotInnermost(open));
         }
         self.depth = top;
-        self.held = Some(Event {
+        out.push(Event {
             id: open,
             kind: EventKind::Range,
             start_ns: start,
             end_ns: t,
             payload: 0,
         });
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -387,6 +445,51 @@ mod tests {
         let mut out = Vec::new();
         ws.finish(&mut out);
         assert_eq!(out, vec![range(4, t + 120, t + 130, 0)]);
+    }
+
+    #[test]
+    fn a_refused_entry_leaves_the_held_event_as_it_was() {
+        let t = 10_000u64;
+        let lo = |d: u64| (t + d) as u32;
+        let take = |ws: &mut WarpStream, c: &[u64; 32], out: &mut Vec<Event>| {
+            ws.take(c, complete(c).unwrap(), 3, |_| true, out)
+        };
+        // A payload entry with an id: refused, and the event it followed is lost.
+        let mut ws = WarpStream::new(0);
+        let mut out = Vec::new();
+        let c = chunk(
+            &[
+                word(lo(0), 1, ENTRY_BEGIN),
+                word(lo(5), 1, ENTRY_END),
+                word(9, 2, ENTRY_PAYLOAD),
+            ],
+            t + 6,
+            false,
+            0,
+        );
+        let e = take(&mut ws, &c, &mut out);
+        assert!(matches!(e, Err(DecodeError::StrayPayload { entry: 2, .. })));
+        assert_eq!(ws.finish(&mut out), 0);
+        assert!(out.is_empty(), "{out:?}");
+        // A switch to a range open further out: refused after closing the
+        // innermost, which stays held (it goes out at the flush).
+        let mut ws = WarpStream::new(0);
+        let mut out = Vec::new();
+        let c = chunk(
+            &[
+                word(lo(0), 1, ENTRY_BEGIN),
+                word(lo(1), 2, ENTRY_BEGIN),
+                word(lo(3), 1, ENTRY_SWITCH),
+            ],
+            t + 4,
+            false,
+            0,
+        );
+        let e = take(&mut ws, &c, &mut out);
+        assert!(matches!(e, Err(DecodeError::AlreadyOpen { entry: 2, .. })));
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(ws.finish(&mut out), 1);
+        assert_eq!(out, vec![range(2, t + 1, t + 3, 0)]);
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod packed;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use builder::trimmed;
 pub use builder::{BufferBuilder, EntrySlotBuilder, SlotBuilder};
+pub(crate) use packed::PackedIndex;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use packed::PackedWriter;
 pub use packed::{packed_offsets, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};

@@ -6,6 +6,22 @@
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use writer::PackedWriter;
 
+/// What a packed buffer's slots hold: what the decoder learns by walking them,
+/// and what the writer knows of the slots it wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PackedIndex {
+    /// Slot indices, increasing.
+    pub flushed: Vec<u32>,
+    /// Each slot's byte offset in the buffer.
+    pub offsets: Vec<usize>,
+    pub events: u64,
+    pub drops: u64,
+    /// Smallest `first_ts` and largest `last_ts` of the slots.
+    pub time_range: Option<(u64, u64)>,
+    /// Bytes the buffer occupies.
+    pub size: usize,
+}
+
 /// [`super::BufferHeader::flags`] bit: the buffer is packed.
 pub const BUFFER_FLAG_PACKED: u32 = 1;
 /// Size of one record of a packed slot: an event with full device times.
@@ -28,7 +44,7 @@ pub mod packed_offsets {
 /// The writer: the collector's, and the tests'.
 #[cfg(any(feature = "cuda", test))]
 mod writer {
-    use super::{packed_offsets, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};
+    use super::{packed_offsets, PackedIndex, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};
     use crate::format::{
         put_u16, put_u32, put_u64, BufferHeader, Event, EventKind, SlotHeader, BUFFER_HEADER_SIZE,
         KIND_INSTANT, KIND_RANGE, SLOT_HEADER_SIZE, SLOT_MAGIC,
@@ -40,8 +56,9 @@ mod writer {
     pub(crate) struct PackedWriter {
         bytes: Vec<u8>,
         header: BufferHeader,
-        slots: u32,
         largest: u32,
+        /// The slots written, as the decoder would index them.
+        index: PackedIndex,
     }
 
     impl PackedWriter {
@@ -51,9 +68,27 @@ mod writer {
             PackedWriter {
                 bytes: vec![0; BUFFER_HEADER_SIZE],
                 header: *header,
-                slots: 0,
                 largest: 0,
+                index: PackedIndex {
+                    flushed: Vec::new(),
+                    offsets: Vec::new(),
+                    events: 0,
+                    drops: 0,
+                    time_range: None,
+                    size: BUFFER_HEADER_SIZE,
+                },
             }
+        }
+
+        /// Makes room for `slots` more slots holding `events` events in all: a
+        /// part's buffer is megabytes, which growing by doubling would copy again
+        /// and again.
+        #[cfg(feature = "cuda")]
+        pub(crate) fn reserve(&mut self, slots: usize, events: usize) {
+            self.bytes
+                .reserve(slots * SLOT_HEADER_SIZE + events * PACKED_RECORD_SIZE);
+            self.index.flushed.reserve(slots);
+            self.index.offsets.reserve(slots);
         }
 
         /// Appends one warp's slot. `h` gives its place and times; its magic and
@@ -65,37 +100,56 @@ mod writer {
             h.magic = SLOT_MAGIC;
             h.record_count = events.len() as u32;
             let at = self.bytes.len();
-            self.bytes
-                .resize(at + SLOT_HEADER_SIZE + events.len() * PACKED_RECORD_SIZE, 0);
+            self.bytes.resize(at + SLOT_HEADER_SIZE, 0);
             h.write_to(&mut self.bytes[at..]);
-            let mut r = at + SLOT_HEADER_SIZE;
+            // Each record built whole and appended: no zeroing of the bytes
+            // first, and one bounds check per record.
+            self.bytes.reserve(events.len() * PACKED_RECORD_SIZE);
             for e in events {
-                let b = &mut self.bytes[r..r + PACKED_RECORD_SIZE];
+                let mut b = [0u8; PACKED_RECORD_SIZE];
                 use packed_offsets as o;
-                put_u64(b, o::START_NS, e.start_ns);
-                put_u64(b, o::END_NS, e.end_ns);
-                put_u16(b, o::EVENT_ID, e.id);
+                put_u64(&mut b, o::START_NS, e.start_ns);
+                put_u64(&mut b, o::END_NS, e.end_ns);
+                put_u16(&mut b, o::EVENT_ID, e.id);
                 let kind = match e.kind {
                     EventKind::Range => KIND_RANGE,
                     EventKind::Instant => KIND_INSTANT,
                 };
-                put_u16(b, o::KIND, kind);
-                put_u32(b, o::PAYLOAD, e.payload);
-                r += PACKED_RECORD_SIZE;
+                put_u16(&mut b, o::KIND, kind);
+                put_u32(&mut b, o::PAYLOAD, e.payload);
+                self.bytes.extend_from_slice(&b);
             }
-            self.slots += 1;
             self.largest = self.largest.max(h.record_count);
+            // The index the decoder finds for this header.
+            let wpb = self.header.warps_per_block as u64;
+            let index = (h.block_linear as u64 * wpb + h.warp as u64).min(u32::MAX as u64) as u32;
+            let x = &mut self.index;
+            x.flushed.push(index);
+            x.offsets.push(at);
+            x.events += events.len() as u64;
+            x.drops += h.drop_count as u64;
+            x.time_range = Some(match x.time_range {
+                Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
+                None => (h.first_ts, h.last_ts),
+            });
         }
 
         /// Slots written so far.
         pub(crate) fn slot_count(&self) -> u32 {
-            self.slots
+            self.index.flushed.len() as u32
         }
 
         /// The buffer's bytes.
-        pub(crate) fn finish(mut self) -> Vec<u8> {
+        pub(crate) fn finish(self) -> Vec<u8> {
+            self.finish_indexed().0
+        }
+
+        /// The buffer's bytes, its header, and what its slots hold, as the
+        /// decoder would find them in a buffer whose slots were written as
+        /// [`slot`](Self::slot) asks.
+        pub(crate) fn finish_indexed(mut self) -> (Vec<u8>, BufferHeader, PackedIndex) {
             self.header.flags = BUFFER_FLAG_PACKED;
-            self.header.slot_count = self.slots;
+            self.header.slot_count = self.slot_count();
             self.header.slot_capacity = self.largest;
             self.header.write_to(&mut self.bytes);
             put_u16(
@@ -103,7 +157,8 @@ mod writer {
                 crate::format::buffer_offsets::RECORD_SIZE,
                 PACKED_RECORD_SIZE as u16,
             );
-            self.bytes
+            self.index.size = self.bytes.len();
+            (self.bytes, self.header, self.index)
         }
     }
 }
