@@ -97,17 +97,20 @@ impl Memory {
     /// Memory with a zeroed mirror on the heap (the simulator's, the tests' and
     /// the drain bench's).
     pub(crate) fn on_heap(kind: Kind, dptr: u64, len: usize) -> Memory {
-        let b: Box<[u8]> = vec![0u8; len.max(1)].into_boxed_slice();
+        // Whole words, so that the word accesses below are aligned (as a driver
+        // allocation is), which a byte array would not promise.
+        let n = len.div_ceil(8).max(1);
+        let b: Box<[u64]> = vec![0u64; n].into_boxed_slice();
         let host = NonNull::new(Box::into_raw(b).cast::<u8>()).expect("box is not null");
-        let n = len.max(1);
         Memory::new(
             kind,
             dptr,
             len,
             host,
             Box::new(move |_, p| {
+                let words = p.as_ptr().cast::<u64>();
                 // SAFETY: made by Box::into_raw above with this length, freed once.
-                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p.as_ptr(), n)) })
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(words, n)) })
             }),
         )
     }
