@@ -16,6 +16,10 @@
 //!   `dispatcher`: its clone), then the whole launch (`all`: those, the job built and
 //!   sent); the collector's side (receive, events back, regions back) runs untimed
 //!   every 64 launches.
+//! - `one thread/span, …`: the launch span as `gpu_profile!` makes it, entered and
+//!   recorded, under the storm's subscriber (an `EnvFilter` and a `PerfettoLayer`
+//!   writing to a file), under each of its parts alone, under the bare registry and
+//!   under none; closing it (on the collector thread, after delivery) is not timed.
 //! - `4 threads + collector/all`: four launching threads and a collector thread
 //!   draining beside them as the real one does (every message it finds, then the
 //!   regions back in one `Arena::free` and the events under one lock): wall time per
@@ -33,6 +37,9 @@ use parking_lot::Mutex;
 use tracing::Dispatch;
 use tracing_gpu::batch::LaunchInfo;
 use tracing_gpu::format::BufferHeader;
+use tracing_gpu::perfetto::PerfettoLayer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::EnvFilter;
 
 // Whole files: the launch path uses `Arena::{capacity, alloc, free}` of the first;
 // their unit tests are not built here, which leaves their imports unused.
@@ -227,7 +234,69 @@ fn one_thread(c: &mut Criterion) {
     g.bench_function("all", |b| {
         b.iter_custom(|iters| timed_in_runs(iters, |p, tx, _| p.launch(tx)))
     });
+    // The launch span as `gpu_profile!` makes it (named by the kernel, its three
+    // fields), entered around the launch and recorded after it, under the storm's
+    // subscriber: its filter and a Perfetto layer writing to a file. The span is
+    // closed later on the collector thread: here it is dropped untimed, in runs.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let (layer, guard) = PerfettoLayer::builder()
+        .file(dir.path().join("launch_path.perfetto-trace"))
+        .build()
+        .expect("a Perfetto layer");
+    let perfetto = Dispatch::new(
+        tracing_subscriber::registry()
+            .with(EnvFilter::new("trace,tracing_gpu::device=info"))
+            .with(layer),
+    );
+    let (layer, layer_guard) = PerfettoLayer::builder()
+        .file(dir.path().join("layer_only.perfetto-trace"))
+        .build()
+        .expect("a Perfetto layer");
+    let layer_only = Dispatch::new(tracing_subscriber::registry().with(layer));
+    let filter_only = Dispatch::new(
+        tracing_subscriber::registry().with(EnvFilter::new("trace,tracing_gpu::device=info")),
+    );
+    let registry = Dispatch::new(tracing_subscriber::registry());
+    for (name, dispatch) in [
+        ("span, Perfetto layer", &perfetto),
+        ("span, Perfetto layer alone", &layer_only),
+        ("span, filter alone", &filter_only),
+        ("span, registry alone", &registry),
+        ("span, no subscriber", &Dispatch::none()),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                tracing::dispatcher::with_default(dispatch, || {
+                    let mut spans = Vec::with_capacity(64);
+                    let mut total = Duration::ZERO;
+                    for i in 0..iters {
+                        let t = Instant::now();
+                        let span = tracing::info_span!(
+                            "tiled_poly",
+                            // Ids repeat, as launches' batches end their flows: the
+                            // Perfetto layer's set of open flows stays this large.
+                            gpu.launch_id = i % 65_536,
+                            gpu.device = 0u64,
+                            gpu.host_launch_ns = tracing::field::Empty,
+                        );
+                        let entered = span.enter();
+                        black_box(&entered);
+                        drop(entered);
+                        span.record("gpu.host_launch_ns", i);
+                        spans.push(span);
+                        total += t.elapsed();
+                        if spans.len() == 64 {
+                            spans.clear();
+                        }
+                    }
+                    total
+                })
+            })
+        });
+    }
     g.finish();
+    guard.finish().expect("the trace written");
+    layer_guard.finish().expect("the trace written");
 }
 
 /// `threads` launching threads, `iters` launches each, beside a collector thread;
