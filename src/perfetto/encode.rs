@@ -2,10 +2,8 @@
 //! [`super::TraceWriter`] and the layer's writer thread run. The warps'
 //! events, the hot path, are `warps.rs`'s.
 
-use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use super::proto::{
     Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket, TracePacketDefaults,
@@ -42,11 +40,46 @@ pub(crate) fn launch_flow_id(launch_id: u64) -> u64 {
     launch_id.wrapping_add(1).max(1)
 }
 
-/// Starts the flow of launch `launch_id` at a host slice: remembers that its
-/// kernel slice ends one ([`Core::batch`]), and returns the flow id.
-pub(crate) fn start_flow(origins: &Mutex<HashSet<u64>>, launch_id: u64) -> u64 {
-    origins.lock().insert(launch_id);
-    launch_flow_id(launch_id)
+/// The launches whose host slice started a flow that their kernel slice has
+/// not yet ended: one word per launch id modulo [`FlowOrigins::SLOTS`], holding
+/// the id plus one (0: none). A launch span starts its flow on the launching
+/// thread (one store, no lock: it is on the launch call's path) and its kernel
+/// slice ends it (a compare-and-swap); a launch that never gets a batch (one
+/// skipped because the arena was full) leaves its word to be overwritten, so
+/// the memory is fixed (512 KiB) whatever the run's length. A launch whose word
+/// a launch 65,536 ids later took first has its flow left unended (a dangling
+/// arrow, as a skipped launch's), never ended by the wrong kernel.
+#[derive(Debug)]
+pub(crate) struct FlowOrigins(Box<[AtomicU64]>);
+
+impl Default for FlowOrigins {
+    fn default() -> FlowOrigins {
+        FlowOrigins((0..Self::SLOTS).map(|_| AtomicU64::new(0)).collect())
+    }
+}
+
+impl FlowOrigins {
+    const SLOTS: usize = 1 << 16;
+
+    fn word(&self, launch_id: u64) -> &AtomicU64 {
+        &self.0[launch_id as usize % Self::SLOTS]
+    }
+
+    /// Starts the flow of launch `launch_id` at a host slice: remembers that its
+    /// kernel slice ends one ([`Core::batch`]), and returns the flow id.
+    pub(crate) fn start(&self, launch_id: u64) -> u64 {
+        self.word(launch_id)
+            .store(launch_id.wrapping_add(1), Ordering::Relaxed);
+        launch_flow_id(launch_id)
+    }
+
+    /// Whether launch `launch_id`'s flow was started and not yet ended; ends it.
+    pub(crate) fn end(&self, launch_id: u64) -> bool {
+        let id = launch_id.wrapping_add(1);
+        self.word(launch_id)
+            .compare_exchange(id, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
 }
 
 /// The encoder state of one trace: tracks, sequences, interned names. Writes
@@ -61,7 +94,7 @@ pub(crate) fn start_flow(origins: &Mutex<HashSet<u64>>, launch_id: u64) -> u64 {
 pub(crate) struct Core {
     pub(crate) ids: Arc<Ids>,
     /// Launch ids whose host span carries a flow origin not yet terminated.
-    pub(crate) flow_origins: Arc<Mutex<HashSet<u64>>>,
+    pub(crate) flow_origins: Arc<FlowOrigins>,
     pub(crate) enc: Enc,
     pub(crate) stats: WriteStats,
     tracks: DeviceTracks,
@@ -81,7 +114,7 @@ pub(crate) struct Head {
 }
 
 impl Core {
-    pub(crate) fn new(ids: Arc<Ids>, flow_origins: Arc<Mutex<HashSet<u64>>>) -> Core {
+    pub(crate) fn new(ids: Arc<Ids>, flow_origins: Arc<FlowOrigins>) -> Core {
         let mut enc = Enc::with_capacity(FLUSH_AT + (64 << 10));
         // The trace clock, and what the other host clocks read at the same time.
         let boot = HostClock::Boottime.now_ns();
@@ -211,11 +244,10 @@ impl Core {
         if start == 0 || end < start {
             return; // Nothing recorded and no host times: no kernel to draw.
         }
-        // The flow of a launch whose host span started one ([`start_flow`]).
+        // The flow of a launch whose host span started one ([`FlowOrigins::start`]).
         let flow = self
             .flow_origins
-            .lock()
-            .remove(&b.launch.launch_id)
+            .end(b.launch.launch_id)
             .then(|| launch_flow_id(b.launch.launch_id));
         self.kernel_slice(b, head.gpu, &sum, (start, end), flow);
     }
@@ -427,5 +459,25 @@ mod tests {
             events[1].1.track_uuid.is_none(),
             "the track comes from the defaults"
         );
+    }
+
+    #[test]
+    fn a_flow_is_ended_once_by_its_own_launch_and_memory_stays_fixed() {
+        let o = FlowOrigins::default();
+        assert_eq!(o.start(7), launch_flow_id(7));
+        assert!(!o.end(8), "never started");
+        assert!(o.end(7));
+        assert!(!o.end(7), "ended once");
+        // A launch 65,536 ids later takes the word: the earlier flow is left
+        // unended, never ended by the other kernel.
+        o.start(9);
+        o.start(9 + FlowOrigins::SLOTS as u64);
+        assert!(!o.end(9));
+        assert!(o.end(9 + FlowOrigins::SLOTS as u64));
+        // Launches that never get a batch reuse words: no growth.
+        for id in 0..10 * FlowOrigins::SLOTS as u64 {
+            o.start(id);
+        }
+        assert_eq!(o.0.len(), FlowOrigins::SLOTS);
     }
 }

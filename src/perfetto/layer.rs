@@ -18,7 +18,7 @@
 
 use std::any::TypeId;
 use std::cell::RefCell;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -33,7 +33,7 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-use super::encode::{start_flow, Core, WriteStats};
+use super::encode::{Core, FlowOrigins, WriteStats};
 use super::encoders::Encoders;
 use super::fields::{with_fields, SpanArgs};
 use super::host::{process, HostThread};
@@ -151,7 +151,7 @@ impl PerfettoLayerBuilder {
                 (None, None) => return Err(PerfettoError::NoFile),
             };
         let ids = Arc::new(Ids::new());
-        let flow_origins = Arc::new(Mutex::new(HashSet::new()));
+        let flow_origins = Arc::new(FlowOrigins::default());
         let mut core = Core::new(ids.clone(), flow_origins.clone());
         let pid = std::process::id() as i32;
         let process_name = self.process_name.unwrap_or_else(exe_name);
@@ -350,7 +350,7 @@ struct Shared {
     tx: SyncSender<Msg>,
     threads: Mutex<Vec<Arc<ThreadSlot>>>,
     ids: Arc<Ids>,
-    flow_origins: Arc<Mutex<HashSet<u64>>>,
+    flow_origins: Arc<FlowOrigins>,
     pid: i32,
     chunk_bytes: usize,
     queued_chunks: usize,
@@ -501,18 +501,22 @@ where
         if span.metadata().target() == DEVICE_TARGET {
             return;
         }
-        let (more, launch) = with_fields(false, |f| {
+        // Appended straight from the scratch fields: a launch span's recorded
+        // launch time would otherwise cost an allocation per launch.
+        with_fields(false, |f| {
             values.record(f);
-            (f.args.buf.clone(), f.launch)
-        });
-        let mut ext = span.extensions_mut();
-        match ext.get_mut::<SpanArgs>() {
-            Some(a) => {
-                a.args.extend_from_slice(&more);
-                a.launch = a.launch.or(launch);
+            let mut ext = span.extensions_mut();
+            match ext.get_mut::<SpanArgs>() {
+                Some(a) => {
+                    a.args.extend_from_slice(&f.args.buf);
+                    a.launch = a.launch.or(f.launch);
+                }
+                None => ext.insert(SpanArgs {
+                    args: f.args.buf.clone(),
+                    launch: f.launch,
+                }),
             }
-            None => ext.insert(SpanArgs { args: more, launch }),
-        }
+        });
     }
 
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
@@ -525,21 +529,15 @@ where
             return;
         }
         let ts = HostClock::Boottime.now_ns();
-        // The launch flow starts at the span's first slice only.
-        let pending = span
-            .extensions()
-            .get::<SpanArgs>()
-            .is_some_and(|a| a.launch.is_some());
-        let launch = if pending {
-            let mut ext = span.extensions_mut();
-            ext.get_mut::<SpanArgs>().and_then(|a| a.launch.take())
-        } else {
-            None
+        // One lock of the span's extensions (a launch span is entered once per
+        // launch): the launch flow starts at the span's first slice only.
+        let mut ext = span.extensions_mut();
+        let (args, launch) = match ext.get_mut::<SpanArgs>() {
+            Some(a) => (&a.args[..], a.launch.take()),
+            None => (&[][..], None),
         };
-        let ext = span.extensions();
-        let args = ext.get::<SpanArgs>().map_or(&[][..], |a| &a.args[..]);
         self.shared.with_thread(|b| {
-            let flow = launch.map(|l| start_flow(&self.shared.flow_origins, l));
+            let flow = launch.map(|l| self.shared.flow_origins.start(l));
             b.host.begin(ts, callsite(meta), meta.name(), args, flow);
         });
     }

@@ -8,7 +8,6 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use super::encode::start_flow;
 use super::encode::Core;
 use super::encode::WriteStats;
 use super::proto::{field, Enc};
@@ -108,7 +107,7 @@ impl<W: Write> TraceWriter<W> {
         let origins = &core.flow_origins;
         let (packets, slices) =
             super::host::replay(&core.ids, process_name, spans, &mut |launch| {
-                start_flow(origins, launch)
+                origins.start(launch)
             });
         core.stats.host_slices += slices;
         self.write_raw(&packets.buf)
