@@ -151,7 +151,7 @@ impl PerfettoLayerBuilder {
                 (None, None) => return Err(PerfettoError::NoFile),
             };
         let ids = Arc::new(Ids::new());
-        let flow_origins = Arc::new(FlowOrigins::default());
+        let flow_origins = Arc::new(FlowOrigins::window());
         let mut core = Core::new(ids.clone(), flow_origins.clone());
         let pid = std::process::id() as i32;
         let process_name = self.process_name.unwrap_or_else(exe_name);
