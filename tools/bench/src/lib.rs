@@ -18,6 +18,7 @@ pub mod device;
 pub mod error;
 pub mod fake_collector;
 pub mod gemm;
+pub mod host;
 pub mod kernels;
 pub mod short;
 pub mod stats;

@@ -6,7 +6,7 @@
 //! cargo run --release -p tracing-gpu-bench --bin storm -- [--launches 100000] [--threads 1] \
 //!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000] \
 //!     [--blocks N] [--settle] [--gap US] [--variants plain,floor,unsubscribed,profiled] \
-//!     [--bisect]
+//!     [--bisect] [--pin]
 //! ```
 //!
 //! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
@@ -22,6 +22,12 @@
 //!   the driver (weighed in docs/architecture.md; it costs the launch call more);
 //! - `unsubscribed`: `gpu_profile!` with no subscriber (the launch span disabled);
 //! - `profiled`: `gpu_profile!` with the Perfetto layer, the launch span included.
+//! - `span`: the plain launch inside the launch span as `gpu_profile!` makes it (the
+//!   same fields, entered around the launch, the clock read, the launch time recorded
+//!   after it) under the Perfetto layer, with no profiler; the spans are closed after
+//!   their block, untimed (the profiler closes them on its collector thread). Minus
+//!   *plain*: what the span costs the launch call itself, its cache misses in the
+//!   driver's call included, which a benchmark of the span alone does not see.
 //!
 //! And two that take the profiled call apart (suspects of issue #12):
 //! - `floor-collector`: *floor*, with an event per launch from a ring of the thread's
@@ -68,6 +74,14 @@
 //! cudarc's event tracking is switched off (each thread's buffers are used on its
 //! stream alone), so that the plain launch is one driver call.
 //!
+//! With `--pin`, each launching thread runs on a physical core of its own, and every
+//! other thread of the process (the profiler's collector and drain threads, the
+//! Perfetto writer, the driver's threads, the stand-in collector) on the other cores
+//! (`tracing_gpu_bench::host::Cores`): whether those threads sharing a core with a
+//! launching thread is part of what the profiled call adds. The run also prints what
+//! a read of the trace's clock (`CLOCK_BOOTTIME`) and of `Instant` costs here, and the
+//! kernel's clock source: a clock the vDSO cannot read is a system call.
+//!
 //! Output: a table, the added time of each variant over *plain*, the decomposition
 //! when the variants it needs ran, then one JSON line (`{"bench":"storm",...}`).
 
@@ -84,7 +98,9 @@ use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError, DEFAULT_MEMORY_LIM
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::device::Timer;
+use tracing_gpu::clock::HostClock;
 use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes, Queries};
+use tracing_gpu_bench::host::{ClockCosts, Cores};
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::{Buffers, Short};
 use tracing_gpu_bench::stats::Calls;
@@ -139,6 +155,9 @@ struct Args {
     /// log2(launches) queries a pass instead of one per launch.
     #[arg(long)]
     bisect: bool,
+    /// Each launching thread on a physical core of its own, every other thread elsewhere.
+    #[arg(long)]
+    pin: bool,
     /// The variants, comma-separated (plain is always measured; see the module docs).
     #[arg(
         long,
@@ -166,6 +185,8 @@ enum Variant {
     HostOnly,
     /// `gpu_profile!` with the Perfetto layer.
     Profiled,
+    /// The plain launch inside the launch span, Perfetto layer, no profiler.
+    Span,
 }
 
 impl Variant {
@@ -178,6 +199,7 @@ impl Variant {
             Variant::Unsubscribed => "gpu_profile!, no subscriber",
             Variant::HostOnly => "gpu_profile!, kernel not recording",
             Variant::Profiled => "gpu_profile!, Perfetto layer",
+            Variant::Span => "plain in the launch span",
         }
     }
 
@@ -190,6 +212,7 @@ impl Variant {
             Variant::Unsubscribed => "unsubscribed",
             Variant::HostOnly => "host_only",
             Variant::Profiled => "profiled",
+            Variant::Span => "span",
         }
     }
 
@@ -359,7 +382,9 @@ impl Storm<'_> {
         peak: &mut u64,
     ) -> Result<(), ProfilerError> {
         let (short, cfg) = (self.short, self.short.cfg());
-        for _ in 0..count {
+        // The span variant's spans, closed after the block (allocated before it).
+        let mut spans = Vec::with_capacity(if variant == Variant::Span { count } else { 0 });
+        for i in 0..count {
             let start = Instant::now();
             match variant {
                 Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
@@ -380,6 +405,21 @@ impl Storm<'_> {
                         short.launch(stream, b, &KernelArg { base: 0, ..trace })
                     })?
                 }
+                Variant::Span => {
+                    // As gpu_profile! makes, enters and records it (src/cuda/launch.rs).
+                    let span = tracing::info_span!(
+                        "tiled_poly",
+                        gpu.launch_id = i as u64,
+                        gpu.device = 0u64,
+                        gpu.host_launch_ns = tracing::field::Empty,
+                    );
+                    let entered = span.enter();
+                    let host_launch_ns = HostClock::Boottime.now_ns();
+                    short.launch(stream, b, &KernelArg::default())?;
+                    drop(entered);
+                    span.record("gpu.host_launch_ns", host_launch_ns);
+                    spans.push(span);
+                }
             }
             let call = start.elapsed();
             calls.record(call);
@@ -387,6 +427,7 @@ impl Storm<'_> {
                 std::hint::spin_loop();
             }
         }
+        drop(spans);
         if t == 0 && variant == Variant::Profiled {
             *peak = (*peak).max(self.profiler.stats().arena_in_use);
         }
@@ -397,6 +438,13 @@ impl Storm<'_> {
 
 fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let variants = chosen(&a.variants);
+    let threads = usize::from(a.threads);
+    // Before the Perfetto writer and the profiler start their threads, which inherit it.
+    let cores = a.pin.then(|| Cores::split(threads)).transpose()?;
+    if let Some(c) = &cores {
+        c.pin_rest()?;
+    }
+    let clock = ClockCosts::measure(1_000_000);
     let trace = PerfettoTrace::new("storm")?;
     let _default = tracing::dispatcher::set_default(&trace.dispatch);
     let profiler = Profiler::builder()
@@ -405,7 +453,6 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .capacity(a.capacity)
         .memory_limit(a.memory)
         .build()?;
-    let threads = usize::from(a.threads);
     let short = Short::load(&profiler, a.work, a.blocks)?;
     let ctx = profiler.context().clone();
     let streams = (0..threads)
@@ -494,8 +541,12 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             .zip(buffers.iter_mut())
             .enumerate()
             .map(|(t, (stream, b))| {
-                let (storm, dispatch) = (&storm, &trace.dispatch);
+                let (storm, dispatch, cores) = (&storm, &trace.dispatch, &cores);
                 scope.spawn(move || {
+                    if let Some(c) = cores {
+                        // An allowed CPU (Cores::split): no reason to fail.
+                        c.pin_launcher(t).expect("pinning a launching thread");
+                    }
                     tracing::dispatcher::with_default(dispatch, || storm.thread(t, stream, b))
                 })
             })
@@ -554,6 +605,19 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         a.capacity,
         trace_bytes as f64 / 1e3
     );
+    println!(
+        "host: a CLOCK_BOOTTIME read {:.1} ns, Instant::now {:.1} ns, clock source {}; {}",
+        clock.boottime_ns,
+        clock.instant_ns,
+        clock.source,
+        match &cores {
+            Some(c) => format!(
+                "launching threads pinned to CPUs {:?}, the rest of the process on {} other CPUs",
+                c.launchers, c.rest_count
+            ),
+            None => "threads not pinned".into(),
+        }
+    );
     println!("| launch call | p50 µs | p99 µs | mean µs | wall per launch µs | kernel alone µs | GPU busy |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (v, s) in variants.iter().zip(&sides) {
@@ -588,6 +652,9 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         ("collector_calls", Variant::FloorCollector, Variant::Floor),
         ("host_path", Variant::HostOnly, Variant::FloorCollector),
         ("longer_kernel", Variant::Profiled, Variant::HostOnly),
+        ("span", Variant::Span, Variant::Plain),
+        ("profiler_no_span", Variant::Unsubscribed, Variant::Floor),
+        ("span_in_profiled", Variant::Profiled, Variant::Unsubscribed),
     ];
     let parts: Vec<_> = parts
         .iter()
@@ -650,7 +717,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         false => "null".into(),
     };
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"clock":{},"pinned":{},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
         a.settle,
@@ -667,6 +734,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             .collect::<Vec<_>>()
             .join(","),
         a.bisect,
+        clock.json(),
+        cores.is_some(),
         num(d50),
         num(d99),
         stats.memory_bytes,

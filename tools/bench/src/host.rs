@@ -1,0 +1,181 @@
+//! The host a benchmark runs on, where it changes a launch call's time: what a clock
+//! read costs (a clock the vDSO cannot read is a system call, and the profiled
+//! launch reads one several times), and which threads share a core (the profiler's
+//! threads on the launching thread's core, or its hyperthread sibling, slow its
+//! calls down without appearing in any of their parts).
+
+use std::hint::black_box;
+use std::io;
+use std::time::Instant;
+
+use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+use tracing_gpu::clock::HostClock;
+
+/// What reading the clocks costs here, and the kernel's clock source.
+#[derive(Debug, Clone)]
+pub struct ClockCosts {
+    /// ns per `HostClock::Boottime.now_ns()` (the trace's clock).
+    pub boottime_ns: f64,
+    /// ns per `Instant::now()` (`CLOCK_MONOTONIC`).
+    pub instant_ns: f64,
+    /// `/sys/devices/system/clocksource/clocksource0/current_clocksource`, or `unknown`.
+    pub source: String,
+}
+
+impl ClockCosts {
+    /// Times `reads` reads of each clock, back to back.
+    pub fn measure(reads: u32) -> ClockCosts {
+        let per = |f: &dyn Fn()| {
+            let start = Instant::now();
+            for _ in 0..reads {
+                f();
+            }
+            start.elapsed().as_nanos() as f64 / f64::from(reads)
+        };
+        let boottime_ns = per(&|| {
+            black_box(HostClock::Boottime.now_ns());
+        });
+        let instant_ns = per(&|| {
+            black_box(Instant::now());
+        });
+        let source =
+            std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into());
+        ClockCosts {
+            boottime_ns,
+            instant_ns,
+            source,
+        }
+    }
+
+    /// One JSON object.
+    pub fn json(&self) -> String {
+        format!(
+            r#"{{"boottime_ns":{:.1},"instant_ns":{:.1},"source":"{}"}}"#,
+            self.boottime_ns, self.instant_ns, self.source
+        )
+    }
+}
+
+/// The cores split between launching threads, each on a physical core of its own
+/// (no other thread of the process on it or on its hyperthread siblings), and the
+/// rest of the process.
+#[derive(Debug)]
+pub struct Cores {
+    /// One CPU per launching thread.
+    pub launchers: Vec<usize>,
+    /// Every allowed CPU that is neither a launcher nor a sibling of one.
+    rest: CpuSet,
+    /// How many CPUs `rest` holds.
+    pub rest_count: usize,
+}
+
+impl Cores {
+    /// Splits the CPUs this process may run on: `launchers` physical cores for the
+    /// launching threads, the others' CPUs for everything else. An error if fewer
+    /// than one CPU would be left over.
+    pub fn split(launchers: usize) -> io::Result<Cores> {
+        let allowed = sched_getaffinity(None)?;
+        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
+        let mut taken = Vec::new();
+        let mut chosen = Vec::new();
+        for &c in &cpus {
+            if chosen.len() == launchers {
+                break;
+            }
+            if taken.contains(&c) {
+                continue;
+            }
+            chosen.push(c);
+            taken.extend(siblings(c));
+            taken.push(c);
+        }
+        let mut rest = CpuSet::new();
+        let mut rest_count = 0;
+        for &c in cpus.iter().filter(|c| !taken.contains(c)) {
+            rest.set(c);
+            rest_count += 1;
+        }
+        if chosen.len() < launchers || rest_count == 0 {
+            return Err(io::Error::other(format!(
+                "{launchers} launching thread(s) on cores of their own need more than the {} CPUs allowed",
+                cpus.len()
+            )));
+        }
+        Ok(Cores {
+            launchers: chosen,
+            rest,
+            rest_count,
+        })
+    }
+
+    /// Keeps the calling thread, and every thread it starts from now on (the
+    /// profiler's collector, the Perfetto writer, the driver's), off the
+    /// launchers' cores.
+    pub fn pin_rest(&self) -> io::Result<()> {
+        Ok(sched_setaffinity(None, &self.rest)?)
+    }
+
+    /// Pins the calling thread to launcher `t`'s CPU.
+    pub fn pin_launcher(&self, t: usize) -> io::Result<()> {
+        let mut one = CpuSet::new();
+        one.set(self.launchers[t]);
+        Ok(sched_setaffinity(None, &one)?)
+    }
+}
+
+/// CPU `c`'s hyperthread siblings, from sysfs (`0,64` or `0-1`); none if unreadable.
+fn siblings(c: usize) -> Vec<usize> {
+    let path = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
+    let Ok(list) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    parse_list(list.trim())
+}
+
+/// A sysfs CPU list (`0,64`, `0-1`, `0-1,8-9`).
+fn parse_list(list: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let mut ends = part.splitn(2, '-').map(|n| n.parse::<usize>());
+        match (ends.next(), ends.next()) {
+            (Some(Ok(a)), None) => out.push(a),
+            (Some(Ok(a)), Some(Ok(b))) if a <= b => out.extend(a..=b),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_list("0,64"), vec![0, 64]);
+        assert_eq!(parse_list("0-1"), vec![0, 1]);
+        assert_eq!(parse_list("0-1,8-9"), vec![0, 1, 8, 9]);
+        assert_eq!(parse_list("3"), vec![3]);
+        assert!(parse_list("x,2-1").is_empty());
+    }
+
+    #[test]
+    fn launchers_get_cores_the_rest_never_shares() {
+        let allowed = sched_getaffinity(None).unwrap();
+        let n = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).count();
+        match Cores::split(1) {
+            Ok(cores) => {
+                let c = cores.launchers[0];
+                assert!(!cores.rest.is_set(c));
+                for s in siblings(c) {
+                    assert!(!cores.rest.is_set(s), "sibling {s} of {c} left to the rest");
+                }
+                assert!(cores.rest_count >= 1 && cores.rest_count < n);
+            }
+            Err(e) => assert!(n <= 2, "{n} CPUs, yet: {e}"),
+        }
+        assert!(Cores::split(n + 1).is_err());
+    }
+}
