@@ -19,6 +19,7 @@ pub mod error;
 pub mod fake_collector;
 pub mod gemm;
 pub mod kernels;
+pub mod probe;
 pub mod short;
 pub mod stats;
 pub mod trace;
