@@ -20,6 +20,7 @@ pub mod fake_collector;
 pub mod gemm;
 pub mod host;
 pub mod kernels;
+pub mod probe;
 pub mod short;
 pub mod stats;
 pub mod trace;

@@ -6,6 +6,7 @@
 //! cargo build --release -p tracing-gpu-bench --bin stream
 //! target/release/stream [--seconds 10] [--every 8] [--work 64] [--warps 4]
 //!                       [--modes off,fixed,memory,perfetto] [--json PATH]
+//!                       [--probe [--probe-at 1.0] [--probe-thread]]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -24,6 +25,21 @@
 //! sustained events/s delivered over the kernel's time, how long after the kernel the
 //! last part arrived, the streaming memory, and the collector's process CPU time. A
 //! mode fails the run if produced ≠ delivered + dropped.
+//!
+//! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
+//! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
+//! the launching thread) asks, in each streamed mode, what the GPU still runs beside
+//! the persistent kernel: before the launch it prepares an empty kernel, its streams
+//! and a calibrator (`tracing_gpu_bench::probe`); `--probe-at` seconds after the
+//! launch, from the launching thread and before it waits for the kernel, it launches
+//! the empty kernel on streams made before and during the kernel, loads and runs a
+//! fresh module, and calibrates with the calibrator made before and with one made
+//! then, each bounded (3 s for a kernel, 5 s for a call that may block). One line
+//! per probe (`probe memory: empty kernel: launch 4.1 us, done after 12 us [...]`),
+//! and a `"probe"` object in the mode's JSON. Give the kernel time for all of them
+//! (`--seconds 40`): each line says whether it still ran. With `--probe-thread` the
+//! probes run on a thread of their own while the launching thread waits for the
+//! kernel (`cuEventSynchronize`), as the collector's recalibrations do.
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -44,6 +60,7 @@ use tracing_gpu::deliver::SinkLayer;
 use tracing_gpu::format::KernelArg;
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_gpu_bench::kernels::STREAM;
+use tracing_gpu_bench::probe::{self, Probe};
 use tracing_gpu_bench::{cli, device, device::Timer};
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -95,6 +112,17 @@ struct Options {
     /// Also write every figure as JSON lines here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// In the streamed modes, probe what still runs beside the kernel: an empty kernel
+    /// on old and new streams, a fresh module, calibrations (tools/bench/src/probe.rs).
+    #[arg(long)]
+    probe: bool,
+    /// Seconds after the launch at which the probes start.
+    #[arg(long, default_value_t = 1.0)]
+    probe_at: f64,
+    /// Probe from a thread of its own while the launching thread waits for the
+    /// kernel (in cuEventSynchronize), instead of from the launching thread before.
+    #[arg(long, requires = "probe")]
+    probe_thread: bool,
 }
 
 /// What the in-memory sink saw.
@@ -250,6 +278,8 @@ struct Figures {
     stats: ProfilerStats,
     delivered_after_s: f64,
     cpu_s: f64,
+    /// `--probe`'s JSON object.
+    probe: Option<String>,
 }
 
 fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Result<Figures> {
@@ -267,6 +297,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             stats: ProfilerStats::default(),
             delivered_after_s: 0.0,
             cpu_s: 0.0,
+            probe: None,
         });
     }
     let count = Arc::new(Count::default());
@@ -302,7 +333,14 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         .stream_memory(o.stream_memory)
         .stream_interval(Duration::from_millis(o.interval_ms))
         .build()?;
-    let (ran, cpu_s) = profiler_cpu(|| -> Result<(f64, u64, Option<String>)> {
+    let streamed = mode == "memory" || mode == "perfetto";
+    // Prepared before the launch: everything the first probes use is loaded.
+    let probe = match o.probe && streamed {
+        true => Some(Probe::prepare(ctx)?),
+        false => None,
+    };
+    let (ran, cpu_s) = profiler_cpu(|| -> Result<(f64, u64, Option<String>, _)> {
+        let launched = Instant::now();
         timer.around(&stream, || -> Result<()> {
             let launch = |trace| kernel.launch(&stream, iters, o, Some(trace));
             match mode {
@@ -317,14 +355,37 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             }
             Ok(())
         })?;
-        let kernel_s = timer.ms()? / 1e3;
+        let run_probe = |p: Probe| {
+            let at = Duration::from_secs_f64(o.probe_at);
+            std::thread::sleep(at.saturating_sub(launched.elapsed()));
+            let outcomes = p.run(&stream, launched);
+            for x in &outcomes {
+                println!("probe {mode}: {}: {}", x.name, x.text);
+            }
+            probe::json(&outcomes)
+        };
+        let (probed, kernel_s) = std::thread::scope(|s| -> Result<(Option<String>, f64)> {
+            // The probes from the launching thread before it waits, or (as the
+            // collector's recalibrations are) from another thread while it waits.
+            let (now, later) = match probe {
+                Some(p) if o.probe_thread => (None, Some(s.spawn(move || run_probe(p)))),
+                Some(p) => (Some(run_probe(p)), None),
+                None => (None, None),
+            };
+            let kernel_s = timer.ms()? / 1e3;
+            let later = match later {
+                Some(h) => Some(h.join().map_err(|_| "the probe thread panicked")?),
+                None => None,
+            };
+            Ok((now.or(later), kernel_s))
+        })?;
         let done_ns = now_ns();
         // A failed recalibration (say, the GPU too busy for the calibration kernel)
         // is reported, and the figures are still printed.
         let flushed = profiler.flush().err().map(|e| e.to_string());
-        Ok((kernel_s, done_ns, flushed))
+        Ok((kernel_s, done_ns, flushed, probed))
     });
-    let (kernel_s, done_ns, flushed) = ran?;
+    let (kernel_s, done_ns, flushed, probe) = ran?;
     if let Some(e) = &flushed {
         println!("  flush: {e}");
     }
@@ -352,6 +413,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         stats,
         delivered_after_s: last.saturating_sub(done_ns) as f64 / 1e9,
         cpu_s,
+        probe,
     })
 }
 
@@ -359,6 +421,10 @@ fn run(o: &Options) -> Result<bool> {
     if o.warps < 2 {
         return Err("--warps must be at least 2 (a producer and a consumer)".into());
     }
+    if !(0.0..=3600.0).contains(&o.probe_at) {
+        return Err("--probe-at must be 0 to 3600 seconds".into());
+    }
+    println!("stream: {}", probe::env_line());
     let ctx = device::open(0)?;
     let iters = match o.iters {
         Some(i) => i,
@@ -414,7 +480,7 @@ fn run(o: &Options) -> Result<bool> {
         );
         json.push_str(&format!(
             "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"parts\":{},\
-             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"cpu_s\":{},\"failed\":{}}}\n",
+             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"cpu_s\":{},\"failed\":{}{}}}\n",
             f.mode,
             f.kernel_s,
             f.produced,
@@ -425,7 +491,10 @@ fn run(o: &Options) -> Result<bool> {
             f.delivered_after_s,
             st.memory_bytes,
             f.cpu_s,
-            st.failed
+            st.failed,
+            f.probe
+                .as_ref()
+                .map_or(String::new(), |p| format!(",\"probe\":{p}"))
         ));
         // Streamed, nothing dropped: every event produced is delivered, exactly.
         // (Drops count entries, which are not events one for one.)
