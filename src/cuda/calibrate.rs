@@ -189,6 +189,16 @@ impl Calibrator {
     /// every burst and the profiler's median bound at 0.9 µs, where one gave
     /// up to 1.12 and 1.28 µs; more than two add nothing (docs/calibration.md).
     pub const DEFAULT_POLLERS: u32 = 2;
+    /// How long a round may go unanswered by default: long enough for a
+    /// kernel queued behind short ones to start.
+    pub const TIMEOUT: Duration = Duration::from_secs(2);
+    /// The timeout the profiler's collector uses while a streamed launch runs.
+    /// On the H200 no kernel started beside a persistent kernel within 3 s, on
+    /// any stream or priority, and a module load blocked until it ended
+    /// (`stream --probe`, docs/performance.md): a round that is not answered
+    /// within this will not be, and the collector does not stop for longer.
+    /// A round answered at all takes microseconds.
+    pub const TIMEOUT_BESIDE_STREAM: Duration = Duration::from_millis(50);
 
     /// A calibrator for the context's device: checks that the CUDA libraries
     /// load, compiles the kernels with NVRTC, pins the ping-pong memory, and
@@ -226,7 +236,7 @@ impl Calibrator {
             mem,
             timer_step_ns: GLOBALTIMER_STEP_NS,
             options: FitOptions::default(),
-            timeout: Duration::from_secs(2),
+            timeout: Calibrator::TIMEOUT,
             pollers: Self::DEFAULT_POLLERS,
         };
         me.timer_step_ns = me.measure_timer_step(&step_fn)?;
@@ -250,7 +260,7 @@ impl Calibrator {
     }
 
     /// How long a round may go unanswered before its kernel is given up on
-    /// (2 s by default), with [`CalibrateError::Timeout`].
+    /// ([`Calibrator::TIMEOUT`] by default), with [`CalibrateError::Timeout`].
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }

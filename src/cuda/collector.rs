@@ -53,8 +53,11 @@ pub(crate) struct Round {
 
 /// Takes new clock checkpoints for the device.
 pub(crate) trait Recalibrate: Send {
-    /// Samples the device clock now and fits a checkpoint.
-    fn round(&mut self) -> Result<Round, ProfilerError>;
+    /// Samples the device clock now and fits a checkpoint. `beside_stream`:
+    /// a streamed launch runs, beside which the calibration's kernel may never
+    /// start (on the H200 no kernel does, docs/performance.md), so give up
+    /// soon rather than hold the collector for the usual timeout.
+    fn round(&mut self, beside_stream: bool) -> Result<Round, ProfilerError>;
 }
 
 /// A recalibration, and the longest a decoded launch may wait for the checkpoint
@@ -262,10 +265,11 @@ struct Worker {
     streaming: bool,
     /// When a pass last asked which launches had finished ([`Worker::time_to_look`]).
     last_look: Instant,
-    /// A recalibration failed while a streamed launch ran (its kernel can hold
-    /// up the calibration kernel, and a failed try holds this thread for the
-    /// calibrator's timeout): none is tried again, and held launches
-    /// go with the checkpoints so far, until no stream runs.
+    /// A recalibration failed while a streamed launch ran (on the H200 no
+    /// kernel starts beside a persistent one, and each try holds this thread
+    /// for `Calibrator::TIMEOUT_BESIDE_STREAM`): none is tried again, and held
+    /// launches go with the checkpoints so far, until no stream runs; the
+    /// last part of a finished one waits for a new checkpoint as any launch.
     recalibration_paused: bool,
 }
 
@@ -353,13 +357,15 @@ impl Worker {
         if look {
             self.last_look = Instant::now();
         }
-        // Streamed launches still running: hold the parts their drain threads sent.
+        // Streamed launches still running (not found finished in this pass: the
+        // checkpoint for a finished one's last part is tried again).
+        let unknown = std::iter::repeat(&None);
         self.streaming = pending
             .iter()
-            .any(|j| matches!(j.work, Work::Stream { .. }));
+            .zip(outcome.iter().chain(unknown.clone()))
+            .any(|(j, o)| o.is_none() && matches!(j.work, Work::Stream { .. }));
         self.recalibration_paused &= self.streaming;
         let mut read = false;
-        let unknown = std::iter::repeat(&None);
         for (job, o) in pending.iter_mut().zip(outcome.iter().chain(unknown)) {
             if o.is_none() && matches!(job.work, Work::Stream { .. }) {
                 read |= self.drain_running(job);
@@ -604,7 +610,7 @@ impl Worker {
         if self.recalibration_paused {
             return;
         }
-        let result = recal.round().and_then(|round| {
+        let result = recal.round(self.streaming).and_then(|round| {
             self.calibration
                 .push(round.checkpoint.clone())
                 .map_err(|e| ProfilerError::Calibration(e.into()))?;

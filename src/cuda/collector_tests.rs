@@ -125,7 +125,7 @@ struct Steps {
 }
 
 impl Recalibrate for Steps {
-    fn round(&mut self) -> Result<Round, ProfilerError> {
+    fn round(&mut self, _beside_stream: bool) -> Result<Round, ProfilerError> {
         self.next += 10_000_000;
         Ok(Round {
             samples: Vec::new(),

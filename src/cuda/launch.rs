@@ -36,8 +36,6 @@ impl Profiler {
         let host_launch_ns = HostClock::Boottime.now_ns();
         let result = launch(arg);
         drop(entered);
-        // Recorded after the launch call, so that the call follows the clock read at once.
-        span.record("gpu.host_launch_ns", host_launch_ns);
         let Some(region) = region else {
             return result.map_err(Into::into);
         };

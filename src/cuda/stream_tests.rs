@@ -410,3 +410,83 @@ fn a_drained_stream_is_one_launch_downstream() {
     let delivered: Vec<_> = parts.iter().map(|b| b.launch.part).collect();
     assert_eq!(replayed, delivered);
 }
+
+/// A recalibration that fails beside a running stream, as on the H200 (where no
+/// kernel starts beside a persistent one), and succeeds otherwise, with a
+/// checkpoint past the tests' events. It keeps what it was asked.
+struct NoKernelBesideStream(Arc<Mutex<Vec<bool>>>);
+
+impl Recalibrate for NoKernelBesideStream {
+    fn round(&mut self, beside_stream: bool) -> Result<Round, ProfilerError> {
+        self.0.lock().push(beside_stream);
+        if beside_stream {
+            return Err(crate::cuda::CalibrateError::Timeout {
+                round: 0,
+                timeout: crate::cuda::calibrate::Calibrator::TIMEOUT_BESIDE_STREAM,
+            }
+            .into());
+        }
+        Ok(Round {
+            samples: Vec::new(),
+            checkpoint: crate::clock::Checkpoint {
+                map: ClockMap::exact(1 << 41, (1 << 41) + 5_000, 0.0),
+                host_offsets: HostOffsets::default(),
+            },
+        })
+    }
+}
+
+#[test]
+fn beside_a_running_stream_a_recalibration_is_tried_once_as_such_then_again_after_it() {
+    const T0: u64 = 1 << 40;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let recal = NoKernelBesideStream(asked.clone());
+    // Due 1 ms after a part is held: every part asks for a checkpoint.
+    let rig = Rig::new(0, Some((Box::new(recal), Duration::from_millis(1))));
+    let (sink, dispatch) = sink_dispatch();
+    let (warps, event) =
+        tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 2, 2, true));
+    let threads: Vec<_> = warps
+        .into_iter()
+        .map(|mut w| {
+            std::thread::spawn(move || {
+                let mut t = T0 + w.index as u64 * 7;
+                for k in 0..120u64 {
+                    w.entry(word(t, 1, ENTRY_BEGIN), t + 1);
+                    w.entry(word(t + 30, 1, ENTRY_END), t + 31);
+                    t += 40;
+                    if k % 30 == 0 {
+                        std::thread::sleep(Duration::from_millis(3));
+                    }
+                }
+                w.flush(t + 10);
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while asked.lock().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no recalibration while the stream ran"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Held parts keep coming due: none is tried again while the stream runs.
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(*asked.lock(), [true]);
+    assert!(!sink.0.lock().is_empty(), "parts wait for no checkpoint");
+    rig.gpu.fire(event);
+    rig.collector.flush().unwrap();
+    let asked = asked.lock().clone();
+    assert!(
+        asked.len() >= 2 && asked[1..].iter().all(|b| !b),
+        "{asked:?}"
+    );
+    let st = rig.shared.stats();
+    assert_eq!((st.calibrations_missed, st.delivered, st.failed), (1, 1, 0));
+    assert_eq!(rig.shared.calibration().latest().map.anchor().0, 1 << 41);
+    let events: u64 = sink.0.lock().iter().map(|b| b.buffer.event_count()).sum();
+    assert_eq!(events, 4 * 120);
+    assert_accounted(&st);
+}

@@ -487,7 +487,7 @@ where
         let args = with_fields(false, |f| {
             attrs.record(f);
             SpanArgs {
-                args: f.args.buf.clone(),
+                args: f.args.buf.as_slice().into(),
                 launch: f.launch,
             }
         });
@@ -512,7 +512,7 @@ where
                     a.launch = a.launch.or(f.launch);
                 }
                 None => ext.insert(SpanArgs {
-                    args: f.args.buf.clone(),
+                    args: f.args.buf.as_slice().into(),
                     launch: f.launch,
                 }),
             }

@@ -38,10 +38,11 @@ impl ClockCosts {
         let instant_ns = per(&|| {
             black_box(Instant::now());
         });
-        let source =
-            std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "unknown".into());
+        let source = std::fs::read_to_string(
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        )
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
         ClockCosts {
             boottime_ns,
             instant_ns,
@@ -77,7 +78,9 @@ impl Cores {
     /// than one CPU would be left over.
     pub fn split(launchers: usize) -> io::Result<Cores> {
         let allowed = sched_getaffinity(None)?;
-        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
+        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
+            .filter(|&c| allowed.is_set(c))
+            .collect();
         let mut taken = Vec::new();
         let mut chosen = Vec::new();
         for &c in &cpus {

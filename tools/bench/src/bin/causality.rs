@@ -14,8 +14,7 @@
 //! the way they reach any sink: whole batches, to a `BatchSink` of its own in
 //! the subscriber (see `tracing_gpu::deliver`), every event mapped with
 //! `Batch::trace_ns`, the mapping every output uses. The launch time is the one
-//! the profiler read just before the launch call (`LaunchInfo::host_launch_ns`,
-//! also `gpu.host_launch_ns` on the launch span).
+//! the profiler read just before the launch call (`LaunchInfo::host_launch_ns`).
 //!
 //! With `--graph`, it then does the same for `--replays` replays of a CUDA
 //! graph (`Profiler::launch_graph`) whose 36 profiled kernel nodes take the

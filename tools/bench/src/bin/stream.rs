@@ -28,8 +28,9 @@
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
-//! the launching thread) asks, in each streamed mode, what the GPU still runs beside
-//! the persistent kernel: before the launch it prepares an empty kernel, its streams
+//! the launching thread) asks, in the `off` mode and each streamed mode, what the GPU
+//! still runs beside the persistent kernel (with `off`: beside a kernel that records
+//! nothing and touches no host memory): before the launch it prepares an empty kernel, its streams
 //! and a calibrator (`tracing_gpu_bench::probe`); `--probe-at` seconds after the
 //! launch, from the launching thread and before it waits for the kernel, it launches
 //! the empty kernel on streams made before and during the kernel, loads and runs a
@@ -112,7 +113,7 @@ struct Options {
     /// Also write every figure as JSON lines here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
-    /// In the streamed modes, probe what still runs beside the kernel: an empty kernel
+    /// In the off and streamed modes, probe what still runs beside the kernel: an empty kernel
     /// on old and new streams, a fresh module, calibrations (tools/bench/src/probe.rs).
     #[arg(long)]
     probe: bool,
@@ -282,13 +283,34 @@ struct Figures {
     probe: Option<String>,
 }
 
+/// `--probe`: the probes, `--probe-at` after the launch; prints them, returns the JSON.
+fn probe_beside(
+    p: Probe,
+    stream: &CudaStream,
+    launched: Instant,
+    o: &Options,
+    mode: &str,
+) -> String {
+    let at = Duration::from_secs_f64(o.probe_at);
+    std::thread::sleep(at.saturating_sub(launched.elapsed()));
+    let outcomes = p.run(stream, launched);
+    for x in &outcomes {
+        println!("probe {mode}: {}: {}", x.name, x.text);
+    }
+    probe::json(&outcomes)
+}
+
 fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Result<Figures> {
     let stream = ctx.new_stream()?;
     let timer = Timer::new(ctx)?;
     let kernel = Kernel::load(ctx, &stream, mode, o)?;
     let produced = kernel.produced(iters, o);
     if mode == "off" {
+        // Probed too: whether anything runs beside a kernel that records nothing.
+        let probe = o.probe.then(|| Probe::prepare(ctx)).transpose()?;
+        let launched = Instant::now();
         timer.around(&stream, || kernel.launch(&stream, iters, o, None))?;
+        let probe = probe.map(|p| probe_beside(p, &stream, launched, o, mode));
         return Ok(Figures {
             mode: mode.into(),
             seen: 0,
@@ -297,7 +319,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             stats: ProfilerStats::default(),
             delivered_after_s: 0.0,
             cpu_s: 0.0,
-            probe: None,
+            probe,
         });
     }
     let count = Arc::new(Count::default());
@@ -333,9 +355,8 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         .stream_memory(o.stream_memory)
         .stream_interval(Duration::from_millis(o.interval_ms))
         .build()?;
-    let streamed = mode == "memory" || mode == "perfetto";
     // Prepared before the launch: everything the first probes use is loaded.
-    let probe = match o.probe && streamed {
+    let probe = match o.probe && mode != "fixed" {
         true => Some(Probe::prepare(ctx)?),
         false => None,
     };
@@ -355,15 +376,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             }
             Ok(())
         })?;
-        let run_probe = |p: Probe| {
-            let at = Duration::from_secs_f64(o.probe_at);
-            std::thread::sleep(at.saturating_sub(launched.elapsed()));
-            let outcomes = p.run(&stream, launched);
-            for x in &outcomes {
-                println!("probe {mode}: {}: {}", x.name, x.text);
-            }
-            probe::json(&outcomes)
-        };
+        let run_probe = |p: Probe| probe_beside(p, &stream, launched, o, mode);
         let (probed, kernel_s) = std::thread::scope(|s| -> Result<(Option<String>, f64)> {
             // The probes from the launching thread before it waits, or (as the
             // collector's recalibrations are) from another thread while it waits.
