@@ -20,7 +20,7 @@
 //! streamed launches are read at every pass (their parts, read in place, need
 //! no driver call).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
 use super::job::{decode_all, Job, Taken, Work};
-use super::memory::{replay_taken, Device, Kind, Place};
+use super::memory::{replay_taken, Device, Kind, Mark, Place};
 use super::ring::{Arena, Region};
 pub(crate) use super::shared::{ProfilerStats, Shared};
 
@@ -144,6 +144,7 @@ impl Collector {
             streaming: false,
             last_look: Instant::now(),
             recalibration_paused: false,
+            legacy_marks: HashMap::new(),
         };
         let on_start = config.on_start;
         let thread = std::thread::Builder::new()
@@ -271,6 +272,10 @@ struct Worker {
     /// launches go with the checkpoints so far, until no stream runs; the
     /// last part of a finished one waits for a new checkpoint as any launch.
     recalibration_paused: bool,
+    /// The events the collector recorded on the legacy stream
+    /// ([`Worker::mark_legacy`]), each with the number of pending launches it
+    /// marks: it goes back to the pool when the last of them is brought back.
+    legacy_marks: HashMap<u64, usize>,
 }
 
 impl Worker {
@@ -334,9 +339,13 @@ impl Worker {
             false => 0,
         };
         let mut outcome: Vec<Option<Result<(), ProfilerError>>> = (0..n).map(|_| None).collect();
+        self.mark_legacy(pending, n, &mut outcome);
         self.streams.clear();
         self.by_stream.iter_mut().for_each(Vec::clear);
         for (i, job) in pending.iter().take(n).enumerate() {
+            if outcome[i].is_some() {
+                continue;
+            }
             let k = match self.streams.iter().position(|&s| s == job.mark.stream) {
                 Some(k) => k,
                 None => {
@@ -411,6 +420,65 @@ impl Worker {
             }
         }
         outstanding >= self.arena.capacity() / 8
+    }
+
+    /// Marks the launches on the legacy default stream among the first `n`
+    /// jobs that are not yet: one event, recorded now on that stream, for all
+    /// (their launching threads recorded none, which saves each launch call
+    /// the dearest of its driver calls there). Whatever was submitted before
+    /// this call has been (the jobs were sent after their launches), so the
+    /// event follows them. If the stream can be neither marked nor waited for,
+    /// they fail.
+    fn mark_legacy(
+        &mut self,
+        pending: &mut VecDeque<Job>,
+        n: usize,
+        outcome: &mut [Option<Result<(), ProfilerError>>],
+    ) {
+        let unmarked = pending.iter().take(n).filter(|j| j.mark.unmarked()).count();
+        if unmarked == 0 {
+            return;
+        }
+        let marked = self.backend.mark_legacy();
+        for (job, o) in pending.iter_mut().zip(outcome.iter_mut()) {
+            if !job.mark.unmarked() {
+                continue;
+            }
+            match &marked {
+                Ok(event) => {
+                    job.mark.event = *event;
+                    // Waited for instead: finished, and no event to give back.
+                    job.mark.by_collector = event.is_some();
+                }
+                Err(e) => {
+                    *o = Some(Err(ProfilerError::Invalid(format!(
+                        "the legacy stream could be neither marked nor waited for: {e}"
+                    ))))
+                }
+            }
+        }
+        if let Ok(Some(event)) = marked {
+            self.legacy_marks.insert(event, unmarked);
+        }
+    }
+
+    /// Gives back the events of `marks` (of launches brought back); an event
+    /// the collector recorded for several launches once the last is back.
+    pub(super) fn release(&mut self, marks: impl Iterator<Item = Mark>) {
+        let mut free = Vec::new();
+        for mark in marks {
+            let (Some(event), true) = (mark.event, mark.by_collector) else {
+                free.push(mark);
+                continue;
+            };
+            let left = self.legacy_marks.entry(event).or_insert(1);
+            *left -= 1;
+            if *left == 0 {
+                self.legacy_marks.remove(&event);
+                free.push(mark);
+            }
+        }
+        self.backend.release(&free);
     }
 
     /// Finds which of one stream's jobs (`jobs`: their places in `pending`, in
@@ -536,8 +604,7 @@ impl Worker {
         if let Err(e) = fetched {
             self.shared.push_error(e);
         }
-        let marks: Vec<_> = done.iter().map(|(j, _)| j.mark).collect();
-        self.backend.release(&marks);
+        self.release(done.iter().map(|(j, _)| j.mark));
         for ((job, outcome), taken) in done.into_iter().zip(taken) {
             let n = job.work.launches();
             match outcome {

@@ -82,7 +82,7 @@ impl Worker {
         outcome: Result<(), ProfilerError>,
         complete_ns: u64,
     ) {
-        self.backend.release(&[job.mark]);
+        self.release(std::iter::once(job.mark));
         let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
         let Job {
             launch,

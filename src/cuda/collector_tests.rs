@@ -12,7 +12,7 @@ use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tracing_subscriber::layer::SubscriberExt;
 
 /// The simulated GPU: device memory by address, and which events have fired.
@@ -30,6 +30,11 @@ struct Gpu {
     released: AtomicU64,
     /// Fail the next fetch.
     fail_fetch: Mutex<bool>,
+    /// The legacy stream still runs: the collector's marks on it wait.
+    legacy_busy: AtomicBool,
+    /// The collector's marks on the legacy stream, and those not yet fired.
+    legacy_marks: AtomicU64,
+    legacy_waiting: Mutex<Vec<u64>>,
     /// Events the collector asked about.
     queries: AtomicU64,
 }
@@ -65,12 +70,30 @@ impl Gpu {
     fn fire(&self, event: u64) {
         self.fired.lock().insert(event);
     }
+
+    /// The legacy stream has run everything: its marks fire, and later ones at once.
+    fn finish_legacy(&self) {
+        self.legacy_busy.store(false, Ordering::Relaxed);
+        for e in self.legacy_waiting.lock().drain(..) {
+            self.fire(e);
+        }
+    }
 }
 
 /// The collector's side of the simulated GPU.
 struct Sim(Arc<Gpu>);
 
 impl Device for Sim {
+    fn mark_legacy(&mut self) -> Result<Option<u64>, ProfilerError> {
+        self.0.legacy_marks.fetch_add(1, Ordering::Relaxed);
+        let busy = self.0.legacy_busy.load(Ordering::Relaxed);
+        let e = self.0.event(!busy);
+        if busy {
+            self.0.legacy_waiting.lock().push(e);
+        }
+        Ok(Some(e))
+    }
+
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
         self.0.queries.fetch_add(1, Ordering::Relaxed);
         Ok(mark.event.is_none_or(|e| self.0.fired.lock().contains(&e)))
@@ -228,18 +251,20 @@ impl Rig {
     /// event, or `None` if the arena was full (the launch is skipped).
     fn launch(&self, stream: u64, t0: u64, bytes: Option<Vec<u8>>, fired: bool) -> Option<u64> {
         let event = self.gpu.event(fired);
-        self.launch_marked(stream, t0, bytes, Some(event))
+        self.launch_marked(stream, t0, bytes, Some(event), false)
             .map(|()| event)
     }
 
     /// `launch`, marked by `event` (`None`: as when no event could be
-    /// recorded and the launching thread waited for the kernel itself).
+    /// recorded and the launching thread waited for the kernel itself), or
+    /// left to the collector to mark (`by_collector`, the legacy stream's).
     fn launch_marked(
         &self,
         stream: u64,
         t0: u64,
         bytes: Option<Vec<u8>>,
         event: Option<u64>,
+        by_collector: bool,
     ) -> Option<()> {
         let launch_id = crate::cuda::__private::next_launch_id();
         let b = kernel(self.device, t0);
@@ -266,7 +291,11 @@ impl Rig {
             },
             dispatch: tracing::dispatcher::get_default(|d| d.clone()),
             span,
-            mark: Mark { stream, event },
+            mark: Mark {
+                stream,
+                event,
+                by_collector,
+            },
             work: Work::Launch {
                 header,
                 place: Place {
@@ -469,7 +498,7 @@ fn a_launch_marked_without_an_event_is_delivered_and_its_region_comes_back() {
     let (rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
     tracing::dispatcher::with_default(&dispatch, || {
-        r.launch_marked(1, 1_000_000, None, None).unwrap();
+        r.launch_marked(1, 1_000_000, None, None, false).unwrap();
         r.launch(1, 1_100_000, None, true).unwrap();
     });
     r.collector.flush().unwrap();

@@ -282,6 +282,17 @@ impl Drop for CudaDevice {
 }
 
 impl Device for CudaDevice {
+    fn mark_legacy(&mut self) -> Result<Option<u64>, ProfilerError> {
+        match self.events.record(std::ptr::null_mut()) {
+            Ok(e) => Ok(Some(e)),
+            Err(_) => {
+                // SAFETY: the legacy stream of this context, which is bound.
+                unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()).result()? };
+                Ok(None)
+            }
+        }
+    }
+
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
         let Some(event) = mark.event else {
             return Ok(true);

@@ -84,6 +84,7 @@ impl SimGraph {
             mark: Mark {
                 stream,
                 event: Some(event),
+                by_collector: false,
             },
             work: Work::Replay {
                 replay,

@@ -66,7 +66,11 @@ impl Profiler {
     /// sends the job to the collector. If no event can be recorded, the
     /// launching thread waits for the stream itself and sends the job marked
     /// finished: the trace is kept if it can be, and the region comes back
-    /// either way (the error is said at the next flush).
+    /// either way (the error is said at the next flush). On the legacy
+    /// default stream it records nothing: the collector marks its launches,
+    /// one event for many (on the H200 an event recorded there cost the
+    /// launch call +0.5 µs at p50, against +0.2 µs on a stream of its own,
+    /// where the collector cannot record: the stream may be gone by then).
     pub(super) fn hand_over(
         &self,
         stream: &CudaStream,
@@ -74,8 +78,13 @@ impl Profiler {
         launch: LaunchInfo,
         work: Work,
     ) {
-        let event = match self.events.record(stream.cu_stream()) {
-            Ok(ev) => Some(ev),
+        let legacy = stream.cu_stream().is_null();
+        let event = match legacy {
+            true => Ok(None),
+            false => self.events.record(stream.cu_stream()).map(Some),
+        };
+        let event = match event {
+            Ok(ev) => ev,
             Err(e) => {
                 self.shared.push_error(e.into());
                 if let Err(e) = stream.synchronize() {
@@ -91,6 +100,7 @@ impl Profiler {
             mark: Mark {
                 stream: stream.cu_stream() as u64,
                 event,
+                by_collector: legacy,
             },
             work,
         });

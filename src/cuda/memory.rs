@@ -226,6 +226,17 @@ pub(crate) struct Mark {
     /// the work itself: finished, and handed over all the same, so that its
     /// region comes back (zeroed, or re-armed) like any other.
     pub event: Option<u64>,
+    /// A launch on the legacy default stream: its launching thread recorded
+    /// no event, the collector marks it (`event` is `None` until then), with
+    /// one event for all the launches it finds unmarked at once.
+    pub by_collector: bool,
+}
+
+impl Mark {
+    /// Not yet marked: the collector must record its event before asking.
+    pub(crate) fn unmarked(&self) -> bool {
+        self.by_collector && self.event.is_none()
+    }
 }
 
 /// The device operations of the collector thread. Everything is done in bulk:
@@ -233,6 +244,11 @@ pub(crate) struct Mark {
 pub(crate) trait Device: Send {
     /// Whether the work before `mark` has finished. Never blocks.
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError>;
+    /// Records an event on the legacy default stream now, after everything
+    /// submitted to it before (its handle lives as long as the context, so
+    /// another thread than the launching one may record on it). If none can
+    /// be recorded, waits for the stream instead: `None`, all finished.
+    fn mark_legacy(&mut self) -> Result<Option<u64>, ProfilerError>;
     /// Copies `places` back into their memories' mirrors, all before returning
     /// (neighbouring regions of one memory in one copy).
     fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;

@@ -97,3 +97,49 @@ fn the_collector_asks_only_when_due_or_when_the_arena_fills_or_a_flush_waits() {
     assert_accounted(&st);
     assert_eq!(rig.arena.used(), 0);
 }
+
+#[test]
+fn launches_on_the_legacy_stream_are_marked_by_the_collector_one_event_for_all() {
+    let (_rec, dispatch) = recorder_dispatch();
+    // Never by the clock: only a flush makes the collector look.
+    let rig = Rig::paced(
+        0,
+        None,
+        Calibration::exact(0, 5_000, 0.0),
+        1 << 20,
+        Duration::from_secs(3600),
+    );
+    rig.gpu.legacy_busy.store(true, Ordering::Relaxed);
+    tracing::dispatcher::with_default(&dispatch, || {
+        for i in 0..5 {
+            // No event from the launching thread: the collector marks them.
+            rig.launch_marked(0, 1_000_000 + i * 10_000, None, None, true)
+                .unwrap();
+        }
+    });
+    // Not looked at: no mark and no query, nothing back.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(rig.gpu.legacy_marks.load(Ordering::Relaxed), 0);
+    assert_eq!(rig.gpu.queries.load(Ordering::Relaxed), 0);
+    std::thread::scope(|s| {
+        let flush = s.spawn(|| rig.collector.flush());
+        // The flush's passes look: one mark for the five, not yet reached by
+        // the stream, so none is brought back however often they ask.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rig.gpu.queries.load(Ordering::Relaxed) < 3 {
+            assert!(Instant::now() < deadline, "the flush did not ask");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rig.gpu.legacy_marks.load(Ordering::Relaxed), 1);
+        assert_eq!(rig.shared.stats().delivered, 0);
+        rig.gpu.finish_legacy();
+        flush.join().unwrap().unwrap();
+    });
+    let st = rig.shared.stats();
+    assert_eq!((st.delivered, st.failed, st.skipped), (5, 0, 0));
+    assert_accounted(&st);
+    // The shared event went back to the pool once, after the last of its five.
+    assert_eq!(rig.gpu.released.load(Ordering::Relaxed), 1);
+    assert_eq!(rig.gpu.legacy_marks.load(Ordering::Relaxed), 1);
+    assert_eq!(rig.arena.used(), 0);
+}

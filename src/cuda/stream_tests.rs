@@ -172,6 +172,7 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
         mark: Mark {
             stream: 9,
             event: Some(event),
+            by_collector: false,
         },
         work: Work::Stream {
             header,

@@ -15,8 +15,11 @@
 //! are the default):
 //! - `plain`: the launch alone;
 //! - `floor`: the launch, then the driver calls the profiled launch makes besides
-//!   it (`cuStreamIsCapturing`, skipped on the legacy stream, which cannot capture;
-//!   `cuEventRecord` of one reused event): what the design cannot go under;
+//!   it on a stream of its own (`cuStreamIsCapturing`; `cuEventRecord` of one
+//!   reused event): what the design cannot go under there. On the legacy stream
+//!   (which cannot capture) the floor is the launch and the event, which the
+//!   profiled launch no longer records there (its collector marks many launches
+//!   with one event): what that saves;
 //! - `floor-cell`: the same with `cuStreamWriteValue32` into a cell of mapped host
 //!   memory instead of the event: a mark the collector could read without asking
 //!   the driver (weighed in docs/architecture.md; it costs the launch call more);
