@@ -38,7 +38,7 @@ use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
 use super::job::{decode_all, Job, Taken, Work};
-use super::memory::{replay_taken, Device, Kind, Mark, Place};
+use super::memory::{replay_taken, Device, Kind, LegacyMark, Mark, Place};
 use super::ring::{Arena, Region};
 pub(crate) use super::shared::{ProfilerStats, Shared};
 
@@ -343,7 +343,7 @@ impl Worker {
         self.streams.clear();
         self.by_stream.iter_mut().for_each(Vec::clear);
         for (i, job) in pending.iter().take(n).enumerate() {
-            if outcome[i].is_some() {
+            if outcome[i].is_some() || job.mark.unmarked() {
                 continue;
             }
             let k = match self.streams.iter().position(|&s| s == job.mark.stream) {
@@ -427,8 +427,9 @@ impl Worker {
     /// (their launching threads recorded none, which saves each launch call
     /// the dearest of its driver calls there). Whatever was submitted before
     /// this call has been (the jobs were sent after their launches), so the
-    /// event follows them. If the stream can be neither marked nor waited for,
-    /// they fail.
+    /// event follows them. While a blocking stream captures a graph they wait
+    /// for a later look (they are not asked about until marked). If the stream
+    /// can be neither marked nor waited for, they fail.
     fn mark_legacy(
         &mut self,
         pending: &mut VecDeque<Job>,
@@ -445,11 +446,10 @@ impl Worker {
                 continue;
             }
             match &marked {
-                Ok(event) => {
-                    job.mark.event = *event;
-                    // Waited for instead: finished, and no event to give back.
-                    job.mark.by_collector = event.is_some();
-                }
+                Ok(LegacyMark::Event(event)) => job.mark.event = Some(*event),
+                // Finished, and no event to give back.
+                Ok(LegacyMark::Waited) => job.mark.by_collector = false,
+                Ok(LegacyMark::NotNow) => {}
                 Err(e) => {
                     *o = Some(Err(ProfilerError::Invalid(format!(
                         "the legacy stream could be neither marked nor waited for: {e}"
@@ -457,7 +457,7 @@ impl Worker {
                 }
             }
         }
-        if let Ok(Some(event)) = marked {
+        if let Ok(LegacyMark::Event(event)) = marked {
             self.legacy_marks.insert(event, unmarked);
         }
     }

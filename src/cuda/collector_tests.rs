@@ -7,7 +7,7 @@ use super::*;
 use crate::batch::BatchSink;
 use crate::clock::{ClockMap, HostOffsets};
 use crate::cuda::job::Node;
-use crate::cuda::memory::{Mark, Memory, ARMED, REPLAY_HEADER, TAKEN};
+use crate::cuda::memory::{LegacyMark, Mark, Memory, ARMED, REPLAY_HEADER, TAKEN};
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
 use parking_lot::Mutex;
@@ -32,7 +32,11 @@ struct Gpu {
     fail_fetch: Mutex<bool>,
     /// The legacy stream still runs: the collector's marks on it wait.
     legacy_busy: AtomicBool,
-    /// The collector's marks on the legacy stream, and those not yet fired.
+    /// A blocking stream captures: the legacy stream may not be marked.
+    legacy_capturing: AtomicBool,
+    /// The collector's requests to mark the legacy stream, the marks made,
+    /// and those not yet fired.
+    legacy_asked: AtomicU64,
     legacy_marks: AtomicU64,
     legacy_waiting: Mutex<Vec<u64>>,
     /// Events the collector asked about.
@@ -84,14 +88,18 @@ impl Gpu {
 struct Sim(Arc<Gpu>);
 
 impl Device for Sim {
-    fn mark_legacy(&mut self) -> Result<Option<u64>, ProfilerError> {
+    fn mark_legacy(&mut self) -> Result<LegacyMark, ProfilerError> {
+        self.0.legacy_asked.fetch_add(1, Ordering::Relaxed);
+        if self.0.legacy_capturing.load(Ordering::Relaxed) {
+            return Ok(LegacyMark::NotNow);
+        }
         self.0.legacy_marks.fetch_add(1, Ordering::Relaxed);
         let busy = self.0.legacy_busy.load(Ordering::Relaxed);
         let e = self.0.event(!busy);
         if busy {
             self.0.legacy_waiting.lock().push(e);
         }
-        Ok(Some(e))
+        Ok(LegacyMark::Event(e))
     }
 
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {

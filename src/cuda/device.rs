@@ -14,7 +14,7 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 use parking_lot::Mutex;
 
 use super::error::ProfilerError;
-use super::memory::{Device, Kind, Mark, Memory, Place, ARMED};
+use super::memory::{Device, Kind, LegacyMark, Mark, Memory, Place, ARMED};
 use super::ring::ALIGN;
 use crate::batch::DeviceInfo;
 
@@ -282,13 +282,23 @@ impl Drop for CudaDevice {
 }
 
 impl Device for CudaDevice {
-    fn mark_legacy(&mut self) -> Result<Option<u64>, ProfilerError> {
-        match self.events.record(std::ptr::null_mut()) {
-            Ok(e) => Ok(Some(e)),
+    fn mark_legacy(&mut self) -> Result<LegacyMark, ProfilerError> {
+        let legacy = std::ptr::null_mut();
+        // SAFETY: the legacy stream of this context, which is bound.
+        match unsafe { cudarc::driver::result::stream::is_capturing(legacy) } {
+            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => {}
+            Ok(_) => return Ok(LegacyMark::NotNow),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)) => {
+                return Ok(LegacyMark::NotNow)
+            }
+            Err(e) => return Err(e.into()),
+        }
+        match self.events.record(legacy) {
+            Ok(e) => Ok(LegacyMark::Event(e)),
             Err(_) => {
-                // SAFETY: the legacy stream of this context, which is bound.
-                unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()).result()? };
-                Ok(None)
+                // SAFETY: as above.
+                unsafe { sys::cuStreamSynchronize(legacy).result()? };
+                Ok(LegacyMark::Waited)
             }
         }
     }

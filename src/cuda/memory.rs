@@ -232,6 +232,18 @@ pub(crate) struct Mark {
     pub by_collector: bool,
 }
 
+/// What [`Device::mark_legacy`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LegacyMark {
+    /// An event recorded now.
+    Event(u64),
+    /// None could be recorded: it waited for the stream instead (all finished).
+    Waited,
+    /// A blocking stream is capturing a graph, which any work on the legacy
+    /// stream would join and so invalidate: nothing done, ask again later.
+    NotNow,
+}
+
 impl Mark {
     /// Not yet marked: the collector must record its event before asking.
     pub(crate) fn unmarked(&self) -> bool {
@@ -246,9 +258,8 @@ pub(crate) trait Device: Send {
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError>;
     /// Records an event on the legacy default stream now, after everything
     /// submitted to it before (its handle lives as long as the context, so
-    /// another thread than the launching one may record on it). If none can
-    /// be recorded, waits for the stream instead: `None`, all finished.
-    fn mark_legacy(&mut self) -> Result<Option<u64>, ProfilerError>;
+    /// another thread than the launching one may record on it).
+    fn mark_legacy(&mut self) -> Result<LegacyMark, ProfilerError>;
     /// Copies `places` back into their memories' mirrors, all before returning
     /// (neighbouring regions of one memory in one copy).
     fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;
