@@ -404,10 +404,13 @@ impl Shared {
         }
         let r = f(&mut b);
         if b.host.enc.len() >= self.chunk_bytes {
-            let chunk = std::mem::replace(
-                &mut b.host.enc.buf,
-                Vec::with_capacity(self.chunk_bytes + 256),
-            );
+            // A chunk the writer gave back: its pages are already mapped, so the
+            // spans that fill it take no page faults and no allocation.
+            let next = b
+                .spare
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(self.chunk_bytes + 256));
+            let chunk = std::mem::replace(&mut b.host.enc.buf, next);
             b.full.push_back(chunk);
             if let Err(TrySendError::Disconnected(_)) = self.tx.try_send(Msg::Wake) {
                 b.closed = true;
@@ -443,6 +446,7 @@ impl ThreadSlot {
             buf: Mutex::new(ThreadBuf {
                 host: HostThread::new(&shared.ids, shared.pid, tid, name, shared.chunk_bytes + 256),
                 full: VecDeque::new(),
+                spare: Vec::new(),
                 closed: false,
             }),
             drained: Condvar::new(),
@@ -456,6 +460,9 @@ struct ThreadBuf {
     /// The track; its names are keyed by callsite (`&'static Metadata` address).
     host: HostThread,
     full: VecDeque<Vec<u8>>,
+    /// Written chunks given back, emptied, for the thread's next ones (at most
+    /// `queued_chunks`: no more memory than the full queue held).
+    spare: Vec<Vec<u8>>,
     closed: bool,
 }
 
@@ -648,6 +655,14 @@ fn collect(
                 }
             }
         }
+        if !chunks.is_empty() {
+            let mut b = slot.buf.lock();
+            let room = shared.queued_chunks.saturating_sub(b.spare.len());
+            b.spare.extend(chunks.into_iter().take(room).map(|mut c| {
+                c.clear();
+                c
+            }));
+        }
     }
     // Threads that are gone, and whose bytes are written, need no slot.
     shared
@@ -746,3 +761,7 @@ fn run_writer(
     }
     Ok(stats)
 }
+
+#[cfg(test)]
+#[path = "layer_tests.rs"]
+mod tests;
