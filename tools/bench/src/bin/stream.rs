@@ -28,9 +28,9 @@
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
-//! the launching thread) asks, in the `off` mode and each streamed mode, what the GPU
-//! still runs beside the persistent kernel (with `off`: beside a kernel that records
-//! nothing and touches no host memory): before the launch it prepares an empty kernel, its streams
+//! the launching thread) asks, in every mode, what the GPU still runs beside the
+//! persistent kernel (with `off`: beside a kernel that records nothing and touches no
+//! host memory; with `fixed`: one that records into device memory): before the launch it prepares an empty kernel, its streams
 //! and a calibrator (`tracing_gpu_bench::probe`); `--probe-at` seconds after the
 //! launch, from the launching thread and before it waits for the kernel, it launches
 //! the empty kernel on streams made before and during the kernel, loads and runs a
@@ -113,7 +113,7 @@ struct Options {
     /// Also write every figure as JSON lines here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
-    /// In the off and streamed modes, probe what still runs beside the kernel: an empty kernel
+    /// In every mode, probe what still runs beside the kernel: an empty kernel
     /// on old and new streams, a fresh module, calibrations (tools/bench/src/probe.rs).
     #[arg(long)]
     probe: bool,
@@ -356,7 +356,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         .stream_interval(Duration::from_millis(o.interval_ms))
         .build()?;
     // Prepared before the launch: everything the first probes use is loaded.
-    let probe = match o.probe && mode != "fixed" {
+    let probe = match o.probe {
         true => Some(Probe::prepare(ctx)?),
         false => None,
     };
