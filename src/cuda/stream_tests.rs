@@ -184,6 +184,29 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
     (warps, event)
 }
 
+/// Each warp, on a thread of its own, writes 120 ranges from `t0` (pausing
+/// `pause` every 30, so that parts are cut while they run) and flushes.
+fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
+    let threads: Vec<_> = warps
+        .into_iter()
+        .map(|mut w| {
+            std::thread::spawn(move || {
+                let mut t = t0 + w.index as u64 * 7;
+                for k in 0..120u64 {
+                    w.entry(word(t, 1, ENTRY_BEGIN), t + 1);
+                    w.entry(word(t + 30, 1, ENTRY_END), t + 31);
+                    t += 40;
+                    if k % 30 == 0 {
+                        std::thread::sleep(pause);
+                    }
+                }
+                w.flush(t + 10);
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+}
+
 fn sink_dispatch() -> (Batches, Dispatch) {
     let sink = Batches::default();
     let layer = SinkLayer::new(sink.clone()).unwrap();
@@ -350,24 +373,7 @@ fn a_drained_stream_is_one_launch_downstream() {
     let (sink, dispatch) = sink_dispatch();
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 4, 2, true));
-    let threads: Vec<_> = warps
-        .into_iter()
-        .map(|mut w| {
-            std::thread::spawn(move || {
-                let mut t = T0 + w.index as u64 * 7;
-                for k in 0..120u64 {
-                    w.entry(word(t, 1, ENTRY_BEGIN), t + 1);
-                    w.entry(word(t + 30, 1, ENTRY_END), t + 31);
-                    t += 40;
-                    if k % 30 == 0 {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                }
-                w.flush(t + 10);
-            })
-        })
-        .collect();
-    threads.into_iter().for_each(|t| t.join().unwrap());
+    write_ranges(warps, T0, Duration::from_millis(2));
     rig.gpu.fire(event);
     rig.collector.flush().unwrap();
     let parts = sink.0.lock().clone();
@@ -447,24 +453,7 @@ fn beside_a_running_stream_a_recalibration_is_tried_once_as_such_then_again_afte
     let (sink, dispatch) = sink_dispatch();
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 2, 2, true));
-    let threads: Vec<_> = warps
-        .into_iter()
-        .map(|mut w| {
-            std::thread::spawn(move || {
-                let mut t = T0 + w.index as u64 * 7;
-                for k in 0..120u64 {
-                    w.entry(word(t, 1, ENTRY_BEGIN), t + 1);
-                    w.entry(word(t + 30, 1, ENTRY_END), t + 31);
-                    t += 40;
-                    if k % 30 == 0 {
-                        std::thread::sleep(Duration::from_millis(3));
-                    }
-                }
-                w.flush(t + 10);
-            })
-        })
-        .collect();
-    threads.into_iter().for_each(|t| t.join().unwrap());
+    write_ranges(warps, T0, Duration::from_millis(3));
     let deadline = Instant::now() + Duration::from_secs(20);
     while asked.lock().is_empty() {
         assert!(
