@@ -130,6 +130,7 @@ pub struct ProfilerBuilder {
     registries: Vec<EventRegistry>,
     events: Vec<(u16, String)>,
     recalibrate_every: Option<Duration>,
+    bring_back_every: Duration,
     rounds: (usize, usize),
     pollers: u32,
     recorder: Option<Arc<CaptureRecorder>>,
@@ -149,6 +150,7 @@ impl Default for ProfilerBuilder {
             registries: Vec::new(),
             events: Vec::new(),
             recalibrate_every: Some(DEFAULT_RECALIBRATION),
+            bring_back_every: BRING_BACK_EVERY,
             rounds: (Calibrator::INITIAL_ROUNDS, Calibrator::PERIODIC_ROUNDS),
             pollers: Calibrator::DEFAULT_POLLERS,
             recorder: None,
@@ -222,6 +224,17 @@ impl ProfilerBuilder {
     /// (default [`DEFAULT_RECALIBRATION`]); `None` keeps the first one.
     pub fn recalibrate_every(mut self, period: Option<Duration>) -> Self {
         self.recalibrate_every = period;
+        self
+    }
+
+    /// How often the collector asks the driver which launches have finished and
+    /// brings them back (default 5 ms). Its queries, copies and zeroing meet the
+    /// launching threads' calls inside the driver; longer delays them less
+    /// often, at the price of more of the arena held. It asks sooner anyway
+    /// when the pending launches hold an eighth of the arena, a graph replay
+    /// waits, or a flush does.
+    pub fn bring_back_every(mut self, every: Duration) -> Self {
+        self.bring_back_every = every;
         self
     }
 
@@ -342,7 +355,7 @@ impl ProfilerBuilder {
                     .map_or(1, |n| n.get() / 2)
                     .clamp(1, 4),
                 stream_interval: self.stream.interval,
-                bring_back_every: BRING_BACK_EVERY,
+                bring_back_every: self.bring_back_every,
                 on_start: Some(Box::new(move || {
                     let _ = bind.bind_to_thread();
                     // The collector's calls must not invalidate a graph the
@@ -745,51 +758,5 @@ macro_rules! gpu_profile {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(grid: (u32, u32, u32), block: (u32, u32, u32)) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: grid,
-            block_dim: block,
-            shared_mem_bytes: 0,
-        }
-    }
-
-    #[test]
-    fn shape_counts_one_slot_per_warp() {
-        let s = Shape::of(&cfg((4, 2, 1), (96, 1, 1)), 8, 1 << 30).unwrap();
-        assert_eq!(s.warps_per_block, 3);
-        assert_eq!(s.slots, 24);
-        assert_eq!(s.bytes, format::buffer_size(24, 8).unwrap());
-        // A partial warp still gets a slot.
-        assert_eq!(
-            Shape::of(&cfg((1, 1, 1), (33, 1, 1)), 8, 1 << 30)
-                .unwrap()
-                .slots,
-            2
-        );
-    }
-
-    #[test]
-    fn bad_shapes_are_errors() {
-        assert!(matches!(
-            Shape::of(&cfg((0, 1, 1), (32, 1, 1)), 8, 1 << 30),
-            Err(ProfilerError::EmptyLaunch { .. })
-        ));
-        let e = Shape::of(&cfg((65535, 65535, 64), (1024, 1, 1)), 1 << 20, usize::MAX).unwrap_err();
-        assert!(matches!(e, ProfilerError::BufferTooLarge { .. }), "{e}");
-        let e = Shape::of(&cfg((1000, 1, 1), (256, 1, 1)), 256, 1 << 20).unwrap_err();
-        assert!(e.to_string().contains("8000 warps × 256 records"), "{e}");
-    }
-
-    #[test]
-    fn launch_ids_are_unique_across_threads() {
-        let ids: Vec<u64> = (0..4)
-            .map(|_| std::thread::spawn(|| (0..1000).map(|_| next_launch_id()).collect::<Vec<_>>()))
-            .flat_map(|t| t.join().unwrap())
-            .collect();
-        let set: std::collections::HashSet<_> = ids.iter().collect();
-        assert_eq!(set.len(), ids.len());
-    }
-}
+#[path = "profiler_tests.rs"]
+mod tests;

@@ -17,6 +17,7 @@ pub mod cli;
 pub mod device;
 pub mod error;
 pub mod fake_collector;
+pub mod floor;
 pub mod gemm;
 pub mod host;
 pub mod kernels;

@@ -6,7 +6,7 @@
 //! cargo run --release -p tracing-gpu-bench --bin storm -- [--launches 100000] [--threads 1] \
 //!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000] \
 //!     [--blocks N] [--settle] [--gap US] [--variants plain,floor,unsubscribed,profiled] \
-//!     [--bisect] [--pin]
+//!     [--bisect] [--pin] [--bring-back-ms 5]
 //! ```
 //!
 //! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
@@ -98,12 +98,13 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use parking_lot::Mutex;
 use tracing_gpu::clock::HostClock;
-use tracing_gpu::cuda::cudarc::driver::{result, sys, CudaStream, DriverError};
+use tracing_gpu::cuda::cudarc::driver::CudaStream;
 use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError, DEFAULT_MEMORY_LIMIT};
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::device::Timer;
 use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes, Queries};
+use tracing_gpu_bench::floor::Floor;
 use tracing_gpu_bench::host::{ClockCosts, Cores};
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::{Buffers, Short};
@@ -162,6 +163,11 @@ struct Args {
     /// Each launching thread on a physical core of its own, every other thread elsewhere.
     #[arg(long)]
     pin: bool,
+    /// How often the collector brings finished launches back, in ms
+    /// (`ProfilerBuilder::bring_back_every`; with a large `--memory`, a long one keeps
+    /// its copies and zeroing out of the storm).
+    #[arg(long, default_value_t = 5.0, value_parser = milliseconds)]
+    bring_back_ms: f64,
     /// The variants, comma-separated (plain is always measured; see the module docs).
     #[arg(
         long,
@@ -230,6 +236,14 @@ impl Variant {
     /// Whether the kernel records (it is then longer than the plain one).
     fn records(self) -> bool {
         matches!(self, Variant::Unsubscribed | Variant::Profiled)
+    }
+}
+
+/// A number of milliseconds, 0 to an hour (`--bring-back-ms`).
+fn milliseconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(ms) if (0.0..=3.6e6).contains(&ms) => Ok(ms),
+        _ => Err("must be a number of milliseconds, 0 to 3600000".into()),
     }
 }
 
@@ -454,6 +468,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .events(quickstart::EVENTS)
         .capacity(a.capacity)
         .memory_limit(a.memory)
+        .bring_back_every(Duration::from_secs_f64(a.bring_back_ms * 1e-3))
         .build()?;
     let short = Short::load(&profiler, a.work, a.blocks)?;
     let ctx = profiler.context().clone();
@@ -719,7 +734,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         false => "null".into(),
     };
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"clock":{},"pinned":{},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"clock":{},"pinned":{},"bring_back_ms":{},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
         a.settle,
@@ -738,6 +753,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         a.bisect,
         clock.json(),
         cores.is_some(),
+        a.bring_back_ms,
         num(d50),
         num(d99),
         stats.memory_bytes,
@@ -749,67 +765,4 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stats.dropped_events,
     );
     Ok(ok)
-}
-
-/// A mark of its own, made after a capture check: the floor variants' driver calls,
-/// as `Profiler::launch` makes them (an event), or with a cell of mapped host
-/// memory written by the stream instead (`floor-cell`).
-struct Floor {
-    event: sys::CUevent,
-    cell: *mut std::ffi::c_void,
-    cell_dptr: sys::CUdeviceptr,
-}
-
-impl Default for Floor {
-    fn default() -> Floor {
-        Floor {
-            event: std::ptr::null_mut(),
-            cell: std::ptr::null_mut(),
-            cell_dptr: 0,
-        }
-    }
-}
-
-impl Floor {
-    fn new() -> Result<Floor, DriverError> {
-        let mut f = Floor::default();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: valid out-pointers; the thread has bound the profiler's context;
-        // what is made is owned by `f`, freed by its drop.
-        unsafe {
-            sys::cuEventCreate(&mut f.event, flags).result()?;
-            f.cell = result::malloc_host(4, sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
-            sys::cuMemHostGetDevicePointer_v2(&mut f.cell_dptr, f.cell, 0).result()?;
-        }
-        Ok(f)
-    }
-
-    fn after_capture_check(&self, stream: &CudaStream, cell: bool) -> Result<(), DriverError> {
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        // SAFETY: a live stream, event and mapped cell of the bound context.
-        unsafe {
-            if !stream.cu_stream().is_null() {
-                result::stream::is_capturing(stream.cu_stream())?;
-            }
-            match cell {
-                true => sys::cuStreamWriteValue32_v2(stream.cu_stream(), self.cell_dptr, 1, write)
-                    .result(),
-                false => sys::cuEventRecord(self.event, stream.cu_stream()).result(),
-            }
-        }
-    }
-}
-
-impl Drop for Floor {
-    fn drop(&mut self) {
-        // SAFETY: owned, destroyed once; the storm synchronized its streams.
-        unsafe {
-            if !self.event.is_null() {
-                let _ = sys::cuEventDestroy_v2(self.event);
-            }
-            if !self.cell.is_null() {
-                let _ = result::free_host(self.cell);
-            }
-        }
-    }
 }
