@@ -654,8 +654,9 @@ fn two_simulated_devices_make_one_perfetto_trace() {
         .build()
         .unwrap();
     let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
-    // Device time 1 ms lands a second from now: after the launch spans.
-    let host = HostClock::Boottime.now_ns() + 1_000_000_000;
+    // Device time 1 ms lands 30 s from now: after the launch spans, however slowly
+    // a loaded machine makes the two rigs (one second was not always enough).
+    let host = HostClock::Boottime.now_ns() + 30_000_000_000;
     let map = |skew: u64| Calibration::exact(1_000_000, host + skew, 0.0);
     let r0 = Rig::with(0, None, map(0), 1 << 20);
     let r1 = Rig::with(1, None, map(3_000), 1 << 20);
