@@ -80,18 +80,17 @@ impl Profiler {
     ) {
         let legacy = stream.cu_stream().is_null();
         let event = match legacy {
-            true => Ok(None),
-            false => self.events.record(stream.cu_stream()).map(Some),
-        };
-        let event = match event {
-            Ok(ev) => ev,
-            Err(e) => {
-                self.shared.push_error(e.into());
-                if let Err(e) = stream.synchronize() {
+            true => None,
+            false => match self.events.record(stream.cu_stream()) {
+                Ok(ev) => Some(ev),
+                Err(e) => {
                     self.shared.push_error(e.into());
+                    if let Err(e) = stream.synchronize() {
+                        self.shared.push_error(e.into());
+                    }
+                    None
                 }
-                None
-            }
+            },
         };
         self.collector.send(Job {
             launch,

@@ -508,8 +508,7 @@ where
         if span.metadata().target() == DEVICE_TARGET {
             return;
         }
-        // Appended straight from the scratch fields: a launch span's recorded
-        // launch time would otherwise cost an allocation per launch.
+        // Appended straight from the scratch fields, with no copy of its own.
         with_fields(false, |f| {
             values.record(f);
             let mut ext = span.extensions_mut();
