@@ -18,6 +18,14 @@
 // whole read latency more (measured: docs/calibration.md); several staggered
 // pollers keep a read arriving every latency/pollers.
 //
+// Neither uses shared memory: a kernel that does will not start on an SM whose
+// running blocks use none until they end (the SM's split between L1 and shared
+// memory must change first). Beside a long kernel without shared memory on every
+// SM, the pollers' kernel, when it claimed rounds in shared memory, waited for that
+// kernel to end, and, queued at the top priority, held back every kernel launched
+// on the GPU after it (H200, 2026-12-04: docs/calibration.md). The claims live in
+// global memory instead, one word per lane slot of the calibrator.
+//
 // tgpu_timer_step: reads %globaltimer back to back and reports the smallest
 // non-zero step seen, which is the timer's resolution (32 ns on Hopper).
 
@@ -31,6 +39,10 @@ __device__ __forceinline__ u64 tgpu_globaltimer() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
     return t;
 }
+
+// The pollers' claims: the highest round answered, one per lane slot (slot < 32;
+// calibrate.rs has LANES of them, which tests/calibrate.rs checks against this size).
+__device__ u64 tgpu_cal_answered[32];
 
 extern "C" __global__ void tgpu_calibrate(const volatile u64* cmd, volatile u64* ack, volatile u64* stale,
                                           unsigned int rounds) {
@@ -60,10 +72,11 @@ extern "C" __global__ void tgpu_calibrate(const volatile u64* cmd, volatile u64*
 }
 
 extern "C" __global__ void tgpu_calibrate_pollers(const volatile u64* cmd, volatile u64* ack, volatile u64* stale,
-                                          unsigned int rounds) {
-    __shared__ unsigned long long answered;  // the highest round answered
+                                          unsigned int rounds, unsigned int slot) {
+    // The slot's claim: no other kernel uses the slot until this one has ended.
+    u64* answered = &tgpu_cal_answered[slot & 31u];
     if (threadIdx.x == 0) {
-        answered = 0;
+        *answered = 0;
     }
     __syncthreads();
     if (blockIdx.x != 0 || threadIdx.x % 32 != 0) {
@@ -91,7 +104,7 @@ extern "C" __global__ void tgpu_calibrate_pollers(const volatile u64* cmd, volat
         const u64 t = tgpu_globaltimer();
         // The host posts round v only once round v - 1 is answered, so v is
         // the newest round: whoever claims it first answers it.
-        if (atomicMax(&answered, (unsigned long long)v) < v) {
+        if (atomicMax(answered, v) < v) {
             ack[v - 1] = t;
             stale[v - 1] = last_stale;
         }

@@ -5,7 +5,7 @@
 mod cuda_tools;
 
 use cuda_tools::{run, skip, tool};
-use tracing_gpu::cuda::calibrate::CALIBRATE_SOURCE;
+use tracing_gpu::cuda::calibrate::{CALIBRATE_SOURCE, LANES};
 use tracing_gpu::cuda::{compile, ensure_nvrtc, KernelBuild};
 
 fn ptx(arch: &'static str) -> Option<String> {
@@ -33,7 +33,7 @@ fn entry<'a>(ptx: &'a str, name: &str) -> &'a str {
 
 #[test]
 fn kernels_compile_and_poll_right_after_reading_the_timer() {
-    // (kernel, timer reads, claims rounds through a shared atomic)
+    // (kernel, timer reads, claims rounds through a global atomic)
     let kernels = [
         ("tgpu_calibrate", 2, false),
         ("tgpu_calibrate_pollers", 4, true),
@@ -64,10 +64,13 @@ fn kernels_compile_and_poll_right_after_reading_the_timer() {
                 "{arch} {name}:\n{cal}"
             );
             assert_eq!(
-                cal.contains("atom.shared.max.u64"),
+                cal.contains("atom.global.max.u64"),
                 claims,
                 "{arch} {name}:\n{cal}"
             );
+            // No shared memory: such a kernel does not start beside a long kernel
+            // that fills every SM without any (kernels/calibrate.cu).
+            assert!(!cal.contains(".shared"), "{arch} {name}:\n{cal}");
             // Answers are volatile stores (each a posted PCIe write).
             assert_eq!(
                 cal.matches("st.volatile.global.u64").count(),
@@ -76,6 +79,23 @@ fn kernels_compile_and_poll_right_after_reading_the_timer() {
             );
         }
         assert!(entry(&ptx, "tgpu_timer_step").contains("%globaltimer"));
+        // One claim word per lane slot of the calibrator.
+        let words = ptx
+            .lines()
+            .find_map(|l| {
+                let l = l.trim();
+                l.strip_prefix(".global .align 8 .b8 tgpu_cal_answered[")?
+                    .strip_suffix("];")?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("{arch}: no tgpu_cal_answered in:\n{ptx}"))
+            / 8;
+        assert!(
+            words >= LANES,
+            "{arch}: {words} claim words for {LANES} lanes"
+        );
+        assert!(!ptx.contains(".shared"), "{arch}: shared memory in\n{ptx}");
     }
 }
 

@@ -399,8 +399,9 @@ impl Calibrator {
             mem.device_ptr(base + ACK),
             mem.device_ptr(base + STALE),
         );
-        let total_u32 = total as u32;
-        // One poller: the single-thread kernel; more: one thread per warp.
+        let (total_u32, slot_u32) = (total as u32, slot as u32);
+        // One poller: the single-thread kernel; more: one thread per warp, and
+        // the slot, whose claim word they share (kernels/calibrate.cu).
         let (function, threads) = match self.pollers {
             1 => (&self.calibrate, 1),
             p => (&self.calibrate_pollers, 32 * p),
@@ -416,7 +417,10 @@ impl Calibrator {
             .arg(&ack_ptr)
             .arg(&stale_ptr)
             .arg(&total_u32);
-        // SAFETY: the kernel takes (const u64*, u64*, u64*, unsigned) as passed; the
+        if self.pollers > 1 {
+            launch.arg(&slot_u32);
+        }
+        // SAFETY: the kernel takes (const u64*, u64*, u64*, unsigned[, unsigned]) as passed; the
         // pointers map the lane's slot of `mem`, which outlives the kernel: it is
         // synchronized below once it has answered every round, or else its lane
         // is abandoned, and the slot is neither used again nor freed until the

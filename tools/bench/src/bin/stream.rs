@@ -56,7 +56,9 @@ use cudarc::driver::{
 };
 use tracing::Dispatch;
 use tracing_gpu::batch::{Batch, BatchSink};
-use tracing_gpu::cuda::{compile, gpu_profile, KernelBuild, Profiler, ProfilerStats};
+use tracing_gpu::cuda::{
+    compile, gpu_profile, KernelBuild, Profiler, ProfilerStats, DEFAULT_RECALIBRATION,
+};
 use tracing_gpu::deliver::SinkLayer;
 use tracing_gpu::format::KernelArg;
 use tracing_gpu::perfetto::PerfettoLayer;
@@ -124,6 +126,10 @@ struct Options {
     /// kernel (in cuEventSynchronize), instead of from the launching thread before.
     #[arg(long, requires = "probe")]
     probe_thread: bool,
+    /// No periodic recalibration (`ProfilerBuilder::recalibrate_every(None)`): every
+    /// launch is mapped with the first calibration.
+    #[arg(long)]
+    no_recalibration: bool,
 }
 
 /// What the in-memory sink saw.
@@ -354,6 +360,11 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         .capacity(o.capacity)
         .stream_memory(o.stream_memory)
         .stream_interval(Duration::from_millis(o.interval_ms))
+        .recalibrate_every(if o.no_recalibration {
+            None
+        } else {
+            Some(DEFAULT_RECALIBRATION)
+        })
         .build()?;
     // Prepared before the launch: everything the first probes use is loaded.
     let probe = match o.probe {
