@@ -38,7 +38,7 @@ use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
 use super::job::{decode_all, Job, Taken, Work};
-use super::memory::{replay_taken, Device, Kind, LegacyMark, Mark, Place};
+use super::memory::{replay_taken, Device, Kind, Mark, Place, StreamMark, PER_THREAD};
 use super::ring::{Arena, Region};
 pub(crate) use super::shared::{ProfilerStats, Shared};
 
@@ -144,7 +144,7 @@ impl Collector {
             streaming: false,
             last_look: Instant::now(),
             recalibration_paused: false,
-            legacy_marks: HashMap::new(),
+            shared_marks: HashMap::new(),
         };
         let on_start = config.on_start;
         let thread = std::thread::Builder::new()
@@ -272,10 +272,10 @@ struct Worker {
     /// launches go with the checkpoints so far, until no stream runs; the
     /// last part of a finished one waits for a new checkpoint as any launch.
     recalibration_paused: bool,
-    /// The events the collector recorded on the legacy stream
-    /// ([`Worker::mark_legacy`]), each with the number of pending launches it
-    /// marks: it goes back to the pool when the last of them is brought back.
-    legacy_marks: HashMap<u64, usize>,
+    /// The events the collector recorded ([`Worker::mark_unmarked`]), each
+    /// with the number of pending launches it marks: it goes back to the pool
+    /// when the last of them is brought back.
+    shared_marks: HashMap<u64, usize>,
 }
 
 impl Worker {
@@ -339,7 +339,7 @@ impl Worker {
             false => 0,
         };
         let mut outcome: Vec<Option<Result<(), ProfilerError>>> = (0..n).map(|_| None).collect();
-        self.mark_legacy(pending, n, &mut outcome);
+        self.mark_unmarked(pending, n, &mut outcome);
         self.streams.clear();
         self.by_stream.iter_mut().for_each(Vec::clear);
         for (i, job) in pending.iter().take(n).enumerate() {
@@ -422,43 +422,52 @@ impl Worker {
         outstanding >= self.arena.capacity() / 8
     }
 
-    /// Marks the launches on the legacy default stream among the first `n`
-    /// jobs that are not yet: one event, recorded now on that stream, for all
-    /// (their launching threads recorded none, which saves each launch call
-    /// the dearest of its driver calls there). Whatever was submitted before
-    /// this call has been (the jobs were sent after their launches), so the
-    /// event follows them. While a blocking stream captures a graph they wait
-    /// for a later look (they are not asked about until marked). If the stream
-    /// can be neither marked nor waited for, they fail.
-    fn mark_legacy(
+    /// Marks the launches among the first `n` jobs that are not yet: one
+    /// event per stream, recorded now on it, for all of them (their launching
+    /// threads recorded none, which saves each launch call the dearest of its
+    /// driver calls). Whatever was submitted to a stream before this call has
+    /// been (the jobs were sent after their launches), so the event follows
+    /// them; then the jobs let their streams go. While a stream captures a
+    /// graph its jobs wait for a later look (they are not asked about until
+    /// marked). If a stream can be neither marked nor waited for, they fail.
+    fn mark_unmarked(
         &mut self,
         pending: &mut VecDeque<Job>,
         n: usize,
         outcome: &mut [Option<Result<(), ProfilerError>>],
     ) {
-        let unmarked = pending.iter().take(n).filter(|j| j.mark.unmarked()).count();
-        if unmarked == 0 {
-            return;
-        }
-        let marked = self.backend.mark_legacy();
-        for (job, o) in pending.iter_mut().zip(outcome.iter_mut()) {
-            if !job.mark.unmarked() {
-                continue;
+        self.streams.clear();
+        for job in pending.iter().take(n) {
+            if job.mark.unmarked() && !self.streams.contains(&job.mark.stream) {
+                self.streams.push(job.mark.stream);
             }
-            match &marked {
-                Ok(LegacyMark::Event(event)) => job.mark.event = Some(*event),
-                // Finished, and no event to give back.
-                Ok(LegacyMark::Waited) => job.mark.by_collector = false,
-                Ok(LegacyMark::NotNow) => {}
-                Err(e) => {
-                    *o = Some(Err(ProfilerError::Invalid(format!(
-                        "the legacy stream could be neither marked nor waited for: {e}"
-                    ))))
+        }
+        for k in 0..self.streams.len() {
+            let stream = self.streams[k];
+            // The first job of the stream holds it alive through this call.
+            let marked = self.backend.mark(stream);
+            let mut count = 0;
+            for (job, o) in pending.iter_mut().zip(outcome.iter_mut()) {
+                if !job.mark.unmarked() || job.mark.stream != stream {
+                    continue;
                 }
+                match &marked {
+                    Ok(StreamMark::Event(event)) => job.mark.event = Some(*event),
+                    // Finished, and no event to give back.
+                    Ok(StreamMark::Waited) => job.mark.by_collector = false,
+                    Ok(StreamMark::NotNow) => continue,
+                    Err(e) => {
+                        *o = Some(Err(ProfilerError::Invalid(format!(
+                            "a stream could be neither marked nor waited for: {e}"
+                        ))))
+                    }
+                }
+                job.stream = None;
+                count += 1;
             }
-        }
-        if let Ok(LegacyMark::Event(event)) = marked {
-            self.legacy_marks.insert(event, unmarked);
+            if let Ok(StreamMark::Event(event)) = marked {
+                self.shared_marks.insert(event, count);
+            }
         }
     }
 
@@ -471,10 +480,10 @@ impl Worker {
                 free.push(mark);
                 continue;
             };
-            let left = self.legacy_marks.entry(event).or_insert(1);
+            let left = self.shared_marks.entry(event).or_insert(1);
             *left -= 1;
             if *left == 0 {
-                self.legacy_marks.remove(&event);
+                self.shared_marks.remove(&event);
                 free.push(mark);
             }
         }
@@ -498,7 +507,6 @@ impl Worker {
         pending: &VecDeque<Job>,
         outcome: &mut [Option<Result<(), ProfilerError>>],
     ) {
-        const PER_THREAD: u64 = 0x2;
         let one_by_one = |this: &mut Self, outcome: &mut [Option<Result<(), ProfilerError>>]| {
             for &i in jobs {
                 match this.backend.finished(&pending[i].mark) {

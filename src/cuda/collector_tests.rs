@@ -7,12 +7,12 @@ use super::*;
 use crate::batch::BatchSink;
 use crate::clock::{ClockMap, HostOffsets};
 use crate::cuda::job::Node;
-use crate::cuda::memory::{LegacyMark, Mark, Memory, ARMED, REPLAY_HEADER, TAKEN};
+use crate::cuda::memory::{Mark, Memory, StreamMark, ARMED, REPLAY_HEADER, TAKEN};
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use tracing_subscriber::layer::SubscriberExt;
 
 /// The simulated GPU: device memory by address, and which events have fired.
@@ -30,15 +30,15 @@ struct Gpu {
     released: AtomicU64,
     /// Fail the next fetch.
     fail_fetch: Mutex<bool>,
-    /// The legacy stream still runs: the collector's marks on it wait.
-    legacy_busy: AtomicBool,
-    /// A blocking stream captures: the legacy stream may not be marked.
-    legacy_capturing: AtomicBool,
-    /// The collector's requests to mark the legacy stream, the marks made,
-    /// and those not yet fired.
-    legacy_asked: AtomicU64,
-    legacy_marks: AtomicU64,
-    legacy_waiting: Mutex<Vec<u64>>,
+    /// Streams still running: the collector's marks on them wait.
+    busy: Mutex<HashSet<u64>>,
+    /// Streams capturing a graph: they may not be marked.
+    capturing: Mutex<HashSet<u64>>,
+    /// The collector's requests to mark a stream, the streams marked (in
+    /// order), and the marks not yet fired with their streams.
+    marks_asked: AtomicU64,
+    marked: Mutex<Vec<u64>>,
+    waiting: Mutex<Vec<(u64, u64)>>,
     /// Events the collector asked about.
     queries: AtomicU64,
 }
@@ -75,12 +75,14 @@ impl Gpu {
         self.fired.lock().insert(event);
     }
 
-    /// The legacy stream has run everything: its marks fire, and later ones at once.
-    fn finish_legacy(&self) {
-        self.legacy_busy.store(false, Ordering::Relaxed);
-        for e in self.legacy_waiting.lock().drain(..) {
+    /// `stream` has run everything: its marks fire, and later ones at once.
+    fn finish_stream(&self, stream: u64) {
+        self.busy.lock().remove(&stream);
+        let mut waiting = self.waiting.lock();
+        for &(_, e) in waiting.iter().filter(|(s, _)| *s == stream) {
             self.fire(e);
         }
+        waiting.retain(|(s, _)| *s != stream);
     }
 }
 
@@ -88,18 +90,18 @@ impl Gpu {
 struct Sim(Arc<Gpu>);
 
 impl Device for Sim {
-    fn mark_legacy(&mut self) -> Result<LegacyMark, ProfilerError> {
-        self.0.legacy_asked.fetch_add(1, Ordering::Relaxed);
-        if self.0.legacy_capturing.load(Ordering::Relaxed) {
-            return Ok(LegacyMark::NotNow);
+    fn mark(&mut self, stream: u64) -> Result<StreamMark, ProfilerError> {
+        self.0.marks_asked.fetch_add(1, Ordering::Relaxed);
+        if self.0.capturing.lock().contains(&stream) {
+            return Ok(StreamMark::NotNow);
         }
-        self.0.legacy_marks.fetch_add(1, Ordering::Relaxed);
-        let busy = self.0.legacy_busy.load(Ordering::Relaxed);
+        self.0.marked.lock().push(stream);
+        let busy = self.0.busy.lock().contains(&stream);
         let e = self.0.event(!busy);
         if busy {
-            self.0.legacy_waiting.lock().push(e);
+            self.0.waiting.lock().push((stream, e));
         }
-        Ok(LegacyMark::Event(e))
+        Ok(StreamMark::Event(e))
     }
 
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
@@ -185,6 +187,8 @@ struct Rig {
     shared: Arc<Shared>,
     collector: Collector,
     device: u32,
+    /// The simulated streams' handles, which jobs hold until marked.
+    streams: Mutex<HashMap<u64, Arc<()>>>,
 }
 
 impl Rig {
@@ -249,6 +253,7 @@ impl Rig {
             shared,
             collector,
             device: ordinal,
+            streams: Mutex::default(),
         }
     }
 
@@ -265,7 +270,8 @@ impl Rig {
 
     /// `launch`, marked by `event` (`None`: as when no event could be
     /// recorded and the launching thread waited for the kernel itself), or
-    /// left to the collector to mark (`by_collector`, the legacy stream's).
+    /// left to the collector to mark (`by_collector`); the job then holds its
+    /// stream (its handle in `streams`), except the legacy stream (0).
     fn launch_marked(
         &self,
         stream: u64,
@@ -304,6 +310,10 @@ impl Rig {
                 event,
                 by_collector,
             },
+            stream: (by_collector && stream != 0).then(|| {
+                let handle = self.streams.lock().entry(stream).or_default().clone();
+                handle as Arc<dyn std::any::Any + Send + Sync>
+            }),
             work: Work::Launch {
                 header,
                 place: Place {
@@ -313,6 +323,14 @@ impl Rig {
             },
         });
         Some(())
+    }
+
+    /// How many jobs hold `stream` (the collector has still to mark them).
+    fn holding(&self, stream: u64) -> usize {
+        self.streams
+            .lock()
+            .get(&stream)
+            .map_or(0, |h| Arc::strong_count(h) - 1)
     }
 }
 

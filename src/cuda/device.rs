@@ -14,7 +14,7 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 use parking_lot::Mutex;
 
 use super::error::ProfilerError;
-use super::memory::{Device, Kind, LegacyMark, Mark, Memory, Place, ARMED};
+use super::memory::{Device, Kind, Mark, Memory, Place, StreamMark, ARMED};
 use super::ring::ALIGN;
 use crate::batch::DeviceInfo;
 
@@ -282,25 +282,38 @@ impl Drop for CudaDevice {
 }
 
 impl Device for CudaDevice {
-    fn mark_legacy(&mut self) -> Result<LegacyMark, ProfilerError> {
-        let legacy = std::ptr::null_mut();
-        // SAFETY: the legacy stream of this context, which is bound.
-        match unsafe { cudarc::driver::result::stream::is_capturing(legacy) } {
-            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => {}
-            Ok(_) => return Ok(LegacyMark::NotNow),
-            Err(DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)) => {
-                return Ok(LegacyMark::NotNow)
-            }
-            Err(e) => return Err(e.into()),
+    fn mark(&mut self, stream: u64) -> Result<StreamMark, ProfilerError> {
+        let raw = stream as sys::CUstream;
+        // SAFETY: a stream of this context (bound), kept alive by the caller.
+        let capturing = || match unsafe { cudarc::driver::result::stream::is_capturing(raw) } {
+            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => Ok(false),
+            // The legacy stream's answer while a blocking stream captures.
+            Ok(_) | Err(DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)) => Ok(true),
+            Err(e) => Err(e),
+        };
+        if capturing()? {
+            return Ok(StreamMark::NotNow);
         }
-        match self.events.record(legacy) {
-            Ok(e) => Ok(LegacyMark::Event(e)),
+        let event = match self.events.record(raw) {
+            Ok(e) => e,
             Err(_) => {
                 // SAFETY: as above.
-                unsafe { sys::cuStreamSynchronize(legacy).result()? };
-                Ok(LegacyMark::Waited)
+                unsafe { sys::cuStreamSynchronize(raw).result()? };
+                return Ok(StreamMark::Waited);
+            }
+        };
+        // A capture begun between the question and the record took the event
+        // in (a query would then fail): give it back and mark at a later look.
+        if capturing()? {
+            // SAFETY: the event just recorded, of this context.
+            let captured = unsafe { sys::cuEventQuery(event as sys::CUevent) }
+                == sys::CUresult::CUDA_ERROR_CAPTURED_EVENT;
+            if captured {
+                self.events.put([event]);
+                return Ok(StreamMark::NotNow);
             }
         }
+        Ok(StreamMark::Event(event))
     }
 
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {

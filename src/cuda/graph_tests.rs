@@ -86,6 +86,7 @@ impl SimGraph {
                 event: Some(event),
                 by_collector: false,
             },
+            stream: None,
             work: Work::Replay {
                 replay,
                 place: Place {

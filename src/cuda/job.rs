@@ -2,6 +2,7 @@
 //! replay, and where its records are), and how the collector turns a pass's
 //! finished jobs into decoded buffers ([`Taken`], [`decode_all`]).
 
+use std::any::Any;
 use std::sync::Arc;
 
 use tracing::Dispatch;
@@ -28,6 +29,11 @@ pub(crate) struct Job {
     pub span: tracing::Span,
     /// Recorded after the launch on its stream.
     pub mark: Mark,
+    /// The launch's stream while the collector has still to mark it: kept
+    /// alive so that the collector may record on it (then let go, so that
+    /// destroying it is not put off further). `None` when marked already, and
+    /// for the legacy stream, which lives as long as the context.
+    pub stream: Option<Arc<dyn Any + Send + Sync>>,
     /// Where its records are.
     pub work: Work,
 }

@@ -226,21 +226,27 @@ pub(crate) struct Mark {
     /// the work itself: finished, and handed over all the same, so that its
     /// region comes back (zeroed, or re-armed) like any other.
     pub event: Option<u64>,
-    /// A launch on the legacy default stream: its launching thread recorded
-    /// no event, the collector marks it (`event` is `None` until then), with
-    /// one event for all the launches it finds unmarked at once.
+    /// Its launching thread recorded no event: the collector marks it
+    /// (`event` is `None` until then), with one event for all the launches it
+    /// finds unmarked on the stream at once.
     pub by_collector: bool,
 }
 
-/// What [`Device::mark_legacy`] did.
+/// The handle of the calling thread's per-thread default stream
+/// (`CU_STREAM_PER_THREAD`): each thread's own stream, so only the launching
+/// thread may record on it, and its launches from several threads share the key.
+pub(crate) const PER_THREAD: u64 = 0x2;
+
+/// What [`Device::mark`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LegacyMark {
+pub(crate) enum StreamMark {
     /// An event recorded now.
     Event(u64),
     /// None could be recorded: it waited for the stream instead (all finished).
     Waited,
-    /// A blocking stream is capturing a graph, which any work on the legacy
-    /// stream would join and so invalidate: nothing done, ask again later.
+    /// The stream captures a graph (for the legacy stream: a blocking stream
+    /// does), which an event recorded there would join: nothing done, ask
+    /// again later.
     NotNow,
 }
 
@@ -256,10 +262,10 @@ impl Mark {
 pub(crate) trait Device: Send {
     /// Whether the work before `mark` has finished. Never blocks.
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError>;
-    /// Records an event on the legacy default stream now, after everything
-    /// submitted to it before (its handle lives as long as the context, so
-    /// another thread than the launching one may record on it).
-    fn mark_legacy(&mut self) -> Result<LegacyMark, ProfilerError>;
+    /// Records an event on `stream` now, after everything submitted to it
+    /// before. The caller keeps the stream alive (the legacy stream lives as
+    /// long as the context; a job holds its own stream until marked).
+    fn mark(&mut self, stream: u64) -> Result<StreamMark, ProfilerError>;
     /// Copies `places` back into their memories' mirrors, all before returning
     /// (neighbouring regions of one memory in one copy).
     fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError>;

@@ -99,7 +99,7 @@ fn the_collector_asks_only_when_due_or_when_the_arena_fills_or_a_flush_waits() {
 }
 
 #[test]
-fn launches_on_the_legacy_stream_are_marked_by_the_collector_one_event_for_all() {
+fn launches_are_marked_by_the_collector_one_event_per_stream_which_they_hold_till_then() {
     let (_rec, dispatch) = recorder_dispatch();
     // Never by the clock: only a flush makes the collector look.
     let rig = Rig::paced(
@@ -109,48 +109,76 @@ fn launches_on_the_legacy_stream_are_marked_by_the_collector_one_event_for_all()
         1 << 20,
         Duration::from_secs(3600),
     );
-    rig.gpu.legacy_busy.store(true, Ordering::Relaxed);
+    // The legacy stream (0) and a stream of the application's own (7) still run.
+    rig.gpu.busy.lock().extend([0, 7]);
     tracing::dispatcher::with_default(&dispatch, || {
         for i in 0..5 {
             // No event from the launching thread: the collector marks them.
-            rig.launch_marked(0, 1_000_000 + i * 10_000, None, None, true)
+            for stream in [0, 7] {
+                rig.launch_marked(stream, 1_000_000 + i * 10_000, None, None, true)
+                    .unwrap();
+            }
+            // A per-thread default stream's launches come with their event.
+            rig.launch(PER_THREAD, 1_000_000 + i * 10_000, None, true)
                 .unwrap();
         }
     });
-    // Not looked at: no mark and no query, nothing back.
+    // Not looked at: no mark and no query, nothing back; the jobs hold stream 7.
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(rig.gpu.legacy_asked.load(Ordering::Relaxed), 0);
+    assert_eq!(rig.gpu.marks_asked.load(Ordering::Relaxed), 0);
     assert_eq!(rig.gpu.queries.load(Ordering::Relaxed), 0);
-    // A blocking stream captures a graph: the legacy stream may not be marked.
-    rig.gpu.legacy_capturing.store(true, Ordering::Relaxed);
+    assert_eq!(rig.holding(7), 5);
+    // Stream 7 captures a graph: it may not be marked; the legacy stream is,
+    // once for its five.
+    rig.gpu.capturing.lock().insert(7);
     std::thread::scope(|s| {
         let flush = s.spawn(|| rig.collector.flush());
+        // Should an assertion fail, the streams end, so that the flush returns
+        // and the test fails instead of waiting for it forever.
+        let end = Finish(&rig.gpu, &[0, 7]);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while rig.gpu.legacy_asked.load(Ordering::Relaxed) < 3 {
+        while rig.gpu.marks_asked.load(Ordering::Relaxed) < 4 {
             assert!(Instant::now() < deadline, "the flush did not look");
             std::thread::sleep(Duration::from_millis(1));
         }
-        // Unmarked: never asked about (no event would mean finished).
-        assert_eq!(rig.gpu.legacy_marks.load(Ordering::Relaxed), 0);
-        assert_eq!(rig.gpu.queries.load(Ordering::Relaxed), 0);
-        assert_eq!(rig.shared.stats().delivered, 0);
-        rig.gpu.legacy_capturing.store(false, Ordering::Relaxed);
-        // Then one mark for the five, not yet reached by the stream, so none is
-        // brought back however often the flush's passes ask.
-        while rig.gpu.queries.load(Ordering::Relaxed) < 3 {
-            assert!(Instant::now() < deadline, "the flush did not ask");
+        assert_eq!(*rig.gpu.marked.lock(), [0]);
+        assert_eq!(rig.holding(7), 5);
+        // Only the per-thread stream's five are back: the legacy stream's mark
+        // is not reached, stream 7's are unmarked (never asked: no event would
+        // mean finished).
+        assert_eq!(rig.shared.stats().delivered, 5);
+        rig.gpu.capturing.lock().remove(&7);
+        // Then one mark for stream 7's five, after which they let it go; not
+        // yet reached by the stream, so none is brought back.
+        while rig.gpu.marked.lock().len() < 2 {
+            assert!(Instant::now() < deadline, "stream 7 was not marked");
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(rig.gpu.legacy_marks.load(Ordering::Relaxed), 1);
-        assert_eq!(rig.shared.stats().delivered, 0);
-        rig.gpu.finish_legacy();
+        assert_eq!(*rig.gpu.marked.lock(), [0, 7]);
+        assert_eq!(rig.holding(7), 0);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(rig.shared.stats().delivered, 5);
+        drop(end);
         flush.join().unwrap().unwrap();
     });
     let st = rig.shared.stats();
-    assert_eq!((st.delivered, st.failed, st.skipped), (5, 0, 0));
+    assert_eq!((st.delivered, st.failed, st.skipped), (15, 0, 0));
     assert_accounted(&st);
-    // The shared event went back to the pool once, after the last of its five.
-    assert_eq!(rig.gpu.released.load(Ordering::Relaxed), 1);
-    assert_eq!(rig.gpu.legacy_marks.load(Ordering::Relaxed), 1);
+    // Each shared event went back to the pool once, after the last of its five;
+    // the per-thread stream's five with their launches.
+    assert_eq!(rig.gpu.released.load(Ordering::Relaxed), 2 + 5);
+    assert_eq!(rig.gpu.marked.lock().len(), 2);
     assert_eq!(rig.arena.used(), 0);
+}
+
+/// Ends the simulated streams when dropped.
+struct Finish<'a>(&'a Gpu, &'a [u64]);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        for &s in self.1 {
+            self.0.capturing.lock().remove(&s);
+            self.0.finish_stream(s);
+        }
+    }
 }

@@ -24,11 +24,13 @@
 //!
 //! On the launching thread: a host span, a region of the arena (a short lock
 //! shared with the collector, which holds it only to give regions back), one
-//! clock read, the launch itself, and one event recorded after it on the
-//! application's stream (events are made ahead and reused), and a channel
-//! send. Besides the launch, two driver calls: the event, and asking whether
-//! the stream is capturing a graph (not asked of the legacy stream, which
-//! cannot capture). Nothing is allocated on the device, and no
+//! clock read, the launch itself, a clone of the stream's `Arc` and a channel
+//! send. Besides the launch, one driver call: asking whether the stream is
+//! capturing a graph (not asked of the legacy stream, which cannot capture).
+//! The launching thread records no event: the collector records one on the
+//! stream when it next looks, for all the launches made there since (it holds
+//! the stream until then); only on a per-thread default stream, and for a
+//! graph replay ([`Profiler::launch_graph`]), does the launching thread record it. Nothing is allocated on the device, and no
 //! copy, memset or synchronisation is added to the application's stream: the
 //! arena was zeroed when it was made, and the collector zeroes each region
 //! (on its own stream) before giving it back. The device never reads the
@@ -479,7 +481,7 @@ impl Profiler {
     /// launch that fails (returns `Err`) is not traced.
     pub fn launch<T, E, F>(
         &self,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         kernel: &str,
         cfg: LaunchConfig,
         launch_id: u64,
@@ -565,7 +567,7 @@ impl Profiler {
     pub fn launch_graph(
         &self,
         graph: &ProfiledGraph,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         name: &str,
     ) -> Result<(), ProfilerError> {
         if **stream.context() != *self.ctx {

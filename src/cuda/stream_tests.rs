@@ -174,6 +174,7 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
             event: Some(event),
             by_collector: false,
         },
+        stream: None,
         work: Work::Stream {
             header,
             place: Place { memory, region },

@@ -100,7 +100,7 @@ impl Streaming<'_> {
     /// not fit in [`ProfilerBuilder::stream_memory`].
     pub fn launch<T, E, F>(
         &self,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         kernel: &str,
         cfg: LaunchConfig,
         launch_id: u64,

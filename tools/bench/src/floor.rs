@@ -3,13 +3,24 @@
 
 use tracing_gpu::cuda::cudarc::driver::{result, sys, CudaStream, DriverError};
 
-/// A mark of its own, made after a capture check: the floor variants' driver calls,
-/// as `Profiler::launch` makes them (an event), or with a cell of mapped host
-/// memory written by the stream instead (`floor-cell`).
+/// The floor variants' driver calls: a capture check, as `Profiler::launch` makes
+/// it, and a mark of its own: none (as `Profiler::launch`, whose collector marks
+/// launches), an event, or a cell of mapped host memory written by the stream.
 pub struct Floor {
     event: sys::CUevent,
     cell: *mut std::ffi::c_void,
     cell_dptr: sys::CUdeviceptr,
+}
+
+/// What the floor marks a launch with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// Nothing.
+    None,
+    /// An event recorded on the stream.
+    Event,
+    /// A cell of mapped host memory the stream writes.
+    Cell,
 }
 
 impl Default for Floor {
@@ -37,18 +48,21 @@ impl Floor {
         Ok(f)
     }
 
-    /// The capture check, then the event (or the cell's write with `cell`).
-    pub fn after_capture_check(&self, stream: &CudaStream, cell: bool) -> Result<(), DriverError> {
+    /// The capture check, then the mark.
+    pub fn after_capture_check(&self, stream: &CudaStream, mark: Mark) -> Result<(), DriverError> {
         let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         // SAFETY: a live stream, event and mapped cell of the bound context.
         unsafe {
             if !stream.cu_stream().is_null() {
                 result::stream::is_capturing(stream.cu_stream())?;
             }
-            match cell {
-                true => sys::cuStreamWriteValue32_v2(stream.cu_stream(), self.cell_dptr, 1, write)
-                    .result(),
-                false => sys::cuEventRecord(self.event, stream.cu_stream()).result(),
+            match mark {
+                Mark::None => Ok(()),
+                Mark::Cell => {
+                    sys::cuStreamWriteValue32_v2(stream.cu_stream(), self.cell_dptr, 1, write)
+                        .result()
+                }
+                Mark::Event => sys::cuEventRecord(self.event, stream.cu_stream()).result(),
             }
         }
     }

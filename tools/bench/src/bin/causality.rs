@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin causality -- [--launches 1000] [--out summary.md] \
-//!     [--periodic-rounds 128] [--pollers 1] [--graph] [--replays 1000]
+//!     [--periodic-rounds 128] [--pollers 1] [--graph] [--replays 1000] [--stream legacy|own]
 //! ```
 //!
 //! It makes `--launches` profiled launches of a small instrumented kernel
@@ -43,6 +43,7 @@ use tracing_gpu::cuda::calibrate::Calibrator;
 use tracing_gpu::cuda::cudarc::driver::{sys, LaunchConfig};
 use tracing_gpu::cuda::{self, gpu_profile, Profiler, ProfilerError};
 use tracing_gpu::deliver::SinkLayer;
+use tracing_gpu_bench::cli::StreamKind;
 use tracing_gpu_bench::quickstart::{Kernel, EVENTS};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -101,6 +102,9 @@ struct Args {
     /// Graph replays (with `--graph`), each followed by a synchronize.
     #[arg(long, default_value_t = 1000)]
     replays: usize,
+    /// The stream of the direct launches (graphs are captured on one of their own).
+    #[arg(long, value_enum, default_value_t = StreamKind::Legacy)]
+    stream: StreamKind,
 }
 
 /// Quantiles of a sorted slice, nearest rank.
@@ -282,7 +286,7 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
         .build()?;
     let kernel = Kernel::load(&profiler, true)?;
     let ctx = profiler.context().clone();
-    let stream = ctx.default_stream();
+    let stream = args.stream.open(&ctx)?;
     let x = stream.clone_htod(&vec![0.5f32; MAX_N])?;
     let mut y = stream.alloc_zeros::<f32>(MAX_N)?;
     let batches = || std::mem::take(&mut collect.0.lock().0);

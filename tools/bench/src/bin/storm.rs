@@ -14,15 +14,15 @@
 //! (`--variants`, a comma-separated list; *plain* is always measured, the first four
 //! are the default):
 //! - `plain`: the launch alone;
-//! - `floor`: the launch, then the driver calls the profiled launch makes besides
-//!   it on a stream of its own (`cuStreamIsCapturing`; `cuEventRecord` of one
-//!   reused event): what the design cannot go under there. On the legacy stream
-//!   (which cannot capture) the floor is the launch and the event, which the
-//!   profiled launch no longer records there (its collector marks many launches
-//!   with one event): what that saves;
-//! - `floor-cell`: the same with `cuStreamWriteValue32` into a cell of mapped host
-//!   memory instead of the event: a mark the collector could read without asking
-//!   the driver (weighed in docs/architecture.md; it costs the launch call more);
+//! - `floor`: the launch, then the driver call the profiled launch makes besides it
+//!   on a stream of its own (`cuStreamIsCapturing`; none on the legacy stream, which
+//!   cannot capture): what the design cannot go under;
+//! - `floor-event`: *floor* and `cuEventRecord` of one reused event, as a launching
+//!   thread recorded with each launch before the collector marked launches itself
+//!   (many with one event): minus *floor*, what that saves;
+//! - `floor-cell`: *floor* and `cuStreamWriteValue32` into a cell of mapped host
+//!   memory: a mark the collector could read without asking the driver (weighed in
+//!   docs/architecture.md; it costs the launch call more than the event);
 //! - `unsubscribed`: `gpu_profile!` with no subscriber (the launch span disabled);
 //! - `profiled`: `gpu_profile!` with the Perfetto layer, the launch span included.
 //! - `span`: the plain launch inside the launch span as `gpu_profile!` makes it (the
@@ -104,7 +104,7 @@ use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::device::Timer;
 use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes, Queries};
-use tracing_gpu_bench::floor::Floor;
+use tracing_gpu_bench::floor::{Floor, Mark};
 use tracing_gpu_bench::host::{ClockCosts, Cores};
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::{Buffers, Short};
@@ -183,8 +183,10 @@ struct Args {
 enum Variant {
     /// The launch alone.
     Plain,
-    /// The launch and the profiled call's other driver calls.
+    /// The launch and the profiled call's other driver call.
     Floor,
+    /// `floor`, with an event for the mark.
+    FloorEvent,
     /// `floor`, with a cell of mapped host memory for the mark.
     FloorCell,
     /// `floor`, with an event per launch, beside a thread making the collector's driver calls.
@@ -203,7 +205,8 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Plain => "plain",
-            Variant::Floor => "floor (+ driver calls)",
+            Variant::Floor => "floor (+ capture check)",
+            Variant::FloorEvent => "floor, event for the mark",
             Variant::FloorCell => "floor, cell for the mark",
             Variant::FloorCollector => "floor + collector's driver calls",
             Variant::Unsubscribed => "gpu_profile!, no subscriber",
@@ -217,6 +220,7 @@ impl Variant {
         match self {
             Variant::Plain => "plain",
             Variant::Floor => "floor",
+            Variant::FloorEvent => "floor_event",
             Variant::FloorCell => "floor_cell",
             Variant::FloorCollector => "floor_collector",
             Variant::Unsubscribed => "unsubscribed",
@@ -406,9 +410,17 @@ impl Storm<'_> {
             let start = Instant::now();
             match variant {
                 Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
-                Variant::Floor | Variant::FloorCell => {
+                Variant::Floor => {
                     short.launch(stream, b, &KernelArg::default())?;
-                    floor.after_capture_check(stream, variant == Variant::FloorCell)?;
+                    floor.after_capture_check(stream, Mark::None)?;
+                }
+                Variant::FloorEvent => {
+                    short.launch(stream, b, &KernelArg::default())?;
+                    floor.after_capture_check(stream, Mark::Event)?;
+                }
+                Variant::FloorCell => {
+                    short.launch(stream, b, &KernelArg::default())?;
+                    floor.after_capture_check(stream, Mark::Cell)?;
                 }
                 Variant::FloorCollector => {
                     short.launch(stream, b, &KernelArg::default())?;
@@ -665,6 +677,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     // The profiled call's time over plain, taken apart (module docs).
     let parts = [
         ("floor", Variant::Floor, Variant::Plain),
+        ("event_mark", Variant::FloorEvent, Variant::Floor),
         ("cell_mark", Variant::FloorCell, Variant::Floor),
         ("collector_calls", Variant::FloorCollector, Variant::Floor),
         ("host_path", Variant::HostOnly, Variant::FloorCollector),
