@@ -76,3 +76,78 @@ fn live_trace_passes_the_schema_check() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The application's stream begins capturing a graph right after profiled launches
+/// on it, before the collector has marked them (it marks launches when it looks,
+/// every few milliseconds), and the capture stays open across the collector's looks:
+/// the collector must mark those launches only after the capture, so that the
+/// capture stays valid and nothing fails; every launch and replay is delivered or
+/// counted as skipped.
+#[test]
+fn a_capture_begun_right_after_profiled_launches_on_its_stream_stays_valid() {
+    use tracing_gpu::cuda::cudarc::driver::{sys, LaunchConfig};
+    use tracing_gpu::cuda::{gpu_profile, Profiler};
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    let profiler = Profiler::builder()
+        .device(0)
+        .registry(quickstart::registry())
+        .capacity(32)
+        .build()
+        .unwrap();
+    let kernel = quickstart::Kernel::load(&profiler, false).unwrap();
+    let ctx = profiler.context().clone();
+    let stream = ctx.new_stream().unwrap();
+    let (blocks, threads, tiles, work) = (4u32, 128u32, 2u32, 64u32);
+    let n = blocks * threads * tiles;
+    let x = stream.clone_htod(&vec![0.5f32; n as usize]).unwrap();
+    let mut y = stream.alloc_zeros::<f32>(n as usize).unwrap();
+    stream.synchronize().unwrap();
+    // SAFETY: x and y are used on `stream` alone and freed after its last
+    // synchronize. (Tracking would put event nodes in the graph.)
+    unsafe { ctx.disable_event_tracking() };
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: threads * 4,
+    };
+    let rounds = 30;
+    let (direct, nodes) = (3, 2);
+    for _ in 0..rounds {
+        for _ in 0..direct {
+            // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
+            gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
+                kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], &trace)
+            })
+            .unwrap();
+        }
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .unwrap();
+        let captured = (0..nodes).try_for_each(|_| {
+            // SAFETY: as above.
+            gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
+                kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], &trace)
+            })
+        });
+        // Longer than the collector's look interval (5 ms): it looks while the
+        // stream captures, with the direct launches still unmarked.
+        std::thread::sleep(std::time::Duration::from_millis(12));
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        captured.unwrap();
+        let graph = graph.expect("the capture stayed valid").expect("a graph");
+        let graph = profiler.graph(graph).unwrap();
+        profiler.launch_graph(&graph, &stream, "captured").unwrap();
+        stream.synchronize().unwrap();
+    }
+    profiler.flush().unwrap();
+    let st = profiler.stats();
+    assert_eq!(st.failed, 0, "{st:?}");
+    assert_eq!(st.replays, rounds);
+    assert_eq!(st.launches, rounds * (direct + nodes), "{st:?}");
+    assert_eq!(st.delivered + st.skipped, st.launches, "{st:?}");
+    assert!(st.delivered >= rounds * direct, "{st:?}");
+}

@@ -698,7 +698,8 @@ fn start_clock(
 /// kernel launch.
 ///
 /// - `profiler`: a [`Profiler`] (or a reference, or an `Arc`);
-/// - `&stream`: the `CudaStream` the launch goes to (of the profiler's context);
+/// - `&stream`: the `Arc<CudaStream>` the launch goes to (of the profiler's context; the
+///   collector holds a clone until it has marked the launch);
 /// - `"name"`: the launch's name in the trace (the kernel slice's): a string
 ///   literal, which also names the host span, or any `&str` expression (a
 ///   kernel chosen at run time), for which the host span is named `gpu.launch`
@@ -721,8 +722,9 @@ fn start_clock(
 ///
 /// ```no_run
 /// # use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError};
+/// # use std::sync::Arc;
 /// # use tracing_gpu::cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-/// # fn f(profiler: &Profiler, stream: &CudaStream, k: &CudaFunction, n: u32) -> Result<(), ProfilerError> {
+/// # fn f(profiler: &Profiler, stream: &Arc<CudaStream>, k: &CudaFunction, n: u32) -> Result<(), ProfilerError> {
 /// let cfg = LaunchConfig::for_num_elems(n);
 /// gpu_profile!(profiler, stream, "scale", cfg, |trace| unsafe {
 ///     stream.launch_builder(k).arg(&n).arg(&trace).launch(cfg)
