@@ -8,7 +8,7 @@ use super::Worker;
 use crate::batch::{LaunchInfo, Part};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::{Job, Work};
-use crate::cuda::stream::{drain_threads, Drained, Drainers, SlotError};
+use crate::cuda::stream::{DrainThreads, Drained, Drainers, SlotError};
 use crate::decode::OwnedBuffer;
 use crate::format::PackedWriter;
 
@@ -16,8 +16,11 @@ impl Worker {
     /// Starts a running streamed launch's drain threads at the first look,
     /// and holds the parts they have sent since. Returns whether any came.
     pub(super) fn drain_running(&mut self, job: &mut Job) -> bool {
-        let (before_ns, interval, workers) =
-            (self.stream_floor(), self.stream_interval, drain_threads());
+        let (before_ns, interval, workers) = (
+            self.stream_floor(),
+            self.stream_interval,
+            self.drain_threads,
+        );
         let Work::Stream {
             header,
             place,
@@ -111,7 +114,7 @@ impl Worker {
                 self.registry.clone(),
                 before_ns,
                 interval,
-                1,
+                DrainThreads::one(),
             )
             .ok(),
         };

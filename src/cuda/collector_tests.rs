@@ -240,6 +240,7 @@ impl Rig {
                 // Several, whatever this machine has: the parallel decode is tested.
                 decoders: 3,
                 stream_interval: Duration::from_millis(5),
+                drain_threads: crate::cuda::stream::DrainThreads::by_cores(),
                 bring_back_every,
                 on_start: None,
             },

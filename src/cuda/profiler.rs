@@ -82,7 +82,7 @@ use super::memory::{Kind, Memory, Place, Shape};
 use super::names::{kernel_name, thread_name};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};
-use super::stream::{StreamArena, StreamSettings};
+use super::stream::{DrainThreads, StreamArena, StreamSettings};
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
 use crate::format::{self, BufferHeader, KernelArg};
@@ -357,6 +357,10 @@ impl ProfilerBuilder {
                     .map_or(1, |n| n.get() / 2)
                     .clamp(1, 4),
                 stream_interval: self.stream.interval,
+                drain_threads: self
+                    .stream
+                    .drain_threads
+                    .map_or_else(DrainThreads::by_cores, DrainThreads::exactly),
                 bring_back_every: self.bring_back_every,
                 on_start: Some(Box::new(move || {
                     let _ = bind.bind_to_thread();

@@ -32,9 +32,12 @@ use crate::format::{
 };
 use crate::registry::EventRegistry;
 
-/// Default size of the streaming arena: 64 MiB of pinned host memory, mapped
-/// into the device, allocated at the first streamed launch.
-pub const DEFAULT_STREAM_MEMORY: usize = 64 << 20;
+/// Default size of the streaming arena: 256 MiB of pinned host memory, mapped
+/// into the device (no device memory), allocated at the first streamed launch.
+/// Its rings hold about 30 ms of a 200 M events/s kernel: on the H200 the
+/// drain threads' pauses (cutting a part) outlasted the 7 ms that 64 MiB held
+/// and entries were dropped (docs/performance.md, "Streamed launches").
+pub const DEFAULT_STREAM_MEMORY: usize = 256 << 20;
 
 /// Records (of 16 bytes) per chunk: a ring's capacity is a multiple of it.
 pub(crate) const CHUNK_RECORDS: u32 = (CHUNK_SIZE / RECORD_SIZE) as u32;
@@ -52,6 +55,8 @@ pub(crate) struct StreamSettings {
     /// Records per ring; `None`: sized per launch ([`StreamSettings::capacity_for`]).
     pub(crate) capacity: Option<u32>,
     pub(crate) interval: Duration,
+    /// Threads reading a launch's rings; `None`: [`DrainThreads::by_cores`].
+    pub(crate) drain_threads: Option<usize>,
 }
 
 impl Default for StreamSettings {
@@ -60,6 +65,7 @@ impl Default for StreamSettings {
             memory: DEFAULT_STREAM_MEMORY,
             capacity: None,
             interval: DEFAULT_STREAM_INTERVAL,
+            drain_threads: None,
         }
     }
 }
@@ -175,15 +181,54 @@ impl Ring {
     }
 }
 
-/// Warps per drain thread, at least: fewer would spend more on threads than
-/// on reading (one core rebuilds about 50-60 M entries a second).
-const SHARD_WARPS: usize = 64;
-/// Drain threads per streamed launch, at most: half the cores, up to 8 (a GPU
-/// can send 200 M entries a second; one core rebuilds about 50 M).
-pub(crate) fn drain_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get() / 2)
-        .clamp(1, 8)
+/// Warps per drain thread by default, at least: fewer would spend more on
+/// threads than on reading (one core rebuilds about 50-60 M entries a second).
+const SHARD_WARPS_BY_CORES: usize = 32;
+/// How many threads read a streamed launch's rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DrainThreads {
+    /// Threads, at most.
+    max: usize,
+    /// Warps per thread, at least.
+    shard_warps: usize,
+}
+
+impl DrainThreads {
+    /// `n` threads (at most one per warp), as [`ProfilerBuilder::stream_drain_threads`] sets.
+    ///
+    /// [`ProfilerBuilder::stream_drain_threads`]: super::ProfilerBuilder::stream_drain_threads
+    pub(crate) fn exactly(n: usize) -> DrainThreads {
+        DrainThreads {
+            max: n.max(1),
+            shard_warps: 1,
+        }
+    }
+
+    /// The default: three quarters of the cores, up to 12 (one core rebuilds
+    /// about 50 M entries a second; on the H200's 16-core host 12 threads read
+    /// 200 M events a second whole, 8 dropped 1-3 %), each with
+    /// [`SHARD_WARPS_BY_CORES`] warps at least.
+    pub(crate) fn by_cores() -> DrainThreads {
+        DrainThreads {
+            max: std::thread::available_parallelism()
+                .map_or(1, |n| n.get() * 3 / 4)
+                .clamp(1, 12),
+            shard_warps: SHARD_WARPS_BY_CORES,
+        }
+    }
+
+    /// One thread for all the warps.
+    pub(crate) fn one() -> DrainThreads {
+        DrainThreads {
+            max: 1,
+            shard_warps: SHARD_WARPS_BY_CORES,
+        }
+    }
+
+    /// The threads for a launch of `warps` warps.
+    fn shards(self, warps: usize) -> usize {
+        warps.div_ceil(self.shard_warps).clamp(1, self.max)
+    }
 }
 
 /// A drain thread that found nothing new sleeps this long before looking again.
@@ -382,7 +427,7 @@ pub(crate) struct Drainers {
 
 impl Drainers {
     /// Starts reading the rings of a launch of `header`'s shape in `region` of
-    /// `memory`: one thread per [`SHARD_WARPS`] warps, at most `workers`.
+    /// `memory`, on the threads `drain` allows.
     pub(crate) fn start(
         header: BufferHeader,
         memory: Arc<Memory>,
@@ -390,13 +435,13 @@ impl Drainers {
         registry: Arc<EventRegistry>,
         before_ns: u64,
         interval: Duration,
-        workers: usize,
+        drain: DrainThreads,
     ) -> Result<Drainers, ProfilerError> {
         let (tx, rx) = mpsc::channel();
         let outbox = Arc::new(Mutex::new(Outbox { tx, next: 0 }));
         let stop = Arc::new(AtomicBool::new(false));
         let n = header.slot_count as usize;
-        let shards = n.div_ceil(SHARD_WARPS).clamp(1, workers.max(1));
+        let shards = drain.shards(n);
         let per = n.div_ceil(shards).max(1) as u32;
         let mut threads = Vec::with_capacity(shards);
         for k in 0..shards as u32 {
@@ -540,11 +585,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn drain_threads_share_the_warps_as_set_or_by_the_cores() {
+        // By the cores: 32 warps a thread at least, at most 12 threads.
+        let cores = DrainThreads::by_cores();
+        assert_eq!(cores.shards(528), 12.min(cores.max));
+        assert_eq!(cores.shards(32), 1);
+        assert!(cores.max <= 12);
+        // Set: that many, at most one a warp.
+        assert_eq!(DrainThreads::exactly(12).shards(528), 12);
+        assert_eq!(DrainThreads::exactly(12).shards(5), 5);
+        assert_eq!(DrainThreads::exactly(0).shards(528), 1);
+        assert_eq!(DrainThreads::one().shards(528), 1);
+    }
+
+    #[test]
     fn rings_fill_half_the_arena_unless_set() {
         let auto = StreamSettings::default();
-        // 132 SMs × 4 warps in 64 MiB: 2048 records (32 KiB, 128 chunks) each.
-        assert_eq!(auto.capacity_for(528), 2048);
-        let total = 528 * crate::format::slot_stride(2048);
+        // 132 SMs × 4 warps in 256 MiB: 8192 records (128 KiB, 512 chunks) each.
+        assert_eq!(auto.capacity_for(528), 8192);
+        let total = 528 * crate::format::slot_stride(8192);
         assert!(total <= DEFAULT_STREAM_MEMORY / 2 && 2 * total > DEFAULT_STREAM_MEMORY / 2);
         // Few warps: the largest ring; very many: the smallest (the launch is
         // then refused if even those do not fit).

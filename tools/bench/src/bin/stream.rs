@@ -6,7 +6,8 @@
 //! cargo build --release -p tracing-gpu-bench --bin stream
 //! target/release/stream [--seconds 10] [--every 8] [--work 64] [--warps 4]
 //!                       [--modes off,fixed,memory,perfetto] [--json PATH]
-//!                       [--probe [--probe-at 1.0] [--probe-thread]]
+//!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
+//!                       [--drain-threads N]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -58,6 +59,7 @@ use tracing::Dispatch;
 use tracing_gpu::batch::{Batch, BatchSink};
 use tracing_gpu::cuda::{
     compile, gpu_profile, KernelBuild, Profiler, ProfilerStats, DEFAULT_RECALIBRATION,
+    DEFAULT_STREAM_MEMORY,
 };
 use tracing_gpu::deliver::SinkLayer;
 use tracing_gpu::format::KernelArg;
@@ -100,7 +102,7 @@ struct Options {
     #[arg(long, default_value_t = 256)]
     capacity: u32,
     /// Bytes of the streaming arena.
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, default_value_t = DEFAULT_STREAM_MEMORY)]
     stream_memory: usize,
     /// Milliseconds between two parts.
     #[arg(long, default_value_t = 100)]
@@ -130,6 +132,10 @@ struct Options {
     /// launch is mapped with the first calibration.
     #[arg(long)]
     no_recalibration: bool,
+    /// Threads reading the rings (`ProfilerBuilder::stream_drain_threads`); by
+    /// default three quarters of the cores, up to 12.
+    #[arg(long)]
+    drain_threads: Option<usize>,
 }
 
 /// What the in-memory sink saw.
@@ -353,6 +359,9 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
     let mut builder = Profiler::builder();
     if let Some(r) = o.ring {
         builder = builder.stream_capacity(r);
+    }
+    if let Some(n) = o.drain_threads {
+        builder = builder.stream_drain_threads(n);
     }
     let profiler = builder
         .context(ctx.clone())
