@@ -245,8 +245,10 @@ fn give_up_at_bounds_a_replay_that_waits_for_room() {
     assert!(replayed < give_up + MARGIN, "{replayed:?}");
     assert!(took < give_up + MARGIN, "{took:?}");
     assert_eq!(stats.spans_exported, 0, "{stats:?}");
+    // It gave up waiting for room: it dropped spans of the batch it was
+    // converting, or whole batches not begun (whichever the give-up met).
     assert!(
-        stats.spans_dropped > 0,
+        stats.spans_dropped + stats.batches_dropped > 0,
         "the replay gave up waiting: {stats:?}"
     );
     assert_eq!(
