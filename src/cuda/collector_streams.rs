@@ -16,7 +16,7 @@ impl Worker {
     /// Starts a running streamed launch's drain threads at the first look,
     /// and holds the parts they have sent since. Returns whether any came.
     pub(super) fn drain_running(&mut self, job: &mut Job) -> bool {
-        let (before_ns, interval, workers) = (
+        let (before_ns, interval, threads) = (
             self.stream_floor(),
             self.stream_interval,
             self.drain_threads,
@@ -38,7 +38,7 @@ impl Worker {
                 self.registry.clone(),
                 before_ns,
                 interval,
-                workers,
+                threads,
             );
             match started {
                 Ok(d) => *drain = Some(d),
@@ -114,7 +114,7 @@ impl Worker {
                 self.registry.clone(),
                 before_ns,
                 interval,
-                DrainThreads::one(),
+                DrainThreads::exactly(1),
             )
             .ok(),
         };

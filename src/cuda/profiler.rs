@@ -30,8 +30,9 @@
 //! The launching thread records no event: the collector records one on the
 //! stream when it next looks, for all the launches made there since (it holds
 //! the stream until then); only on a per-thread default stream, and for a
-//! graph replay ([`Profiler::launch_graph`]), does the launching thread record it. Nothing is allocated on the device, and no
-//! copy, memset or synchronisation is added to the application's stream: the
+//! graph replay ([`Profiler::launch_graph`]), does the launching thread record
+//! it. Nothing is allocated on the device, and no copy, memset or
+//! synchronisation is added to the application's stream: the
 //! arena was zeroed when it was made, and the collector zeroes each region
 //! (on its own stream) before giving it back. The device never reads the
 //! buffer header (`docs/format.md`), so the collector writes it into the host

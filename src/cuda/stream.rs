@@ -217,14 +217,6 @@ impl DrainThreads {
         }
     }
 
-    /// One thread for all the warps.
-    pub(crate) fn one() -> DrainThreads {
-        DrainThreads {
-            max: 1,
-            shard_warps: SHARD_WARPS_BY_CORES,
-        }
-    }
-
     /// The threads for a launch of `warps` warps.
     fn shards(self, warps: usize) -> usize {
         warps.div_ceil(self.shard_warps).clamp(1, self.max)
@@ -595,7 +587,7 @@ mod tests {
         assert_eq!(DrainThreads::exactly(12).shards(528), 12);
         assert_eq!(DrainThreads::exactly(12).shards(5), 5);
         assert_eq!(DrainThreads::exactly(0).shards(528), 1);
-        assert_eq!(DrainThreads::one().shards(528), 1);
+        assert_eq!(DrainThreads::exactly(1).shards(528), 1);
     }
 
     #[test]

@@ -73,10 +73,10 @@ impl ProfilerBuilder {
     }
 
     /// Threads that read a running streamed launch's rings, each a share of its
-    /// warps (default: three quarters of the cores, up to 12, each with 32 warps at
-    /// least).
-    /// One core rebuilds about 50 M entries a second: a kernel that records
-    /// faster than its drain threads read fills its rings and drops entries.
+    /// warps (default: three quarters of the cores, up to 12, each with 32
+    /// warps at least). One core rebuilds about 50 M entries a second: a kernel
+    /// that records faster than its drain threads read fills its rings and
+    /// drops entries.
     pub fn stream_drain_threads(mut self, threads: usize) -> Self {
         self.stream.drain_threads = Some(threads);
         self

@@ -410,17 +410,14 @@ impl Storm<'_> {
             let start = Instant::now();
             match variant {
                 Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
-                Variant::Floor => {
+                Variant::Floor | Variant::FloorEvent | Variant::FloorCell => {
                     short.launch(stream, b, &KernelArg::default())?;
-                    floor.after_capture_check(stream, Mark::None)?;
-                }
-                Variant::FloorEvent => {
-                    short.launch(stream, b, &KernelArg::default())?;
-                    floor.after_capture_check(stream, Mark::Event)?;
-                }
-                Variant::FloorCell => {
-                    short.launch(stream, b, &KernelArg::default())?;
-                    floor.after_capture_check(stream, Mark::Cell)?;
+                    let mark = match variant {
+                        Variant::FloorEvent => Mark::Event,
+                        Variant::FloorCell => Mark::Cell,
+                        _ => Mark::None,
+                    };
+                    floor.after_capture_check(stream, mark)?;
                 }
                 Variant::FloorCollector => {
                     short.launch(stream, b, &KernelArg::default())?;
