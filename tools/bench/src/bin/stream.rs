@@ -7,7 +7,7 @@
 //! target/release/stream [--seconds 10] [--every 8] [--work 64] [--warps 4]
 //!                       [--modes off,fixed,memory,perfetto] [--json PATH]
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
-//!                       [--drain-threads N]
+//!                       [--drain-threads N] [--unfiltered]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -24,8 +24,12 @@
 //! Per mode: the kernel's time (CUDA events around the launch), the slowdown against
 //! `off`, events produced (from the loop) against delivered and dropped, the parts, the
 //! sustained events/s delivered over the kernel's time, how long after the kernel the
-//! last part arrived, the streaming memory, and the collector's process CPU time. A
-//! mode fails the run if produced ≠ delivered + dropped.
+//! last part arrived, how late the parts arrived (from their cut to the sink: median,
+//! 99th percentile, largest, and the largest in each quarter of the run), the streaming
+//! memory, and the CPU time of the profiler's threads (the collector, the drain
+//! threads, the others). The subscriber filters at `INFO`, as the README's, so that
+//! `deliver` makes no plain spans (`--unfiltered`: no filter). A mode fails the run if
+//! produced ≠ delivered + dropped.
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
@@ -67,6 +71,7 @@ use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_gpu_bench::kernels::STREAM;
 use tracing_gpu_bench::probe::{self, Probe};
 use tracing_gpu_bench::{cli, device, device::Timer};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -136,6 +141,11 @@ struct Options {
     /// default three quarters of the cores, up to 12.
     #[arg(long)]
     drain_threads: Option<usize>,
+    /// The subscriber without a filter (the runs before 2026-12-04 had none):
+    /// `deliver` then also makes each part's first 4096 events plain spans on the
+    /// collector thread. By default it filters at `INFO`, as the README's.
+    #[arg(long)]
+    unfiltered: bool,
 }
 
 /// What the in-memory sink saw.
@@ -143,6 +153,32 @@ struct Options {
 struct Count {
     events: AtomicU64,
     last_ns: AtomicU64,
+    /// Per batch: when it was cut (a part; the last: when the launch was found
+    /// complete), and how long after that it reached the sink (ns).
+    lags: parking_lot::Mutex<Vec<(u64, u64)>>,
+}
+
+impl Count {
+    /// The lags of the parts cut in each quarter of `[start_ns, end_ns]` (the
+    /// largest in each), and their median, 99th percentile and largest, in ms.
+    fn lags(&self, start_ns: u64, end_ns: u64) -> ([f64; 4], [f64; 3]) {
+        let lags = self.lags.lock();
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let mut quarters = [0.0f64; 4];
+        let span = end_ns.saturating_sub(start_ns).max(1);
+        for &(cut, lag) in lags.iter() {
+            let q = (cut.saturating_sub(start_ns) * 4 / span).min(3) as usize;
+            quarters[q] = quarters[q].max(ms(lag));
+        }
+        let mut sorted: Vec<u64> = lags.iter().map(|&(_, l)| l).collect();
+        sorted.sort_unstable();
+        let at = |q: f64| {
+            sorted
+                .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+                .map_or(f64::NAN, |&l| ms(l))
+        };
+        (quarters, [at(0.5), at(0.99), at(1.0)])
+    }
 }
 
 /// The in-memory sink: walks every event, as a sink that uses them would, and keeps
@@ -160,7 +196,10 @@ impl BatchSink for CountSink {
                 .sum::<u64>();
         }
         self.0.events.fetch_add(n, Ordering::Relaxed);
-        self.0.last_ns.store(now_ns(), Ordering::Relaxed);
+        let now = now_ns();
+        self.0.last_ns.store(now, Ordering::Relaxed);
+        let cut = batch.launch.host_complete_ns;
+        self.0.lags.lock().push((cut, now.saturating_sub(cut)));
     }
     fn flush(&self) {}
 }
@@ -169,12 +208,13 @@ fn now_ns() -> u64 {
     tracing_gpu::clock::HostClock::Boottime.now_ns()
 }
 
-/// CPU seconds of the profiler's own threads (names starting "tracing-gpu": the
-/// collector, the drain threads, the Perfetto writer and encoders), sampled every
-/// 50 ms while `f` runs, so that threads that end before it are counted too.
-fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, f64) {
+/// CPU seconds of the profiler's own threads (names starting "tracing-gpu"), by
+/// role: the collector, the drain threads, the rest (the Perfetto writer and
+/// encoders); sampled every 50 ms while `f` runs, so that threads that end before
+/// it are counted too.
+fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, Cpu) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = Arc::new(parking_lot::Mutex::new(HashMap::<u64, f64>::new()));
+    let seen = Arc::new(parking_lot::Mutex::new(HashMap::<u64, (usize, f64)>::new()));
     let sample = {
         let (stop, seen) = (stop.clone(), seen.clone());
         std::thread::spawn(move || loop {
@@ -188,9 +228,16 @@ fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, f64) {
                 let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
                     continue;
                 };
-                if !stat[open + 1..close].starts_with("tracing-gpu") {
+                let name = &stat[open + 1..close];
+                if !name.starts_with("tracing-gpu") {
                     continue;
                 }
+                // Thread names are cut to 15 bytes: "tracing-gpu col", "tracing-gpu dra".
+                let role = match &name["tracing-gpu".len()..] {
+                    r if r.starts_with(" col") => 0,
+                    r if r.starts_with(" dra") => 1,
+                    _ => 2,
+                };
                 let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
                 // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
                 let ticks = |i: usize| {
@@ -200,7 +247,8 @@ fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, f64) {
                         .unwrap_or(0.0)
                 };
                 let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
-                seen.lock().insert(tid, (ticks(11) + ticks(12)) / 100.0);
+                seen.lock()
+                    .insert(tid, (role, (ticks(11) + ticks(12)) / 100.0));
             }
             if last {
                 return;
@@ -211,8 +259,21 @@ fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, f64) {
     let out = f();
     stop.store(true, Ordering::Release);
     let _ = sample.join();
-    let total = seen.lock().values().sum();
-    (out, total)
+    let mut cpu = Cpu::default();
+    for &(role, s) in seen.lock().values() {
+        cpu.0[role] += s;
+    }
+    (out, cpu)
+}
+
+/// CPU seconds of the collector, the drain threads and the other profiler threads.
+#[derive(Default, Clone, Copy)]
+struct Cpu([f64; 3]);
+
+impl Cpu {
+    fn total(self) -> f64 {
+        self.0.iter().sum()
+    }
 }
 
 struct Kernel {
@@ -290,7 +351,11 @@ struct Figures {
     produced: u64,
     stats: ProfilerStats,
     delivered_after_s: f64,
-    cpu_s: f64,
+    /// How late the parts reached the sink, in ms: the largest in each quarter of
+    /// the run, and the median, 99th percentile and largest of all.
+    lag_quarters_ms: [f64; 4],
+    lag_ms: [f64; 3],
+    cpu: Cpu,
     /// `--probe`'s JSON object.
     probe: Option<String>,
 }
@@ -330,30 +395,29 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             produced,
             stats: ProfilerStats::default(),
             delivered_after_s: 0.0,
-            cpu_s: 0.0,
+            lag_quarters_ms: [f64::NAN; 4],
+            lag_ms: [f64::NAN; 3],
+            cpu: Cpu::default(),
             probe,
         });
     }
     let count = Arc::new(Count::default());
     let dir = tempfile::tempdir()?;
-    let (dispatch, guard) = match mode {
+    let (perfetto, guard) = match mode {
         "perfetto" => {
             let (layer, guard) = PerfettoLayer::builder()
                 .file(dir.path().join("stream.perfetto-trace"))
                 .build()?;
-            let sink = SinkLayer::new(CountSink(count.clone()))?;
-            (
-                Dispatch::new(tracing_subscriber::registry().with(layer).with(sink)),
-                Some(guard),
-            )
+            (Some(layer), Some(guard))
         }
-        _ => {
-            let sink = SinkLayer::new(CountSink(count.clone()))?;
-            (
-                Dispatch::new(tracing_subscriber::registry().with(sink)),
-                None,
-            )
-        }
+        _ => (None, None),
+    };
+    let layers = tracing_subscriber::registry()
+        .with(perfetto)
+        .with(SinkLayer::new(CountSink(count.clone()))?);
+    let dispatch = match o.unfiltered {
+        true => Dispatch::new(layers),
+        false => Dispatch::new(layers.with(LevelFilter::INFO)),
     };
     let _default = tracing::dispatcher::set_default(&dispatch);
     let mut builder = Profiler::builder();
@@ -380,8 +444,9 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         true => Some(Probe::prepare(ctx)?),
         false => None,
     };
-    let (ran, cpu_s) = profiler_cpu(|| -> Result<(f64, u64, Option<String>, _)> {
+    let (ran, cpu) = profiler_cpu(|| -> Result<(f64, u64, u64, Option<String>, _)> {
         let launched = Instant::now();
+        let launched_ns = now_ns();
         timer.around(&stream, || -> Result<()> {
             let launch = |trace| kernel.launch(&stream, iters, o, Some(trace));
             match mode {
@@ -416,9 +481,9 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         // A failed recalibration (say, the GPU too busy for the calibration kernel)
         // is reported, and the figures are still printed.
         let flushed = profiler.flush().err().map(|e| e.to_string());
-        Ok((kernel_s, done_ns, flushed, probed))
+        Ok((kernel_s, launched_ns, done_ns, flushed, probed))
     });
-    let (kernel_s, done_ns, flushed, probe) = ran?;
+    let (kernel_s, launched_ns, done_ns, flushed, probe) = ran?;
     if let Some(e) = &flushed {
         println!("  flush: {e}");
     }
@@ -438,6 +503,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         );
     }
     let last = count.last_ns.load(Ordering::Relaxed);
+    let (lag_quarters_ms, lag_ms) = count.lags(launched_ns, done_ns);
     Ok(Figures {
         mode: mode.into(),
         seen: count.events.load(Ordering::Relaxed),
@@ -445,7 +511,9 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         produced,
         stats,
         delivered_after_s: last.saturating_sub(done_ns) as f64 / 1e9,
-        cpu_s,
+        lag_quarters_ms,
+        lag_ms,
+        cpu,
         probe,
     })
 }
@@ -497,7 +565,9 @@ fn run(o: &Options) -> Result<bool> {
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
             "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  produced {}  delivered {}  dropped {}  \
-             parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  profiler threads' cpu {:.1} s",
+             parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  profiler threads' cpu {:.1} s \
+             (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
+             largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
             f.mode,
             f.kernel_s,
             slow(off_s),
@@ -509,11 +579,22 @@ fn run(o: &Options) -> Result<bool> {
             rate,
             f.delivered_after_s,
             st.memory_bytes >> 20,
-            f.cpu_s,
+            f.cpu.total(),
+            f.cpu.0[0],
+            f.cpu.0[1],
+            f.cpu.0[2],
+            f.lag_ms[0],
+            f.lag_ms[1],
+            f.lag_ms[2],
+            f.lag_quarters_ms[0],
+            f.lag_quarters_ms[1],
+            f.lag_quarters_ms[2],
+            f.lag_quarters_ms[3],
         );
         json.push_str(&format!(
             "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"parts\":{},\
-             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"cpu_s\":{},\"failed\":{}{}}}\n",
+             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
+             \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
             f.kernel_s,
             f.produced,
@@ -523,7 +604,10 @@ fn run(o: &Options) -> Result<bool> {
             st.events as f64 / f.kernel_s,
             f.delivered_after_s,
             st.memory_bytes,
-            f.cpu_s,
+            f.cpu.total(),
+            f.cpu.0,
+            json_ms(&f.lag_ms),
+            json_ms(&f.lag_quarters_ms),
             st.failed,
             f.probe
                 .as_ref()
@@ -545,6 +629,18 @@ fn run(o: &Options) -> Result<bool> {
         std::fs::write(p, json)?;
     }
     Ok(ok)
+}
+
+/// Milliseconds as a JSON array (`null` for none).
+fn json_ms(v: &[f64]) -> String {
+    let items: Vec<String> = v
+        .iter()
+        .map(|x| match x.is_finite() {
+            true => format!("{x:.3}"),
+            false => "null".into(),
+        })
+        .collect();
+    format!("[{}]", items.join(","))
 }
 
 fn main() -> ExitCode {
