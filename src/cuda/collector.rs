@@ -41,7 +41,7 @@ use super::job::{decode_all, Job, Taken, Work};
 use super::memory::{replay_taken, Device, Kind, Mark, Place, StreamMark, PER_THREAD};
 use super::ring::{Arena, Region};
 pub(crate) use super::shared::{ProfilerStats, Shared};
-use super::stream::DrainThreads;
+use super::stream::DrainConfig;
 
 /// One calibration: the raw samples and the checkpoint fitted from them.
 #[derive(Debug, Clone)]
@@ -108,10 +108,8 @@ pub(crate) struct CollectorConfig {
     pub arena: Arc<Arena>,
     /// Threads a pass decodes on when it brings back many launches.
     pub decoders: usize,
-    /// How often a running streamed launch delivers a part.
-    pub stream_interval: Duration,
-    /// Threads reading a streamed launch's rings.
-    pub drain_threads: DrainThreads,
+    /// How a running streamed launch's rings are drained.
+    pub drain: DrainConfig,
     /// How long finished launches may wait to be brought back in bulk
     /// ([`BRING_BACK_EVERY`]).
     pub bring_back_every: Duration,
@@ -139,8 +137,7 @@ impl Collector {
             streams: Vec::new(),
             by_stream: Vec::new(),
             decoders: config.decoders.max(1),
-            stream_interval: config.stream_interval,
-            drain_threads: config.drain_threads,
+            drain: config.drain,
             bring_back_every: config.bring_back_every,
             held: VecDeque::new(),
             held_bytes: 0,
@@ -259,8 +256,7 @@ struct Worker {
     by_stream: Vec<Vec<usize>>,
     /// Threads a pass decodes on (`decode_all`).
     decoders: usize,
-    stream_interval: Duration,
-    drain_threads: DrainThreads,
+    drain: DrainConfig,
     bring_back_every: Duration,
     held: VecDeque<Held>,
     held_bytes: usize,

@@ -8,7 +8,7 @@ use super::Worker;
 use crate::batch::{LaunchInfo, Part};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::{Job, Work};
-use crate::cuda::stream::{DrainThreads, Drained, Drainers, SlotError};
+use crate::cuda::stream::{DrainConfig, DrainThreads, Drained, Drainers, SlotError};
 use crate::decode::OwnedBuffer;
 use crate::format::PackedWriter;
 
@@ -16,11 +16,7 @@ impl Worker {
     /// Starts a running streamed launch's drain threads at the first look,
     /// and holds the parts they have sent since. Returns whether any came.
     pub(super) fn drain_running(&mut self, job: &mut Job) -> bool {
-        let (before_ns, interval, threads) = (
-            self.stream_floor(),
-            self.stream_interval,
-            self.drain_threads,
-        );
+        let (before_ns, config) = (self.stream_floor(), self.drain);
         let Work::Stream {
             header,
             place,
@@ -37,8 +33,7 @@ impl Worker {
                 place.region,
                 self.registry.clone(),
                 before_ns,
-                interval,
-                threads,
+                config,
             );
             match started {
                 Ok(d) => *drain = Some(d),
@@ -86,7 +81,7 @@ impl Worker {
         complete_ns: u64,
     ) {
         self.release(std::iter::once(job.mark));
-        let (before_ns, interval) = (self.stream_floor(), self.stream_interval);
+        let before_ns = self.stream_floor();
         let Job {
             launch,
             dispatch,
@@ -113,8 +108,10 @@ impl Worker {
                 place.region,
                 self.registry.clone(),
                 before_ns,
-                interval,
-                DrainThreads::exactly(1),
+                DrainConfig {
+                    threads: DrainThreads::exactly(1),
+                    ..self.drain
+                },
             )
             .ok(),
         };

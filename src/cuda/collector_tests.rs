@@ -8,6 +8,7 @@ use crate::batch::BatchSink;
 use crate::clock::{ClockMap, HostOffsets};
 use crate::cuda::job::Node;
 use crate::cuda::memory::{Mark, Memory, StreamMark, ARMED, REPLAY_HEADER, TAKEN};
+use crate::cuda::stream::{DrainThreads, BACKLOG_BYTES};
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
 use parking_lot::Mutex;
@@ -224,6 +225,24 @@ impl Rig {
         arena_bytes: usize,
         bring_back_every: Duration,
     ) -> Rig {
+        let clock = (recalibrate, calibration);
+        Rig::built(ordinal, clock, arena_bytes, bring_back_every, BACKLOG_BYTES)
+    }
+
+    /// `new(0, None)`, whose streamed launches' drain threads stop reading
+    /// while `backlog` bytes of parts wait for the collector.
+    fn backlogged(backlog: usize) -> Rig {
+        let clock = (None, Calibration::exact(0, 5_000, 0.0));
+        Rig::built(0, clock, 1 << 20, BRING_BACK_EVERY, backlog)
+    }
+
+    fn built(
+        ordinal: u32,
+        (recalibrate, calibration): (Option<Recalibration>, Calibration),
+        arena_bytes: usize,
+        bring_back_every: Duration,
+        backlog: usize,
+    ) -> Rig {
         let gpu = Arc::new(Gpu::default());
         let shared = Shared::new(calibration);
         let arena = Arc::new(Arena::new(arena_bytes));
@@ -239,8 +258,11 @@ impl Rig {
                 arena: arena.clone(),
                 // Several, whatever this machine has: the parallel decode is tested.
                 decoders: 3,
-                stream_interval: Duration::from_millis(5),
-                drain_threads: crate::cuda::stream::DrainThreads::by_cores(),
+                drain: DrainConfig {
+                    threads: DrainThreads::by_cores(),
+                    interval: Duration::from_millis(5),
+                    backlog,
+                },
                 bring_back_every,
                 on_start: None,
             },

@@ -83,7 +83,7 @@ use super::memory::{Kind, Memory, Place, Shape};
 use super::names::{kernel_name, thread_name};
 use super::recorder::CaptureRecorder;
 use super::ring::{Arena, Region};
-use super::stream::{DrainThreads, StreamArena, StreamSettings};
+use super::stream::{DrainConfig, DrainThreads, StreamArena, StreamSettings, BACKLOG_BYTES};
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
 use crate::format::{self, BufferHeader, KernelArg};
@@ -357,11 +357,14 @@ impl ProfilerBuilder {
                 decoders: std::thread::available_parallelism()
                     .map_or(1, |n| n.get() / 2)
                     .clamp(1, 4),
-                stream_interval: self.stream.interval,
-                drain_threads: self
-                    .stream
-                    .drain_threads
-                    .map_or_else(DrainThreads::by_cores, DrainThreads::exactly),
+                drain: DrainConfig {
+                    threads: self
+                        .stream
+                        .drain_threads
+                        .map_or_else(DrainThreads::by_cores, DrainThreads::exactly),
+                    interval: self.stream.interval,
+                    backlog: BACKLOG_BYTES,
+                },
                 bring_back_every: self.bring_back_every,
                 on_start: Some(Box::new(move || {
                     let _ = bind.bind_to_thread();

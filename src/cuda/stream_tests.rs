@@ -208,6 +208,17 @@ fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
     threads.into_iter().for_each(|t| t.join().unwrap());
 }
 
+/// Ends a launch (fires its event) when dropped: should an assertion fail while
+/// it runs, the collector still finishes it, and the test ends instead of
+/// waiting for it forever.
+struct Fires<'a>(&'a Gpu, u64);
+
+impl Drop for Fires<'_> {
+    fn drop(&mut self) {
+        self.0.fire(self.1);
+    }
+}
+
 fn sink_dispatch() -> (Batches, Dispatch) {
     let sink = Batches::default();
     let layer = SinkLayer::new(sink.clone()).unwrap();
@@ -241,9 +252,21 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
     // Rings of 2 chunks: every warp wraps a dozen times or more.
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, BLOCKS, 2, true));
+    let _ends = Fires(&rig.gpu, event);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let parts_at_least = |n: usize| {
+        while sink.0.lock().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {n} parts while it ran"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
     let threads: Vec<_> = warps
         .into_iter()
         .map(|mut w| {
+            let sink = sink.clone();
             std::thread::spawn(move || {
                 // Per phase: a begin of Load, a switch to Mma, an end with a payload
                 // (so payloads fall at chunk boundaries too).
@@ -255,8 +278,13 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
                     w.entry(word(k, 0, ENTRY_PAYLOAD), t + 31);
                     w.entry(word(t + 40, 1, ENTRY_BEGIN), t + 41);
                     t += 40;
-                    if k % 40 == 0 {
-                        std::thread::sleep(Duration::from_millis(2));
+                    if k == PHASES / 2 {
+                        // Halfway, until a part has reached the sink: the rest
+                        // comes in later ones.
+                        while sink.0.lock().is_empty() {
+                            assert!(Instant::now() < deadline, "no part halfway");
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
                     }
                 }
                 w.entry(word(t + 5, 1, ENTRY_END), t + 6);
@@ -266,8 +294,8 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
         })
         .collect();
     let warps: Vec<Warp> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    let before = sink.0.lock().len();
-    assert!(before >= 2, "{before} parts while the kernel ran");
+    // The event has not fired: these parts came while the kernel ran.
+    parts_at_least(2);
     assert!(sink
         .0
         .lock()
@@ -325,25 +353,29 @@ fn a_host_that_falls_behind_makes_the_warp_drop_its_newest_and_count_them() {
     let (sink, dispatch) = sink_dispatch();
     let (mut warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 1, 2, false));
+    let _ends = Fires(&rig.gpu, event);
     let mut w = warps.remove(0);
-    // 100 chunks of instants written at once: the ring holds 2 of them.
+    // 100 chunks of instants written at once: the ring holds 2 of them (a few
+    // more are stored if the drain reads some meanwhile).
     let mut t = T0;
     for _ in 0..100 * CHUNK_ENTRIES {
         t += 3;
         w.entry(word(t, 1, ENTRY_INSTANT), t + 1);
     }
-    assert_eq!((w.written, w.drops), (2, 98 * CHUNK_ENTRIES as u32));
+    let stored = w.written;
+    assert!((2..50).contains(&stored), "{stored} chunks stored");
+    assert_eq!(w.drops, (100 - stored) * CHUNK_ENTRIES as u32);
     // Once the collector has read them, the warp stores again, after a gap.
     let head = w.slot + so::READ;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while w.memory.load_u32(head) < 2 {
+    while w.memory.load_u32(head) < stored {
         assert!(
             Instant::now() < deadline,
             "the collector never read the ring"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    w.read = 2;
+    w.read = stored;
     for _ in 0..CHUNK_ENTRIES {
         t += 3;
         w.entry(word(t, 1, ENTRY_INSTANT), t + 1);
@@ -353,14 +385,126 @@ fn a_host_that_falls_behind_makes_the_warp_drop_its_newest_and_count_them() {
     rig.collector.flush().unwrap();
     let batches = sink.0.lock().clone();
     let got = events_of(&batches, 0, 0);
-    assert_eq!(got.len(), 3 * CHUNK_ENTRIES);
+    let kept = (stored as usize + 1) * CHUNK_ENTRIES;
+    assert_eq!(got.len(), kept);
     let st = rig.shared.stats();
-    assert_eq!(st.events, 3 * CHUNK_ENTRIES as u64);
-    assert_eq!(st.dropped_events, 98 * CHUNK_ENTRIES as u64);
+    assert_eq!(st.events, kept as u64);
+    assert_eq!(st.dropped_events, u64::from(w.drops));
     assert_eq!(st.events + st.dropped_events, 101 * CHUNK_ENTRIES as u64);
     assert_eq!((st.delivered, st.failed), (1, 0));
     assert_accounted(&st);
     // Both warps' slots come back zero, their region free for the next launch.
+    drop(warps);
+}
+
+/// A sink that holds the collector in its first `on_batch` until opened.
+#[derive(Default)]
+struct Gate {
+    entered: AtomicU64,
+    open: Mutex<bool>,
+    opened: parking_lot::Condvar,
+    batches: Batches,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock() = true;
+        self.opened.notify_all();
+    }
+}
+
+/// Opens the gate when dropped: a failed assertion does not leave the collector held.
+struct Opens<'a>(&'a Gate);
+
+impl Drop for Opens<'_> {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+impl BatchSink for Arc<Gate> {
+    fn on_batch(&self, batch: &Arc<Batch>) {
+        self.entered.fetch_add(1, Ordering::AcqRel);
+        let mut open = self.open.lock();
+        while !*open {
+            self.opened.wait(&mut open);
+        }
+        self.batches.on_batch(batch);
+    }
+    fn flush(&self) {}
+}
+
+#[test]
+fn a_collector_held_back_stops_the_drain_so_the_warps_drop_instead_of_the_host_piling_parts() {
+    const T0: u64 = 1 << 36;
+    // The drain threads stop reading as soon as a part waits for the collector.
+    let rig = Rig::backlogged(0);
+    let gate = Arc::new(Gate::default());
+    let dispatch =
+        Dispatch::new(tracing_subscriber::registry().with(SinkLayer::new(gate.clone()).unwrap()));
+    let (mut warps, event) =
+        tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 1, 2, false));
+    let mut w = warps.remove(0);
+    let (_ends, _opens) = (Fires(&rig.gpu, event), Opens(&gate));
+    let head = w.slot + so::READ;
+    let mut t = T0;
+    let mut chunk = |w: &mut Warp| {
+        for _ in 0..CHUNK_ENTRIES {
+            t += 3;
+            w.entry(word(t, 1, ENTRY_INSTANT), t + 1);
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // A first chunk: its part reaches the sink, which holds the collector.
+    chunk(&mut w);
+    wait("the first part never reached the sink", &|| {
+        gate.entered.load(Ordering::Acquire) == 1
+    });
+    // Then a chunk a millisecond: the drain reads them (the collector takes no
+    // part) until it has cut one, and from then on reads nothing: the ring
+    // fills, and the warp drops.
+    while w.drops == 0 {
+        assert!(Instant::now() < deadline, "the warp never dropped");
+        chunk(&mut w);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let stopped_at = w.memory.load_u32(head);
+    for _ in 0..100 {
+        chunk(&mut w);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(w.memory.load_u32(head), stopped_at, "the drain read on");
+    assert_eq!(gate.entered.load(Ordering::Acquire), 1);
+    // The sink lets go: the collector takes the waiting part, the drain reads
+    // the ring again, and after the gap the warp stores again.
+    gate.open();
+    wait("the drain never read again", &|| {
+        w.memory.load_u32(head) == w.written
+    });
+    w.read = w.written;
+    let dropped = w.drops;
+    chunk(&mut w);
+    assert_eq!(w.drops, dropped);
+    w.flush(t + 10);
+    rig.gpu.fire(event);
+    rig.collector.flush().unwrap();
+    let st = rig.shared.stats();
+    let written = t.saturating_sub(T0) / 3;
+    assert!(st.dropped_events >= 100 * CHUNK_ENTRIES as u64 - 2 * CHUNK_ENTRIES as u64);
+    assert_eq!(st.events + st.dropped_events, written);
+    assert_eq!(st.events, u64::from(w.stored));
+    assert_eq!((st.delivered, st.failed), (1, 0));
+    assert_eq!(
+        events_of(&gate.batches.0.lock(), 0, 0).len() as u64,
+        st.events
+    );
+    assert_accounted(&st);
     drop(warps);
 }
 
@@ -374,6 +518,7 @@ fn a_drained_stream_is_one_launch_downstream() {
     let (sink, dispatch) = sink_dispatch();
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 4, 2, true));
+    let _ends = Fires(&rig.gpu, event);
     write_ranges(warps, T0, Duration::from_millis(2));
     rig.gpu.fire(event);
     rig.collector.flush().unwrap();
@@ -454,6 +599,7 @@ fn beside_a_running_stream_a_recalibration_is_tried_once_as_such_then_again_afte
     let (sink, dispatch) = sink_dispatch();
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 2, 2, true));
+    let _ends = Fires(&rig.gpu, event);
     write_ranges(warps, T0, Duration::from_millis(3));
     let deadline = Instant::now() + Duration::from_secs(20);
     while asked.lock().is_empty() {
