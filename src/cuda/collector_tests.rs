@@ -42,6 +42,9 @@ struct Gpu {
     waiting: Mutex<Vec<(u64, u64)>>,
     /// Events the collector asked about.
     queries: AtomicU64,
+    /// Everything has run: every event fires, no stream captures (a test that
+    /// failed ends so, rather than wait for its launches forever).
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl Gpu {
@@ -93,7 +96,8 @@ struct Sim(Arc<Gpu>);
 impl Device for Sim {
     fn mark(&mut self, stream: u64) -> Result<StreamMark, ProfilerError> {
         self.0.marks_asked.fetch_add(1, Ordering::Relaxed);
-        if self.0.capturing.lock().contains(&stream) {
+        let ended = self.0.ended.load(Ordering::Acquire);
+        if !ended && self.0.capturing.lock().contains(&stream) {
             return Ok(StreamMark::NotNow);
         }
         self.0.marked.lock().push(stream);
@@ -107,7 +111,8 @@ impl Device for Sim {
 
     fn finished(&mut self, mark: &Mark) -> Result<bool, ProfilerError> {
         self.0.queries.fetch_add(1, Ordering::Relaxed);
-        Ok(mark.event.is_none_or(|e| self.0.fired.lock().contains(&e)))
+        let ended = self.0.ended.load(Ordering::Acquire);
+        Ok(ended || mark.event.is_none_or(|e| self.0.fired.lock().contains(&e)))
     }
 
     fn fetch(&mut self, places: &[&Place]) -> Result<(), ProfilerError> {
@@ -186,10 +191,24 @@ struct Rig {
     arena: Arc<Arena>,
     memory: Arc<Memory>,
     shared: Arc<Shared>,
+    /// Before `collector`: fields drop in order.
+    _ends: EndOnPanic,
     collector: Collector,
     device: u32,
     /// The simulated streams' handles, which jobs hold until marked.
     streams: Mutex<HashMap<u64, Arc<()>>>,
+}
+
+/// Dropped before a rig's collector: a test that fails while launches still
+/// run ends them, so that the collector stops instead of waiting for them forever.
+struct EndOnPanic(Arc<Gpu>);
+
+impl Drop for EndOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.ended.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl Rig {
@@ -270,6 +289,7 @@ impl Rig {
         )
         .unwrap();
         Rig {
+            _ends: EndOnPanic(gpu.clone()),
             gpu,
             arena,
             memory,

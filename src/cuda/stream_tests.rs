@@ -208,17 +208,6 @@ fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
     threads.into_iter().for_each(|t| t.join().unwrap());
 }
 
-/// Ends a launch (fires its event) when dropped: should an assertion fail while
-/// it runs, the collector still finishes it, and the test ends instead of
-/// waiting for it forever.
-struct Fires<'a>(&'a Gpu, u64);
-
-impl Drop for Fires<'_> {
-    fn drop(&mut self) {
-        self.0.fire(self.1);
-    }
-}
-
 fn sink_dispatch() -> (Batches, Dispatch) {
     let sink = Batches::default();
     let layer = SinkLayer::new(sink.clone()).unwrap();
@@ -252,7 +241,6 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
     // Rings of 2 chunks: every warp wraps a dozen times or more.
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, BLOCKS, 2, true));
-    let _ends = Fires(&rig.gpu, event);
     let deadline = Instant::now() + Duration::from_secs(20);
     let parts_at_least = |n: usize| {
         while sink.0.lock().len() < n {
@@ -353,7 +341,6 @@ fn a_host_that_falls_behind_makes_the_warp_drop_its_newest_and_count_them() {
     let (sink, dispatch) = sink_dispatch();
     let (mut warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 1, 2, false));
-    let _ends = Fires(&rig.gpu, event);
     let mut w = warps.remove(0);
     // 100 chunks of instants written at once: the ring holds 2 of them (a few
     // more are stored if the drain reads some meanwhile).
@@ -445,7 +432,7 @@ fn a_collector_held_back_stops_the_drain_so_the_warps_drop_instead_of_the_host_p
     let (mut warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 1, 2, false));
     let mut w = warps.remove(0);
-    let (_ends, _opens) = (Fires(&rig.gpu, event), Opens(&gate));
+    let _opens = Opens(&gate);
     let head = w.slot + so::READ;
     let mut t = T0;
     let mut chunk = |w: &mut Warp| {
@@ -518,7 +505,6 @@ fn a_drained_stream_is_one_launch_downstream() {
     let (sink, dispatch) = sink_dispatch();
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 4, 2, true));
-    let _ends = Fires(&rig.gpu, event);
     write_ranges(warps, T0, Duration::from_millis(2));
     rig.gpu.fire(event);
     rig.collector.flush().unwrap();
@@ -599,7 +585,6 @@ fn beside_a_running_stream_a_recalibration_is_tried_once_as_such_then_again_afte
     let (sink, dispatch) = sink_dispatch();
     let (warps, event) =
         tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 2, 2, true));
-    let _ends = Fires(&rig.gpu, event);
     write_ranges(warps, T0, Duration::from_millis(3));
     let deadline = Instant::now() + Duration::from_secs(20);
     while asked.lock().is_empty() {
