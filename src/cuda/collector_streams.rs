@@ -45,6 +45,9 @@ impl Worker {
             }
         }
         let got = drain.as_ref().map(Drainers::take).unwrap_or_default();
+        if let Some(d) = drain {
+            self.count_stalls(d);
+        }
         let any = !got.is_empty();
         self.drained((&job.launch, &job.dispatch, &job.span), got);
         any
@@ -115,6 +118,9 @@ impl Worker {
             )
             .ok(),
         };
+        if let Some(d) = &drain {
+            self.count_stalls(d);
+        }
         match (outcome, drain) {
             (Ok(()), Some(drain)) => {
                 let (got, last) = drain.finish();
@@ -156,6 +162,14 @@ impl Worker {
     /// checkpoint's, less an hour (a checkpoint may be taken after the launch).
     fn stream_floor(&self) -> u64 {
         self.latest_anchor().saturating_sub(3_600_000_000_000)
+    }
+
+    /// Counts the times a launch's drain threads stopped for its backlog.
+    fn count_stalls(&self, drain: &Drainers) {
+        let stalls = drain.stalls();
+        if stalls > 0 {
+            self.shared.state.lock().stats.stream_stalls += stalls;
+        }
     }
 
     /// Keeps a streamed launch's slot errors for the next flush.

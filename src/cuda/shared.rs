@@ -34,6 +34,11 @@ pub struct ProfilerStats {
     pub dropped_events: u64,
     /// Parts of streamed launches delivered (the last part of each included).
     pub parts: u64,
+    /// Times a streamed launch's drain thread stopped reading its rings
+    /// because 1 GiB of parts waited for the collector (held back by a slow
+    /// sink, or by plain spans for an unfiltered subscriber): the entries the
+    /// warps dropped meanwhile are among `dropped_events`.
+    pub stream_stalls: u64,
     /// Clock checkpoints taken (the first calibration included).
     pub calibrations: u64,
     /// Recalibrations that failed while a streamed launch ran, after which

@@ -14,7 +14,7 @@
 //! memory over the host link.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -439,6 +439,14 @@ impl Outbox {
     }
 }
 
+/// A launch's parts sent and not yet taken, as its drain threads see them.
+struct Backlog {
+    bytes: Arc<AtomicUsize>,
+    limit: usize,
+    /// Times a thread stopped reading for it.
+    stalls: Arc<AtomicU64>,
+}
+
 /// The drain threads of one streamed launch, reading its rings until the
 /// launch completes ([`Drainers::finish`]).
 pub(crate) struct Drainers {
@@ -447,6 +455,8 @@ pub(crate) struct Drainers {
     outbox: Arc<Mutex<Outbox>>,
     /// Bytes of the parts sent and not yet taken.
     backlog: Arc<AtomicUsize>,
+    /// Times a thread stopped reading for the backlog, not yet counted.
+    stalls: Arc<AtomicU64>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -465,6 +475,7 @@ impl Drainers {
         let outbox = Arc::new(Mutex::new(Outbox { tx, next: 0 }));
         let stop = Arc::new(AtomicBool::new(false));
         let backlog = Arc::new(AtomicUsize::new(0));
+        let stalls = Arc::new(AtomicU64::new(0));
         let n = header.slot_count as usize;
         let shards = config.threads.shards(n);
         let per = n.div_ceil(shards).max(1) as u32;
@@ -478,7 +489,11 @@ impl Drainers {
                 stop.clone(),
                 outbox.clone(),
             );
-            let sent = (backlog.clone(), config.backlog);
+            let sent = Backlog {
+                bytes: backlog.clone(),
+                limit: config.backlog,
+                stalls: stalls.clone(),
+            };
             let name = format!("tracing-gpu drain {} #{k}", header.launch_id);
             let t = std::thread::Builder::new().name(name).spawn(move || {
                 drain.run(&memory, &region, &registry, &halt, (&outbox, &sent));
@@ -496,8 +511,15 @@ impl Drainers {
             rx,
             outbox,
             backlog,
+            stalls,
             threads,
         })
+    }
+
+    /// How many times a thread stopped reading for the backlog since the
+    /// last call.
+    pub(crate) fn stalls(&self) -> u64 {
+        self.stalls.swap(0, Ordering::AcqRel)
     }
 
     /// What the threads have sent so far (their backlog goes down by as much).
@@ -525,20 +547,25 @@ impl Drainers {
 impl Drain {
     /// A drain thread: reads the shard until told to stop, then once more (the
     /// kernel has finished: every store has landed) for its last part. While
-    /// the parts sent and not yet taken (`backlog`: the bytes, and its limit)
-    /// are over the limit, it reads nothing and cuts nothing: the rings fill,
-    /// and the warps drop their newest entries and count them.
+    /// the parts sent and not yet taken are over the backlog's limit, it reads
+    /// nothing and cuts nothing: the rings fill, and the warps drop their
+    /// newest entries and count them.
     fn run(
         &mut self,
         memory: &Memory,
         region: &Region,
         registry: &EventRegistry,
         stop: &AtomicBool,
-        (outbox, backlog): (&Mutex<Outbox>, &(Arc<AtomicUsize>, usize)),
+        (outbox, backlog): (&Mutex<Outbox>, &Backlog),
     ) {
+        let mut was_held_back = false;
         loop {
             let stopping = stop.load(Ordering::Acquire);
-            let held_back = !stopping && backlog.0.load(Ordering::Acquire) > backlog.1;
+            let held_back = !stopping && backlog.bytes.load(Ordering::Acquire) > backlog.limit;
+            if held_back && !was_held_back {
+                backlog.stalls.fetch_add(1, Ordering::Relaxed);
+            }
+            was_held_back = held_back;
             let mut errors = Vec::new();
             let added = match held_back {
                 true => 0,
@@ -558,7 +585,9 @@ impl Drain {
                     let _ = out.tx.send(Drained::Errors(errors));
                 }
                 if let Some(buffer) = part {
-                    backlog.0.fetch_add(buffer.bytes().len(), Ordering::AcqRel);
+                    backlog
+                        .bytes
+                        .fetch_add(buffer.bytes().len(), Ordering::AcqRel);
                     out.part(buffer);
                 }
             }

@@ -329,6 +329,7 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
     }
     let st = rig.shared.stats();
     assert_eq!((st.delivered, st.failed, st.dropped_events), (1, 0, 0));
+    assert_eq!(st.stream_stalls, 0);
     assert_eq!(st.parts, parts.len() as u64);
     assert_eq!(st.events, 2 * BLOCKS as u64 * (2 * PHASES + 1));
     assert_accounted(&st);
@@ -486,6 +487,7 @@ fn a_collector_held_back_stops_the_drain_so_the_warps_drop_instead_of_the_host_p
     assert!(st.dropped_events >= 100 * CHUNK_ENTRIES as u64 - 2 * CHUNK_ENTRIES as u64);
     assert_eq!(st.events + st.dropped_events, written);
     assert_eq!(st.events, u64::from(w.stored));
+    assert!(st.stream_stalls >= 1, "{} stalls", st.stream_stalls);
     assert_eq!((st.delivered, st.failed), (1, 0));
     assert_eq!(
         events_of(&gate.batches.0.lock(), 0, 0).len() as u64,

@@ -565,7 +565,7 @@ fn run(o: &Options) -> Result<bool> {
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
             "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  produced {}  delivered {}  dropped {}  \
-             parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  profiler threads' cpu {:.1} s \
+             (drain stalls {})  parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  profiler threads' cpu {:.1} s \
              (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
             f.mode,
@@ -575,6 +575,7 @@ fn run(o: &Options) -> Result<bool> {
             f.produced,
             st.events,
             st.dropped_events,
+            st.stream_stalls,
             st.parts,
             rate,
             f.delivered_after_s,
@@ -592,7 +593,7 @@ fn run(o: &Options) -> Result<bool> {
             f.lag_quarters_ms[3],
         );
         json.push_str(&format!(
-            "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"parts\":{},\
+            "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"stream_stalls\":{},\"parts\":{},\
              \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
              \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
@@ -600,6 +601,7 @@ fn run(o: &Options) -> Result<bool> {
             f.produced,
             st.events,
             st.dropped_events,
+            st.stream_stalls,
             st.parts,
             st.events as f64 / f.kernel_s,
             f.delivered_after_s,
