@@ -7,7 +7,7 @@
 //! target/release/stream [--seconds 10] [--every 8] [--work 64] [--warps 4]
 //!                       [--modes off,fixed,memory,perfetto] [--json PATH]
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
-//!                       [--drain-threads N] [--unfiltered]
+//!                       [--drain-threads N] [--unfiltered] [--capacity R --memory-limit B]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -26,7 +26,7 @@
 //! sustained events/s delivered over the kernel's time, how long after the kernel the
 //! last part arrived, how late the parts arrived (from their cut to the sink: median,
 //! 99th percentile, largest, and the largest in each quarter of the run), the streaming
-//! memory, and the CPU time of the profiler's threads (the collector, the drain
+//! memory, the process's peak resident memory, and the CPU time of the profiler's threads (the collector, the drain
 //! threads, the others). The subscriber filters at `INFO`, as the README's, so that
 //! `deliver` makes no plain spans (`--unfiltered`: no filter). A mode fails the run if
 //! produced ≠ delivered + dropped.
@@ -62,8 +62,8 @@ use cudarc::driver::{
 use tracing::Dispatch;
 use tracing_gpu::batch::{Batch, BatchSink};
 use tracing_gpu::cuda::{
-    compile, gpu_profile, KernelBuild, Profiler, ProfilerStats, DEFAULT_RECALIBRATION,
-    DEFAULT_STREAM_MEMORY,
+    compile, gpu_profile, KernelBuild, Profiler, ProfilerStats, DEFAULT_MEMORY_LIMIT,
+    DEFAULT_RECALIBRATION, DEFAULT_STREAM_MEMORY,
 };
 use tracing_gpu::deliver::SinkLayer;
 use tracing_gpu::format::KernelArg;
@@ -106,6 +106,11 @@ struct Options {
     /// Records per warp with fixed slots.
     #[arg(long, default_value_t = 256)]
     capacity: u32,
+    /// The profiler's arena in bytes (`ProfilerBuilder::memory_limit`): with a
+    /// `--capacity` large enough for every record, `fixed` stores them all in
+    /// device memory instead of dropping past its slots (what storing alone costs).
+    #[arg(long, default_value_t = DEFAULT_MEMORY_LIMIT)]
+    memory_limit: usize,
     /// Bytes of the streaming arena.
     #[arg(long, default_value_t = DEFAULT_STREAM_MEMORY)]
     stream_memory: usize,
@@ -356,6 +361,8 @@ struct Figures {
     lag_quarters_ms: [f64; 4],
     lag_ms: [f64; 3],
     cpu: Cpu,
+    /// The process's peak resident memory during the mode (bytes).
+    peak_rss: Option<u64>,
     /// `--probe`'s JSON object.
     probe: Option<String>,
 }
@@ -378,6 +385,8 @@ fn probe_beside(
 }
 
 fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Result<Figures> {
+    // The peak resident memory is the process's own, reset per mode (Linux).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
     let stream = ctx.new_stream()?;
     let timer = Timer::new(ctx)?;
     let kernel = Kernel::load(ctx, &stream, mode, o)?;
@@ -398,6 +407,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             lag_quarters_ms: [f64::NAN; 4],
             lag_ms: [f64::NAN; 3],
             cpu: Cpu::default(),
+            peak_rss: peak_rss(),
             probe,
         });
     }
@@ -431,6 +441,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         .context(ctx.clone())
         .events(EVENTS)
         .capacity(o.capacity)
+        .memory_limit(o.memory_limit)
         .stream_memory(o.stream_memory)
         .stream_interval(Duration::from_millis(o.interval_ms))
         .recalibrate_every(if o.no_recalibration {
@@ -514,8 +525,17 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         lag_quarters_ms,
         lag_ms,
         cpu,
+        peak_rss: peak_rss(),
         probe,
     })
+}
+
+/// The process's peak resident memory since the mode began (`VmHWM`), in bytes.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
 }
 
 fn run(o: &Options) -> Result<bool> {
@@ -565,7 +585,7 @@ fn run(o: &Options) -> Result<bool> {
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
             "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  produced {}  delivered {}  dropped {}  \
-             (drain stalls {})  parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  profiler threads' cpu {:.1} s \
+             (drain stalls {})  parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
              (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
             f.mode,
@@ -580,6 +600,7 @@ fn run(o: &Options) -> Result<bool> {
             rate,
             f.delivered_after_s,
             st.memory_bytes >> 20,
+            f.peak_rss.map_or("?".into(), |b| (b >> 20).to_string()),
             f.cpu.total(),
             f.cpu.0[0],
             f.cpu.0[1],
@@ -594,7 +615,7 @@ fn run(o: &Options) -> Result<bool> {
         );
         json.push_str(&format!(
             "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"stream_stalls\":{},\"parts\":{},\
-             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
+             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"peak_rss_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
              \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
             f.kernel_s,
@@ -606,6 +627,7 @@ fn run(o: &Options) -> Result<bool> {
             st.events as f64 / f.kernel_s,
             f.delivered_after_s,
             st.memory_bytes,
+            f.peak_rss.map_or("null".into(), |b| b.to_string()),
             f.cpu.total(),
             f.cpu.0,
             json_ms(&f.lag_ms),
