@@ -439,12 +439,13 @@ impl Outbox {
     }
 }
 
-/// A launch's parts sent and not yet taken, as its drain threads see them.
+/// A launch's parts sent and not yet taken: their bytes, the limit past which
+/// its drain threads stop reading, and how many times one stopped (not yet
+/// counted in the stats).
 struct Backlog {
-    bytes: Arc<AtomicUsize>,
+    bytes: AtomicUsize,
     limit: usize,
-    /// Times a thread stopped reading for it.
-    stalls: Arc<AtomicU64>,
+    stalls: AtomicU64,
 }
 
 /// The drain threads of one streamed launch, reading its rings until the
@@ -453,10 +454,7 @@ pub(crate) struct Drainers {
     stop: Arc<AtomicBool>,
     rx: mpsc::Receiver<Drained>,
     outbox: Arc<Mutex<Outbox>>,
-    /// Bytes of the parts sent and not yet taken.
-    backlog: Arc<AtomicUsize>,
-    /// Times a thread stopped reading for the backlog, not yet counted.
-    stalls: Arc<AtomicU64>,
+    backlog: Arc<Backlog>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -474,8 +472,11 @@ impl Drainers {
         let (tx, rx) = mpsc::channel();
         let outbox = Arc::new(Mutex::new(Outbox { tx, next: 0 }));
         let stop = Arc::new(AtomicBool::new(false));
-        let backlog = Arc::new(AtomicUsize::new(0));
-        let stalls = Arc::new(AtomicU64::new(0));
+        let backlog = Arc::new(Backlog {
+            bytes: AtomicUsize::new(0),
+            limit: config.backlog,
+            stalls: AtomicU64::new(0),
+        });
         let n = header.slot_count as usize;
         let shards = config.threads.shards(n);
         let per = n.div_ceil(shards).max(1) as u32;
@@ -483,20 +484,15 @@ impl Drainers {
         for k in 0..shards as u32 {
             let slots = (k * per).min(header.slot_count)..((k + 1) * per).min(header.slot_count);
             let mut drain = Drain::new(header, slots, before_ns, config.interval);
-            let (memory, registry, halt, outbox) = (
+            let (memory, registry, halt, sent) = (
                 memory.clone(),
                 registry.clone(),
                 stop.clone(),
-                outbox.clone(),
+                (outbox.clone(), backlog.clone()),
             );
-            let sent = Backlog {
-                bytes: backlog.clone(),
-                limit: config.backlog,
-                stalls: stalls.clone(),
-            };
             let name = format!("tracing-gpu drain {} #{k}", header.launch_id);
             let t = std::thread::Builder::new().name(name).spawn(move || {
-                drain.run(&memory, &region, &registry, &halt, (&outbox, &sent));
+                drain.run(&memory, &region, &registry, &halt, (&sent.0, &sent.1));
             });
             match t {
                 Ok(t) => threads.push(t),
@@ -511,7 +507,6 @@ impl Drainers {
             rx,
             outbox,
             backlog,
-            stalls,
             threads,
         })
     }
@@ -519,14 +514,14 @@ impl Drainers {
     /// How many times a thread stopped reading for the backlog since the
     /// last call.
     pub(crate) fn stalls(&self) -> u64 {
-        self.stalls.swap(0, Ordering::AcqRel)
+        self.backlog.stalls.swap(0, Ordering::AcqRel)
     }
 
     /// What the threads have sent so far (their backlog goes down by as much).
     pub(crate) fn take(&self) -> Vec<Drained> {
         let got: Vec<Drained> = self.rx.try_iter().collect();
         let bytes = got.iter().map(Drained::bytes).sum();
-        self.backlog.fetch_sub(bytes, Ordering::AcqRel);
+        self.backlog.bytes.fetch_sub(bytes, Ordering::AcqRel);
         got
     }
 
