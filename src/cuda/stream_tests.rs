@@ -2,8 +2,9 @@
 //! host memory by the protocol of docs/format.md ("Streaming slots"), from
 //! threads of their own, while the collector reads them; a paced warp loses
 //! nothing across many wraps of a small ring, a warp whose host falls behind
-//! drops its newest entries and counts them exactly, and parts reach the sink
-//! while the launch runs.
+//! drops its newest entries and counts them exactly, a collector held back
+//! stops the drain (so that the warps drop, not the host pile up parts), and
+//! parts reach the sink while the launch runs.
 use super::*;
 use crate::batch::Part;
 use crate::cuda::stream::CHUNK_RECORDS;
