@@ -22,14 +22,15 @@
 //! - `perfetto`: streamed into a Perfetto file on local disk (a temporary folder).
 //!
 //! Per mode: the kernel's time (CUDA events around the launch), the slowdown against
-//! `off`, events produced (from the loop) against delivered and dropped, the parts, the
-//! sustained events/s delivered over the kernel's time, how long after the kernel the
-//! last part arrived, how late the parts arrived (from their cut to the sink: median,
-//! 99th percentile, largest, and the largest in each quarter of the run), the streaming
-//! memory, the process's peak resident memory, and the CPU time of the profiler's threads (the collector, the drain
-//! threads, the others). The subscriber filters at `INFO`, as the README's, so that
-//! `deliver` makes no plain spans (`--unfiltered`: no filter). A mode fails the run if
-//! produced ≠ delivered + dropped.
+//! `off`, events produced (from the loop) against delivered and dropped, the drain's
+//! stalls for the collector (`ProfilerStats::stream_stalls`), the parts, the clock
+//! checkpoints taken, the sustained events/s delivered over the kernel's time, how long
+//! after the kernel the last part arrived, how late the parts arrived (from their cut to
+//! the sink: median, 99th percentile, largest, and the largest in each quarter of the
+//! run), the streaming memory, the process's peak resident memory, and the CPU time of
+//! the profiler's threads (the collector, the drain threads, the others). The subscriber
+//! filters at `INFO`, as the README's, so that `deliver` makes no plain spans
+//! (`--unfiltered`: no filter). A mode fails the run if produced ≠ delivered + dropped.
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
@@ -585,7 +586,7 @@ fn run(o: &Options) -> Result<bool> {
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
             "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  produced {}  delivered {}  dropped {}  \
-             (drain stalls {})  parts {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
+             (drain stalls {})  parts {}  checkpoints {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
              (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
             f.mode,
@@ -597,6 +598,7 @@ fn run(o: &Options) -> Result<bool> {
             st.dropped_events,
             st.stream_stalls,
             st.parts,
+            st.calibrations,
             rate,
             f.delivered_after_s,
             st.memory_bytes >> 20,
@@ -614,7 +616,7 @@ fn run(o: &Options) -> Result<bool> {
             f.lag_quarters_ms[3],
         );
         json.push_str(&format!(
-            "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"stream_stalls\":{},\"parts\":{},\
+            "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"stream_stalls\":{},\"parts\":{},\"calibrations\":{},\
              \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"peak_rss_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
              \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
@@ -624,6 +626,7 @@ fn run(o: &Options) -> Result<bool> {
             st.dropped_events,
             st.stream_stalls,
             st.parts,
+            st.calibrations,
             st.events as f64 / f.kernel_s,
             f.delivered_after_s,
             st.memory_bytes,
