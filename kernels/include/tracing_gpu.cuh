@@ -698,7 +698,8 @@ class Recorder {
 /// each lane holds one, the warp stores the group with one coalesced store: per event,
 /// a compare, the stamp, the entry's word, the count and the group test; no address, no
 /// capacity check, no store. The slot is found only when something is stored: a warp
-/// that records nothing does nothing but count its lanes, and writes nothing at all.
+/// that records nothing does nothing but count its lanes (and, in a graph node, load
+/// where its buffer is), and writes nothing at all.
 ///
 /// Streaming (TRACE_STREAM in the argument) changes what a group store does, and which
 /// lanes stage: the warp's first lane stores each chunk's meta and keeps the header's
@@ -716,7 +717,8 @@ template <class... Events>
 class Recorder {
   using Checks = detail::checks<Events...>;
 
-  Trace trace_;          // the argument, kept: the slot is found at the first store
+  Trace trace_;          // the argument, kept: the slot is found at the first store (a graph
+                         // node's: the buffer's address in base, without TRACE_INDIRECT)
   unsigned int lane_;    // this lane's rank among the warp's lanes (streaming: minus one, so
                          // ~0 in the first lane, which stages nothing); ~0 if it records nothing
   unsigned int group_;   // entries staged per store: the warp's lanes (streaming: minus one);
@@ -745,17 +747,20 @@ class Recorder {
   }
 
   // Finds the slot: its header's address and its capacity in records; false if this launch
-  // or this warp records nothing (a graph node never streams: TRACE_INDIRECT with
-  // TRACE_STREAM records nothing). Runs once per group store and at the flush, never per
-  // event.
+  // or this warp records nothing (a graph node's base is the word its constructor loaded,
+  // 0 when the replay records nothing or the argument also asks to stream). Runs once per
+  // group store and at the flush, never per event.
   __device__ __forceinline__ bool locate(unsigned long long& header, unsigned int& capacity,
                                          unsigned int& slot) const {
     unsigned long long base = trace_.base;
+#if TGPU_STREAM
+    // A graph node's buffer, in a build with the streaming code (see the constructor).
     if (trace_.capacity & TRACE_INDIRECT) {
       base = streaming() ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
     }
+#endif
     // (Without TGPU_STREAM a streaming argument never gets here: it records nothing.)
-    capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : TRACE_INDIRECT);
+    capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
     // Opaque to the compiler, so that the slot's address is computed here, in the store's
     // code, and not ahead of the kernel's loops, where it would hold registers across
     // every event.
@@ -920,6 +925,19 @@ class Recorder {
     last2_ = group_ > 1u ? group_ - 2u : last_;
     lane_ = records ? __popc(active & below) - first : 0xFFFFFFFFu;
     before_ = records ? lane_ - 1u : 0xFFFFFFFFu;
+#if !TGPU_STREAM
+    // A graph node: where its buffer is (the word its replay's prologue wrote), loaded now
+    // and used at the first store, long after. Loaded there instead, the load waited on
+    // L2 at the end of every node of every replay: on the H200 a 100-node graph replayed
+    // 1.4 points slower (docs/performance.md), and prefetching the word into L1 here
+    // (no register held) slower still. The cost: the address held in registers. A build
+    // with the streaming code loads it at the first store (locate): there, loading it
+    // here made a streamed kernel 35 % slower on the H200, for a reason not found.
+    if (trace.capacity & TRACE_INDIRECT) {
+      trace_.capacity &= ~TRACE_INDIRECT;
+      trace_.base = records ? *reinterpret_cast<const unsigned long long*>(trace.base) : 0ull;
+    }
+#endif
   }
 
   Recorder(const Recorder&) = delete;
