@@ -143,6 +143,9 @@ pub struct HostSpan {
 /// [`crate::deliver::SinkLayer`]), in bulk, with no per-event `tracing` dispatch.
 pub trait BatchSink: Send + Sync {
     /// Takes one batch. Must not block on I/O: hand the work to a writer thread.
+    /// It runs on the profiler's collector thread, which delivers a streamed
+    /// launch's parts one after another: a sink that walks every event here holds
+    /// them back (about one core at 200 M events/s).
     /// `batch.launch.parent` names the launch span only until this returns.
     fn on_batch(&self, batch: &Arc<Batch>);
     /// Waits until everything handed over so far is written.

@@ -92,6 +92,17 @@ impl Timer {
         Ok(())
     }
 
+    /// Records the start on `stream`, for work enqueued after host work that is not
+    /// to be timed (`around` times from before `f`).
+    pub fn record_start(&self, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
+        self.start.record(stream)
+    }
+
+    /// Records the end on `stream`.
+    pub fn record_end(&self, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
+        self.end.record(stream)
+    }
+
     /// Milliseconds between the two events (waits for the end).
     pub fn ms(&self) -> Result<f64, DriverError> {
         self.end.synchronize()?;

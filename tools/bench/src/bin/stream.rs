@@ -8,6 +8,7 @@
 //!                       [--modes off,fixed,memory,perfetto] [--json PATH]
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
 //!                       [--drain-threads N] [--unfiltered] [--capacity R --memory-limit B]
+//!                       [--walkers N]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -18,11 +19,13 @@
 //! - `fixed`: recorded into fixed slots (`--capacity` records per warp: the first events
 //!   are kept, the rest dropped and counted), delivered to an in-memory sink;
 //! - `memory`: streamed (`Profiler::streamed`), delivered to an in-memory sink that
-//!   counts events;
+//!   counts events, walking every one on `--walkers` threads of its own (4; 0: on the
+//!   collector's thread, which then bounds the rate delivered at about one core's walk);
 //! - `perfetto`: streamed into a Perfetto file on local disk (a temporary folder).
 //!
-//! Per mode: the kernel's time (CUDA events around the launch), the slowdown against
-//! `off`, events produced (from the loop) against delivered and dropped, the drain's
+//! Per mode: the kernel's time (CUDA events around the kernel, inside the profiled
+//! call), the launch call's time (the first streamed launch allocates the streaming
+//! memory), the slowdown against `off`, events produced (from the loop) against delivered and dropped, the drain's
 //! stalls for the collector (`ProfilerStats::stream_stalls`), the parts, the clock
 //! checkpoints taken, the sustained events/s delivered over the kernel's time, how long
 //! after the kernel the last part arrived, how late the parts arrived (from their cut to
@@ -147,6 +150,10 @@ struct Options {
     /// default three quarters of the cores, up to 12.
     #[arg(long)]
     drain_threads: Option<usize>,
+    /// Threads the in-memory sink hands its batches to, to walk their events (0: it
+    /// walks them in `on_batch`, on the collector's thread).
+    #[arg(long, default_value_t = 4)]
+    walkers: usize,
     /// The subscriber without a filter (the runs before 2026-12-04 had none):
     /// `deliver` then also makes each part's first 4096 events plain spans on the
     /// collector thread. By default it filters at `INFO`, as the README's.
@@ -188,26 +195,85 @@ impl Count {
 }
 
 /// The in-memory sink: walks every event, as a sink that uses them would, and keeps
-/// nothing.
+/// nothing. As the profiler's own sinks do, it hands each batch over (`on_batch` runs
+/// on the collector's thread): to `--walkers` threads, in turn, over channels that
+/// block when full, so that nothing is lost and a walker behind holds the collector
+/// back; with `--walkers 0` it walks on the collector's thread.
 #[derive(Clone)]
-struct CountSink(Arc<Count>);
+struct CountSink {
+    count: Arc<Count>,
+    walkers: Arc<Walkers>,
+}
+
+/// The walker threads' channels, and the batches handed to them not yet walked.
+struct Walkers {
+    senders: Vec<std::sync::mpsc::SyncSender<Arc<Batch>>>,
+    next: AtomicU64,
+    pending: Arc<AtomicU64>,
+}
+
+impl CountSink {
+    fn new(count: Arc<Count>, threads: usize) -> Result<CountSink> {
+        let mut senders = Vec::with_capacity(threads);
+        let pending = Arc::new(AtomicU64::new(0));
+        for i in 0..threads {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Batch>>(4);
+            let (count, pending) = (count.clone(), pending.clone());
+            std::thread::Builder::new()
+                .name(format!("walker-{i}"))
+                .spawn(move || {
+                    for batch in rx {
+                        walk(&count, &batch);
+                        pending.fetch_sub(1, Ordering::Release);
+                    }
+                })?;
+            senders.push(tx);
+        }
+        Ok(CountSink {
+            count,
+            walkers: Arc::new(Walkers {
+                senders,
+                next: AtomicU64::new(0),
+                pending,
+            }),
+        })
+    }
+}
+
+/// Counts the batch's events, walking every one.
+fn walk(count: &Count, batch: &Batch) {
+    let mut n = 0u64;
+    for slot in batch.buffer.view().slots() {
+        n += slot
+            .events()
+            .map(|e| u64::from(e.end_ns >= e.start_ns))
+            .sum::<u64>();
+    }
+    count.events.fetch_add(n, Ordering::Relaxed);
+}
 
 impl BatchSink for CountSink {
     fn on_batch(&self, batch: &Arc<Batch>) {
-        let mut n = 0u64;
-        for slot in batch.buffer.view().slots() {
-            n += slot
-                .events()
-                .map(|e| u64::from(e.end_ns >= e.start_ns))
-                .sum::<u64>();
-        }
-        self.0.events.fetch_add(n, Ordering::Relaxed);
         let now = now_ns();
-        self.0.last_ns.store(now, Ordering::Relaxed);
+        self.count.last_ns.store(now, Ordering::Relaxed);
         let cut = batch.launch.host_complete_ns;
-        self.0.lags.lock().push((cut, now.saturating_sub(cut)));
+        self.count.lags.lock().push((cut, now.saturating_sub(cut)));
+        let w = &self.walkers;
+        if w.senders.is_empty() {
+            return walk(&self.count, batch);
+        }
+        let i = w.next.fetch_add(1, Ordering::Relaxed) as usize % w.senders.len();
+        w.pending.fetch_add(1, Ordering::Relaxed);
+        if w.senders[i].send(batch.clone()).is_err() {
+            w.pending.fetch_sub(1, Ordering::Relaxed);
+        }
     }
-    fn flush(&self) {}
+    /// Waits until every batch handed over has been walked.
+    fn flush(&self) {
+        while self.walkers.pending.load(Ordering::Acquire) != 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 fn now_ns() -> u64 {
@@ -354,6 +420,9 @@ struct Figures {
     /// Events the in-memory sink walked.
     seen: u64,
     kernel_s: f64,
+    /// How long the launch call took (s): the first streamed launch's includes the
+    /// streaming arena's allocation.
+    call_s: f64,
     produced: u64,
     stats: ProfilerStats,
     delivered_after_s: f64,
@@ -397,11 +466,13 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         let probe = o.probe.then(|| Probe::prepare(ctx)).transpose()?;
         let launched = Instant::now();
         timer.around(&stream, || kernel.launch(&stream, iters, o, None))?;
+        let call_s = launched.elapsed().as_secs_f64();
         let probe = probe.map(|p| probe_beside(p, &stream, launched, o, mode));
         return Ok(Figures {
             mode: mode.into(),
             seen: 0,
             kernel_s: timer.ms()? / 1e3,
+            call_s,
             produced,
             stats: ProfilerStats::default(),
             delivered_after_s: 0.0,
@@ -425,7 +496,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
     };
     let layers = tracing_subscriber::registry()
         .with(perfetto)
-        .with(SinkLayer::new(CountSink(count.clone()))?);
+        .with(SinkLayer::new(CountSink::new(count.clone(), o.walkers)?)?);
     let dispatch = match o.unfiltered {
         true => Dispatch::new(layers),
         false => Dispatch::new(layers.with(LevelFilter::INFO)),
@@ -456,23 +527,28 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         true => Some(Probe::prepare(ctx)?),
         false => None,
     };
-    let (ran, cpu) = profiler_cpu(|| -> Result<(f64, u64, u64, Option<String>, _)> {
+    let (ran, cpu) = profiler_cpu(|| -> Result<(f64, f64, u64, u64, Option<String>, _)> {
         let launched = Instant::now();
         let launched_ns = now_ns();
-        timer.around(&stream, || -> Result<()> {
-            let launch = |trace| kernel.launch(&stream, iters, o, Some(trace));
-            match mode {
-                "fixed" => gpu_profile!(profiler, &stream, "stream_bench", kernel.cfg, launch)?,
-                _ => gpu_profile!(
-                    profiler.streamed(),
-                    &stream,
-                    "stream_bench",
-                    kernel.cfg,
-                    launch
-                )?,
-            }
-            Ok(())
-        })?;
+        // The timer starts inside the profiled call, right before the kernel: the
+        // first streamed launch's setup (its arena of pinned memory, allocated and
+        // zeroed by the launching thread) is the launch call's, printed apart.
+        let launch = |trace| {
+            timer.record_start(&stream)?;
+            kernel.launch(&stream, iters, o, Some(trace))
+        };
+        match mode {
+            "fixed" => gpu_profile!(profiler, &stream, "stream_bench", kernel.cfg, launch)?,
+            _ => gpu_profile!(
+                profiler.streamed(),
+                &stream,
+                "stream_bench",
+                kernel.cfg,
+                launch
+            )?,
+        }
+        timer.record_end(&stream)?;
+        let call_s = launched.elapsed().as_secs_f64();
         let run_probe = |p: Probe| probe_beside(p, &stream, launched, o, mode);
         let (probed, kernel_s) = std::thread::scope(|s| -> Result<(Option<String>, f64)> {
             // The probes from the launching thread before it waits, or (as the
@@ -493,9 +569,9 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         // A failed recalibration (say, the GPU too busy for the calibration kernel)
         // is reported, and the figures are still printed.
         let flushed = profiler.flush().err().map(|e| e.to_string());
-        Ok((kernel_s, launched_ns, done_ns, flushed, probed))
+        Ok((kernel_s, call_s, launched_ns, done_ns, flushed, probed))
     });
-    let (kernel_s, launched_ns, done_ns, flushed, probe) = ran?;
+    let (kernel_s, call_s, launched_ns, done_ns, flushed, probe) = ran?;
     if let Some(e) = &flushed {
         println!("  flush: {e}");
     }
@@ -520,6 +596,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         mode: mode.into(),
         seen: count.events.load(Ordering::Relaxed),
         kernel_s,
+        call_s,
         produced,
         stats,
         delivered_after_s: last.saturating_sub(done_ns) as f64 / 1e9,
@@ -585,7 +662,7 @@ fn run(o: &Options) -> Result<bool> {
         let slow = |base: Option<f64>| base.map_or(f64::NAN, |b| (f.kernel_s / b - 1.0) * 100.0);
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
-            "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  produced {}  delivered {}  dropped {}  \
+            "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  launch call {:.1} ms  produced {}  delivered {}  dropped {}  \
              (drain stalls {})  parts {}  checkpoints {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
              (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
@@ -593,6 +670,7 @@ fn run(o: &Options) -> Result<bool> {
             f.kernel_s,
             slow(off_s),
             slow(fixed_s),
+            f.call_s * 1e3,
             f.produced,
             st.events,
             st.dropped_events,
@@ -616,11 +694,12 @@ fn run(o: &Options) -> Result<bool> {
             f.lag_quarters_ms[3],
         );
         json.push_str(&format!(
-            "{{\"mode\":\"{}\",\"kernel_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"stream_stalls\":{},\"parts\":{},\"calibrations\":{},\
+            "{{\"mode\":\"{}\",\"kernel_s\":{},\"launch_call_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"stream_stalls\":{},\"parts\":{},\"calibrations\":{},\
              \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"peak_rss_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
              \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
             f.kernel_s,
+            f.call_s,
             f.produced,
             st.events,
             st.dropped_events,
