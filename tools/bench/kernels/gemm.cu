@@ -44,6 +44,12 @@
 #ifndef GEMM_TRACE_ONE_WARP
 #define GEMM_TRACE_ONE_WARP 0
 #endif
+// GEMM_REPS > 1 makes the persistent blocks walk the problem's tiles that many times over
+// (each pass writes the same C): a kernel that runs for seconds, for streamed recording
+// (tools/bench/src/bin/gemm_stream.rs). With 1 the kernel is as without it.
+#ifndef GEMM_REPS
+#define GEMM_REPS 1
+#endif
 
 // The events, by warp role. Payloads: the k-tile index for per-k-tile events, the tile
 // index for per-tile ones.
@@ -245,6 +251,9 @@ __device__ __forceinline__ tgpu::Trace trace_if(bool records, tgpu::Trace t) {
 
 // Tile t of the grid, in groups of GROUP_M tile-rows walked column by column.
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+#if GEMM_REPS > 1
+  t %= tiles_m * tiles_n;
+#endif
   const int per_group = GROUP_M * tiles_n;
   const int first_m = (t / per_group) * GROUP_M;
   const int rows = min(tiles_m - first_m, GROUP_M);
@@ -341,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(gemm::THREADS, 1)
   const int warpgroup = threadIdx.x / 128;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int tiles_m = m / BM, tiles_n = n / BN, tiles = tiles_m * tiles_n;
+  const int tiles_m = m / BM, tiles_n = n / BN, tiles = tiles_m * tiles_n * GEMM_REPS;
   const int ktiles = k / BK;
 
   if (threadIdx.x == 0) {

@@ -373,7 +373,22 @@ impl Gemm {
         out: Out,
         lineinfo: bool,
     ) -> Result<Self> {
-        let ptx = compile(SOURCE, &variant.build(out).lineinfo(lineinfo))?;
+        Gemm::compile_with(ctx, variant, out, lineinfo, &[])
+    }
+
+    /// [`Gemm::compile`] with more defines (`TGPU_STREAM=1`, `GEMM_REPS=N`: gemm.cu).
+    pub fn compile_with(
+        ctx: &Arc<CudaContext>,
+        variant: Variant,
+        out: Out,
+        lineinfo: bool,
+        defines: &[String],
+    ) -> Result<Self> {
+        let mut build = variant.build(out).lineinfo(lineinfo);
+        for d in defines {
+            build = build.define(d.as_str());
+        }
+        let ptx = compile(SOURCE, &build)?;
         let module = ctx.load_module(ptx)?;
         let func = module.load_function(KERNEL)?;
         func.set_attribute(

@@ -28,7 +28,7 @@ fn without_gpu(bin: &str, args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn gpu_benchmarks_say_why_they_stop_without_a_gpu() {
-    let bins: [(&str, &str, &[&str]); 5] = [
+    let bins: [(&str, &str, &[&str]); 6] = [
         ("storm", env!("CARGO_BIN_EXE_storm"), &["--launches", "10"]),
         (
             "gemm_loop",
@@ -44,6 +44,11 @@ fn gpu_benchmarks_say_why_they_stop_without_a_gpu() {
             "causality",
             env!("CARGO_BIN_EXE_causality"),
             &["--launches", "2", "--graph", "--replays", "2"],
+        ),
+        (
+            "gemm_stream",
+            env!("CARGO_BIN_EXE_gemm_stream"),
+            &["--seconds", "0.01"],
         ),
         (
             "profile_overhead",

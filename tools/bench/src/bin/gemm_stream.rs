@@ -1,0 +1,179 @@
+//! gemm_stream: the persistent GEMM of `kernels/gemm.cu` recorded while it runs for
+//! seconds (issue #13): its blocks walk the problem's tiles `reps` times over
+//! (`GEMM_REPS`), recording per-k-tile phases, streamed (`Profiler::streamed`), against
+//! the same kernel with the gate off and recording into fixed slots.
+//!
+//! ```sh
+//! cargo build --release -p tracing-gpu-bench --bin gemm_stream
+//! target/release/gemm_stream [--size 4096 4096 4096] [--seconds 10]
+//!                            [--variant phases|phases-wg] [--modes off,fixed,memory]
+//! ```
+//!
+//! `reps` comes from one gate-off launch of a single pass, so that a launch takes about
+//! `--seconds`. Modes, one launch each, in order: `off` (the gate off), `fixed` (fixed
+//! slots of one pass's records per warp: the first pass kept, the rest dropped and
+//! counted), `memory` (streamed; the collector counts what it delivers). Per mode: the
+//! kernel's time (CUDA events around the kernel, inside the profiled call), the slowdown
+//! against `off`, the events produced (`Gemm::expected_records` × reps: known from the
+//! loops) against delivered and dropped (entries), the rates, the drain's stalls, and C
+//! checked against cuBLAS (every pass writes the same C). A streamed mode fails the run
+//! if its counts are not exact (all delivered, or fewer with drops counted) or C is wrong.
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use cudarc::driver::CudaStream;
+use tracing::Dispatch;
+use tracing_gpu::cuda::{gpu_profile, Profiler};
+use tracing_gpu::format::KernelArg;
+use tracing_gpu_bench::cli::{self, Size};
+use tracing_gpu_bench::device::{self, Timer};
+use tracing_gpu_bench::gemm::{
+    registry, relative_error, Gemm, Out, Problem, Reference, Variant, TOLERANCE,
+};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// The persistent GEMM streamed for seconds, against fixed slots and the gate off.
+#[derive(Parser, Debug)]
+#[command(name = "gemm_stream")]
+struct Args {
+    #[command(flatten)]
+    size: Size,
+    /// About how long one launch runs.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// What the warps record: `phases` (every warp) or `phases-wg` (the producer and
+    /// one warp per consumer warpgroup).
+    #[arg(long, value_enum, default_value = "phases")]
+    variant: Variant,
+    /// Modes to run, in order: off, fixed, memory.
+    #[arg(long, value_delimiter = ',', default_value = "off,fixed,memory")]
+    modes: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    cli::exit("gemm_stream", run(&Args::parse()))
+}
+
+fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
+    if !matches!(a.variant, Variant::Phases | Variant::PhasesWg) {
+        return Err("--variant: phases or phases-wg".into());
+    }
+    let ctx = device::open(0)?;
+    let stream = ctx.new_stream()?;
+    let mut p = Problem::new(&stream, a.size.shape(), Out::Bf16, 0x5EED)?;
+    let reference = Reference::new(&stream)?.values(&p)?;
+    let timer = Timer::new(&ctx)?;
+    // One pass, gate off: how many passes make --seconds.
+    let one = Gemm::compile(&ctx, Variant::Off, Out::Bf16, false)?;
+    one.launch(&stream, &mut p, None)?;
+    timer.around(&stream, || one.launch(&stream, &mut p, None))?;
+    let pass_s = timer.ms()? / 1e3;
+    let reps = ((a.seconds / pass_s).round() as u64).clamp(1, (i32::MAX / 2) as u64);
+    let defines = |stream: bool| {
+        let mut d = vec![format!("GEMM_REPS={reps}")];
+        if stream {
+            d.push("TGPU_STREAM=1".into());
+        }
+        d
+    };
+    let off = Gemm::compile_with(&ctx, Variant::Off, Out::Bf16, false, &defines(false))?;
+    let traced = Gemm::compile_with(&ctx, a.variant, Out::Bf16, false, &defines(true))?;
+    let produced = traced.expected_records(&p) * reps;
+    let (m, n, k) = a.size.shape();
+    println!(
+        "gemm_stream: {m}×{n}×{k} bf16, {} passes of {:.3} ms, {} recording; {produced} events \
+         ({:.0} M events/s at the gate-off pass's speed)",
+        reps,
+        pass_s * 1e3,
+        a.variant.name(),
+        produced as f64 / (pass_s * reps as f64) / 1e6
+    );
+    let mut off_s = None;
+    let mut ok = true;
+    for mode in &a.modes {
+        p.poison(&stream)?;
+        let (kernel_s, stats) = match mode.as_str() {
+            "off" => {
+                timer.around(&stream, || off.launch(&stream, &mut p, None))?;
+                (timer.ms()? / 1e3, None)
+            }
+            "fixed" | "memory" => {
+                let (s, st) = profiled(&ctx, &stream, &traced, &mut p, &timer, mode == "fixed")?;
+                (s, Some(st))
+            }
+            m => return Err(format!("unknown mode {m:?}: off, fixed, memory").into()),
+        };
+        let (err, bad) = relative_error(&p.c_values(&stream)?, &reference);
+        let c_ok = bad == 0 && err <= TOLERANCE;
+        if mode == "off" {
+            off_s = Some(kernel_s);
+        }
+        let slow = off_s.map_or(f64::NAN, |o| (kernel_s / o - 1.0) * 100.0);
+        match stats {
+            None => println!(
+                "{mode:<7} kernel {kernel_s:.3} s ({slow:+.2}% vs off)  C rel err {err:.2e}: {}",
+                if c_ok { "ok" } else { "WRONG" }
+            ),
+            Some(st) => {
+                let exact = st.events == produced || st.dropped_events > 0 && st.events < produced;
+                println!(
+                    "{mode:<7} kernel {kernel_s:.3} s ({slow:+.2}% vs off)  produced {produced} ({:.0} M/s)  \
+                     delivered {} ({:.1} %, {:.1} M/s)  dropped entries {}  (drain stalls {})  parts {}  \
+                     C rel err {err:.2e}: {}",
+                    produced as f64 / kernel_s / 1e6,
+                    st.events,
+                    100.0 * st.events as f64 / produced as f64,
+                    st.events as f64 / kernel_s / 1e6,
+                    st.dropped_events,
+                    st.stream_stalls,
+                    st.parts,
+                    if c_ok { "ok" } else { "WRONG" }
+                );
+                if mode == "memory" && (!exact || st.failed != 0) {
+                    println!("  FAIL: the counts are not exact");
+                    ok = false;
+                }
+            }
+        }
+        ok &= c_ok;
+    }
+    Ok(ok)
+}
+
+/// One launch of `gemm` through `gpu_profile!`, into fixed slots of one pass's records
+/// per warp or streamed; the kernel's seconds and the profiler's counts once delivered.
+fn profiled(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    stream: &Arc<CudaStream>,
+    gemm: &Gemm,
+    p: &mut Problem,
+    timer: &Timer,
+    fixed: bool,
+) -> Result<(f64, tracing_gpu::cuda::ProfilerStats), Box<dyn Error>> {
+    let dispatch = Dispatch::new(tracing_subscriber::registry().with(LevelFilter::INFO));
+    let _default = tracing::dispatcher::set_default(&dispatch);
+    let per_pass = gemm.capacity(p);
+    let profiler = Profiler::builder()
+        .context(ctx.clone())
+        .registry(registry())
+        .capacity(per_pass)
+        .build()?;
+    let cfg = gemm.config(p);
+    let launch = |trace: KernelArg| {
+        timer.record_start(stream)?;
+        gemm.launch(stream, p, Some(&trace))
+    };
+    if fixed {
+        gpu_profile!(profiler, stream, "tgpu_gemm_bf16", cfg, launch)?;
+    } else {
+        gpu_profile!(profiler.streamed(), stream, "tgpu_gemm_bf16", cfg, launch)?;
+    }
+    timer.record_end(stream)?;
+    let kernel_s = timer.ms()? / 1e3;
+    profiler.flush()?;
+    Ok((kernel_s, profiler.stats()))
+}
