@@ -25,15 +25,16 @@
 //!
 //! Per mode: the kernel's time (CUDA events around the kernel, inside the profiled
 //! call), the launch call's time (the first streamed launch allocates the streaming
-//! memory), the slowdown against `off`, events produced (from the loop) against delivered and dropped, the drain's
-//! stalls for the collector (`ProfilerStats::stream_stalls`), the parts, the clock
-//! checkpoints taken, the sustained events/s delivered over the kernel's time, how long
-//! after the kernel the last part arrived, how late the parts arrived (from their cut to
-//! the sink: median, 99th percentile, largest, and the largest in each quarter of the
-//! run), the streaming memory, the process's peak resident memory, and the CPU time of
-//! the profiler's threads (the collector, the drain threads, the others). The subscriber
-//! filters at `INFO`, as the README's, so that `deliver` makes no plain spans
-//! (`--unfiltered`: no filter). A mode fails the run if produced ≠ delivered + dropped.
+//! memory), the slowdown against `off`, events produced (from the loop) against
+//! delivered and dropped, the drain's stalls for the collector
+//! (`ProfilerStats::stream_stalls`), the parts, the clock checkpoints taken, the
+//! sustained events/s delivered over the kernel's time, how long after the kernel the
+//! last part arrived, how late the parts arrived (from their cut to the sink: median,
+//! 99th percentile, largest, and the largest in each quarter of the run), the streaming
+//! memory, the process's peak resident memory, and the CPU time of the profiler's
+//! threads (the collector, the drain threads, the others). The subscriber filters at
+//! `INFO`, as the README's, so that `deliver` makes no plain spans (`--unfiltered`: no
+//! filter). A mode fails the run if produced ≠ delivered + dropped.
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
