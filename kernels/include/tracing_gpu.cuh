@@ -718,7 +718,8 @@ class Recorder {
   using Checks = detail::checks<Events...>;
 
   Trace trace_;          // the argument, kept: the slot is found at the first store (a graph
-                         // node's: the buffer's address in base, without TRACE_INDIRECT)
+                         // node's, without the streaming code: the buffer's address in base,
+                         // TRACE_INDIRECT cleared)
   unsigned int lane_;    // this lane's rank among the warp's lanes (streaming: minus one, so
                          // ~0 in the first lane, which stages nothing); ~0 if it records nothing
   unsigned int group_;   // entries staged per store: the warp's lanes (streaming: minus one);

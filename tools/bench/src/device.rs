@@ -86,9 +86,9 @@ impl Timer {
         stream: &Arc<CudaStream>,
         f: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
-        self.start.record(stream)?;
+        self.record_start(stream)?;
         f()?;
-        self.end.record(stream)?;
+        self.record_end(stream)?;
         Ok(())
     }
 

@@ -31,7 +31,7 @@ use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, Size};
 use tracing_gpu_bench::device::{self, Timer};
 use tracing_gpu_bench::gemm::{
-    registry, relative_error, Gemm, Out, Problem, Reference, Variant, TOLERANCE,
+    registry, relative_error, Gemm, Out, Problem, Reference, Variant, BM, BN, TOLERANCE,
 };
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -62,6 +62,13 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     if !matches!(a.variant, Variant::Phases | Variant::PhasesWg) {
         return Err("--variant: phases or phases-wg".into());
     }
+    if let Some(m) = a
+        .modes
+        .iter()
+        .find(|m| !["off", "fixed", "memory"].contains(&m.as_str()))
+    {
+        return Err(format!("unknown mode {m:?}: off, fixed, memory").into());
+    }
     let ctx = device::open(0)?;
     let stream = ctx.new_stream()?;
     let mut p = Problem::new(&stream, a.size.shape(), Out::Bf16, 0x5EED)?;
@@ -72,7 +79,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     one.launch(&stream, &mut p, None)?;
     timer.around(&stream, || one.launch(&stream, &mut p, None))?;
     let pass_s = timer.ms()? / 1e3;
-    let reps = ((a.seconds / pass_s).round() as u64).clamp(1, (i32::MAX / 2) as u64);
+    // The kernel counts the tiles of all passes in an int, and adds the grid to it.
+    let (m, n, k) = a.size.shape();
+    let tiles = (m / BM * (n / BN)) as u64;
+    let reps = ((a.seconds / pass_s).round() as u64).clamp(1, (i32::MAX / 2) as u64 / tiles);
     let defines = |stream: bool| {
         let mut d = vec![format!("GEMM_REPS={reps}")];
         if stream {
@@ -83,7 +93,6 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let off = Gemm::compile_with(&ctx, Variant::Off, Out::Bf16, false, &defines(false))?;
     let traced = Gemm::compile_with(&ctx, a.variant, Out::Bf16, false, &defines(true))?;
     let produced = traced.expected_records(&p) * reps;
-    let (m, n, k) = a.size.shape();
     println!(
         "gemm_stream: {m}×{n}×{k} bf16, {} passes of {:.3} ms, {} recording; {produced} events \
          ({:.0} M events/s at the gate-off pass's speed)",
@@ -105,7 +114,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                 let (s, st) = profiled(&ctx, &stream, &traced, &mut p, &timer, mode == "fixed")?;
                 (s, Some(st))
             }
-            m => return Err(format!("unknown mode {m:?}: off, fixed, memory").into()),
+            _ => unreachable!("the modes are checked above"),
         };
         let (err, bad) = relative_error(&p.c_values(&stream)?, &reference);
         let c_ok = bad == 0 && err <= TOLERANCE;
