@@ -151,3 +151,81 @@ fn a_capture_begun_right_after_profiled_launches_on_its_stream_stays_valid() {
     assert_eq!(st.delivered + st.skipped, st.launches, "{st:?}");
     assert!(st.delivered >= rounds * direct, "{st:?}");
 }
+
+/// A profiled graph replayed once with `cuGraphLaunch` (cudarc's `CudaGraph::launch`)
+/// between replays made through `Profiler::launch_graph`: the device's count of its
+/// replays runs ahead of the host's, so the next flush returns `GraphOutOfStep` naming
+/// the graph, `launch_graph` refuses it from then on, and every replay the profiler
+/// made was delivered or counted as skipped.
+#[test]
+fn a_graph_replayed_outside_launch_graph_is_an_error_and_refused() {
+    use tracing_gpu::cuda::cudarc::driver::{sys, LaunchConfig};
+    use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError};
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    let profiler = Profiler::builder()
+        .device(0)
+        .registry(quickstart::registry())
+        .capacity(32)
+        .build()
+        .unwrap();
+    let kernel = quickstart::Kernel::load(&profiler, false).unwrap();
+    let ctx = profiler.context().clone();
+    let stream = ctx.new_stream().unwrap();
+    let (blocks, threads, tiles, work) = (4u32, 128u32, 2u32, 64u32);
+    let n = blocks * threads * tiles;
+    let x = stream.clone_htod(&vec![0.5f32; n as usize]).unwrap();
+    let mut y = stream.alloc_zeros::<f32>(n as usize).unwrap();
+    stream.synchronize().unwrap();
+    // SAFETY: x and y are used on `stream` alone and freed after its last
+    // synchronize. (Tracking would put event nodes in the graph.)
+    unsafe { ctx.disable_event_tracking() };
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: threads * 4,
+    };
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .unwrap();
+    for _ in 0..2 {
+        // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
+        gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
+            kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], &trace)
+        })
+        .unwrap();
+    }
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    let graph = profiler.graph(graph).unwrap();
+    for _ in 0..3 {
+        profiler.launch_graph(&graph, &stream, "step").unwrap();
+        stream.synchronize().unwrap();
+    }
+    profiler.flush().unwrap();
+    assert_eq!(profiler.stats().delivered, 6, "{:?}", profiler.stats());
+
+    graph.graph().launch().unwrap();
+    profiler.launch_graph(&graph, &stream, "step").unwrap();
+    stream.synchronize().unwrap();
+    let err = profiler.flush().unwrap_err();
+    assert!(
+        matches!(&err, ProfilerError::GraphOutOfStep { graph, replay: 3, device: 5, launched: 4 } if graph == "step"),
+        "{err}"
+    );
+    let refused = profiler.launch_graph(&graph, &stream, "step").unwrap_err();
+    assert!(
+        matches!(refused, ProfilerError::GraphOutOfStep { .. }),
+        "{refused}"
+    );
+    stream.synchronize().unwrap();
+    profiler.flush().unwrap();
+    let st = profiler.stats();
+    assert_eq!((st.replays, st.launches), (4, 8), "{st:?}");
+    assert_eq!((st.delivered, st.skipped, st.failed), (6, 2, 0), "{st:?}");
+}

@@ -37,7 +37,7 @@ use crate::format::BufferHeader;
 use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
-use super::job::{decode_all, Job, Taken, Work};
+use super::job::{decode_all, Job, ReplayCount, Taken, Work};
 use super::memory::{replay_taken, Device, Kind, Mark, Place, StreamMark, PER_THREAD};
 use super::ring::{Arena, Region};
 pub(crate) use super::shared::{ProfilerStats, Shared};
@@ -563,25 +563,43 @@ impl Worker {
         for (job, outcome) in streams {
             self.end_stream(job, outcome, complete_ns);
         }
-        let places: Vec<&Place> = done
+        let mut places: Vec<&Place> = done
             .iter()
             .filter(|(_, o)| o.is_ok())
             .map(|(j, _)| j.work.place())
             .collect();
+        // Each replayed graph's counter, once, to check the replays' numbers.
+        let mut counters: Vec<&Arc<ReplayCount>> = Vec::new();
+        for (j, o) in &done {
+            if let (Work::Replay { count, .. }, Ok(())) = (&j.work, o) {
+                if !counters.iter().any(|c| Arc::ptr_eq(c, count)) {
+                    counters.push(count);
+                }
+            }
+        }
+        places.extend(counters.iter().map(|c| &c.counter));
+        drop(counters);
         let fetched = match places.is_empty() {
             true => Ok(()),
             false => self.backend.fetch(&places),
         };
         drop(places);
+        let in_step = match fetched.is_ok() {
+            true => self.check_replay_counts(&done),
+            false => Vec::new(),
+        };
         // A replay's region is the replay's only if its prologue took it;
-        // otherwise it belongs to no one, or already to a later replay.
+        // otherwise it belongs to no one, or already to a later replay. Once
+        // its graph is out of step, the numbers say nothing: skipped.
         let taken: Vec<bool> = done
             .iter()
-            .map(|(j, o)| match &j.work {
+            .enumerate()
+            .map(|(i, (j, o))| match &j.work {
                 Work::Launch { .. } | Work::Stream { .. } => o.is_ok() && fetched.is_ok(),
                 Work::Replay { replay, place, .. } => {
                     o.is_ok()
                         && fetched.is_ok()
+                        && in_step[i]
                         && replay_taken(place.memory.mirror(&place.region), *replay)
                 }
             })
@@ -637,6 +655,28 @@ impl Worker {
         for (t, d) in launches.into_iter().zip(decoded) {
             self.hold(t.launch, d, t.dispatch, t.span);
         }
+    }
+
+    /// Compares each finished replay's number with its graph's counts (the
+    /// device's just fetched), in order: whether each job is in step (true
+    /// for those that are not replays). A graph's first disagreement is an
+    /// error for the next flush.
+    fn check_replay_counts(&self, done: &[(Job, Result<(), ProfilerError>)]) -> Vec<bool> {
+        let check = |(job, outcome): &(Job, Result<(), ProfilerError>)| match (&job.work, outcome) {
+            (Work::Replay { replay, count, .. }, Ok(())) => {
+                match count.check(*replay, count.device()) {
+                    Ok(()) => true,
+                    Err(first) => {
+                        if let Some(o) = first {
+                            self.shared.push_error(o.error(&job.launch.kernel));
+                        }
+                        false
+                    }
+                }
+            }
+            _ => true,
+        };
+        done.iter().map(check).collect()
     }
 
     /// How long the oldest held launch may still wait for a checkpoint.

@@ -129,6 +129,23 @@ pub enum ProfilerError {
         /// Why.
         source: DecodeError,
     },
+    /// A profiled graph's replays went out of step with `Profiler::launch_graph`:
+    /// it was replayed another way (`cuGraphLaunch` on its executable graph,
+    /// another instantiation of it), or its executable graph was updated in
+    /// place. The replays brought back from then on are counted as skipped,
+    /// and later calls to `launch_graph` for it return this error without
+    /// launching (docs/architecture.md, "CUDA graphs").
+    #[error("graph {graph:?} is out of step: when its replay {replay} had finished, the device had run {device} replays of it and Profiler::launch_graph had made {launched}. It was replayed outside launch_graph (cuGraphLaunch, or another instantiation of its graph), or its executable graph was updated in place; launch_graph refuses it from now on. Replay a profiled graph only through Profiler::launch_graph, and to change one, capture it again and adopt the new graph with Profiler::graph")]
+    GraphOutOfStep {
+        /// The graph's name, as given to `launch_graph`.
+        graph: String,
+        /// The host's number of the replay after which the counts were compared.
+        replay: u64,
+        /// Replays the device had run then.
+        device: u64,
+        /// Replays `launch_graph` had made then.
+        launched: u64,
+    },
     /// Event names conflict.
     #[error(transparent)]
     Registry(#[from] RegistryError),

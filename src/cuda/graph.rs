@@ -26,9 +26,9 @@ use parking_lot::Mutex;
 use super::compile::{compile, KernelBuild};
 use super::device::allocate;
 use super::error::ProfilerError;
-use super::job::Node;
-use super::memory::{Kind, Memory, Shape, REPLAY_HEADER};
-use super::ring::ALIGN;
+use super::job::{Node, ReplayCount};
+use super::memory::{Kind, Memory, Place, Shape, REPLAY_HEADER};
+use super::ring::{Region, ALIGN};
 use crate::format::{self, BufferHeader, KernelArg};
 
 /// Profiled kernel nodes one graph may hold.
@@ -65,7 +65,9 @@ struct Table {
 /// The graph states of one profiler, and its prologue kernel.
 pub(crate) struct Graphs {
     ctx: Arc<CudaContext>,
-    states: Memory,
+    /// With a mirror, into which the collector fetches each replayed graph's
+    /// counter (its state's first word).
+    states: Arc<Memory>,
     prologue: CudaFunction,
     table: Mutex<Table>,
 }
@@ -85,7 +87,13 @@ impl Graphs {
         )?;
         let module = ctx.load_module(ptx)?;
         let prologue = module.load_function("tgpu_graph_prologue")?;
-        let states = allocate(ctx, Kind::Arena, MAX_GRAPHS * STATE_BYTES, None, None)?;
+        let states = Arc::new(allocate(
+            ctx,
+            Kind::Arena,
+            MAX_GRAPHS * STATE_BYTES,
+            None,
+            None,
+        )?);
         Ok(Arc::new(Graphs {
             ctx: ctx.clone(),
             states,
@@ -248,6 +256,14 @@ impl Graphs {
         self.ctx.bind_to_thread()?;
         // SAFETY: the slot's state, not in use by any replay yet.
         unsafe { result::memcpy_htod_sync(self.state(slot), &bytes)? };
+        let counter = Place {
+            memory: self.states.clone(),
+            region: Region {
+                offset: slot * STATE_BYTES,
+                len: 8,
+                seq: 0,
+            },
+        };
         Ok(ProfiledGraph {
             graph,
             ready: Some(Ready {
@@ -256,6 +272,7 @@ impl Graphs {
                 region,
                 mask: k as u64 - 1,
                 next: Mutex::new(0),
+                count: Arc::new(ReplayCount::new(counter)),
             }),
         })
     }
@@ -301,6 +318,8 @@ pub(crate) struct Ready {
     /// The next replay's number; held across the launch, so that the device
     /// sees replays in the order they are numbered.
     pub(crate) next: Mutex<u64>,
+    /// The replays as the host and the device count them.
+    pub(crate) count: Arc<ReplayCount>,
 }
 
 /// A captured CUDA graph whose profiled kernel nodes are recorded at each

@@ -1,7 +1,8 @@
 //! Graph replays through the simulated device: the prologue's work played by
-//! the test, one batch per node, a full replay ring, and a region a later
-//! replay took.
+//! the test, one batch per node, a full replay ring, a region a later replay
+//! took, and replays the host did not make (or made and the device did not run).
 use super::*;
+use crate::cuda::job::{OutOfStep, ReplayCount};
 
 /// A graph of `nodes` simulated kernels with its replay ring of `k` regions,
 /// and the prologue the device runs at each replay.
@@ -11,6 +12,8 @@ struct SimGraph {
     region: usize,
     k: u64,
     next: u64,
+    /// The graph state's counter, which the prologue raises.
+    count: Arc<ReplayCount>,
 }
 
 impl SimGraph {
@@ -35,40 +38,76 @@ impl SimGraph {
         for j in 0..k as usize {
             gpu.write(&ring, j * region, &ARMED.to_le_bytes());
         }
+        let counter = Place {
+            memory: gpu.allocate(Kind::Arena, 8),
+            region: Region {
+                offset: 0,
+                len: 8,
+                seq: 0,
+            },
+        };
         SimGraph {
             nodes: nodes.into(),
             ring,
             region,
             k,
             next: 0,
+            count: Arc::new(ReplayCount::new(counter)),
         }
+    }
+
+    /// The prologue, as the device runs it at a replay: the replay's number
+    /// from the counter, and region (number mod k) if it is armed, with the
+    /// nodes' records at device time `t0`. Returns whether it took a region.
+    fn prologue(&self, rig: &Rig, t0: u64) -> bool {
+        let counter = &self.count.counter;
+        let bytes = rig.gpu.read(&counter.memory, 0, 8);
+        let number = u64::from_le_bytes(bytes.try_into().unwrap());
+        rig.gpu
+            .write(&counter.memory, 0, &(number + 1).to_le_bytes());
+        let offset = (number % self.k) as usize * self.region;
+        let head = rig.gpu.read(&self.ring, offset, 4);
+        if u32::from_le_bytes(head.try_into().unwrap()) != ARMED {
+            return false;
+        }
+        let mut h = TAKEN.to_le_bytes().to_vec();
+        h.extend([0; 4]);
+        h.extend(number.to_le_bytes());
+        rig.gpu.write(&self.ring, offset, &h);
+        for node in self.nodes.iter() {
+            let mut b = kernel(0, t0).finish();
+            b[..crate::format::BUFFER_HEADER_SIZE].fill(0);
+            rig.gpu.write(&self.ring, offset + node.offset, &b);
+        }
+        true
     }
 
     /// One replay on `stream`, as `Profiler::launch_graph` and the prologue
     /// make it; the nodes record at device time `t0`. Returns whether the
     /// prologue took a region, and the replay's event.
     fn replay(&mut self, rig: &Rig, stream: u64, t0: u64, fired: bool) -> (bool, u64) {
+        self.replay_of(rig, stream, t0, fired, true)
+    }
+
+    /// The same, but the device runs the prologue only if `prologue` (an
+    /// executable graph updated in place to other nodes runs another one).
+    fn replay_of(
+        &mut self,
+        rig: &Rig,
+        stream: u64,
+        t0: u64,
+        fired: bool,
+        prologue: bool,
+    ) -> (bool, u64) {
         let replay = self.next;
         self.next += 1;
+        self.count.set_launched(self.next);
         let n = self.nodes.len() as u64;
         let first_id = crate::cuda::profiler::reserve_launch_ids(n);
         let span = tracing::info_span!("gpu.graph", gpu.replay = replay);
         rig.shared.count_replay(n);
         let offset = (replay % self.k) as usize * self.region;
-        // The prologue.
-        let head = rig.gpu.read(&self.ring, offset, 4);
-        let taken = u32::from_le_bytes(head.try_into().unwrap()) == ARMED;
-        if taken {
-            let mut h = TAKEN.to_le_bytes().to_vec();
-            h.extend([0; 4]);
-            h.extend(replay.to_le_bytes());
-            rig.gpu.write(&self.ring, offset, &h);
-            for node in self.nodes.iter() {
-                let mut b = kernel(0, t0).finish();
-                b[..crate::format::BUFFER_HEADER_SIZE].fill(0);
-                rig.gpu.write(&self.ring, offset + node.offset, &b);
-            }
-        }
+        let taken = prologue && self.prologue(rig, t0);
         let event = rig.gpu.event(fired);
         rig.collector.send(Job {
             launch: LaunchInfo {
@@ -98,6 +137,7 @@ impl SimGraph {
                     },
                 },
                 nodes: self.nodes.clone(),
+                count: self.count.clone(),
             },
         });
         (taken, event)
@@ -174,4 +214,95 @@ fn a_region_taken_by_a_later_replay_is_not_read_as_an_earlier_one() {
     let st = r.shared.stats();
     assert_eq!((st.delivered, st.skipped), (2, 2));
     assert_accounted(&st);
+}
+
+#[test]
+fn a_replay_made_outside_launch_graph_puts_the_graph_out_of_step() {
+    let (_rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    let mut g = SimGraph::new(&r.gpu, 2, 4);
+    tracing::dispatcher::with_default(&dispatch, || {
+        for i in 0..2 {
+            g.replay(&r, 5, 1_000_000 + i * 10_000, true);
+        }
+        r.collector.flush().unwrap();
+        // `cuGraphLaunch` on the executable graph: the device's count moves on
+        // alone, and replay 2's prologue takes replay 3's region.
+        assert!(g.prologue(&r, 1_020_000));
+        let (taken, _) = g.replay(&r, 5, 1_030_000, true);
+        assert!(taken);
+    });
+    let err = r.collector.flush().unwrap_err();
+    let seen = OutOfStep {
+        replay: 2,
+        device: 4,
+        launched: 3,
+    };
+    assert!(
+        matches!(&err, ProfilerError::GraphOutOfStep { graph, replay: 2, device: 4, launched: 3 } if graph == "step"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("launch_graph"), "{err}");
+    // launch_graph refuses the graph from now on; the error was reported once.
+    assert_eq!(g.count.out_of_step(), Some(seen));
+    r.collector.flush().unwrap();
+    // Replays 0 and 1 were delivered; replay 2's region held the other
+    // replay's records, under its number: skipped, as every replay checked
+    // out of step.
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.skipped, st.failed), (4, 2, 0));
+    assert_accounted(&st);
+}
+
+#[test]
+fn a_graph_whose_replays_no_longer_raise_its_count_is_out_of_step() {
+    let (_rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    let mut g = SimGraph::new(&r.gpu, 2, 4);
+    tracing::dispatcher::with_default(&dispatch, || {
+        g.replay(&r, 5, 1_000_000, true);
+        // Updated in place to another capture's nodes: another prologue runs.
+        let (taken, _) = g.replay_of(&r, 5, 1_010_000, true, false);
+        assert!(!taken);
+    });
+    let err = r.collector.flush().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProfilerError::GraphOutOfStep {
+                replay: 1,
+                device: 1,
+                launched: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.skipped, st.failed), (2, 2, 0));
+    assert_accounted(&st);
+}
+
+#[test]
+fn replays_in_flight_while_earlier_ones_are_checked_are_in_step() {
+    let (_rec, dispatch) = recorder_dispatch();
+    let r = Rig::new(0, None);
+    let mut g = SimGraph::new(&r.gpu, 1, 8);
+    let mut events = Vec::new();
+    tracing::dispatcher::with_default(&dispatch, || {
+        // The host has made replays the device has not run yet...
+        for i in 0..6 {
+            let (_, e) = g.replay(&r, 5, 1_000_000 + i * 10_000, false);
+            events.push(e);
+        }
+        // ...and the earliest are checked first.
+        for e in events {
+            r.gpu.fire(e);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    r.collector.flush().unwrap();
+    assert_eq!(g.count.out_of_step(), None);
+    let st = r.shared.stats();
+    assert_eq!((st.delivered, st.skipped, st.failed), (6, 0, 0));
 }

@@ -3,7 +3,8 @@
 //! finished jobs into decoded buffers ([`Taken`], [`decode_all`]).
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tracing::Dispatch;
 
@@ -58,6 +59,8 @@ pub(crate) enum Work {
         place: Place,
         /// The graph's profiled kernel nodes, in capture order.
         nodes: Arc<[Node]>,
+        /// The graph's replays as the host and the device count them.
+        count: Arc<ReplayCount>,
     },
     /// A streamed launch: its rings, in the streaming arena, are read while it
     /// runs and delivered in parts (`stream.rs`).
@@ -104,6 +107,98 @@ pub(crate) struct Node {
     pub offset: usize,
     /// Its buffer's size.
     pub len: usize,
+}
+
+/// How many replays of an adopted graph the host has made and the device has
+/// run: the device's count is the graph state's first word, which every
+/// replay's prologue raises by one, and which the collector fetches with each
+/// replay's region. While every replay goes through `Profiler::launch_graph`,
+/// the device's count after replay `r` has finished is at least `r + 1` and
+/// at most the host's. A replay made another way (`cuGraphLaunch` on the
+/// executable graph, another instantiation of it) raises the device's count
+/// alone, and an executable graph updated in place to other kernel nodes
+/// stops raising it: from then on the replays' regions no longer match their
+/// numbers (they would all be skipped), so the graph is out of step, an error.
+pub(crate) struct ReplayCount {
+    /// The state's first word, fetched with the replays' regions.
+    pub counter: Place,
+    /// Replays made by `launch_graph`: raised before `cuGraphLaunch` (and
+    /// lowered again if it fails), so that the device's count never exceeds it.
+    launched: AtomicU64,
+    /// Where the counts first disagreed.
+    out_of_step: OnceLock<OutOfStep>,
+}
+
+/// Where a graph's replay counts disagreed: after replay `replay` finished,
+/// the device counted `device` replays, the host `launched`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OutOfStep {
+    pub replay: u64,
+    pub device: u64,
+    pub launched: u64,
+}
+
+impl OutOfStep {
+    /// The error for graph `graph`.
+    pub(crate) fn error(self, graph: &str) -> ProfilerError {
+        ProfilerError::GraphOutOfStep {
+            graph: graph.to_owned(),
+            replay: self.replay,
+            device: self.device,
+            launched: self.launched,
+        }
+    }
+}
+
+impl ReplayCount {
+    pub(crate) fn new(counter: Place) -> ReplayCount {
+        ReplayCount {
+            counter,
+            launched: AtomicU64::new(0),
+            out_of_step: OnceLock::new(),
+        }
+    }
+
+    /// `launch_graph` is about to make replay `n - 1` (or, with `n` one less,
+    /// has failed to).
+    pub(crate) fn set_launched(&self, n: u64) {
+        self.launched.store(n, Ordering::Release);
+    }
+
+    /// Where the counts disagreed, if they have.
+    pub(crate) fn out_of_step(&self) -> Option<OutOfStep> {
+        self.out_of_step.get().copied()
+    }
+
+    /// Checks the device's count fetched after replay `replay` finished; the
+    /// host's is read after the fetch. `Err` if the graph is out of step: with
+    /// the disagreement the first time one is seen.
+    pub(crate) fn check(&self, replay: u64, device: u64) -> Result<(), Option<OutOfStep>> {
+        if self.out_of_step.get().is_some() {
+            return Err(None);
+        }
+        let launched = self.launched.load(Ordering::Acquire);
+        if replay < device && device <= launched {
+            return Ok(());
+        }
+        let seen = OutOfStep {
+            replay,
+            device,
+            launched,
+        };
+        let mut first = false;
+        self.out_of_step.get_or_init(|| {
+            first = true;
+            seen
+        });
+        Err(first.then_some(seen))
+    }
+
+    /// The device's count, as last fetched.
+    pub(crate) fn device(&self) -> u64 {
+        let word = self.counter.memory.mirror(&self.counter.region);
+        u64::from_le_bytes(word[..8].try_into().expect("the counter's 8 bytes"))
+    }
 }
 
 /// One launch of a finished job, ready to decode: its bytes in the mirror.

@@ -571,7 +571,12 @@ impl Profiler {
     /// runs unrecorded and its nodes are counted as skipped.
     ///
     /// Every replay of a profiled graph must go through here: the device
-    /// numbers replays as they run, and the host numbers them here.
+    /// numbers replays as they run, and the host numbers them here. The
+    /// collector compares the two counts after each replay; once they
+    /// disagree (the graph was replayed another way, or its executable graph
+    /// updated in place), this returns [`ProfilerError::GraphOutOfStep`] for
+    /// the graph without launching it, and so does the next
+    /// [`Profiler::flush`].
     pub fn launch_graph(
         &self,
         graph: &ProfiledGraph,
@@ -591,10 +596,14 @@ impl Profiler {
             unsafe { sys::cuGraphLaunch(exec, stream.cu_stream()).result()? };
             return Ok(());
         };
+        if let Some(o) = ready.count.out_of_step() {
+            return Err(o.error(name));
+        }
         let n = ready.nodes.len() as u64;
         let first_id = reserve_launch_ids(n);
         let mut next = ready.next.lock();
         let replay = *next;
+        ready.count.set_launched(replay + 1);
         let span = tracing::info_span!(
             "gpu.graph",
             gpu.graph = name,
@@ -606,7 +615,10 @@ impl Profiler {
         let entered = span.enter();
         let host_launch_ns = HostClock::Boottime.now_ns();
         // SAFETY: a live executable graph and stream of this context.
-        unsafe { sys::cuGraphLaunch(exec, stream.cu_stream()).result()? };
+        if let Err(e) = unsafe { sys::cuGraphLaunch(exec, stream.cu_stream()).result() } {
+            ready.count.set_launched(replay);
+            return Err(e.into());
+        }
         *next += 1;
         drop(next);
         drop(entered);
@@ -632,6 +644,7 @@ impl Profiler {
             replay,
             place,
             nodes: ready.nodes.clone(),
+            count: ready.count.clone(),
         };
         self.hand_over(stream, span, launch, work);
         Ok(())
