@@ -29,17 +29,16 @@ use std::time::{Duration, Instant};
 use tracing::Dispatch;
 
 use crate::batch::{Batch, DeviceInfo, LaunchInfo};
-use crate::clock::{Calibration, Checkpoint, HostClock, Sample};
+use crate::clock::{Calibration, Checkpoint, Sample};
 use crate::decode::OwnedBuffer;
 use crate::deliver;
-use crate::format::BufferHeader;
 
 use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
-use super::job::{decode_all, Job, ReplayCount, Taken, Work};
-use super::memory::{replay_taken, Device, Kind, Mark, Place, StreamMark, PER_THREAD};
-use super::ring::{Arena, Region};
+use super::job::{Job, Work};
+use super::memory::{Device, Mark, StreamMark, PER_THREAD};
+use super::ring::Arena;
 pub(crate) use super::shared::{ProfilerStats, Shared};
 use super::stream::DrainConfig;
 
@@ -552,133 +551,6 @@ impl Worker {
         }
     }
 
-    /// Copies the finished jobs' regions back in one go, zeroes them and gives
-    /// them back, then decodes each launch and holds it for its checkpoint.
-    fn bring_back(&mut self, done: Vec<(Job, Result<(), ProfilerError>)>) {
-        let complete_ns = HostClock::Boottime.now_ns();
-        // Streamed launches were read in place: nothing to copy or zero on the device.
-        let (streams, done): (Vec<_>, Vec<_>) = done
-            .into_iter()
-            .partition(|(j, _)| matches!(j.work, Work::Stream { .. }));
-        for (job, outcome) in streams {
-            self.end_stream(job, outcome, complete_ns);
-        }
-        let mut places: Vec<&Place> = done
-            .iter()
-            .filter(|(_, o)| o.is_ok())
-            .map(|(j, _)| j.work.place())
-            .collect();
-        // Each replayed graph's counter, once, to check the replays' numbers.
-        let mut counters: Vec<&Arc<ReplayCount>> = Vec::new();
-        for (j, o) in &done {
-            if let (Work::Replay { count, .. }, Ok(())) = (&j.work, o) {
-                if !counters.iter().any(|c| Arc::ptr_eq(c, count)) {
-                    counters.push(count);
-                }
-            }
-        }
-        places.extend(counters.iter().map(|c| &c.counter));
-        drop(counters);
-        let fetched = match places.is_empty() {
-            true => Ok(()),
-            false => self.backend.fetch(&places),
-        };
-        drop(places);
-        let in_step = match fetched.is_ok() {
-            true => self.check_replay_counts(&done),
-            false => Vec::new(),
-        };
-        // A replay's region is the replay's only if its prologue took it;
-        // otherwise it belongs to no one, or already to a later replay. Once
-        // its graph is out of step, the numbers say nothing: skipped.
-        let taken: Vec<bool> = done
-            .iter()
-            .enumerate()
-            .map(|(i, (j, o))| match &j.work {
-                Work::Launch { .. } | Work::Stream { .. } => o.is_ok() && fetched.is_ok(),
-                Work::Replay { replay, place, .. } => {
-                    o.is_ok()
-                        && fetched.is_ok()
-                        && in_step[i]
-                        && replay_taken(place.memory.mirror(&place.region), *replay)
-                }
-            })
-            .collect();
-        let recycle: Vec<&Place> = done
-            .iter()
-            .zip(&taken)
-            .filter(|((j, _), t)| **t || matches!(j.work, Work::Launch { .. }))
-            .map(|((j, _), _)| j.work.place())
-            .collect();
-        let arena: Vec<Region> = recycle
-            .iter()
-            .filter(|p| p.memory.kind == Kind::Arena)
-            .map(|p| p.region)
-            .collect();
-        let recycled = match recycle.is_empty() {
-            true => Ok(()),
-            false => self.backend.recycle(&recycle),
-        };
-        drop(recycle);
-        match recycled {
-            Ok(()) => self.arena.free(arena),
-            // Not known to be zero: those regions stay out of use (the arena
-            // shrinks, and launches are skipped rather than corrupted).
-            Err(e) => self.shared.push_error(e),
-        }
-        let fetch_failed = fetched.is_err();
-        let mut kept = Vec::with_capacity(done.len());
-        if let Err(e) = fetched {
-            self.shared.push_error(e);
-        }
-        self.release(done.iter().map(|(j, _)| j.mark));
-        for ((job, outcome), taken) in done.into_iter().zip(taken) {
-            let n = job.work.launches();
-            match outcome {
-                Err(e) => self.shared.finish(n, |st| {
-                    st.stats.failed += n;
-                    st.errors.push(e);
-                }),
-                Ok(()) if fetch_failed => self.shared.finish(n, |st| st.stats.failed += n),
-                Ok(()) if !taken => {
-                    // A replay whose prologue found its region in use.
-                    self.shared.skipped.fetch_add(n, Ordering::AcqRel);
-                    self.shared.finish(n, |_| {});
-                }
-                Ok(()) => kept.push(job),
-            }
-        }
-        let launches = Taken::of(&kept, complete_ns);
-        let inputs: Vec<(BufferHeader, &[u8])> =
-            launches.iter().map(|t| (t.header, t.bytes)).collect();
-        let decoded = decode_all(&self.registry, &inputs, self.decoders);
-        for (t, d) in launches.into_iter().zip(decoded) {
-            self.hold(t.launch, d, t.dispatch, t.span);
-        }
-    }
-
-    /// Compares each finished replay's number with its graph's counts (the
-    /// device's just fetched), in order: whether each job is in step (true
-    /// for those that are not replays). A graph's first disagreement is an
-    /// error for the next flush.
-    fn check_replay_counts(&self, done: &[(Job, Result<(), ProfilerError>)]) -> Vec<bool> {
-        let check = |(job, outcome): &(Job, Result<(), ProfilerError>)| match (&job.work, outcome) {
-            (Work::Replay { replay, count, .. }, Ok(())) => {
-                match count.check(*replay, count.device()) {
-                    Ok(()) => true,
-                    Err(first) => {
-                        if let Some(o) = first {
-                            self.shared.push_error(o.error(&job.launch.kernel));
-                        }
-                        false
-                    }
-                }
-            }
-            _ => true,
-        };
-        done.iter().map(check).collect()
-    }
-
     /// How long the oldest held launch may still wait for a checkpoint.
     fn until_due(&self) -> Duration {
         match (&self.recalibrate, self.held.front()) {
@@ -834,6 +706,9 @@ impl Worker {
 mod perfetto_check;
 
 // The collector's side of streamed launches (impl Worker).
+#[path = "collector_bring_back.rs"]
+mod bring_back;
+
 #[path = "collector_streams.rs"]
 mod streams;
 

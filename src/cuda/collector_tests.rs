@@ -5,9 +5,11 @@
 //! how a second device is simulated.
 use super::*;
 use crate::batch::BatchSink;
+use crate::clock::HostClock;
 use crate::clock::{ClockMap, HostOffsets};
 use crate::cuda::job::Node;
-use crate::cuda::memory::{Mark, Memory, StreamMark, ARMED, REPLAY_HEADER, TAKEN};
+use crate::cuda::memory::{Kind, Mark, Memory, Place, StreamMark, ARMED, REPLAY_HEADER, TAKEN};
+use crate::cuda::ring::Region;
 use crate::cuda::stream::{DrainThreads, BACKLOG_BYTES};
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
