@@ -728,6 +728,10 @@ class Recorder {
   unsigned int last2_;   // the least k_ at which an entry and its payload fill the group
   unsigned int before_;  // lane_ - 1: k_ at which this lane takes an entry's payload
   unsigned int k_;       // entries staged in the current group
+  unsigned int prev_;    // (lane_ - 1) mod group_: k_ of the entry staged before this lane's
+  unsigned int prev2_;   // (lane_ - 2) mod group_: k_ of the pair staged before this lane's
+                         // entry (both ~0, or near it, in a lane that stages nothing)
+  bool turn_;            // k_ == lane_: this lane takes the next entry (set by the call before)
   unsigned int stored_;  // entries of the groups before it; streaming: chunks stored << 16 |
                          // the host's `read` as last loaded, both modulo 2^16
   unsigned int time_;    // this lane's staged entry: the stamp (or a payload); streaming, in
@@ -839,17 +843,31 @@ class Recorder {
   }
 
   // One entry: the lane whose turn it is stamps it and takes its word.
+  //
+  // Whose turn it is, the call before decided (turn_, held in a predicate register), so
+  // that the stamp waits on no compare: a compare feeding the predicated read costs ~13
+  // cycles, and a call right after another (a begin after an end) has nothing to hide
+  // them behind, its k_ coming out of the join of the other's group-store branch. The
+  // next entry is k_ + 1 modulo group_ (0 after the one that fills the group): compared
+  // here as k_ == prev_, it needs nothing from the group store. It is compared after the
+  // stamp, so that it can take the register the stamp has just read (no copy in a loop
+  // of one call), and before the branch, held there by the empty asm (LLVM would sink it
+  // past the join, where it waits again). stage_with still compares its own turn where
+  // it is made (its payload's compare is there anyway) and sets turn_ for a stage() after
+  // it; where none follows, that compare is dead code and goes.
   template <unsigned int Word>
   __device__ __forceinline__ void stage() {
     const bool fills = k_ == last_;
     asm volatile(
         "{\n\t.reg .pred p;\n\t"
-        "setp.eq.u32 p, %2, %3;\n\t"
+        "setp.ne.u32 p, %2, 0;\n\t"
         "@p mov.u32 %0, %%globaltimer_lo;\n\t"
-        "@p mov.u32 %1, %4;\n\t}"
+        "@p mov.u32 %1, %3;\n\t}"
         : "+r"(time_), "+r"(word_)
-        : "r"(k_), "r"(lane_), "n"(Word)
+        : "r"(static_cast<unsigned int>(turn_)), "n"(Word)
         : "memory");
+    turn_ = k_ == prev_;
+    asm volatile("" ::"r"(static_cast<unsigned int>(turn_)));
     ++k_;
     if (fills) store_group();
   }
@@ -871,6 +889,8 @@ class Recorder {
         : "+r"(time_), "+r"(word_)
         : "r"(k_), "r"(lane_), "r"(before_), "r"(payload), "n"(Word), "n"(ENTRY_PAYLOAD << 16)
         : "memory");
+    turn_ = k_ == prev2_;
+    asm volatile("" ::"r"(static_cast<unsigned int>(turn_)));
     k_ += 2;
     if (fills) {
       // k_ is group_ (the pair filled the group) or group_ + 1 (its payload had no lane
@@ -926,6 +946,11 @@ class Recorder {
     last2_ = group_ > 1u ? group_ - 2u : last_;
     lane_ = records ? __popc(active & below) - first : 0xFFFFFFFFu;
     before_ = records ? lane_ - 1u : 0xFFFFFFFFu;
+    // Modulo group_, for lane_ < group_; a lane that stages nothing (lane_ ~0) gets values
+    // near ~0, which k_ never reaches.
+    prev_ = lane_ == 0u ? group_ - 1u : before_;  // (last_ there: a silent warp's path +1)
+    prev2_ = lane_ >= 2u ? lane_ - 2u : group_ > 1u ? lane_ + group_ - 2u : 0u;
+    turn_ = lane_ == 0u;
 #if !TGPU_STREAM
     // A graph node: where its buffer is (the word its replay's prologue wrote), loaded now
     // and used at the first store, long after. Loaded there instead, the load waited on
@@ -1029,6 +1054,9 @@ class Recorder {
     last2_ = 0xFFFFFFFFu;
     lane_ = 0xFFFFFFFFu;
     before_ = 0xFFFFFFFFu;
+    prev_ = 0xFFFFFFFFu;
+    prev2_ = 0xFFFFFFFFu;
+    turn_ = false;
     k_ = 0;
     stored_ = 0;
   }
