@@ -77,6 +77,73 @@ fn live_trace_passes_the_schema_check() {
     );
 }
 
+/// A profiler, the quickstart kernel, a stream of its own with event tracking off (so
+/// that captures hold no event nodes), and the kernel's buffers and launch shape.
+struct Rig {
+    profiler: tracing_gpu::cuda::Profiler,
+    kernel: quickstart::Kernel,
+    stream: std::sync::Arc<tracing_gpu::cuda::cudarc::driver::CudaStream>,
+    x: tracing_gpu::cuda::cudarc::driver::CudaSlice<f32>,
+    y: tracing_gpu::cuda::cudarc::driver::CudaSlice<f32>,
+    cfg: tracing_gpu::cuda::cudarc::driver::LaunchConfig,
+    /// n, tiles, work
+    args: [u32; 3],
+}
+
+impl Rig {
+    fn new() -> Rig {
+        use tracing_gpu::cuda::cudarc::driver::LaunchConfig;
+        let profiler = tracing_gpu::cuda::Profiler::builder()
+            .device(0)
+            .registry(quickstart::registry())
+            .capacity(32)
+            .build()
+            .unwrap();
+        let kernel = quickstart::Kernel::load(&profiler, false).unwrap();
+        let ctx = profiler.context().clone();
+        let stream = ctx.new_stream().unwrap();
+        let (blocks, threads, tiles, work) = (4u32, 128u32, 2u32, 64u32);
+        let n = blocks * threads * tiles;
+        let x = stream.clone_htod(&vec![0.5f32; n as usize]).unwrap();
+        let y = stream.alloc_zeros::<f32>(n as usize).unwrap();
+        stream.synchronize().unwrap();
+        // SAFETY: x and y are used on `stream` alone and freed after its last
+        // synchronize. (Tracking would put event nodes in the graph.)
+        unsafe { ctx.disable_event_tracking() };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: threads * 4,
+        };
+        Rig {
+            profiler,
+            kernel,
+            stream,
+            x,
+            y,
+            cfg,
+            args: [n, tiles, work],
+        }
+    }
+
+    /// One profiled launch of the kernel on the rig's stream (captured, if it captures).
+    fn launch(&mut self) -> Result<(), tracing_gpu::cuda::ProfilerError> {
+        let Rig {
+            profiler,
+            kernel,
+            stream,
+            x,
+            y,
+            cfg,
+            args,
+        } = self;
+        // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
+        tracing_gpu::cuda::gpu_profile!(profiler, &*stream, "tiled_poly", *cfg, |trace| unsafe {
+            kernel.launch(stream, *cfg, (&*x, y), *args, &trace)
+        })
+    }
+}
+
 /// The application's stream begins capturing a graph right after profiled launches
 /// on it, before the collector has marked them (it marks launches when it looks,
 /// every few milliseconds), and the capture stays open across the collector's looks:
@@ -85,64 +152,37 @@ fn live_trace_passes_the_schema_check() {
 /// counted as skipped.
 #[test]
 fn a_capture_begun_right_after_profiled_launches_on_its_stream_stays_valid() {
-    use tracing_gpu::cuda::cudarc::driver::{sys, LaunchConfig};
-    use tracing_gpu::cuda::{gpu_profile, Profiler};
+    use tracing_gpu::cuda::cudarc::driver::sys;
 
     if !gpu_present() {
         println!("skipped: no GPU");
         return;
     }
-    let profiler = Profiler::builder()
-        .device(0)
-        .registry(quickstart::registry())
-        .capacity(32)
-        .build()
-        .unwrap();
-    let kernel = quickstart::Kernel::load(&profiler, false).unwrap();
-    let ctx = profiler.context().clone();
-    let stream = ctx.new_stream().unwrap();
-    let (blocks, threads, tiles, work) = (4u32, 128u32, 2u32, 64u32);
-    let n = blocks * threads * tiles;
-    let x = stream.clone_htod(&vec![0.5f32; n as usize]).unwrap();
-    let mut y = stream.alloc_zeros::<f32>(n as usize).unwrap();
-    stream.synchronize().unwrap();
-    // SAFETY: x and y are used on `stream` alone and freed after its last
-    // synchronize. (Tracking would put event nodes in the graph.)
-    unsafe { ctx.disable_event_tracking() };
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: threads * 4,
-    };
+    let mut rig = Rig::new();
+    let stream = rig.stream.clone();
     let rounds = 30;
     let (direct, nodes) = (3, 2);
     for _ in 0..rounds {
         for _ in 0..direct {
-            // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
-            gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
-                kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], &trace)
-            })
-            .unwrap();
+            rig.launch().unwrap();
         }
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
             .unwrap();
-        let captured = (0..nodes).try_for_each(|_| {
-            // SAFETY: as above.
-            gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
-                kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], &trace)
-            })
-        });
+        let captured = (0..nodes).try_for_each(|_| rig.launch());
         // Longer than the collector's look interval (5 ms): it looks while the
         // stream captures, with the direct launches still unmarked.
         std::thread::sleep(std::time::Duration::from_millis(12));
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
         captured.unwrap();
         let graph = graph.expect("the capture stayed valid").expect("a graph");
-        let graph = profiler.graph(graph).unwrap();
-        profiler.launch_graph(&graph, &stream, "captured").unwrap();
+        let graph = rig.profiler.graph(graph).unwrap();
+        rig.profiler
+            .launch_graph(&graph, &stream, "captured")
+            .unwrap();
         stream.synchronize().unwrap();
     }
+    let profiler = &rig.profiler;
     profiler.flush().unwrap();
     let st = profiler.stats();
     assert_eq!(st.failed, 0, "{st:?}");
@@ -159,49 +199,26 @@ fn a_capture_begun_right_after_profiled_launches_on_its_stream_stays_valid() {
 /// made was delivered or counted as skipped.
 #[test]
 fn a_graph_replayed_outside_launch_graph_is_an_error_and_refused() {
-    use tracing_gpu::cuda::cudarc::driver::{sys, LaunchConfig};
-    use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError};
+    use tracing_gpu::cuda::cudarc::driver::sys;
+    use tracing_gpu::cuda::ProfilerError;
 
     if !gpu_present() {
         println!("skipped: no GPU");
         return;
     }
-    let profiler = Profiler::builder()
-        .device(0)
-        .registry(quickstart::registry())
-        .capacity(32)
-        .build()
-        .unwrap();
-    let kernel = quickstart::Kernel::load(&profiler, false).unwrap();
-    let ctx = profiler.context().clone();
-    let stream = ctx.new_stream().unwrap();
-    let (blocks, threads, tiles, work) = (4u32, 128u32, 2u32, 64u32);
-    let n = blocks * threads * tiles;
-    let x = stream.clone_htod(&vec![0.5f32; n as usize]).unwrap();
-    let mut y = stream.alloc_zeros::<f32>(n as usize).unwrap();
-    stream.synchronize().unwrap();
-    // SAFETY: x and y are used on `stream` alone and freed after its last
-    // synchronize. (Tracking would put event nodes in the graph.)
-    unsafe { ctx.disable_event_tracking() };
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: threads * 4,
-    };
+    let mut rig = Rig::new();
+    let stream = rig.stream.clone();
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
         .unwrap();
     for _ in 0..2 {
-        // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
-        gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| unsafe {
-            kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], &trace)
-        })
-        .unwrap();
+        rig.launch().unwrap();
     }
     let graph = stream
         .end_capture(sys::CUgraphInstantiate_flags(0))
         .unwrap()
         .expect("a graph");
+    let profiler = &rig.profiler;
     let graph = profiler.graph(graph).unwrap();
     for _ in 0..3 {
         profiler.launch_graph(&graph, &stream, "step").unwrap();
