@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin graph_replay -- [--nodes 100] [--replays 1000] \
-//!     [--block 50] [--capacity 16] [--regions 4] [--memory BYTES] [--work 1024]
+//!     [--block 50] [--capacity 16] [--regions 4] [--memory BYTES] [--work 1024] [--profiled N]
 //! ```
 //!
 //! Two graphs of `--nodes` launches of [`tracing_gpu_bench::short`]'s kernel are
@@ -18,6 +18,10 @@
 //! replay (CUDA events around the block, over its replays), both per kernel node, and
 //! the slowdown of the profiled replay in %. `--regions` is
 //! `ProfilerBuilder::graph_regions`: replays in flight beyond it are skipped.
+//! `--profiled N` profiles only the profiled graph's first N nodes (the others are
+//! launched as in the plain graph, with a null trace): with N = 1 the slowdown is what a
+//! replay pays once, its prologue node and one recorded node, apart from what every
+//! node pays.
 //!
 //! After `Profiler::flush`: replays must be the profiled replays made, launches
 //! replays × nodes, and launches = delivered + skipped + failed; the run fails
@@ -71,6 +75,10 @@ struct Args {
     /// Blocks per kernel (default: one per SM); fewer blocks record fewer events.
     #[arg(long, value_parser = cli::positive::<u32>)]
     blocks: Option<u32>,
+    /// Profiled nodes, the first of the profiled graph (default: every node); the others
+    /// are launched with a null trace, as in the plain graph.
+    #[arg(long, value_parser = cli::positive::<usize>)]
+    profiled: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -138,18 +146,21 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         Ok(())
     })?;
     let cfg = short.cfg();
+    let wanted = a.profiled.unwrap_or(a.nodes).min(a.nodes);
     let profiled = profiler.graph(capture(&stream, || {
-        for _ in 0..a.nodes {
-            gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| short
-                .launch(&stream, &mut b, &trace))?;
+        for i in 0..a.nodes {
+            match i < wanted {
+                true => gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| short
+                    .launch(&stream, &mut b, &trace))?,
+                false => short.launch(&stream, &mut b, &KernelArg::default())?,
+            }
         }
         Ok(())
     })?)?;
-    if profiled.profiled_nodes() != a.nodes {
+    if profiled.profiled_nodes() != wanted {
         return Err(format!(
-            "the profiled graph has {} profiled nodes, not {}",
+            "the profiled graph has {} profiled nodes, not {wanted}",
             profiled.profiled_nodes(),
-            a.nodes
         )
         .into());
     }
@@ -201,14 +212,14 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     drop(profiler);
     let written = trace.finish()?;
 
-    let nodes = a.nodes as u64;
+    let nodes = wanted as u64;
     let counted = stats.delivered + stats.skipped + stats.failed;
     let ok = stats.replays == made && stats.launches == made * nodes && stats.launches == counted;
     let (p, q) = (&sides[0], &sides[1]);
     let n = a.nodes as f64;
     println!(
-        "graph_replay: a graph of {} tiled_poly nodes ({}×{} threads, work {}), {} replays of each \
-         variant in blocks of {}; {} records per warp, {} replay regions",
+        "graph_replay: a graph of {} tiled_poly nodes ({}×{} threads, work {}; {wanted} profiled), \
+         {} replays of each variant in blocks of {}; {} records per warp, {} replay regions",
         a.nodes,
         cfg.grid_dim.0,
         cfg.block_dim.0,
@@ -268,7 +279,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         )
     };
     println!(
-        r#"{{"bench":"graph_replay","nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"plain":{},"profiled":{},"slowdown_wall_pct":{wall_pct:.2},"slowdown_gpu_pct":{gpu_pct:.2},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"graph_replay","nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"plain":{},"profiled":{},"slowdown_wall_pct":{wall_pct:.2},"slowdown_gpu_pct":{gpu_pct:.2},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
+        a.nodes,
         a.replays,
         a.block,
         a.work,
