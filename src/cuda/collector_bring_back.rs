@@ -49,7 +49,7 @@ impl Worker {
         drop(places);
         let in_step = match fetched.is_ok() {
             true => self.check_replay_counts(&done),
-            false => Vec::new(),
+            false => vec![false; done.len()],
         };
         // A replay's region is the replay's only if its prologue took it;
         // otherwise it belongs to no one, or already to a later replay. Once
@@ -126,17 +126,15 @@ impl Worker {
     /// error for the next flush.
     fn check_replay_counts(&self, done: &[(Job, Result<(), ProfilerError>)]) -> Vec<bool> {
         let check = |(job, outcome): &(Job, Result<(), ProfilerError>)| match (&job.work, outcome) {
-            (Work::Replay { replay, count, .. }, Ok(())) => {
-                match count.check(*replay, count.device()) {
-                    Ok(()) => true,
-                    Err(first) => {
-                        if let Some(o) = first {
-                            self.shared.push_error(o.error(&job.launch.kernel));
-                        }
-                        false
+            (Work::Replay { replay, count, .. }, Ok(())) => match count.check(*replay) {
+                Ok(()) => true,
+                Err(first) => {
+                    if let Some(o) = first {
+                        self.shared.push_error(o.error(&job.launch.kernel));
                     }
+                    false
                 }
-            }
+            },
             _ => true,
         };
         done.iter().map(check).collect()

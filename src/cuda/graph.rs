@@ -271,7 +271,7 @@ impl Graphs {
                 ring: Arc::new(ring),
                 region,
                 mask: k as u64 - 1,
-                next: Mutex::new(0),
+                order: Mutex::new(()),
                 count: Arc::new(ReplayCount::new(counter)),
             }),
         })
@@ -315,10 +315,11 @@ pub(crate) struct Ready {
     pub(crate) ring: Arc<Memory>,
     pub(crate) region: usize,
     pub(crate) mask: u64,
-    /// The next replay's number; held across the launch, so that the device
-    /// sees replays in the order they are numbered.
-    pub(crate) next: Mutex<u64>,
-    /// The replays as the host and the device count them.
+    /// Held across a replay's numbering and launch, so that the device sees
+    /// replays in the order they are numbered.
+    pub(crate) order: Mutex<()>,
+    /// The replays as the host and the device count them (the host's count
+    /// is the next replay's number).
     pub(crate) count: Arc<ReplayCount>,
 }
 

@@ -11,7 +11,6 @@ struct SimGraph {
     ring: Arc<Memory>,
     region: usize,
     k: u64,
-    next: u64,
     /// The graph state's counter, which the prologue raises.
     count: Arc<ReplayCount>,
 }
@@ -51,7 +50,6 @@ impl SimGraph {
             ring,
             region,
             k,
-            next: 0,
             count: Arc::new(ReplayCount::new(counter)),
         }
     }
@@ -85,23 +83,22 @@ impl SimGraph {
     /// One replay on `stream`, as `Profiler::launch_graph` and the prologue
     /// make it; the nodes record at device time `t0`. Returns whether the
     /// prologue took a region, and the replay's event.
-    fn replay(&mut self, rig: &Rig, stream: u64, t0: u64, fired: bool) -> (bool, u64) {
+    fn replay(&self, rig: &Rig, stream: u64, t0: u64, fired: bool) -> (bool, u64) {
         self.replay_of(rig, stream, t0, fired, true)
     }
 
     /// The same, but the device runs the prologue only if `prologue` (an
     /// executable graph updated in place to other nodes runs another one).
     fn replay_of(
-        &mut self,
+        &self,
         rig: &Rig,
         stream: u64,
         t0: u64,
         fired: bool,
         prologue: bool,
     ) -> (bool, u64) {
-        let replay = self.next;
-        self.next += 1;
-        self.count.set_launched(self.next);
+        let replay = self.count.launched();
+        self.count.set_launched(replay + 1);
         let n = self.nodes.len() as u64;
         let first_id = crate::cuda::profiler::reserve_launch_ids(n);
         let span = tracing::info_span!("gpu.graph", gpu.replay = replay);
@@ -148,7 +145,7 @@ impl SimGraph {
 fn graph_replays_make_one_batch_per_node_and_skip_when_the_ring_is_full() {
     let (rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
-    let mut g = SimGraph::new(&r.gpu, 3, 2);
+    let g = SimGraph::new(&r.gpu, 3, 2);
     let mut held = Vec::new();
     let mut taken = 0u64;
     tracing::dispatcher::with_default(&dispatch, || {
@@ -201,7 +198,7 @@ fn graph_replays_make_one_batch_per_node_and_skip_when_the_ring_is_full() {
 fn a_region_taken_by_a_later_replay_is_not_read_as_an_earlier_one() {
     let (_rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
-    let mut g = SimGraph::new(&r.gpu, 2, 1);
+    let g = SimGraph::new(&r.gpu, 2, 1);
     tracing::dispatcher::with_default(&dispatch, || {
         // Replay 0 takes the only region; replay 1 finds it in use.
         let (t0, e0) = g.replay(&r, 5, 1_000_000, false);
@@ -220,7 +217,7 @@ fn a_region_taken_by_a_later_replay_is_not_read_as_an_earlier_one() {
 fn a_replay_made_outside_launch_graph_puts_the_graph_out_of_step() {
     let (_rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
-    let mut g = SimGraph::new(&r.gpu, 2, 4);
+    let g = SimGraph::new(&r.gpu, 2, 4);
     tracing::dispatcher::with_default(&dispatch, || {
         for i in 0..2 {
             g.replay(&r, 5, 1_000_000 + i * 10_000, true);
@@ -258,7 +255,7 @@ fn a_replay_made_outside_launch_graph_puts_the_graph_out_of_step() {
 fn a_graph_whose_replays_no_longer_raise_its_count_is_out_of_step() {
     let (_rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
-    let mut g = SimGraph::new(&r.gpu, 2, 4);
+    let g = SimGraph::new(&r.gpu, 2, 4);
     tracing::dispatcher::with_default(&dispatch, || {
         g.replay(&r, 5, 1_000_000, true);
         // Updated in place to another capture's nodes: another prologue runs.
@@ -287,7 +284,7 @@ fn a_graph_whose_replays_no_longer_raise_its_count_is_out_of_step() {
 fn replays_in_flight_while_earlier_ones_are_checked_are_in_step() {
     let (_rec, dispatch) = recorder_dispatch();
     let r = Rig::new(0, None);
-    let mut g = SimGraph::new(&r.gpu, 1, 8);
+    let g = SimGraph::new(&r.gpu, 1, 8);
     let mut events = Vec::new();
     tracing::dispatcher::with_default(&dispatch, || {
         // The host has made replays the device has not run yet...

@@ -122,8 +122,9 @@ pub(crate) struct Node {
 pub(crate) struct ReplayCount {
     /// The state's first word, fetched with the replays' regions.
     pub counter: Place,
-    /// Replays made by `launch_graph`: raised before `cuGraphLaunch` (and
-    /// lowered again if it fails), so that the device's count never exceeds it.
+    /// Replays made by `launch_graph`, the next replay's number: raised
+    /// before `cuGraphLaunch` (and lowered again if it fails), so that the
+    /// device's count never exceeds it.
     launched: AtomicU64,
     /// Where the counts first disagreed.
     out_of_step: OnceLock<OutOfStep>,
@@ -159,6 +160,11 @@ impl ReplayCount {
         }
     }
 
+    /// Replays made so far: the next one's number.
+    pub(crate) fn launched(&self) -> u64 {
+        self.launched.load(Ordering::Acquire)
+    }
+
     /// `launch_graph` is about to make replay `n - 1` (or, with `n` one less,
     /// has failed to).
     pub(crate) fn set_launched(&self, n: u64) {
@@ -170,14 +176,15 @@ impl ReplayCount {
         self.out_of_step.get().copied()
     }
 
-    /// Checks the device's count fetched after replay `replay` finished; the
-    /// host's is read after the fetch. `Err` if the graph is out of step: with
+    /// Checks the device's count, fetched after replay `replay` finished,
+    /// against the host's, read now. `Err` if the graph is out of step: with
     /// the disagreement the first time one is seen.
-    pub(crate) fn check(&self, replay: u64, device: u64) -> Result<(), Option<OutOfStep>> {
+    pub(crate) fn check(&self, replay: u64) -> Result<(), Option<OutOfStep>> {
         if self.out_of_step.get().is_some() {
             return Err(None);
         }
-        let launched = self.launched.load(Ordering::Acquire);
+        let device = self.device();
+        let launched = self.launched();
         if replay < device && device <= launched {
             return Ok(());
         }
@@ -195,7 +202,7 @@ impl ReplayCount {
     }
 
     /// The device's count, as last fetched.
-    pub(crate) fn device(&self) -> u64 {
+    fn device(&self) -> u64 {
         let word = self.counter.memory.mirror(&self.counter.region);
         u64::from_le_bytes(word[..8].try_into().expect("the counter's 8 bytes"))
     }

@@ -601,8 +601,8 @@ impl Profiler {
         }
         let n = ready.nodes.len() as u64;
         let first_id = reserve_launch_ids(n);
-        let mut next = ready.next.lock();
-        let replay = *next;
+        let order = ready.order.lock();
+        let replay = ready.count.launched();
         ready.count.set_launched(replay + 1);
         let span = tracing::info_span!(
             "gpu.graph",
@@ -619,8 +619,7 @@ impl Profiler {
             ready.count.set_launched(replay);
             return Err(e.into());
         }
-        *next += 1;
-        drop(next);
+        drop(order);
         drop(entered);
         self.shared.count_replay(n);
         let place = Place {
