@@ -384,6 +384,26 @@ __device__ __forceinline__ unsigned int smid() {
   return s;
 }
 
+namespace detail {
+
+// If `p`: `%globaltimer_lo` into `time` and `Word` into `word`, in one asm block: recorder
+// v2's stamp (a predicated read, which ptxas keeps where it is: see v1's
+// store_pending_and_stamp). Here, with the gate on or off, for the bench's yardstick of
+// v2's staging (tools/bench/kernels/baselines.cuh), which is built with the gate off.
+template <unsigned int Word>
+__device__ __forceinline__ void stamp_if(bool p, unsigned int& time, unsigned int& word) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.u32 p, %2, 0;\n\t"
+      "@p mov.u32 %0, %%globaltimer_lo;\n\t"
+      "@p mov.u32 %1, %3;\n\t}"
+      : "+r"(time), "+r"(word)
+      : "r"(static_cast<unsigned int>(p)), "n"(Word)
+      : "memory");
+}
+
+}  // namespace detail
+
 }  // namespace tgpu
 
 /// Declares an event type: `TGPU_EVENT(Load, 1);` gives `struct Load` with `Load::id == 1`.
@@ -858,14 +878,7 @@ class Recorder {
   template <unsigned int Word>
   __device__ __forceinline__ void stage() {
     const bool fills = k_ == last_;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "setp.ne.u32 p, %2, 0;\n\t"
-        "@p mov.u32 %0, %%globaltimer_lo;\n\t"
-        "@p mov.u32 %1, %3;\n\t}"
-        : "+r"(time_), "+r"(word_)
-        : "r"(static_cast<unsigned int>(turn_)), "n"(Word)
-        : "memory");
+    detail::stamp_if<Word>(turn_, time_, word_);
     turn_ = k_ == prev_;
     asm volatile("" ::"r"(static_cast<unsigned int>(turn_)));
     ++k_;

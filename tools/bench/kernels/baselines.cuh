@@ -1,15 +1,17 @@
-// baselines.cuh: the two recorders we compare ours against, for benchmarks only.
+// baselines.cuh: the recorders we compare ours against, and yardsticks, for benchmarks only.
 //
 // NOT part of the product: tracing-gpu's recorder is kernels/include/tracing_gpu.cuh, and
 // nothing here is decoded by the library. Two are our reimplementations of published
 // designs, written from their descriptions (not their code), so that the benchmark kernels
-// can time them at the same call sites as ours; the third is a yardstick:
+// can time them at the same call sites as ours; the others are yardsticks:
 //   seed::Recorder        the seed (a CuTe DSL in-kernel SM profiler, as its PR describes it)
 //   flashinfer::Recorder  FlashInfer's profiler (include/flashinfer/profiler.cuh)
 //   bound::Recorder       the least any recorder of records does per range (see there)
+//   staging::Recorder     the least that staging entries in the lanes does (see there)
+//   stamps::Recorder      the timer reads at a recorder's call sites, and nothing else
 // All have tgpu::Recorder's interface (begin, end, switch_to, instant, flush), so a kernel's
 // `rec.` lines are the same in every build. Users, beside this file: recorder_bench.cu
-// (the seed and the bound) and gemm.cu (the seed and FlashInfer). The hosts supply this
+// (the seed, the bound and staging) and gemm.cu (the seed, FlashInfer and the stamps). The hosts supply this
 // file to NVRTC by name (`KernelBuild::header("baselines.cuh", ...)`); with nvcc, add
 // -I tools/bench/kernels.
 //
@@ -247,3 +249,113 @@ class Recorder {
 };
 
 }  // namespace bound
+
+namespace staging {
+
+/// Not a recorder: the least that staging entries in the warp's lanes, as recorder v2
+/// does, executes per entry. The lane whose turn it is stamps (a predicated timer read, as
+/// v2's) and takes the entry's word; the turn goes round the warp as a bit rotated one
+/// place per entry (a funnel shift and a bit test). Nothing else: no count, no group test
+/// and no group store (v2 tests for a full group after every entry and stores it). At the
+/// flush each lane stores its last entry into the seed's region, so that ptxas keeps the
+/// per-entry code. Every lane of the warp makes every call, as with v2.
+template <class... Events>
+class Recorder {
+  unsigned long long sink_;  // this lane's 8 bytes in the seed's region; 0: no store
+  unsigned int time_;
+  unsigned int word_;
+  unsigned int bit_;  // bit 0 set when the next entry is this lane's
+  bool turn_;
+
+  template <unsigned int Word>
+  __device__ __forceinline__ void stage() {
+    tgpu::detail::stamp_if<Word>(turn_, time_, word_);
+    bit_ = __funnelshift_r(bit_, bit_, 1);
+    turn_ = (bit_ & 1u) != 0;
+  }
+
+ public:
+  __device__ __forceinline__ explicit Recorder(seed::Buffer b) {
+    const unsigned int slot = seed::Buffer::warp_slot();
+    const unsigned int lane = threadIdx.x & 31u;
+    sink_ = slot < b.slot_count ? reinterpret_cast<unsigned long long>(b.slot_records(slot) + lane) : 0ull;
+    time_ = 0;
+    word_ = 0;
+    bit_ = 1u << lane;
+    turn_ = lane == 0u;
+  }
+  __device__ __forceinline__ ~Recorder() { flush(); }
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    stage<T::id>();
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int = 0) {
+    stage<T::id | 1u << 16>();
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int = 0) {
+    stage<B::id | 2u << 16>();
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int = 0) {
+    stage<T::id | 3u << 16>();
+  }
+  __device__ __forceinline__ void flush() {
+    if (sink_ != 0) asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(sink_), "r"(time_), "r"(word_));
+    sink_ = 0;
+  }
+};
+
+}  // namespace staging
+
+namespace stamps {
+
+/// Not a recorder: the timer reads a recorder makes at its call sites, and nothing else,
+/// what any recorder at those call sites pays at least. One bare `%globaltimer_lo` read
+/// per call (a switch_to's one), in every lane as the bench floor's, each folded into a
+/// register at the next call, not at once (consumed at once, a read stalls the warp until
+/// it returns, which no recorder needs). At the flush lane 0 stores the fold at the warp's
+/// 8 bytes from the trace's base (slot s at base + 8 s, if base is not 0), so that ptxas
+/// keeps the reads. Nothing is recorded.
+template <class... Events>
+class Recorder {
+  unsigned long long at_;  // where lane 0 stores the fold; 0: nowhere
+  unsigned int prev_;
+  unsigned int fold_;
+
+  __device__ __forceinline__ void stamp() {
+    const unsigned int t = tgpu::globaltimer_lo();
+    fold_ ^= prev_;
+    prev_ = t;
+  }
+
+ public:
+  __device__ __forceinline__ explicit Recorder(tgpu::Trace trace) : prev_(0), fold_(0) {
+    const unsigned int slot = seed::Buffer::warp_slot();
+    at_ = trace.base != 0 && slot < trace.slot_count && (threadIdx.x & 31u) == 0 ? trace.base + 8ull * slot : 0ull;
+  }
+  __device__ __forceinline__ ~Recorder() { flush(); }
+  template <class T>
+  __device__ __forceinline__ void begin() {
+    stamp();
+  }
+  template <class T>
+  __device__ __forceinline__ void end(unsigned int = 0) {
+    stamp();
+  }
+  template <class A, class B>
+  __device__ __forceinline__ void switch_to(unsigned int = 0) {
+    stamp();
+  }
+  template <class T>
+  __device__ __forceinline__ void instant(unsigned int = 0) {
+    stamp();
+  }
+  __device__ __forceinline__ void flush() {
+    if (at_ != 0) *reinterpret_cast<unsigned long long*>(at_) = (fold_ ^ prev_) | 1ull << 32;
+    at_ = 0;
+  }
+};
+
+}  // namespace stamps

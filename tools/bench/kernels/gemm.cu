@@ -31,7 +31,9 @@
 // GEMM_RECORDER selects who implements `rec` when TGPU_ENABLED is on, for the overhead
 // comparison (tools/bench/src/bin/overhead.rs): 0 = tgpu::Recorder (ours, the default), 1 = the
 // seed's published design, 2 = FlashInfer's published design (both in baselines.cuh,
-// reimplemented from their descriptions: same call sites, same event count, their costs).
+// reimplemented from their descriptions: same call sites, same event count, their costs),
+// 3 = the timer reads alone (stamps::Recorder there: what any recorder at these call
+// sites pays; it records nothing).
 // With nvcc: -I kernels/include -I tools/bench/kernels.
 #include "tracing_gpu.cuh"
 
@@ -85,6 +87,8 @@ typedef Load ProdIdle;
 #define GEMM_RECORDER_DECL(name, trace, ...) ::seed::Recorder<__VA_ARGS__> name(::seed::Buffer::packed(trace))
 #elif GEMM_RECORDER == 2
 #define GEMM_RECORDER_DECL(name, trace, ...) ::flashinfer::Recorder<__VA_ARGS__> name(trace)
+#elif GEMM_RECORDER == 3
+#define GEMM_RECORDER_DECL(name, trace, ...) ::stamps::Recorder<__VA_ARGS__> name(trace)
 #endif
 #elif defined(TGPU_ENABLED) && TGPU_ENABLED
 #define GEMM_RECORDER_DECL(name, trace, ...) ::tgpu::Recorder<__VA_ARGS__> name(trace)

@@ -1,6 +1,6 @@
 // recorder_bench.cu: the recorder's cost, for tools/bench/src/bin/recorder_bench.rs.
 //
-// Every warp runs `events` ranges, each around 64 dependent FMAs. One source, five builds:
+// Every warp runs `events` ranges, each around 64 dependent FMAs. One source, several builds:
 //   (no define)              the gate off: the production kernel;
 //   TGPU_BENCH_FLOOR=1       the gate off plus two bare %globaltimer_lo reads per range,
 //                            folded into a register later: what any recorder that stamps
@@ -14,6 +14,9 @@
 //                            stamps, one store, one address step (bound::Recorder, there).
 //   TGPU_BENCH_FLASHINFER=1  FlashInfer's recorder (flashinfer::Recorder there): 8-byte
 //                            entries, one per boundary, stored one by one by lane 0.
+//   TGPU_BENCH_STAGING=1     the least that staging entries in the lanes does per entry,
+//                            as v2 does, without its count, group test and stores
+//                            (staging::Recorder there).
 // TGPU_ENABLED builds record format v2 unless TGPU_FORMAT=1 (v1) is defined too.
 // TGPU_BENCH_UNROLL (default 1) unrolls the event loop, the same in every build;
 // TGPU_BENCH_PAYLOAD=0 closes each range without a payload (default: the index, i).
@@ -24,7 +27,7 @@
 TGPU_EVENT(Work, 1);
 
 #if (defined(TGPU_BENCH_SEED) && TGPU_BENCH_SEED) || (defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND) || \
-    (defined(TGPU_BENCH_FLASHINFER) && TGPU_BENCH_FLASHINFER)
+    (defined(TGPU_BENCH_FLASHINFER) && TGPU_BENCH_FLASHINFER) || (defined(TGPU_BENCH_STAGING) && TGPU_BENCH_STAGING)
 // The seed's design, reimplemented from its description (shared with the GEMM's overhead
 // comparison, gemm.cu), and the bound, which writes into the seed's buffer: for
 // benchmarks only.
@@ -59,6 +62,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2)
   seed::Recorder<Work> rec(seed_buffer);
 #elif defined(TGPU_BENCH_BOUND) && TGPU_BENCH_BOUND
   bound::Recorder<Work> rec(seed_buffer);
+#elif defined(TGPU_BENCH_STAGING) && TGPU_BENCH_STAGING
+  staging::Recorder<Work> rec(seed_buffer);
 #elif defined(TGPU_BENCH_FLASHINFER) && TGPU_BENCH_FLASHINFER
   // Its entries go to the seed's region, which has room for them (40 bytes per event).
   flashinfer::Recorder<Work> rec(

@@ -103,11 +103,14 @@ pub enum Variant {
     /// begin and per end, interleaved across warps, fenced.
     #[value(name = "flashinfer-style")]
     FlashInfer,
+    /// The timer reads alone at the phases' call sites: what any recorder there pays.
+    /// Records nothing; each warp that would record stores one word at its flush.
+    Stamps,
 }
 
 impl Variant {
     /// Every variant, in the order the overhead table lists them.
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 9] = [
         Variant::Off,
         Variant::Phases,
         Variant::PhasesWg,
@@ -116,6 +119,7 @@ impl Variant {
         Variant::Full,
         Variant::Seed,
         Variant::FlashInfer,
+        Variant::Stamps,
     ];
 
     /// A short name for tables and file names.
@@ -129,6 +133,7 @@ impl Variant {
             Variant::Full => "full",
             Variant::Seed => "seed-style",
             Variant::FlashInfer => "flashinfer-style",
+            Variant::Stamps => "stamps",
         }
     }
 
@@ -168,6 +173,7 @@ impl Variant {
             Variant::Full => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=2"],
             Variant::Seed => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "GEMM_RECORDER=1"],
             Variant::FlashInfer => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "GEMM_RECORDER=2"],
+            Variant::Stamps => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "GEMM_RECORDER=3"],
         }
     }
 
@@ -437,6 +443,9 @@ impl Gemm {
         // release instant for every k-tile but the last.
         let (producer, consumer) = match self.variant {
             Variant::Off => return 0,
+            // Not records: the warps that would record (the producer and the eight
+            // consumers of each block), each storing its word.
+            Variant::Stamps => return u64::from(self.config(p).grid_dim.0) * (1 + 8),
             Variant::Full => (2 * kt, 3 * kt + 1),
             Variant::Phases
             | Variant::PhasesWg
@@ -730,6 +739,8 @@ impl TraceBuffer {
             Variant::Seed => stream.alloc_zeros::<u8>(slots * 128 + slots * cap * 40)?,
             // The {blocks, groups} entry, then two 8-byte entries per range.
             Variant::FlashInfer => stream.alloc_zeros::<u8>(8 * (1 + 2 * slots * cap))?,
+            // One word per warp.
+            Variant::Stamps => stream.alloc_zeros::<u8>(8 * slots)?,
         };
         let base = buf.device_ptr(stream).0;
         Ok(TraceBuffer {
@@ -822,6 +833,8 @@ impl TraceBuffer {
                     .count() as u64;
                 Ok(entries / 2)
             }
+            // A warp's word carries 1 in its high half once stored.
+            Variant::Stamps => Ok((0..slots).filter(|&s| u32_at(8 * s + 4) == 1).count() as u64),
         }
     }
 }

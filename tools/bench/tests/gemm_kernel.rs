@@ -114,6 +114,7 @@ fn gemm_compiles_with_line_info_and_tensor_core_code() {
         (Variant::Full, Out::Bf16),
         (Variant::Seed, Out::Bf16),
         (Variant::FlashInfer, Out::Bf16),
+        (Variant::Stamps, Out::Bf16),
     ] {
         let name = format!("{}-{:?}", variant.name(), out);
         let text = if (variant, out) == (Variant::Off, Out::Bf16) {

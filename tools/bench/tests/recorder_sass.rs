@@ -180,8 +180,9 @@ fn recorder_sass_per_range_event() {
     const ON: &str = "-DTGPU_ENABLED=1";
     const SWITCH: &str = "-DTGPU_BENCH_SWITCH=1";
     const BARE: &str = "-DTGPU_BENCH_PAYLOAD=0";
+    const STAGE: &str = "-DTGPU_BENCH_STAGING=1";
     // (name, defines, timer reads per range as written, staged)
-    let variants: [(&str, &[&str], usize, bool); 11] = [
+    let variants: [(&str, &[&str], usize, bool); 13] = [
         ("off", &[], 0, false),
         (
             "floor: 2 bare timer reads",
@@ -203,6 +204,8 @@ fn recorder_sass_per_range_event() {
             false,
         ),
         ("seed-style", &["-DTGPU_BENCH_SEED=1"], 2, false),
+        ("staging alone: begin/end", &[STAGE, BARE], 2, false),
+        ("staging alone: switch_to", &[STAGE, BARE, SWITCH], 1, false),
     ];
     println!("SASS per range, sm_90, event loop of tools/bench/kernels/recorder_bench.cu:");
     println!(
@@ -271,6 +274,17 @@ fn recorder_sass_per_range_event() {
             at("seed-style") >= 2.0 * at("v1: begin/end"),
             "the comparison kernel changed"
         );
+        // Staging alone is v2's stamp, word and turn, without its count, group test and
+        // branch: fewer instructions, and no branch.
+        for call in ["begin/end", "switch_to"] {
+            let name = format!("staging alone: {call}");
+            assert!(
+                at(&name) < at(&format!("v2: {call}")),
+                "{name}: {}",
+                at(&name)
+            );
+            assert_eq!(per_range[name.as_str()].1, 0, "{name}: a branch");
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built eight
+//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built nine
 //! ways and timed in the same run, interleaved (CUDA events, medians after warm-up):
 //!
 //! - `off`: the production kernel, no recorder (built twice: the two copies' difference
@@ -12,13 +12,18 @@
 //! - `full`: our recorder, every event (also the producer's wait apart from its load, a
 //!   tile range and a release instant per k-tile);
 //! - `seed-style`: the seed's published design at the phases' call sites;
-//! - `flashinfer-style`: FlashInfer's published design at the same call sites.
+//! - `flashinfer-style`: FlashInfer's published design at the same call sites;
+//! - `stamps`: the timer reads alone at the phases' call sites, what any recorder there
+//!   pays at least (it records nothing: each warp that would record stores one word);
+//! - with `--idle`, `phases, base 0`: the `phases` kernel given a trace whose base is 0,
+//!   so that its recorder's per-event code runs (the turns, counts and group tests) with
+//!   no timer read and nothing stored: what that code alone costs the GEMM.
 //!
 //! Each instrumented variant is first checked against cuBLAS and must have recorded
 //! exactly the events expected, so all of them do the same work.
 //!
 //! ```text
-//! cargo run --release -p tracing-gpu-bench --bin overhead -- [--size M N K] [--reps R] [--no-lineinfo]
+//! cargo run --release -p tracing-gpu-bench --bin overhead -- [--size M N K] [--reps R] [--idle] [--no-lineinfo]
 //! ```
 //!
 //! Overhead per k-tile = (median time − median time off) / k-tiles one block walks in
@@ -30,11 +35,12 @@ use clap::Parser;
 use tracing_gpu_bench::cli::{self, LineInfo, Size};
 use tracing_gpu_bench::device;
 use tracing_gpu_bench::gemm::{
-    check, time_interleaved, Gemm, Out, Problem, Reference, TraceBuffer, Variant, BK, BM, BN,
+    check, time_interleaved, Checked, Gemm, Out, Problem, Reference, TraceBuffer, Variant, BK, BM,
+    BN,
 };
 use tracing_gpu_bench::stats::median;
 
-/// What recording costs the GEMM: eight builds timed interleaved, per k-tile.
+/// What recording costs the GEMM: nine builds timed interleaved, per k-tile.
 #[derive(Parser, Debug)]
 #[command(name = "overhead")]
 struct Args {
@@ -43,6 +49,9 @@ struct Args {
     /// Timed rounds (after 5 of warm-up); the figures are medians.
     #[arg(long, default_value_t = 50)]
     reps: usize,
+    /// Also time the `phases` kernel given a trace whose base is 0 (it records nothing).
+    #[arg(long)]
+    idle: bool,
     #[command(flatten)]
     lineinfo: LineInfo,
 }
@@ -64,7 +73,13 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     );
 
     // Off twice: the spread between two identical kernels bounds what can be resolved.
-    let all: Vec<Variant> = Variant::ALL.into_iter().chain([Variant::Off]).collect();
+    // With --idle, the phases kernel once more before it, to be given a base of 0.
+    let idle = args.idle.then_some(Variant::ALL.len());
+    let all: Vec<Variant> = Variant::ALL
+        .into_iter()
+        .chain(idle.map(|_| Variant::Phases))
+        .chain([Variant::Off])
+        .collect();
     let gemms: Vec<Gemm> = all
         .iter()
         .map(|&v| Gemm::compile(&ctx, v, Out::Bf16, args.lineinfo.on()))
@@ -72,6 +87,8 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let name = |i: usize, v: Variant| {
         if i == all.len() - 1 {
             "off (again)"
+        } else if Some(i) == idle {
+            "phases, base 0"
         } else {
             v.name()
         }
@@ -80,20 +97,24 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let mut p = Problem::new(&stream, shape, Out::Bf16, 0x0E7E)?;
     let reference = Reference::new(&stream)?;
     let ref_values = reference.values(&p)?;
-    let traces = TraceBuffer::all(&stream, &gemms, &p)?;
+    let mut traces = TraceBuffer::all(&stream, &gemms, &p)?;
+    if let Some(t) = idle.and_then(|i| traces[i].as_mut()) {
+        t.arg.base = 0;
+    }
     // A variant that fails its check is reported and left out of the timing (the run
     // then fails at the end), so that one recorder's fault does not void the others'.
     let mut passed = Vec::new();
     for (i, g) in gemms.iter().enumerate() {
         let verdict = match check(g, &ref_values, &stream, &mut p, traces[i].as_ref()) {
             Ok(c) => {
+                // The kernel given a base of 0 must record nothing.
+                let want = if Some(i) == idle { 0 } else { c.want };
                 let what = format!(
-                    "rel err {:.3e}, {} records of {} expected",
+                    "rel err {:.3e}, {} records of {want} expected",
                     c.err,
                     c.recorded.unwrap_or(0),
-                    c.want
                 );
-                (c.pass(), what)
+                (Checked { want, ..c }.pass(), what)
             }
             Err(e) => (false, e.to_string()),
         };
@@ -145,11 +166,14 @@ fn run(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         let i = variants.iter().position(|&x| x == v)?;
         Some((i, delta_ms(i) * 1e6 / ktiles_seq))
     });
+    // (Not for the stamps, which record nothing, nor the phases kernel given a base of 0.)
     let per_ktile: Vec<String> = gemms[1..gemms.len() - 1]
         .iter()
-        .map(|g| {
+        .zip(&names[1..])
+        .filter(|(g, &name)| g.variant != Variant::Stamps && name == g.variant.name())
+        .map(|(g, name)| {
             let records = g.expected_records(&p) as f64 / kt_total;
-            format!("{} {records}", g.variant.name())
+            format!("{name} {records}")
         })
         .collect();
     println!(

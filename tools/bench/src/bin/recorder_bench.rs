@@ -23,8 +23,12 @@
 //! timer reads per range (the floor any recorder pays), the bound (two stamps, one 16-byte
 //! store and one address step per range, and nothing else: the least a recorder of
 //! records does), recorder v1 with begin/end and with switch_to, recorder v2 the same
-//! with the index as payload and without (`-bare`), the seed-style recorder, and
-//! FlashInfer's (an 8-byte entry per boundary, stored by lane 0).
+//! with the index as payload and without (`-bare`), the seed-style recorder,
+//! FlashInfer's (an 8-byte entry per boundary, stored by lane 0), and what takes v2's cost
+//! apart, without payloads: `staging`, the least that staging entries in the lanes does
+//! per entry (the stamp, the word and the turn: `staging::Recorder` in baselines.cuh), and
+//! `v2[-switch]-bare-idle`, v2's own kernels given a trace whose base is 0 (every entry's
+//! code runs, with its count, group test and branch; no stamp is read, no group stored).
 //! Each is warmed up, then the builds are
 //! interleaved (the order rotates each repeat) and timed with CUDA events; the figures are
 //! medians. Per build: the latency a warp sees, (t − t_off) / events per warp, and the SM
@@ -204,10 +208,20 @@ enum Build {
     Seed,
     /// FlashInfer's recorder: an 8-byte entry per boundary, stored by lane 0.
     FlashInfer,
+    /// Staging alone, begin/end: stamp, word and turn per entry; no count, no group test,
+    /// no stores.
+    Staging,
+    /// The same, one switch_to per range.
+    StagingSwitch,
+    /// `V2Bare`'s kernel launched with a trace whose base is 0: v2's per-entry code
+    /// without a stamp read or a group stored.
+    V2BareIdle,
+    /// The same for `V2SwitchBare`.
+    V2SwitchBareIdle,
 }
 
 impl Build {
-    const ALL: [Build; 12] = [
+    const ALL: [Build; 16] = [
         Build::Off,
         Build::OffAgain,
         Build::Floor,
@@ -220,6 +234,10 @@ impl Build {
         Build::V2SwitchBare,
         Build::Seed,
         Build::FlashInfer,
+        Build::Staging,
+        Build::StagingSwitch,
+        Build::V2BareIdle,
+        Build::V2SwitchBareIdle,
     ];
     /// The builds that write a tgpu trace buffer, v1 or v2.
     const OURS: [Build; 6] = [
@@ -245,6 +263,10 @@ impl Build {
             Build::V2SwitchBare => "v2-switch-bare",
             Build::Seed => "seed-style",
             Build::FlashInfer => "flashinfer",
+            Build::Staging => "staging",
+            Build::StagingSwitch => "staging-switch",
+            Build::V2BareIdle => "v2-bare-idle",
+            Build::V2SwitchBareIdle => "v2-switch-bare-idle",
         }
     }
 
@@ -264,13 +286,21 @@ impl Build {
             Build::V2SwitchBare => &[ON, SWITCH, BARE],
             Build::Seed => &["TGPU_BENCH_SEED=1"],
             Build::FlashInfer => &["TGPU_BENCH_FLASHINFER=1"],
+            Build::Staging => &["TGPU_BENCH_STAGING=1", BARE],
+            Build::StagingSwitch => &["TGPU_BENCH_STAGING=1", SWITCH, BARE],
+            Build::V2BareIdle => Build::V2Bare.defines(),
+            Build::V2SwitchBareIdle => Build::V2SwitchBare.defines(),
         }
     }
 
     fn switch(self) -> bool {
         matches!(
             self,
-            Build::V1Switch | Build::V2Switch | Build::V2SwitchBare
+            Build::V1Switch
+                | Build::V2Switch
+                | Build::V2SwitchBare
+                | Build::StagingSwitch
+                | Build::V2SwitchBareIdle
         )
     }
 
@@ -454,10 +484,12 @@ fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
     let mut funcs: BTreeMap<(u32, Build), CudaFunction> = BTreeMap::new();
     for &u in &unrolls {
         for b in Build::ALL {
-            let f = if b == Build::OffAgain {
-                funcs[&(u, Build::Off)].clone()
-            } else {
-                load_bench(gpu, b, u)?
+            // The same kernel, timed again or given another argument.
+            let f = match b {
+                Build::OffAgain => funcs[&(u, Build::Off)].clone(),
+                Build::V2BareIdle => funcs[&(u, Build::V2Bare)].clone(),
+                Build::V2SwitchBareIdle => funcs[&(u, Build::V2SwitchBare)].clone(),
+                _ => load_bench(gpu, b, u)?,
             };
             funcs.insert((u, b), f);
         }
@@ -509,10 +541,24 @@ fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
                     cfg,
                     out,
                     events as i32,
-                    traces.get(&b).map(|t| t.arg(gpu)),
-                    // The bound and FlashInfer's write into the seed's record region
-                    // (baselines.cuh), which has room for them.
-                    matches!(b, Build::Seed | Build::Bound | Build::FlashInfer).then_some(seed_arg),
+                    match b {
+                        Build::V2BareIdle | Build::V2SwitchBareIdle => Some(KernelArg {
+                            base: 0,
+                            ..traces[&Build::V2Bare].arg(gpu)
+                        }),
+                        _ => traces.get(&b).map(|t| t.arg(gpu)),
+                    },
+                    // The bound, FlashInfer's and staging write into the seed's record
+                    // region (baselines.cuh), which has room for them.
+                    matches!(
+                        b,
+                        Build::Seed
+                            | Build::Bound
+                            | Build::FlashInfer
+                            | Build::Staging
+                            | Build::StagingSwitch
+                    )
+                    .then_some(seed_arg),
                 )
             };
             for rep in 0..o.warmup + o.repeats {
