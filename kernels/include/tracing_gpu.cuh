@@ -23,6 +23,11 @@
 // and the flush differ. Without TGPU_STREAM=1 there is no streaming code at all (the
 // fixed-slot path pays nothing for it), and a streaming argument records nothing.
 //
+// TGPU_KEEP_SLOT=1 (v2): a warp keeps its slot's address in three registers once found at
+// its first group store, instead of finding it again at every one. For kernels with
+// registers to spare: it made the GEMM of tools/bench cheaper to record; a kernel short of
+// registers may pay more than it saves (see the define below).
+//
 //   #include "tracing_gpu.cuh"
 //   TGPU_EVENT(Load, 1);                       // user event types: a name and a 16-bit id
 //   TGPU_EVENT(Mma, 2);
@@ -440,6 +445,17 @@ __device__ __forceinline__ void stamp_if(bool p, unsigned int& time, unsigned in
 #define TGPU_STREAM 0
 #endif
 
+// TGPU_KEEP_SLOT=1 (v2): a warp finds its slot at its first group store and keeps the
+// slot's address in registers, instead of finding it again at every group store. Fewer
+// cycles per group store for kernels with registers to spare (on the H200 the GEMM's
+// per-k-tile phases +0.35 to +0.69 % instead of +0.85 to +1.21 % in the same runs); three
+// registers held, which in a kernel short of them can cost more than it saves (the dense
+// and streamed kernels of tools/bench: +4.5 % instead of +0.5 %, +35 % instead of +2 %:
+// docs/performance.md, "What bounds the recorder goals left").
+#ifndef TGPU_KEEP_SLOT
+#define TGPU_KEEP_SLOT 0
+#endif
+
 namespace tgpu {
 namespace detail {
 
@@ -500,6 +516,22 @@ __device__ __forceinline__ bool any(bool p) {
       : "=r"(r)
       : "r"(static_cast<unsigned int>(p)), "r"(active));
   return r != 0;
+}
+
+// This warp's slot index, (block, warp) in row-major order, read where it is called: the
+// thread and block indices with volatile asm, which the compiler leaves where it is.
+__device__ __forceinline__ unsigned int warp_slot_here() {
+  unsigned int tx, ty, tz, bx, by, bz;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
+  asm volatile("mov.u32 %0, %%tid.y;" : "=r"(ty));
+  asm volatile("mov.u32 %0, %%tid.z;" : "=r"(tz));
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
+  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(by));
+  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(bz));
+  const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
+  const unsigned int block = bx + gridDim.x * (by + gridDim.y * bz);
+  const unsigned int thread = tx + blockDim.x * (ty + blockDim.y * tz);
+  return block * ((threads + 31u) >> 5) + (thread >> 5);
 }
 
 // store2, if `store`.
@@ -774,9 +806,17 @@ class Recorder {
   // Finds the slot: its header's address and its capacity in records; false if this launch
   // or this warp records nothing (a graph node's base is the word its constructor loaded,
   // 0 when the replay records nothing or the argument also asks to stream). Runs once per
-  // group store and at the flush, never per event.
+  // group store and at the flush, never per event. With TGPU_KEEP_SLOT=1 the first finds
+  // it and keeps it (see keep_slot), the later ones take it from there.
   __device__ __forceinline__ bool locate(unsigned long long& header, unsigned int& capacity,
-                                         unsigned int& slot) const {
+                                         unsigned int& slot) {
+#if TGPU_KEEP_SLOT
+    keep_slot();
+    header = trace_.base - 1ull;
+    capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
+    slot = trace_.slot_count;
+    return (static_cast<unsigned int>(trace_.base) & 1u) != 0;
+#else
     unsigned long long base = trace_.base;
 #if TGPU_STREAM
     // A graph node's buffer, in a build with the streaming code (see the constructor).
@@ -797,7 +837,37 @@ class Recorder {
              static_cast<unsigned long long>(slot) *
                  (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE);
     return true;
+#endif
   }
+
+#if TGPU_KEEP_SLOT
+  // TGPU_KEEP_SLOT=1: finds the slot, once, and keeps it in trace_, where the argument was:
+  // base becomes the header's address with bit 0 set (the buffer's address and a graph
+  // node's word are aligned, so bit 0 is free until then), slot_count the slot; trace_
+  // stays as it is if this launch or this warp records nothing. A call of its own ahead of
+  // locate's answer, not a branch inside it, so that ptxas puts no convergence barrier on
+  // every event's path (recorder_sass.rs counts it). The thread and block indices are read
+  // with volatile asm (warp_slot_here): read plainly, the compiler hoisted them to the
+  // kernel's start, where every warp waited for them.
+  __device__ __forceinline__ void keep_slot() {
+    if (static_cast<unsigned int>(trace_.base) & 1u) return;
+    unsigned long long base = trace_.base;
+#if TGPU_STREAM
+    if (trace_.capacity & TRACE_INDIRECT) {
+      base = streaming() ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
+    }
+#endif
+    unsigned int capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
+    asm volatile("" : "+r"(capacity));  // (as in locate)
+    const unsigned int slot = detail::warp_slot_here();
+    if (base == 0 || slot >= trace_.slot_count) return;
+    trace_.base = base + BUFFER_HEADER_SIZE +
+                  static_cast<unsigned long long>(slot) *
+                      (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE) +
+                  1ull;
+    trace_.slot_count = slot;
+  }
+#endif
 
   // The group is full: every lane stores its entry (those past the slot's end are
   // dropped). When this store holds the slot's last kept entry, lane 0 writes anchor_ts

@@ -83,6 +83,10 @@ pub enum Variant {
     /// Our recorder, per-k-tile phases (load per k-tile for the producer, wait and mma
     /// per k-tile and the epilogue for every consumer warp).
     Phases,
+    /// [`Variant::Phases`] built with `TGPU_KEEP_SLOT=1`: each warp keeps its slot's
+    /// address once found, in registers, instead of finding it at every group store.
+    #[value(name = "phases-kept")]
+    PhasesKept,
     /// The same phases, recorded by one warp per consumer warpgroup (the four run the
     /// same wgmma in step) and the producer: a quarter of the consumer records.
     PhasesWg,
@@ -110,9 +114,10 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the order the overhead table lists them.
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         Variant::Off,
         Variant::Phases,
+        Variant::PhasesKept,
         Variant::PhasesWg,
         Variant::PhasesV1,
         Variant::PhasesWgV1,
@@ -127,6 +132,7 @@ impl Variant {
         match self {
             Variant::Off => "off",
             Variant::Phases => "phases",
+            Variant::PhasesKept => "phases-kept",
             Variant::PhasesWg => "phases-wg",
             Variant::PhasesV1 => "phases-v1",
             Variant::PhasesWgV1 => "phases-wg-v1",
@@ -147,6 +153,7 @@ impl Variant {
         matches!(
             self,
             Variant::Phases
+                | Variant::PhasesKept
                 | Variant::PhasesWg
                 | Variant::PhasesV1
                 | Variant::PhasesWgV1
@@ -158,6 +165,7 @@ impl Variant {
         match self {
             Variant::Off => &[],
             Variant::Phases => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1"],
+            Variant::PhasesKept => &["TGPU_ENABLED=1", "GEMM_TRACE_LEVEL=1", "TGPU_KEEP_SLOT=1"],
             Variant::PhasesWg => &[
                 "TGPU_ENABLED=1",
                 "GEMM_TRACE_LEVEL=1",
@@ -448,6 +456,7 @@ impl Gemm {
             Variant::Stamps => return u64::from(self.config(p).grid_dim.0) * (1 + 8),
             Variant::Full => (2 * kt, 3 * kt + 1),
             Variant::Phases
+            | Variant::PhasesKept
             | Variant::PhasesWg
             | Variant::PhasesV1
             | Variant::PhasesWgV1
@@ -731,6 +740,7 @@ impl TraceBuffer {
                 ))
             }
             Variant::Phases
+            | Variant::PhasesKept
             | Variant::PhasesWg
             | Variant::PhasesV1
             | Variant::PhasesWgV1
@@ -800,6 +810,7 @@ impl TraceBuffer {
         match self.variant {
             Variant::Off => Ok(0),
             Variant::Phases
+            | Variant::PhasesKept
             | Variant::PhasesWg
             | Variant::PhasesV1
             | Variant::PhasesWgV1

@@ -108,6 +108,7 @@ fn gemm_compiles_with_line_info_and_tensor_core_code() {
         (Variant::Off, Out::Bf16),
         (Variant::Off, Out::F32),
         (Variant::Phases, Out::Bf16),
+        (Variant::PhasesKept, Out::Bf16),
         (Variant::PhasesWg, Out::Bf16),
         (Variant::PhasesV1, Out::Bf16),
         (Variant::PhasesWgV1, Out::Bf16),

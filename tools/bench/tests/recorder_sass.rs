@@ -181,8 +181,9 @@ fn recorder_sass_per_range_event() {
     const SWITCH: &str = "-DTGPU_BENCH_SWITCH=1";
     const BARE: &str = "-DTGPU_BENCH_PAYLOAD=0";
     const STAGE: &str = "-DTGPU_BENCH_STAGING=1";
+    const KEEP: &str = "-DTGPU_KEEP_SLOT=1";
     // (name, defines, timer reads per range as written, staged)
-    let variants: [(&str, &[&str], usize, bool); 13] = [
+    let variants: [(&str, &[&str], usize, bool); 16] = [
         ("off", &[], 0, false),
         (
             "floor: 2 bare timer reads",
@@ -197,6 +198,9 @@ fn recorder_sass_per_range_event() {
         ("v2: switch_to", &[ON, BARE, SWITCH], 1, true),
         ("v2: begin/end + payload", &[ON], 2, true),
         ("v2: switch_to + payload", &[ON, SWITCH], 1, true),
+        ("v2 kept: begin/end", &[ON, BARE, KEEP], 2, true),
+        ("v2 kept: switch_to", &[ON, BARE, SWITCH, KEEP], 1, true),
+        ("v2 kept: switch_to + payload", &[ON, SWITCH, KEEP], 1, true),
         (
             "lane-0 entries (FlashInfer)",
             &["-DTGPU_BENCH_FLASHINFER=1"],
@@ -252,6 +256,11 @@ fn recorder_sass_per_range_event() {
         // (Built without TGPU_STREAM, v2 has no streaming code: these hold as before.)
         assert!(at("v2: switch_to") <= 6.5, "v2: {}", at("v2: switch_to"));
         assert!(at("v2: begin/end") <= 12.5, "v2: {}", at("v2: begin/end"));
+        // Keeping the slot changes the group store only, not the events' path.
+        for call in ["begin/end", "switch_to", "switch_to + payload"] {
+            let (kept, v2) = (at(&format!("v2 kept: {call}")), at(&format!("v2: {call}")));
+            assert!(kept <= v2, "v2 kept: {call}: {kept} against {v2}");
+        }
         assert!(
             at("v2: switch_to") < at("v1: switch_to") / 1.5,
             "v2's switch_to is no longer the cheap one"

@@ -1,10 +1,12 @@
-//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built nine
+//! What recording costs on a real kernel: the GEMM of `kernels/gemm.cu` built ten
 //! ways and timed in the same run, interleaved (CUDA events, medians after warm-up):
 //!
 //! - `off`: the production kernel, no recorder (built twice: the two copies' difference
 //!   is the noise floor of the comparison);
 //! - `phases`: our recorder, per-k-tile phases (the producer warp records a load per
 //!   k-tile; every consumer warp records wait and mma per k-tile, and the epilogue);
+//! - `phases-kept`: the same built with `TGPU_KEEP_SLOT=1` (each warp keeps its slot's
+//!   address in registers once found, instead of finding it at every group store);
 //! - `phases-wg`: the same phases from one warp per consumer warpgroup (and the
 //!   producer): the four warps of a warpgroup run the same wgmma in step;
 //! - `phases-v1`, `phases-wg-v1`: the same two with recorder v1 (`phases` and
@@ -40,7 +42,7 @@ use tracing_gpu_bench::gemm::{
 };
 use tracing_gpu_bench::stats::median;
 
-/// What recording costs the GEMM: nine builds timed interleaved, per k-tile.
+/// What recording costs the GEMM: ten builds timed interleaved, per k-tile.
 #[derive(Parser, Debug)]
 #[command(name = "overhead")]
 struct Args {
