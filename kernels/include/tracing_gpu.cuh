@@ -771,7 +771,8 @@ class Recorder {
 
   Trace trace_;          // the argument, kept: the slot is found at the first store (a graph
                          // node's, without the streaming code: the buffer's address in base,
-                         // TRACE_INDIRECT cleared)
+                         // TRACE_INDIRECT cleared); with TGPU_KEEP_SLOT=1, then kept here
+                         // (see keep_slot)
   unsigned int lane_;    // this lane's rank among the warp's lanes (streaming: minus one, so
                          // ~0 in the first lane, which stages nothing); ~0 if it records nothing
   unsigned int group_;   // entries staged per store: the warp's lanes (streaming: minus one);
