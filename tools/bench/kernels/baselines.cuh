@@ -287,19 +287,19 @@ class Recorder {
   __device__ __forceinline__ ~Recorder() { flush(); }
   template <class T>
   __device__ __forceinline__ void begin() {
-    stage<T::id>();
+    stage<T::id | tgpu::ENTRY_BEGIN << 16>();
   }
   template <class T>
   __device__ __forceinline__ void end(unsigned int = 0) {
-    stage<T::id | 1u << 16>();
+    stage<T::id | tgpu::ENTRY_END << 16>();
   }
   template <class A, class B>
   __device__ __forceinline__ void switch_to(unsigned int = 0) {
-    stage<B::id | 2u << 16>();
+    stage<B::id | tgpu::ENTRY_SWITCH << 16>();
   }
   template <class T>
   __device__ __forceinline__ void instant(unsigned int = 0) {
-    stage<T::id | 3u << 16>();
+    stage<T::id | tgpu::ENTRY_INSTANT << 16>();
   }
   __device__ __forceinline__ void flush() {
     if (sink_ != 0) asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(sink_), "r"(time_), "r"(word_));
