@@ -804,6 +804,36 @@ class Recorder {
     return TGPU_STREAM && (trace_.capacity & TRACE_STREAM) != 0;
   }
 
+  // The buffer's address: the argument's, or (with the streaming code) a graph node's,
+  // loaded from the word its replay's prologue wrote; 0 if nothing is recorded.
+  __device__ __forceinline__ unsigned long long buffer_base() const {
+#if TGPU_STREAM
+    // A graph node's buffer, in a build with the streaming code (see the constructor).
+    if (trace_.capacity & TRACE_INDIRECT) {
+      return streaming() ? 0ull : *reinterpret_cast<const unsigned long long*>(trace_.base);
+    }
+#endif
+    // (Without TGPU_STREAM a streaming argument never gets here: it records nothing.)
+    return trace_.base;
+  }
+
+  // The slot's capacity in records: the argument's, without its flags. Opaque to the
+  // compiler, so that the slot's address computed from it stays in the store's code, and
+  // not ahead of the kernel's loops, where it would hold registers across every event.
+  __device__ __forceinline__ unsigned int slot_capacity() const {
+    unsigned int capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
+    asm volatile("" : "+r"(capacity));
+    return capacity;
+  }
+
+  // The address of slot `slot`'s header in the buffer at `base`.
+  __device__ __forceinline__ static unsigned long long header_of(unsigned long long base, unsigned int capacity,
+                                                                 unsigned int slot) {
+    return base + BUFFER_HEADER_SIZE +
+           static_cast<unsigned long long>(slot) *
+               (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE);
+  }
+
   // Finds the slot: its header's address and its capacity in records; false if this launch
   // or this warp records nothing (a graph node's base is the word its constructor loaded,
   // 0 when the replay records nothing or the argument also asks to stream). Runs once per
@@ -818,25 +848,12 @@ class Recorder {
     slot = trace_.slot_count;
     return (static_cast<unsigned int>(trace_.base) & 1u) != 0;
 #else
-    unsigned long long base = trace_.base;
-#if TGPU_STREAM
-    // A graph node's buffer, in a build with the streaming code (see the constructor).
-    if (trace_.capacity & TRACE_INDIRECT) {
-      base = streaming() ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
-    }
-#endif
-    // (Without TGPU_STREAM a streaming argument never gets here: it records nothing.)
-    capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
-    // Opaque to the compiler, so that the slot's address is computed here, in the store's
-    // code, and not ahead of the kernel's loops, where it would hold registers across
-    // every event.
-    asm volatile("" : "+r"(capacity));
+    const unsigned long long base = buffer_base();
+    capacity = slot_capacity();
     const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
     slot = detail::block_linear() * ((threads + 31u) >> 5) + (detail::thread_linear() >> 5);
     if (base == 0 || slot >= trace_.slot_count) return false;
-    header = base + BUFFER_HEADER_SIZE +
-             static_cast<unsigned long long>(slot) *
-                 (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE);
+    header = header_of(base, capacity, slot);
     return true;
 #endif
   }
@@ -852,20 +869,11 @@ class Recorder {
   // kernel's start, where every warp waited for them.
   __device__ __forceinline__ void keep_slot() {
     if (static_cast<unsigned int>(trace_.base) & 1u) return;
-    unsigned long long base = trace_.base;
-#if TGPU_STREAM
-    if (trace_.capacity & TRACE_INDIRECT) {
-      base = streaming() ? 0ull : *reinterpret_cast<const unsigned long long*>(base);
-    }
-#endif
-    unsigned int capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
-    asm volatile("" : "+r"(capacity));  // (as in locate)
+    const unsigned long long base = buffer_base();
+    const unsigned int capacity = slot_capacity();
     const unsigned int slot = detail::warp_slot_here();
     if (base == 0 || slot >= trace_.slot_count) return;
-    trace_.base = base + BUFFER_HEADER_SIZE +
-                  static_cast<unsigned long long>(slot) *
-                      (SLOT_HEADER_SIZE + static_cast<unsigned long long>(capacity) * RECORD_SIZE) +
-                  1ull;
+    trace_.base = header_of(base, capacity, slot) + 1ull;
     trace_.slot_count = slot;
   }
 #endif
