@@ -11,6 +11,7 @@
 //! | `calibrate` | the GPU clocks against the host's: offset, drift, bounds, costs |
 //! | `storm` | ≥ 100,000 short launches back to back, plain against profiled: the launch call's p50 and p99, the GPU's busy fraction, memory, counts |
 //! | `graph_replay` | a CUDA graph of 100 short kernels replayed 1,000 times, plain against `Profiler::launch_graph` |
+//! | `user_kernel` | a kernel from a user's own folder, compiled and profiled as the README shows (`scripts/ncu-check.sh`) |
 //! | `causality` | every device event between its launch call (or graph replay) and the synchronize after it |
 
 pub mod cli;
