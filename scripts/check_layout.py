@@ -1,8 +1,18 @@
 #!/usr/bin/env python3
 """The layout check behind scripts/check-layout.sh (see --help there or here).
 
-Fails when the library's module files import each other in a circle, or when a
-file of src/ grows past the line limit outside its tests. Standard library only.
+Fails when the library's module files import each other in a circle, when a
+file of src/ grows past the line limit outside its tests, when a `#[path]`
+attribute makes one file of src/ a module of another, or when a unit-test file
+is named `*_tests.rs`. Standard library only.
+
+The unit-test layout these last two keep: a module's tests are a
+`#[cfg(test)] mod tests { .. }` at the end of its file, or, for a folder module
+whose tests are long, `tests.rs` (or a `tests/` folder) beside its `mod.rs`,
+declared `#[cfg(test)] mod tests;`. A `#[path]` that points outside src/ may
+stay: src/demo.rs takes examples/quickstart.rs as its kernel (the example stays
+the one copy users read), and unit tests include the checkers in tests/ that the
+integration tests share; those files are not the library's modules.
 
 How it reads Rust, in short: comments and string/char literals are blanked out
 first (keeping every offset and newline), so nothing inside them counts; then
@@ -22,7 +32,8 @@ Known limits (it is a lexer and a few rules, not rustc):
 - A facade's own use of a name it re-exports is found by a word search, which a
   field or method of the same name can fool.
 - Every cfg other than test (features, targets) is taken as on.
-- `#[path]` modules are skipped; modules that main.rs declares itself, and
+- `#[path]` modules are skipped by the import graph (the #[path] rule names
+  those inside src/); modules that main.rs declares itself, and
   src/bin/*, belong to binaries and are line-checked only.
 """
 
@@ -292,6 +303,17 @@ class Source:
     def scope(self, pos):
         """Names of the inline modules (`mod x { .. }`) enclosing `pos`, outermost first."""
         return tuple(name for name, a, b in self.inline_mods if a < pos < b)
+
+    def path_attrs(self):
+        """`#[path = ".."]` attributes: (the path as written, line)."""
+        for m in _ATTR.finditer(self.code):
+            o = m.end() - 1
+            close = self.match.get(o)
+            if close is None or not re.match(r"\s*path\s*=", self.code[o + 1 : close]):
+                continue
+            lit = re.search(r'"((?:[^"\\]|\\.)*)"', self.text[o + 1 : close])
+            if lit:
+                yield lit.group(1), self.line(m.start())
 
     def mod_decls(self):
         """`mod x;` declarations: (name, scope, test-only?, has #[path]?)."""
@@ -633,6 +655,23 @@ class Crate:
                 out.append((src.rel, n))
         return out
 
+    def path_links(self):
+        """`#[path]`s from a file of src/ to a file of src/: (file, line, path, target)."""
+        out = []
+        for src in self.files:
+            for written, line in src.path_attrs():
+                # Relative to the file's folder (rustc's rule outside inline
+                # modules; inside one the folder is deeper, still under src/).
+                target = os.path.normpath(os.path.join(os.path.dirname(src.path), written))
+                if target == self.root or target.startswith(self.root + os.sep):
+                    shown = os.path.relpath(target, os.path.dirname(self.root))
+                    out.append((src.rel, line, written, shown))
+        return out
+
+    def misnamed_tests(self):
+        """Files named `*_tests.rs`, which the one unit-test layout does not use."""
+        return [src.rel for src in self.files if os.path.basename(src.path).endswith("_tests.rs")]
+
     def largest(self):
         sizes = [(src.non_test_lines(), src.rel) for src in self.files if src.path not in self.test_file]
         return max(sizes) if sizes else (0, "-")
@@ -662,6 +701,16 @@ def check(root, max_lines, graph=False, out=sys.stdout, err=sys.stderr):
         problems.append(f"layout: import cycle: {names} ({why})")
     for rel, n in crate.long_files():
         problems.append(f"layout: {rel} has {n} lines outside its tests (limit {max_lines}): split it")
+    for rel, line, written, target in crate.path_links():
+        problems.append(
+            f"layout: {rel}:{line}: #[path = \"{written}\"] makes {target} a module of another file "
+            "of src/: declare it where it lies (mod x; beside its parent)"
+        )
+    for rel in crate.misnamed_tests():
+        problems.append(
+            f"layout: {rel}: unit tests go in a #[cfg(test)] mod tests at the end of their "
+            "file, or in tests.rs / tests/ beside a folder's mod.rs, not in *_tests.rs"
+        )
     for p in problems:
         print(p, file=err)
     n_files = sum(1 for s in crate.files if s.path not in crate.test_file)
@@ -790,6 +839,38 @@ def self_test(max_lines):
             [],
         ),
     ]
+    # The #[path] and test-file rules: (name, files, want path links, want misnamed).
+    layout_cases = [
+        (
+            "#[path] between files of src/ fails, #[path] outside src/ passes",
+            {
+                "lib.rs": "mod a;\nmod demo;\n",
+                "a/mod.rs": '#[cfg(test)]\n#[path = "a_tests.rs"]\nmod tests;\n'
+                '#[path = "../b.rs"] mod b;\n',
+                "a/a_tests.rs": "fn t() {}\n",
+                "b.rs": "pub struct B;\n",
+                "demo.rs": '#[path = "../examples/quickstart.rs"]\nmod quickstart;\n'
+                '#[cfg(test)]\n#[path = "../../tests/check/mod.rs"]\nmod check;\n'
+                '// #[path = "b.rs"] in a comment\nconst S: &str = "#[path = \\"b.rs\\"]";\n',
+            },
+            [("src/a/mod.rs", 2, "a_tests.rs", "src/a/a_tests.rs"), ("src/a/mod.rs", 4, "../b.rs", "src/b.rs")],
+            ["src/a/a_tests.rs"],
+        ),
+        (
+            "the adopted layouts: inline mod tests, tests.rs and tests/ beside mod.rs",
+            {
+                "lib.rs": "mod a;\nmod c;\nmod d;\n",
+                "a.rs": "pub fn a() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\n",
+                "c/mod.rs": "#[cfg(test)]\nmod tests;\n",
+                "c/tests.rs": "fn t() {}\n",
+                "d/mod.rs": "#[cfg(test)]\nmod tests;\n",
+                "d/tests/mod.rs": "mod graphs;\n",
+                "d/tests/graphs.rs": "fn t() {}\n",
+            },
+            [],
+            [],
+        ),
+    ]
     failed = 0
 
     def fail(name, what, want, got):
@@ -829,9 +910,25 @@ def self_test(max_lines):
                 got = (rc, (err.getvalue() or out.getvalue()).splitlines()[0])
                 if got != want:
                     fail(name, "exit status and first line", want, got)
+    for name, files, want_links, want_misnamed in layout_cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = os.path.join(tmp, "src")
+            for rel, text in files.items():
+                p = os.path.join(root, rel)
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                with open(p, "w") as fh:
+                    fh.write(text)
+            crate = Crate(root, max_lines)
+            if crate.path_links() != want_links:
+                fail(name, "#[path] links", want_links, crate.path_links())
+            if crate.misnamed_tests() != want_misnamed:
+                fail(name, "*_tests.rs files", want_misnamed, crate.misnamed_tests())
+            rc, _ = check(root, max_lines, out=io.StringIO(), err=io.StringIO())
+            if rc != (1 if want_links or want_misnamed else 0):
+                fail(name, "exit status", 1 if want_links or want_misnamed else 0, rc)
     if failed:
         return 1
-    print(f"layout self-test: {len(cases)} cases passed")
+    print(f"layout self-test: {len(cases) + len(layout_cases)} cases passed")
     return 0
 
 
@@ -839,8 +936,9 @@ def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(
         prog="check-layout.sh",
-        description="Fails when modules of src/ import each other in a circle, or when a "
-        "file of src/ has more than --max-lines lines outside #[cfg(test)] items.",
+        description="Fails when modules of src/ import each other in a circle, when a "
+        "file of src/ has more than --max-lines lines outside #[cfg(test)] items, when a "
+        "#[path] joins two files of src/, or when a file is named *_tests.rs.",
     )
     ap.add_argument(
         "root",

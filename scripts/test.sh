@@ -1,15 +1,64 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need, then runs every check
 # CI runs, on the library and on the benchmarks (tools/bench). GPU tests skip (and say
-# so) where there is no GPU.
+# so) where there is no GPU. Every cargo command is --locked: CI builds what
+# Cargo.lock (and fuzz/Cargo.lock) say, never a fresh resolution.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/test-env.sh)"
+
+# The most public items rustdoc may list (target/doc/tracing_gpu/all.html);
+# lower it when the API shrinks, raise it only on purpose.
+MAX_PUBLIC_ITEMS=156
+# The reference of what it costs stays a reference; the history goes to docs/lab/.
+MAX_PERFORMANCE_LINES=250
+# Crates the library compiles that declare a newer Rust than its rust-version, known
+# and accepted: cudarc 0.19 (feature `cuda`) needs libloading 0.9, whose every
+# release declares Rust 1.88.
+MSRV_ALLOWED="libloading"
+
 cargo fmt --all -- --check
+python3 scripts/check_api.py --self-test
+python3 scripts/check_msrv.py --self-test
 scripts/check-layout.sh --self-test
 scripts/check-layout.sh
-cargo clippy --workspace --all-targets --all-features -- -D warnings
-cargo test --workspace --all-features
-cargo test --no-default-features --lib
+lines=$(wc -l < docs/performance.md)
+if [ "$lines" -gt "$MAX_PERFORMANCE_LINES" ]; then
+  echo "docs/performance.md has $lines lines (limit $MAX_PERFORMANCE_LINES): move history to docs/lab/" >&2
+  exit 1
+fi
+
+# MSRV: no toolchain of the declared rust-version runs here (CONTRIBUTING.md), so
+# what can be checked is: no dependency the library compiles declares a newer one,
+# and clippy's incompatible_msrv (below) refuses std items newer than it.
+cargo metadata --locked --all-features --format-version 1 \
+  --filter-platform "$(rustc -vV | sed -n 's/^host: //p')" |
+  python3 scripts/check_msrv.py --allow $MSRV_ALLOWED
+
+# Each feature alone, and all of them, as a user would build them.
+cargo check --locked --no-default-features --lib
+cargo check --locked --no-default-features --features cuda --lib --examples
+cargo check --locked --no-default-features --features otlp --lib --examples
+cargo check --locked --no-default-features --features cli --lib --bins
+cargo check --locked --features full --lib --bins
+# The fuzz targets: their own workspace and lock file, checked on stable (fuzzing
+# itself needs nightly: fuzz/README.md); the root's target/ shares the dependencies.
+(cd fuzz && CARGO_TARGET_DIR=../target cargo check --locked --bins)
+
+# What the published package holds, and what it must not.
+package=$(cargo package --list --locked --allow-dirty 2>/dev/null)
+for must in src/lib.rs kernels/include/tracing_gpu.cuh examples/quickstart.rs \
+  captures/h200-quickstart.tgpu README.md LICENSE-MIT LICENSE-APACHE CHANGELOG.md Cargo.lock; do
+  grep -qxF "$must" <<<"$package" || { echo "package: $must is missing" >&2; exit 1; }
+done
+if grep -E '^(target|\.ci|scripts|tools|fuzz|docs/lab)/' <<<"$package" >&2; then
+  echo "package: the files above are for development only" >&2
+  exit 1
+fi
+
+cargo clippy --locked --workspace --all-targets --all-features -- -D warnings -D clippy::incompatible_msrv
+cargo test --locked --workspace --all-features
+cargo test --locked --no-default-features --lib
 # The API docs as docs.rs builds them (every feature), broken links refused.
-RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --all-features --no-deps
+python3 scripts/check_api.py --max "$MAX_PUBLIC_ITEMS" target/doc/tracing_gpu/all.html

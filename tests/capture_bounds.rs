@@ -4,17 +4,14 @@
 //! whose address space is capped (RLIMIT_AS): an allocation past the cap
 //! fails, and the CLI aborts.
 //!
-//! (A cap rather than a measure: a child's peak RSS from `wait4` includes the
-//! memory of the test process that spawned it, which the kernel records when
-//! the child calls exec.)
+//! (A cap rather than a measure: tests/support/cli.rs says why.)
 #![cfg(feature = "cli")]
 
 use std::ffi::OsStr;
-use std::io::{self, Write};
-use std::os::unix::process::CommandExt;
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use flate2::write::ZlibEncoder;
 use flate2::Compression;
@@ -27,7 +24,8 @@ use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::registry::EventRegistry;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
+mod support;
+use support::cli::{run_cli, Limits, Run};
 
 /// The address space the CLI gets: about three times what converting a small
 /// capture takes (the binary, its libraries, a launch), and less than the
@@ -35,36 +33,19 @@ const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
 /// captures once asked for.
 const CAP: u64 = 96 << 20;
 
-/// Runs the CLI with its address space capped at [`CAP`].
-fn run<S: AsRef<OsStr>>(args: &[S]) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args).stdin(Stdio::null());
-    // SAFETY: between fork and exec the closure makes one system call and
-    // allocates nothing.
-    unsafe {
-        cmd.pre_exec(|| {
-            let cap = libc::rlimit {
-                rlim_cur: CAP,
-                rlim_max: CAP,
-            };
-            match libc::setrlimit(libc::RLIMIT_AS, &cap) {
-                0 => Ok(()),
-                _ => Err(io::Error::last_os_error()),
-            }
-        });
-    }
-    cmd.output().expect("the binary runs")
-}
+/// Far beyond any of these runs, even in a debug build: a hang, not a slow run.
+const WALL: Duration = Duration::from_secs(300);
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+/// Runs the CLI with its address space capped at [`CAP`].
+fn run<S: AsRef<OsStr>>(args: &[S]) -> Run {
+    run_cli(args, Limits::wall(WALL).memory(CAP))
 }
 
 /// Exit 4 and one line naming `needle` (an abort, out of memory, has no exit
 /// code).
-fn refused(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(4), "{:?}: {err}", o.status);
+fn refused(o: &Run, needle: &str) {
+    let err = &o.stderr;
+    assert_eq!(o.code, Some(4), "{:?}: {err}", o.code);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(needle), "{needle:?} in {err}");
 }
@@ -254,8 +235,8 @@ fn convert(dir: &Path, name: &str, capture: &Capture) -> String {
         OsStr::new("-o"),
         out.as_os_str(),
     ]);
-    assert!(r.status.success(), "{:?}: {}", r.status, stderr(&r));
-    stderr(&r)
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    r.stderr
 }
 
 #[test]

@@ -20,7 +20,7 @@ use std::time::Duration;
 use flate2::read::ZlibDecoder;
 use flate2::write::ZlibEncoder;
 use flate2::Compression;
-use support::run_bounded;
+use support::cli::{run_cli, Limits};
 use tracing_gpu::capture::CAPTURE_HEADER_SIZE;
 use tracing_gpu::format::{buffer_offsets as bo, record_offsets as ro, slot_offsets as so};
 use tracing_gpu::format::{BUFFER_MAGIC, SLOT_HEADER_SIZE, SLOT_MAGIC};
@@ -71,7 +71,7 @@ fn check_commands(dir: &Path, file: &Path, what: &str) {
         vec!["report", f, "--svg", svg.to_str().unwrap()],
         vec!["convert", f, "-o", trace.to_str().unwrap()],
     ] {
-        let r = run_bounded(&args, MEMORY, LIMIT);
+        let r = run_cli(&args, Limits::wall(LIMIT).memory(MEMORY));
         let cmd = args.join(" ");
         assert!(!r.timed_out, "{what}: `{cmd}` ran past {LIMIT:?}");
         match r.code {
@@ -84,7 +84,7 @@ fn check_commands(dir: &Path, file: &Path, what: &str) {
             ),
             other => panic!(
                 "{what}: `{cmd}` ended with {other:?} after {:?} (a signal: out of memory or a panic): {}",
-                r.took, r.stderr
+                r.wall, r.stderr
             ),
         }
     }

@@ -11,12 +11,9 @@
 //! one's figures are its own.
 #![cfg(feature = "cli")]
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing_gpu::batch::{DeviceInfo, LaunchInfo};
 use tracing_gpu::capture::{Capture, CaptureDevice, CaptureLaunch};
@@ -24,83 +21,24 @@ use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::{self, BufferBuilder};
 use tracing_gpu::registry::EventRegistry;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
+mod support;
+use support::cli::{run_cli, Limits, Run};
+
 const CPU_LIMIT_S: f64 = 10.0;
 const RSS_LIMIT_KB: libc::c_long = 512 * 1024;
 const WALL_LIMIT: Duration = Duration::from_secs(60);
-/// Stdout kept for the checks; the rest is counted, not kept.
-const STDOUT_KEPT: usize = 16 << 20;
-
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// One finished run: exit code, output, and what it cost.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stdout_bytes: usize,
-    stderr: String,
-    cpu_s: f64,
-    peak_kb: libc::c_long,
-}
-
-/// Runs the binary with `args`, measuring its own CPU time and peak RSS.
+/// Runs the binary with `args`, one at a time, measuring its own CPU time and
+/// peak RSS.
 fn run(args: &[&str]) -> Run {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary runs");
-    let pid = child.id() as libc::pid_t;
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let stdout = thread::spawn(move || {
-        let (mut kept, mut total, mut buf) = (Vec::new(), 0usize, vec![0u8; 1 << 16]);
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            total += n;
-            let room = STDOUT_KEPT.saturating_sub(kept.len());
-            kept.extend_from_slice(&buf[..n.min(room)]);
-        }
-        (kept, total)
-    });
-    let stderr = thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = err.read_to_end(&mut s);
-        s
-    });
-    // wait4 reaps the child and gives its own rusage (std's wait does not).
-    let started = Instant::now();
-    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
-    loop {
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if r == pid {
-            break;
-        }
-        assert_eq!(r, 0, "wait4: {}", std::io::Error::last_os_error());
-        if started.elapsed() > WALL_LIMIT {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-            panic!("{args:?}: still running after {WALL_LIMIT:?}, killed");
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    drop(child);
-    let (stdout, stdout_bytes) = stdout.join().unwrap();
-    let stderr = stderr.join().unwrap();
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    Run {
-        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stdout_bytes,
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-        cpu_s: secs(usage.ru_utime) + secs(usage.ru_stime),
-        // Linux gives ru_maxrss in KiB.
-        peak_kb: usage.ru_maxrss,
-    }
+    let r = run_cli(args, Limits::wall(WALL_LIMIT));
+    assert!(
+        !r.timed_out,
+        "{args:?}: still running after {WALL_LIMIT:?}, killed"
+    );
+    r
 }
 
 /// `report CAPTURE` and `report CAPTURE --svg`: both within the bounds, and
@@ -123,11 +61,11 @@ fn report_both(capture: &Path, dir: &Path) -> Option<(String, String)> {
             capture.display(),
             r.code,
             r.cpu_s,
-            r.peak_kb / 1024,
+            r.peak_rss_kb / 1024,
             r.stderr
         );
         assert!(r.cpu_s < CPU_LIMIT_S, "{context}");
-        assert!(r.peak_kb < RSS_LIMIT_KB, "{context}");
+        assert!(r.peak_rss_kb < RSS_LIMIT_KB, "{context}");
         assert!(!r.stderr.contains("panicked"), "{context}");
         match r.code {
             Some(0) => {}
@@ -411,10 +349,10 @@ fn width_is_bounded() {
     ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(
-        r.cpu_s < CPU_LIMIT_S && r.peak_kb < RSS_LIMIT_KB,
+        r.cpu_s < CPU_LIMIT_S && r.peak_rss_kb < RSS_LIMIT_KB,
         "{:.1} s, {} KB",
         r.cpu_s,
-        r.peak_kb
+        r.peak_rss_kb
     );
     let text = std::fs::read_to_string(&svg).unwrap();
     let doc = roxmltree::Document::parse(&text).unwrap();

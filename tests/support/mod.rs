@@ -2,6 +2,8 @@
 //! the profiler and a capture's replay make them.
 #![allow(dead_code)] // each test file uses its own part of this module
 
+pub mod cli;
+
 use std::sync::Arc;
 
 use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo, Part};
@@ -217,82 +219,4 @@ pub fn streamed_capture(from: &std::path::Path, parts: u64, to: &std::path::Path
             .extend(launches.iter_mut().filter_map(Iterator::next));
     }
     capture.write(to).unwrap();
-}
-
-/// The CLI binary, built for the integration tests.
-pub const CLI: &str = env!("CARGO_BIN_EXE_tracing-gpu");
-
-/// How a bounded run of the CLI ended.
-#[derive(Debug)]
-pub struct Bounded {
-    /// The exit code; `None` if a signal ended it (an abort, out of memory).
-    pub code: Option<i32>,
-    /// Killed at the time limit.
-    pub timed_out: bool,
-    /// Wall time.
-    pub took: std::time::Duration,
-    /// Its standard error.
-    pub stderr: String,
-}
-
-/// Runs the CLI with `args`, its address space capped at `memory` bytes
-/// (RLIMIT_AS: an allocation past it fails, and Rust aborts), killed after
-/// `limit`. Standard output is discarded (a report can be long).
-pub fn run_bounded<S: AsRef<std::ffi::OsStr>>(
-    args: &[S],
-    memory: u64,
-    limit: std::time::Duration,
-) -> Bounded {
-    use std::io::Read;
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
-    use std::process::{Command, Stdio};
-    let mut cmd = Command::new(CLI);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    // SAFETY: between fork and exec the closure makes one system call and
-    // allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            let cap = libc::rlimit {
-                rlim_cur: memory,
-                rlim_max: memory,
-            };
-            match libc::setrlimit(libc::RLIMIT_AS, &cap) {
-                0 => Ok(()),
-                _ => Err(std::io::Error::last_os_error()),
-            }
-        });
-    }
-    let start = std::time::Instant::now();
-    let mut child = cmd.spawn().expect("the CLI starts");
-    let mut err = child.stderr.take().unwrap();
-    // Read stderr on the side, so a chatty child never blocks on a full pipe.
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if start.elapsed() > limit {
-            timed_out = true;
-            let _ = child.kill();
-            break child.wait().expect("wait");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
-    let took = start.elapsed();
-    let stderr = reader.join().unwrap();
-    let _ = status.signal();
-    Bounded {
-        code: status.code(),
-        timed_out,
-        took,
-        stderr,
-    }
 }
