@@ -12,14 +12,11 @@ eval "$(scripts/test-env.sh)"
 MAX_PUBLIC_ITEMS=156
 # The reference of what it costs stays a reference; the history goes to docs/lab/.
 MAX_PERFORMANCE_LINES=250
-# Crates the library compiles that declare a newer Rust than its rust-version, known
-# and accepted: cudarc 0.19 (feature `cuda`) needs libloading 0.9, whose every
-# release declares Rust 1.88.
-MSRV_ALLOWED="libloading"
 
 cargo fmt --all -- --check
 python3 scripts/check_api.py --self-test
 python3 scripts/check_msrv.py --self-test
+python3 scripts/ncu_views.py --self-test
 scripts/check-layout.sh --self-test
 scripts/check-layout.sh
 lines=$(wc -l < docs/performance.md)
@@ -33,7 +30,7 @@ fi
 # and clippy's incompatible_msrv (below) refuses std items newer than it.
 cargo metadata --locked --all-features --format-version 1 \
   --filter-platform "$(rustc -vV | sed -n 's/^host: //p')" |
-  python3 scripts/check_msrv.py --allow $MSRV_ALLOWED
+  python3 scripts/check_msrv.py
 
 # Each feature alone, and all of them, as a user would build them.
 cargo check --locked --no-default-features --lib
