@@ -123,6 +123,7 @@ use crate::batch::{Batch, DEVICE_TARGET};
 pub use error::TooManySinks;
 pub use gate::GATE_EVENT;
 pub use handle::{SinkHandle, SinkLayer};
+#[cfg(feature = "otlp")]
 pub(crate) use slots::holds;
 pub use slots::{Reached, MAX_SINKS};
 pub use spans::FALLBACK_SPAN_LIMIT;

@@ -14,12 +14,13 @@ use super::flows::FlowOrigins;
 use super::guard::PerfettoGuard;
 use super::host::process;
 use super::layer::PerfettoLayer;
+use super::output::Output;
 use super::parallel::Encoders;
 use super::proto::Enc;
 use super::state::{LayerState, Msg};
 use super::tracks::Ids;
 use super::writer::TraceWriter;
-use super::writer_thread::{run_writer, Output};
+use super::writer_thread::run_writer;
 use crate::deliver::SinkHandle;
 use crate::output::AtomicFile;
 
@@ -174,7 +175,7 @@ impl PerfettoLayerBuilder {
                 state: state.clone(),
             },
             PerfettoGuard {
-                state: state,
+                state,
                 thread: Some(thread),
             },
         ))

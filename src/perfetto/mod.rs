@@ -42,6 +42,17 @@
 //!   flow once, at its last part, over every part.
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
+//!
+//! # A batch's way, one file per step
+//!
+//! `layer.rs` queues the batch (`state.rs` holds the queue and each host
+//! thread's buffer); `writer_thread.rs` takes it off and either writes it
+//! whole through [`TraceWriter::write_batch`] or writes its kernel slice
+//! and hands its warps to the encoder threads of `parallel.rs`; `device.rs`
+//! encodes what lies above the warps (GPU and SM tracks, kernel slice, drop
+//! counter), `warps.rs` the warps' events (the hot path), `proto.rs` the
+//! packets; `writer.rs` alone writes to the output (`output.rs`: the
+//! layer's file or stream). Each step calls only the steps after it.
 
 mod builder;
 mod device;
@@ -51,6 +62,7 @@ mod flows;
 mod guard;
 mod host;
 mod layer;
+mod output;
 mod parallel;
 mod parts;
 pub(crate) mod proto;

@@ -11,55 +11,17 @@
 //! [`PerfettoLayerBuilder::queued_chunks`]: super::PerfettoLayerBuilder::queued_chunks
 //! [`PerfettoLayerBuilder::batch_queue`]: super::PerfettoLayerBuilder::batch_queue
 
-use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
 use super::error::PerfettoError;
+use super::output::Output;
 use super::parallel::Encoders;
 use super::state::{LayerState, Msg, ThreadSlot};
 use super::stats::WriteStats;
 use super::writer::TraceWriter;
 use crate::clock::HostClock;
-use crate::output::AtomicFile;
-
-/// Where the writer thread writes.
-pub(super) enum Output {
-    File(AtomicFile),
-    Stream(Box<dyn Write + Send>),
-}
-
-impl Output {
-    /// Makes the output final: renames the file into place.
-    pub(super) fn commit(self) -> Result<(), PerfettoError> {
-        match self {
-            Output::File(f) => Ok(f.commit().map(drop)?),
-            Output::Stream(mut w) => Ok(w.flush()?),
-        }
-    }
-}
-
-impl Write for Output {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Output::File(f) => f.write(buf),
-            Output::Stream(w) => w.write(buf),
-        }
-    }
-    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        match self {
-            Output::File(f) => f.write_all(buf),
-            Output::Stream(w) => w.write_all(buf),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Output::File(f) => f.flush(),
-            Output::Stream(w) => w.flush(),
-        }
-    }
-}
 
 /// Marks every thread buffer closed when the writer stops, however it stops,
 /// so that no thread waits for it forever.
