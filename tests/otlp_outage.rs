@@ -88,7 +88,7 @@ fn load(spans: usize, batches: u64) -> Duration {
         let _e = launch.enter();
         let b = batch(id, launch.id());
         timed("a batch hand-over", &mut || {
-            tracing_gpu::deliver::deliver(&dispatch, b.clone())
+            tracing_gpu::deliver::deliver(&dispatch, b.clone());
         });
     }
     worst

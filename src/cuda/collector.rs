@@ -680,17 +680,15 @@ impl Worker {
         if let Some(a) = self.archive.as_mut() {
             a.record(&batch);
         }
-        deliver::deliver(&dispatch, batch);
+        let reached = deliver::deliver(&dispatch, batch);
         // Only now may the launch span close (and its id be reused).
         drop(span);
-        let mut sinks = Vec::new();
-        deliver::for_each_sink(&dispatch, |_, s| sinks.push(s.clone()));
         self.shared.finish(n, |st| {
             st.stats.delivered += n;
             st.stats.parts += part;
             st.stats.events += events;
             st.stats.dropped_events += dropped;
-            for sink in sinks {
+            for sink in reached.sinks() {
                 if !st.sinks.iter().any(|s| Arc::ptr_eq(s, &sink)) {
                     st.sinks.push(sink);
                 }

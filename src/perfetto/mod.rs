@@ -42,54 +42,41 @@
 //!   flow once, at its last part, over every part.
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
+//!
+//! # A batch's way, one file per step
+//!
+//! `layer.rs` queues the batch (`state.rs` holds the queue and each host
+//! thread's buffer); `writer_thread.rs` takes it off and either writes it
+//! whole through [`TraceWriter::write_batch`] or writes its kernel slice
+//! and hands its warps to the encoder threads of `parallel.rs`; `device.rs`
+//! encodes what lies above the warps (GPU and SM tracks, kernel slice, drop
+//! counter), `warps.rs` the warps' events (the hot path), `proto.rs` the
+//! packets; `writer.rs` alone writes to the output (`output.rs`: the
+//! layer's file or stream). Each step calls only the steps after it.
 
-mod encode;
-mod encoders;
+mod builder;
+mod device;
+mod error;
 mod fields;
+mod flows;
+mod guard;
 mod host;
 mod layer;
+mod output;
+mod parallel;
+mod parts;
 pub(crate) mod proto;
-mod streamed;
+mod state;
+mod stats;
 mod tracks;
 mod warps;
 mod writer;
+mod writer_thread;
 
-use std::path::PathBuf;
-
-pub use encode::WriteStats;
+pub use builder::PerfettoLayerBuilder;
+pub use error::PerfettoError;
 pub use fields::LAUNCH_ID_FIELD;
-pub use layer::{PerfettoGuard, PerfettoLayer, PerfettoLayerBuilder};
+pub use guard::PerfettoGuard;
+pub use layer::PerfettoLayer;
+pub use stats::WriteStats;
 pub use writer::TraceWriter;
-
-/// Why a trace could not be written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PerfettoError {
-    /// The output path has no file name.
-    #[error("not a file path: {0}")]
-    BadPath(PathBuf),
-    /// The output file could not be created (in its folder, as a temporary
-    /// file), or it exists and is not a regular file.
-    #[error("cannot create {path}: {source}")]
-    Create {
-        /// The output's path.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// Writing, syncing or renaming failed.
-    #[error("writing the trace failed: {0}")]
-    Io(#[from] std::io::Error),
-    /// The writer thread could not be started.
-    #[error("cannot start the trace writer thread: {0}")]
-    Thread(std::io::Error),
-    /// The writer thread panicked (a bug): the trace is lost.
-    #[error("the trace writer thread panicked")]
-    WriterPanicked,
-    /// The process has too many batch sinks alive.
-    #[error(transparent)]
-    Sink(#[from] crate::deliver::TooManySinks),
-    /// The builder was given no output file.
-    #[error("no output file: call PerfettoLayerBuilder::file")]
-    NoFile,
-}

@@ -1,5 +1,5 @@
 //! Warps' events → TrackEvent packets: the hot path, which one encoder
-//! ([`super::encode::Core`]) or several encoder threads ([`super::encoders`])
+//! ([`super::device::DeviceEncoder`]) or several encoder threads ([`super::parallel`])
 //! run.
 //!
 //! The bulk path (one warp's events) allocates nothing per event: events are
@@ -12,9 +12,9 @@ use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::error::PerfettoError;
 use super::proto::{field, Enc, EventType};
 use super::tracks::{sequence_start, Ids, Lane, ShortSeqs, Warp, WarpTracks};
-use super::PerfettoError;
 use crate::batch::Batch;
 use crate::format::EventKind;
 use crate::registry::{unknown_event_name, EventRegistry};
@@ -195,7 +195,7 @@ impl WarpEncoder {
     }
 
     /// Encodes the events of the warps of `b` that `shard` owns into `enc`,
-    /// `window` being the batch's device time window ([`Core::head`](super::encode::Core::head), which
+    /// `window` being the batch's device time window ([`DeviceEncoder::head`](super::device::DeviceEncoder::head), which
     /// also declared their SMs). Whenever more than [`FLUSH_AT`] bytes are
     /// buffered after a warp, `sink` takes them (and leaves `enc` empty).
     /// Returns the device events written.

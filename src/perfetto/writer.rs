@@ -1,19 +1,22 @@
 //! [`TraceWriter`]: device batches (and a capture's host spans) → TrackEvent
 //! packets, written to any `io::Write`.
 //!
-//! This is the synchronous core. [`super::PerfettoLayer`] runs one on its
-//! writer thread; the CLI's `convert` uses one directly.
-//!
+//! The last step of a batch's way: whatever encodes packets (the batch's own
+//! [`DeviceEncoder`], the host threads, the encoder threads of
+//! `parallel.rs`) hands them here, and only this writes to the output.
+//! [`super::PerfettoLayer`] runs one on its writer thread; the CLI's
+//! `convert` uses one directly.
 
 use std::io::Write;
 use std::sync::Arc;
 
-use super::encode::Core;
-use super::encode::WriteStats;
+use super::device::DeviceEncoder;
+use super::error::PerfettoError;
+use super::flows::FlowOrigins;
 use super::proto::{field, Enc};
+use super::stats::WriteStats;
 use super::tracks::Ids;
 use super::warps::FLUSH_AT;
-use super::PerfettoError;
 use crate::batch::{Batch, HostSpan};
 
 /// Writes device batches, and a capture's host spans
@@ -35,7 +38,7 @@ use crate::batch::{Batch, HostSpan};
 #[derive(Debug)]
 pub struct TraceWriter<W: Write> {
     out: W,
-    core: Core,
+    core: DeviceEncoder,
     /// zlib level when output goes out as `compressed_packets`.
     compress: Option<u32>,
     zbuf: Vec<u8>,
@@ -44,14 +47,20 @@ pub struct TraceWriter<W: Write> {
 impl<W: Write> TraceWriter<W> {
     /// Starts a trace: writes its clock snapshot (the trace clock, BOOTTIME).
     pub fn new(out: W) -> Result<TraceWriter<W>, PerfettoError> {
-        let core = Core::new(Arc::new(Ids::new()), Arc::default());
-        Self::with_core(out, core)
+        Self::start(out, Arc::new(Ids::new()), Arc::default())
     }
 
-    pub(crate) fn with_core(out: W, core: Core) -> Result<TraceWriter<W>, PerfettoError> {
+    /// Starts a trace whose tracks take their uuids and sequences from `ids`,
+    /// and whose kernel slices end the flows of `flows`, shared with the
+    /// layer's host threads.
+    pub(crate) fn start(
+        out: W,
+        ids: Arc<Ids>,
+        flows: Arc<FlowOrigins>,
+    ) -> Result<TraceWriter<W>, PerfettoError> {
         let mut w = TraceWriter {
             out,
-            core,
+            core: DeviceEncoder::new(ids, flows),
             compress: None,
             zbuf: Vec::new(),
         };
@@ -65,10 +74,6 @@ impl<W: Write> TraceWriter<W> {
     pub fn compress(mut self, level: u32) -> Self {
         self.compress = Some(level.min(9));
         self
-    }
-
-    pub(crate) fn core(&mut self) -> &mut Core {
-        &mut self.core
     }
 
     /// Writes one batch: the warps' events on their GPU / SM / warp tracks,
@@ -113,14 +118,35 @@ impl<W: Write> TraceWriter<W> {
         self.write_raw(&packets.buf)
     }
 
-    /// Appends packets encoded elsewhere (a host thread's chunk).
+    /// Writes what lies above a batch's warps (its GPU and SM descriptors,
+    /// kernel slice and drops), for encoder threads to write the warps
+    /// ([`super::parallel`]); returns the batch's device time window.
+    pub(crate) fn write_head(&mut self, batch: &Batch) -> Result<(u64, u64), PerfettoError> {
+        let head = self.core.head(batch);
+        self.core.kernel(batch, &head);
+        self.drain(FLUSH_AT)?;
+        Ok(head.window)
+    }
+
+    /// Appends packets encoded elsewhere (a host thread's chunk, an encoder
+    /// thread's warps).
     pub(crate) fn write_raw(&mut self, bytes: &[u8]) -> Result<(), PerfettoError> {
         self.drain(0)?;
         self.emit(bytes)
     }
 
+    /// Counts device events that an encoder thread wrote.
+    pub(crate) fn add_device_events(&mut self, n: u64) {
+        self.core.stats.device_events += n;
+    }
+
+    /// Counts host slices that a thread of the layer wrote.
+    pub(crate) fn add_host_slices(&mut self, n: u64) {
+        self.core.stats.host_slices += n;
+    }
+
     /// Hands buffered output to the writer once there is more than `above` bytes.
-    pub(crate) fn drain(&mut self, above: usize) -> Result<(), PerfettoError> {
+    fn drain(&mut self, above: usize) -> Result<(), PerfettoError> {
         if self.core.enc.len() > above {
             let r = write_packets(
                 &mut self.out,

@@ -2,124 +2,31 @@
 //! [`super::TraceWriter`] and the layer's writer thread run. The warps'
 //! events, the hot path, are `warps.rs`'s.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
+use super::error::PerfettoError;
+use super::flows::{launch_flow_id, FlowOrigins};
+use super::parts::{KernelSum, LaunchParts};
 use super::proto::{
     Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket, TracePacketDefaults,
     TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME, SEQ_INCREMENTAL_STATE_CLEARED,
 };
-use super::streamed::{KernelSum, StreamedLaunches};
+use super::stats::WriteStats;
 use super::tracks::{DeviceTracks, Ids, MISC_SEQUENCE};
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
-use super::PerfettoError;
 use crate::batch::Batch;
 use crate::clock::HostClock;
-
-/// What a [`super::TraceWriter`] has written so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriteStats {
-    /// Bytes handed to the output.
-    pub bytes: u64,
-    /// Device events written (each a slice: range or instant).
-    pub device_events: u64,
-    /// Kernel slices written (one per launch: a launch delivered in parts
-    /// gets one, at its last part).
-    pub kernels: u64,
-    /// Device records the slots had to drop (shown on the counter tracks).
-    pub dropped: u64,
-    /// Host slices written (spans entered, events), by a layer.
-    pub host_slices: u64,
-    /// Flow arrows from a host launch span to its kernel.
-    pub flows: u64,
-}
-
-/// The flow id of a launch: the same on the host span and the kernel slice.
-pub(crate) fn launch_flow_id(launch_id: u64) -> u64 {
-    // Never zero: Perfetto reads 0 as "no id".
-    launch_id.wrapping_add(1).max(1)
-}
-
-/// The launches whose host slice started a flow that their kernel slice has
-/// not yet ended.
-///
-/// Live ([`FlowOrigins::window`], the layer's): one word per launch id modulo
-/// [`FlowOrigins::WINDOW`], holding the id plus one (0: none). A launch span
-/// starts its flow on the launching thread (one store, no lock: it is on the
-/// launch call's path) and its kernel slice ends it (a compare-and-swap); a
-/// launch that never gets a batch (one skipped because the arena was full)
-/// leaves its word to be overwritten, so the memory is fixed (2 MiB) whatever
-/// the run's length. A launch whose word a launch `WINDOW` ids later took
-/// before its batch came (more than 262,144 launches in between, which the
-/// profiler's hold of about a second reaches only past 250 k launches a
-/// second) has its flow left unended (a dangling arrow, as a skipped
-/// launch's), never ended by the wrong kernel.
-///
-/// Replayed ([`FlowOrigins::default`], a [`super::TraceWriter`]'s): a capture's
-/// host spans are all written before its batches, so every flow stays open
-/// until its batch: a set, exact, as large as the spans already in memory.
-#[derive(Debug)]
-pub(crate) enum FlowOrigins {
-    Window(Box<[AtomicU64]>),
-    Exact(Mutex<HashSet<u64>>),
-}
-
-impl Default for FlowOrigins {
-    fn default() -> FlowOrigins {
-        FlowOrigins::Exact(Mutex::default())
-    }
-}
-
-impl FlowOrigins {
-    const WINDOW: usize = 1 << 18;
-
-    /// The live layer's table.
-    pub(crate) fn window() -> FlowOrigins {
-        FlowOrigins::Window((0..Self::WINDOW).map(|_| AtomicU64::new(0)).collect())
-    }
-
-    /// Starts the flow of launch `launch_id` at a host slice: remembers that its
-    /// kernel slice ends one ([`Core::batch`]), and returns the flow id.
-    pub(crate) fn start(&self, launch_id: u64) -> u64 {
-        match self {
-            FlowOrigins::Window(w) => w[launch_id as usize % Self::WINDOW]
-                .store(launch_id.wrapping_add(1), Ordering::Relaxed),
-            FlowOrigins::Exact(set) => {
-                set.lock().insert(launch_id);
-            }
-        }
-        launch_flow_id(launch_id)
-    }
-
-    /// Whether launch `launch_id`'s flow was started and not yet ended; ends it.
-    pub(crate) fn end(&self, launch_id: u64) -> bool {
-        match self {
-            FlowOrigins::Window(w) => w[launch_id as usize % Self::WINDOW]
-                .compare_exchange(
-                    launch_id.wrapping_add(1),
-                    0,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok(),
-            FlowOrigins::Exact(set) => set.lock().remove(&launch_id),
-        }
-    }
-}
 
 /// The encoder state of one trace: tracks, sequences, interned names. Writes
 /// into an in-memory buffer; [`super::TraceWriter`] drains that to its output.
 ///
 /// A batch is encoded in two parts: the part above the warps
-/// ([`Core::head`], [`Core::kernel`]: GPU and SM tracks, the kernel slice, the
+/// ([`DeviceEncoder::head`], [`DeviceEncoder::kernel`]: GPU and SM tracks, the kernel slice, the
 /// drop counter), which this core always writes, and the warps' events
-/// ([`WarpEncoder`]), which it writes itself ([`Core::batch`]) or which
-/// encoder threads share ([`super::encoders`]).
+/// ([`WarpEncoder`]), which it writes itself ([`DeviceEncoder::batch`]) or which
+/// encoder threads share ([`super::parallel`]).
 #[derive(Debug)]
-pub(crate) struct Core {
+pub(crate) struct DeviceEncoder {
     pub(crate) ids: Arc<Ids>,
     /// Launch ids whose host span carries a flow origin not yet terminated.
     pub(crate) flow_origins: Arc<FlowOrigins>,
@@ -128,10 +35,10 @@ pub(crate) struct Core {
     tracks: DeviceTracks,
     warps: WarpEncoder,
     /// Launches delivered in parts whose last part is still to come.
-    streamed: StreamedLaunches,
+    parts: LaunchParts,
 }
 
-/// What [`Core::head`] learnt of a batch from its slots' headers.
+/// What [`DeviceEncoder::head`] learnt of a batch from its slots' headers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Head {
     gpu: usize,
@@ -141,8 +48,8 @@ pub(crate) struct Head {
     dropped: u64,
 }
 
-impl Core {
-    pub(crate) fn new(ids: Arc<Ids>, flow_origins: Arc<FlowOrigins>) -> Core {
+impl DeviceEncoder {
+    pub(crate) fn new(ids: Arc<Ids>, flow_origins: Arc<FlowOrigins>) -> DeviceEncoder {
         let mut enc = Enc::with_capacity(FLUSH_AT + (64 << 10));
         // The trace clock, and what the other host clocks read at the same time.
         let boot = HostClock::Boottime.now_ns();
@@ -172,14 +79,14 @@ impl Core {
             })),
             ..Default::default()
         });
-        Core {
+        DeviceEncoder {
             ids,
             flow_origins,
             enc,
             stats: WriteStats::default(),
             tracks: DeviceTracks::default(),
             warps: WarpEncoder::default(),
-            streamed: StreamedLaunches::default(),
+            parts: LaunchParts::default(),
         }
     }
 
@@ -193,7 +100,7 @@ impl Core {
         sink: &mut dyn FnMut(&[u8]) -> Result<u64, PerfettoError>,
     ) -> Result<(), PerfettoError> {
         let head = self.head(b);
-        let Core {
+        let DeviceEncoder {
             ids,
             enc,
             stats,
@@ -212,7 +119,7 @@ impl Core {
     /// Declares the batch's GPU and SMs (those not declared yet), before any
     /// of its warps is written; reads its time window and drop count.
     pub(crate) fn head(&mut self, b: &Batch) -> Head {
-        let Core {
+        let DeviceEncoder {
             ids, enc, tracks, ..
         } = self;
         let gpu = tracks.gpu(ids, b.device.ordinal, &b.device.name, enc);
@@ -242,7 +149,7 @@ impl Core {
 
     /// Writes the batch's kernel slice and its drops on the GPU's counter; for
     /// a launch delivered in parts, once, at its last part, over every part
-    /// ([`StreamedLaunches`]).
+    /// ([`LaunchParts`]).
     pub(crate) fn kernel(&mut self, b: &Batch, head: &Head) {
         let map = b.calibration.mapper(head.window.0, head.window.1);
         let sum = KernelSum {
@@ -259,7 +166,7 @@ impl Core {
                 let warps = buffer
                     .slots()
                     .map(|s| (s.header.block_linear, s.header.warp));
-                match self.streamed.add(b.launch.launch_id, part, sum, warps) {
+                match self.parts.add(b.launch.launch_id, part, sum, warps) {
                     Some(sum) => sum,
                     None => return,
                 }
@@ -289,7 +196,7 @@ impl Core {
         flow: Option<u64>,
     ) {
         let dropped = sum.dropped;
-        let Core {
+        let DeviceEncoder {
             ids, enc, tracks, ..
         } = self;
         let g = tracks.get(gpu);
@@ -487,34 +394,5 @@ mod tests {
             events[1].1.track_uuid.is_none(),
             "the track comes from the defaults"
         );
-    }
-
-    #[test]
-    fn a_flow_is_ended_once_by_its_own_launch_and_memory_stays_fixed() {
-        let o = FlowOrigins::window();
-        assert_eq!(o.start(7), launch_flow_id(7));
-        assert!(!o.end(8), "never started");
-        assert!(o.end(7));
-        assert!(!o.end(7), "ended once");
-        // A launch WINDOW ids later takes the word: the earlier flow is left
-        // unended, never ended by the other kernel.
-        let later = 9 + FlowOrigins::WINDOW as u64;
-        o.start(9);
-        o.start(later);
-        assert!(!o.end(9));
-        assert!(o.end(later));
-        // Launches that never get a batch reuse words: no growth.
-        for id in 0..3 * FlowOrigins::WINDOW as u64 {
-            o.start(id);
-        }
-        let FlowOrigins::Window(w) = &o else {
-            panic!("a window")
-        };
-        assert_eq!(w.len(), FlowOrigins::WINDOW);
-        // A replay's set keeps every flow until its batch, however many.
-        let exact = FlowOrigins::default();
-        exact.start(9);
-        exact.start(later);
-        assert!(exact.end(9) && exact.end(later));
     }
 }

@@ -4,7 +4,7 @@
 //! warp tracks whatever the part: a warp's tracks are keyed by GPU, SM, block
 //! and warp, and each warp has one encoder). The kernel slice is drawn once,
 //! at the last part, over what every part recorded, as the slice of the same
-//! launch delivered whole would be: so until then each launch streaming in
+//! launch delivered whole would be: so until then each launch arriving in parts
 //! keeps a small summary here, which its last part removes.
 
 use std::collections::{HashMap, HashSet};
@@ -16,7 +16,7 @@ use crate::batch::Part;
 /// part ever comes, covers only the parts after that). Streamed launches are
 /// long-running kernels, a handful at a time: this bounds what a launch whose
 /// last part never comes (its run ended first) can hold.
-pub(crate) const MAX_STREAMING: usize = 1024;
+pub(crate) const MAX_ARRIVING: usize = 1024;
 
 /// What a kernel slice says of its launch: its extent on the trace clock
 /// (`None`: nothing recorded) and its counts.
@@ -28,9 +28,9 @@ pub(crate) struct KernelSum {
     pub(crate) dropped: u64,
 }
 
-/// One launch streaming in: its parts so far.
+/// One launch arriving in parts: its parts so far.
 #[derive(Debug)]
-struct Streaming {
+struct Arriving {
     sum: KernelSum,
     /// The warps (block, warp) seen: a warp is in many parts, counted once.
     warps: HashSet<(u32, u32)>,
@@ -38,14 +38,14 @@ struct Streaming {
     touched: u64,
 }
 
-/// The launches streaming in, by launch id.
+/// The launches arriving in parts, by launch id.
 #[derive(Debug, Default)]
-pub(crate) struct StreamedLaunches {
-    open: HashMap<u64, Streaming>,
+pub(crate) struct LaunchParts {
+    open: HashMap<u64, Arriving>,
     parts: u64,
 }
 
-impl StreamedLaunches {
+impl LaunchParts {
     /// Adds part `part` of launch `launch_id` (`sum`: the part's own, its
     /// `warps` unused; `warps`: its warps). Returns the launch's sum at its last
     /// part, `None` before.
@@ -57,13 +57,13 @@ impl StreamedLaunches {
         warps: impl Iterator<Item = (u32, u32)>,
     ) -> Option<KernelSum> {
         self.parts += 1;
-        if !self.open.contains_key(&launch_id) && self.open.len() >= MAX_STREAMING {
+        if !self.open.contains_key(&launch_id) && self.open.len() >= MAX_ARRIVING {
             let stalest = self.open.iter().min_by_key(|(_, s)| s.touched);
             if let Some(&id) = stalest.map(|(id, _)| id) {
                 self.open.remove(&id);
             }
         }
-        let s = self.open.entry(launch_id).or_insert_with(|| Streaming {
+        let s = self.open.entry(launch_id).or_insert_with(|| Arriving {
             sum: KernelSum::default(),
             warps: HashSet::new(),
             touched: 0,
@@ -87,7 +87,7 @@ impl StreamedLaunches {
         })
     }
 
-    /// Launches streaming in now.
+    /// Launches arriving in parts now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.open.len()
@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn parts_sum_up_at_the_last_and_are_forgotten_then() {
-        let mut s = StreamedLaunches::default();
+        let mut s = LaunchParts::default();
         let sum = |a, b, events| KernelSum {
             extent: Some((a, b)),
             events,
@@ -137,8 +137,8 @@ mod tests {
 
     #[test]
     fn launches_whose_last_part_never_comes_are_bounded() {
-        let mut s = StreamedLaunches::default();
-        for id in 0..(MAX_STREAMING as u64 * 3) {
+        let mut s = LaunchParts::default();
+        for id in 0..(MAX_ARRIVING as u64 * 3) {
             s.add(
                 id,
                 part(0, false),
@@ -146,10 +146,10 @@ mod tests {
                 [(0, 0)].into_iter(),
             );
         }
-        assert_eq!(s.len(), MAX_STREAMING);
+        assert_eq!(s.len(), MAX_ARRIVING);
         // The newest are kept.
         let k = s.add(
-            MAX_STREAMING as u64 * 3 - 1,
+            MAX_ARRIVING as u64 * 3 - 1,
             part(1, true),
             KernelSum::default(),
             [].into_iter(),

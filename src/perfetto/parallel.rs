@@ -3,8 +3,7 @@
 //!
 //! The layer's writer thread stays the one that writes the file. For each
 //! batch it writes, itself, what lies above the warps
-//! ([`Core::head`](super::encode::Core::head),
-//! [`Core::kernel`](super::encode::Core::kernel): the GPU and SM descriptors,
+//! ([`TraceWriter::write_head`]: the GPU and SM descriptors,
 //! the kernel slice, the drop counter), then hands the batch to every encoder
 //! thread. Encoder `i` of `n` writes the warps that [`Shard`] `i` owns: the
 //! same warps, batch after batch, so each warp's lanes and their writer
@@ -32,11 +31,11 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use super::error::PerfettoError;
 use super::proto::Enc;
 use super::tracks::Ids;
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use super::writer::TraceWriter;
-use super::PerfettoError;
 use crate::batch::Batch;
 
 /// Groups of batches each encoder may have been handed and not finished:
@@ -90,7 +89,7 @@ impl Drop for Obituary<'_> {
     }
 }
 
-/// A group of batches, each with its device time window ([`Core::head`](super::encode::Core::head)).
+/// A group of batches, each with its device time window ([`TraceWriter::write_head`]).
 type Group = Arc<[(Arc<Batch>, (u64, u64))]>;
 
 /// The encoder threads of one layer, seen from its writer thread.
@@ -201,13 +200,14 @@ impl Encoders {
         failed: &mut Option<PerfettoError>,
     ) {
         self.take_ready(w, failed);
-        let core = w.core();
-        let head = core.head(batch);
-        core.kernel(batch, &head);
-        if let Err(e) = w.drain(FLUSH_AT) {
-            failed.get_or_insert(e);
-        }
-        self.group.push((batch.clone(), head.window));
+        let window = match w.write_head(batch) {
+            Ok(window) => window,
+            Err(e) => {
+                failed.get_or_insert(e);
+                return;
+            }
+        };
+        self.group.push((batch.clone(), window));
         self.group_events += batch.buffer.event_count();
         if self.group.len() >= GROUP_BATCHES || self.group_events >= GROUP_EVENTS {
             self.hand_out(w, failed);
@@ -298,7 +298,7 @@ impl Encoders {
         }
         // A dead encoder's channel is gone: the buffer is freed then.
         let _ = self.spare[p.encoder].send(p.bytes);
-        w.core().stats.device_events += p.events;
+        w.add_device_events(p.events);
         if p.groups == DIED {
             failed.get_or_insert(PerfettoError::WriterPanicked);
         }
