@@ -14,9 +14,9 @@ use crate::format::{trimmed, BufferHeader};
 use crate::registry::EventRegistry;
 
 use super::error::ProfilerError;
-use super::memory::{Mark, Place};
-use super::ring::Arena;
-use super::stream::Drainers;
+use super::device::{Mark, Place};
+use super::device::Arena;
+use super::drain::Drainers;
 
 /// One profiled launch, or one replay of a profiled graph, on its way to the sinks.
 pub(crate) struct Job {

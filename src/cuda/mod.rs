@@ -9,20 +9,12 @@ pub mod calibrate;
 mod collector;
 mod compile;
 mod device;
+mod drain;
 mod error;
-mod graph;
 mod job;
-mod lanes;
-mod launch;
-mod memory;
-mod names;
+mod ledger;
 mod profiler;
 mod recorder;
-mod ring;
-mod shared;
-mod stream;
-mod stream_bench;
-mod streaming;
 
 pub use cudarc;
 
@@ -30,15 +22,14 @@ pub use compile::{
     compile, ensure_libraries, ensure_nvrtc, KernelBuild, HEADER_NAME, HEADER_PATH, HEADER_SOURCE,
 };
 pub use error::{CalibrateError, CudaError, ProfilerError};
-pub use graph::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
+pub use profiler::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
 pub use profiler::{
     Profiler, ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
     DEFAULT_RECALIBRATION,
 };
 pub use recorder::{CaptureLayer, CaptureRecorder};
-pub use shared::ProfilerStats;
-pub use stream::{DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
-pub use streaming::Streaming;
+pub use ledger::ProfilerStats;
+pub use profiler::{Streaming, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
 pub use crate::gpu_profile;
@@ -47,7 +38,7 @@ pub use crate::gpu_profile;
 pub mod __bench {
     //! What `benches/drain.rs` measures: a drain thread's work on host memory;
     //! not public API.
-    pub use super::stream_bench::Rings;
+    pub use super::drain::Rings;
 }
 
 #[doc(hidden)]

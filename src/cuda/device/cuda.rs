@@ -13,9 +13,9 @@ use std::time::Duration;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use parking_lot::Mutex;
 
-use super::error::ProfilerError;
-use super::memory::{Device, Kind, Mark, Memory, Place, StreamMark, ARMED};
-use super::ring::ALIGN;
+use crate::cuda::error::ProfilerError;
+use crate::cuda::device::{Device, Kind, Mark, Memory, Place, StreamMark, ARMED};
+use crate::cuda::device::ALIGN;
 use crate::batch::DeviceInfo;
 
 /// An owned non-blocking stream (it never synchronises with the legacy default

@@ -30,12 +30,12 @@ use std::time::Duration;
 
 use cudarc::driver::{sys, CudaStream, LaunchConfig};
 
-use super::device::allocate_mapped;
-use super::error::ProfilerError;
-use super::job::Work;
-use super::memory::{Place, Shape};
-use super::profiler::{Profiler, ProfilerBuilder};
-use super::ring::Arena;
+use crate::cuda::device::allocate_mapped;
+use crate::cuda::error::ProfilerError;
+use crate::cuda::job::Work;
+use crate::cuda::device::{Place, Shape};
+use crate::cuda::profiler::{Profiler, ProfilerBuilder};
+use crate::cuda::device::Arena;
 use crate::batch::DeviceInfo;
 use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 

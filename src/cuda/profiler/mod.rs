@@ -70,20 +70,30 @@ use std::time::Duration;
 
 use cudarc::driver::{sys, CudaContext, CudaGraph, CudaStream, DeviceRepr, LaunchConfig};
 
-use super::calibrate::Calibrator;
-use super::collector::ProfilerStats;
-use super::collector::{
-    Collector, CollectorConfig, Recalibrate, Recalibration, Round, Shared, BRING_BACK_EVERY,
-};
-use super::device::{allocate, device_info, CudaDevice, Events};
-use super::error::{CalibrateError, ProfilerError};
-use super::graph::{Graphs, ProfiledGraph};
-use super::job::Work;
-use super::memory::{Kind, Memory, Place, Shape};
-use super::names::{kernel_name, thread_name};
-use super::recorder::CaptureRecorder;
-use super::ring::{Arena, Region};
-use super::stream::{DrainConfig, DrainThreads, StreamArena, StreamSettings, BACKLOG_BYTES};
+mod clock;
+mod graph;
+mod launch;
+mod names;
+mod rings;
+mod streamed;
+
+pub use graph::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
+pub use rings::{DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
+pub use streamed::Streaming;
+
+use crate::cuda::collector::{Collector, CollectorConfig, BRING_BACK_EVERY};
+use crate::cuda::calibrate::Calibrator;
+use crate::cuda::device::{allocate, device_info, CudaDevice, Events};
+use crate::cuda::device::{Arena, Kind, Memory, Place, Region, Shape};
+use crate::cuda::drain::{DrainConfig, DrainThreads, BACKLOG_BYTES};
+use crate::cuda::error::ProfilerError;
+use crate::cuda::job::Work;
+use crate::cuda::ledger::{Ledger, ProfilerStats};
+use crate::cuda::recorder::CaptureRecorder;
+use clock::start_clock;
+use graph::Graphs;
+use names::{kernel_name, thread_name};
+use rings::{MappedArena, RingSettings};
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
 use crate::format::{self, BufferHeader, KernelArg};
@@ -138,7 +148,7 @@ pub struct ProfilerBuilder {
     pollers: u32,
     recorder: Option<Arc<CaptureRecorder>>,
     lineinfo: bool,
-    pub(super) stream: StreamSettings,
+    pub(super) stream: RingSettings,
 }
 
 impl Default for ProfilerBuilder {
@@ -158,7 +168,7 @@ impl Default for ProfilerBuilder {
             pollers: Calibrator::DEFAULT_POLLERS,
             recorder: None,
             lineinfo: true,
-            stream: StreamSettings::default(),
+            stream: RingSettings::default(),
         }
     }
 }
@@ -337,7 +347,7 @@ impl ProfilerBuilder {
             }
             None => None,
         };
-        let shared = Shared::new(Calibration::new(first.checkpoint.clone()));
+        let shared = Ledger::new(Calibration::new(first.checkpoint.clone()));
         let memory = Arc::new(allocate(&ctx, Kind::Arena, self.memory_limit, None, None)?);
         let arena = Arc::new(Arena::new(self.memory_limit));
         // Enough for the launches a busy stream holds in its queue.
@@ -391,7 +401,7 @@ impl ProfilerBuilder {
             shared,
             collector,
             stream_settings: self.stream,
-            streaming: StreamArena::default(),
+            streaming: MappedArena::default(),
         })
     }
 }
@@ -408,11 +418,11 @@ pub struct Profiler {
     arena: Arc<Arena>,
     pub(super) events: Arc<Events>,
     graphs: Arc<Graphs>,
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<Ledger>,
     pub(super) collector: Collector,
-    pub(super) stream_settings: StreamSettings,
+    pub(super) stream_settings: RingSettings,
     /// The streaming arena, made at the first streamed launch (`streaming.rs`).
-    pub(super) streaming: StreamArena,
+    pub(super) streaming: MappedArena,
 }
 
 impl std::fmt::Debug for Profiler {
@@ -666,54 +676,6 @@ impl Drop for Profiler {
     }
 }
 
-/// Periodic recalibration on the collector thread: a cheap round of
-/// `periodic` ping-pongs ([`Calibrator::PERIODIC_ROUNDS`] by default).
-struct DeviceClock {
-    calibrator: Calibrator,
-    periodic: usize,
-}
-
-impl DeviceClock {
-    fn round(&mut self, rounds: usize) -> Result<Round, CalibrateError> {
-        let samples = self.calibrator.sample(rounds)?;
-        let checkpoint = self.calibrator.checkpoint(&samples)?;
-        Ok(Round {
-            samples,
-            checkpoint,
-        })
-    }
-}
-
-impl Recalibrate for DeviceClock {
-    fn round(&mut self, beside_stream: bool) -> Result<Round, ProfilerError> {
-        self.calibrator.set_timeout(match beside_stream {
-            true => Calibrator::TIMEOUT_BESIDE_STREAM,
-            false => Calibrator::TIMEOUT,
-        });
-        Ok(DeviceClock::round(self, self.periodic)?)
-    }
-}
-
-/// The first calibration (thorough: `rounds.0` ping-pongs), and the
-/// recalibration (`rounds.1`) the collector runs every `period`.
-fn start_clock(
-    ctx: &Arc<CudaContext>,
-    period: Option<Duration>,
-    rounds: (usize, usize),
-    pollers: u32,
-    lineinfo: bool,
-) -> Result<(Round, Option<Recalibration>), ProfilerError> {
-    let mut calibrator = Calibrator::with_lineinfo(ctx, lineinfo)?;
-    calibrator.set_pollers(pollers)?;
-    let mut clock = DeviceClock {
-        calibrator,
-        periodic: rounds.1,
-    };
-    let first = clock.round(rounds.0)?;
-    let recalibrate = period.map(|p| (Box::new(clock) as Box<dyn Recalibrate>, p));
-    Ok((first, recalibrate))
-}
-
 /// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one
 /// kernel launch.
 ///
@@ -782,5 +744,4 @@ macro_rules! gpu_profile {
 }
 
 #[cfg(test)]
-#[path = "profiler_tests.rs"]
 mod tests;
