@@ -13,10 +13,10 @@ use crate::decode::OwnedBuffer;
 use crate::format::{trimmed, BufferHeader};
 use crate::registry::EventRegistry;
 
-use super::error::ProfilerError;
-use super::device::{Mark, Place};
 use super::device::Arena;
+use super::device::{Mark, Place};
 use super::drain::Drainers;
+use super::error::ProfilerError;
 
 /// One profiled launch, or one replay of a profiled graph, on its way to the sinks.
 pub(crate) struct Job {

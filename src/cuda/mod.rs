@@ -22,14 +22,14 @@ pub use compile::{
     compile, ensure_libraries, ensure_nvrtc, KernelBuild, HEADER_NAME, HEADER_PATH, HEADER_SOURCE,
 };
 pub use error::{CalibrateError, CudaError, ProfilerError};
+pub use ledger::ProfilerStats;
 pub use profiler::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
 pub use profiler::{
     Profiler, ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
     DEFAULT_RECALIBRATION,
 };
-pub use recorder::{CaptureLayer, CaptureRecorder};
-pub use ledger::ProfilerStats;
 pub use profiler::{Streaming, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
+pub use recorder::{CaptureLayer, CaptureRecorder};
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
 pub use crate::gpu_profile;

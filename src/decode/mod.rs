@@ -29,10 +29,10 @@ use crate::format::{
 use crate::registry::EventRegistry;
 
 mod bytes;
-mod error;
-mod packed;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) mod chunk;
+mod error;
+mod packed;
 mod v1;
 mod v2;
 use bytes::{u16_at, u32_at, u64_at};

@@ -46,12 +46,12 @@ use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use crate::cuda::compile::{compile, ensure_libraries, KernelBuild};
-use crate::cuda::error::CalibrateError;
 use crate::clock::{
     Checkpoint, ClockError, ClockMap, FitOptions, HostClock, HostOffsets, Sample,
     GLOBALTIMER_STEP_NS,
 };
+use crate::cuda::compile::{compile, ensure_libraries, KernelBuild};
+use crate::cuda::error::CalibrateError;
 
 mod lanes;
 

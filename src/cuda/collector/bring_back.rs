@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use super::Worker;
 use crate::clock::HostClock;
+use crate::cuda::device::Region;
+use crate::cuda::device::{replay_taken, Kind, Place};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::{decode_all, Job, ReplayCount, Taken, Work};
-use crate::cuda::device::{replay_taken, Kind, Place};
-use crate::cuda::device::Region;
 use crate::format::BufferHeader;
 
 impl Worker {

@@ -6,9 +6,9 @@ use tracing::Dispatch;
 
 use super::Worker;
 use crate::batch::{LaunchInfo, Part};
+use crate::cuda::drain::{DrainConfig, DrainThreads, Drained, Drainers, SlotError};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::{Job, Work};
-use crate::cuda::drain::{DrainConfig, DrainThreads, Drained, Drainers, SlotError};
 use crate::decode::OwnedBuffer;
 use crate::format::PackedWriter;
 

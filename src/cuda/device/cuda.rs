@@ -13,10 +13,10 @@ use std::time::Duration;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use parking_lot::Mutex;
 
-use crate::cuda::error::ProfilerError;
-use crate::cuda::device::{Device, Kind, Mark, Memory, Place, StreamMark, ARMED};
-use crate::cuda::device::ALIGN;
 use crate::batch::DeviceInfo;
+use crate::cuda::device::ALIGN;
+use crate::cuda::device::{Device, Kind, Mark, Memory, Place, StreamMark, ARMED};
+use crate::cuda::error::ProfilerError;
 
 /// An owned non-blocking stream (it never synchronises with the legacy default
 /// stream, so the application's work on stream 0 does not wait for ours).

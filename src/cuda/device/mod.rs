@@ -17,9 +17,9 @@ mod port;
 
 pub(crate) use arena::{Arena, Region, ALIGN};
 pub(crate) use cuda::{allocate, allocate_mapped, device_info, CudaDevice, Events};
+#[cfg(test)]
+pub(crate) use port::TAKEN;
 pub(crate) use port::{
     replay_taken, Device, Kind, Mark, Memory, Place, Shape, StreamMark, ARMED, PER_THREAD,
     REPLAY_HEADER,
 };
-#[cfg(test)]
-pub(crate) use port::TAKEN;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use cudarc::driver::LaunchConfig;
 
-use crate::cuda::error::ProfilerError;
 use crate::cuda::device::Region;
+use crate::cuda::error::ProfilerError;
 use crate::format;
 
 /// What a piece of trace memory is for, which decides how it is recycled.

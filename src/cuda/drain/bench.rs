@@ -4,8 +4,8 @@
 //! ([`Drain::poll`], [`Drain::cut`]), so that its CPU cost is measured
 //! without a GPU.
 
-use crate::cuda::device::{Kind, Memory, Region};
 use super::shard::{Drain, CHUNK_RECORDS};
+use crate::cuda::device::{Kind, Memory, Region};
 use crate::decode::OwnedBuffer;
 use crate::format::{
     slot_stream_offsets as so, slot_stride, BufferHeader, BUFFER_HEADER_SIZE, CHUNK_SIZE,

@@ -31,7 +31,6 @@ mod shard;
 pub use bench::Rings;
 pub(crate) use shard::{Drain, SlotError, CHUNK_RECORDS};
 
-
 /// Bytes of parts a streamed launch's drain threads may have cut and the
 /// collector not yet taken ([`DrainConfig::backlog`]), by default: past it they
 /// stop reading, so that a collector held back (by a slow sink, or plain spans
@@ -52,7 +51,6 @@ pub(crate) struct DrainConfig {
     /// threads stop reading (they may go past it by a part each).
     pub backlog: usize,
 }
-
 
 /// Warps per drain thread by default, at least: fewer would spend more on
 /// threads than on reading (one core rebuilds about 50-60 M entries a second).
@@ -195,7 +193,14 @@ impl Drainers {
             );
             let name = format!("tracing-gpu drain {} #{k}", header.launch_id);
             let t = std::thread::Builder::new().name(name).spawn(move || {
-                read_until_stopped(&mut drain, &memory, &region, &registry, &halt, (&sent.0, &sent.1));
+                read_until_stopped(
+                    &mut drain,
+                    &memory,
+                    &region,
+                    &registry,
+                    &halt,
+                    (&sent.0, &sent.1),
+                );
             });
             match t {
                 Ok(t) => threads.push(t),

@@ -25,10 +25,10 @@ use parking_lot::Mutex;
 
 use crate::cuda::compile::{compile, KernelBuild};
 use crate::cuda::device::allocate;
-use crate::cuda::error::ProfilerError;
-use crate::cuda::job::{Node, ReplayCount};
 use crate::cuda::device::{Kind, Memory, Place, Shape, REPLAY_HEADER};
 use crate::cuda::device::{Region, ALIGN};
+use crate::cuda::error::ProfilerError;
+use crate::cuda::job::{Node, ReplayCount};
 use crate::format::{self, BufferHeader, KernelArg};
 
 /// Profiled kernel nodes one graph may hold.

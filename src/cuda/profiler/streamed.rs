@@ -30,13 +30,13 @@ use std::time::Duration;
 
 use cudarc::driver::{sys, CudaStream, LaunchConfig};
 
+use crate::batch::DeviceInfo;
 use crate::cuda::device::allocate_mapped;
+use crate::cuda::device::Arena;
+use crate::cuda::device::{Place, Shape};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::Work;
-use crate::cuda::device::{Place, Shape};
 use crate::cuda::profiler::{Profiler, ProfilerBuilder};
-use crate::cuda::device::Arena;
-use crate::batch::DeviceInfo;
 use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 
 /// Any ring size, to count a launch's warps.

@@ -537,10 +537,7 @@ fn dropping_the_collector_delivers_everything() {
 fn the_arena_wraps_around_and_every_launch_is_delivered_or_skipped() {
     let (rec, dispatch) = recorder_dispatch();
     // Room for about three launches' buffers at a time.
-    let one = kernel(0, 0)
-        .finish()
-        .len()
-        .next_multiple_of(ALIGN);
+    let one = kernel(0, 0).finish().len().next_multiple_of(ALIGN);
     let r = Rig::with(0, None, Calibration::exact(0, 5_000, 0.0), 3 * one);
     let mut skipped = 0;
     tracing::dispatcher::with_default(&dispatch, || {
@@ -669,10 +666,7 @@ fn a_pass_gives_back_every_region_and_event_at_once() {
 #[test]
 fn a_drain_racing_new_launches_loses_nothing() {
     let (rec, dispatch) = recorder_dispatch();
-    let one = kernel(0, 0)
-        .finish()
-        .len()
-        .next_multiple_of(ALIGN);
+    let one = kernel(0, 0).finish().len().next_multiple_of(ALIGN);
     let r = Arc::new(Rig::with(
         0,
         None,
