@@ -1,4 +1,4 @@
-//! What the launching threads and the collector share: the counters
+//! The profiler's [`Ledger`]: what the launching threads and the collector share: the counters
 //! ([`ProfilerStats`], the launching threads' as atomics), the errors kept for
 //! the next flush, the sinks delivered to, and the calibration so far.
 

@@ -4,6 +4,15 @@
 //! cudarc loads libcuda and libnvrtc at first use and panics when they are
 //! missing; every entry point here checks for them first
 //! ([`ensure_libraries`]) and returns [`CudaError::LibraryMissing`] instead.
+//!
+//! The rooms, by the thread that runs them (docs/architecture.md, "The live
+//! path"): `profiler/` (the launching threads: [`Profiler`], its builder,
+//! graphs, streamed launches), `collector/` (the collector thread, a file per
+//! step, with its simulated-device tests), `drain/` (a streamed launch's drain
+//! threads), [`calibrate`] (the clock), `device/` (the device port and its CUDA
+//! implementation, the arena), `ledger.rs` (what launching threads and the
+//! collector share), `job.rs` (what a launch hands the collector) and
+//! `recorder.rs` ([`CaptureRecorder`]).
 
 pub mod calibrate;
 mod collector;

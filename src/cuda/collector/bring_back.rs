@@ -22,7 +22,7 @@ impl Worker {
         // Streamed launches were read in place: nothing to copy or zero on the device.
         let (streams, done): (Vec<_>, Vec<_>) = done
             .into_iter()
-            .partition(|(j, _)| matches!(j.work, Work::Stream { .. }));
+            .partition(|(j, _)| matches!(j.work, Work::Streamed { .. }));
         for (job, outcome) in streams {
             self.end_stream(job, outcome, complete_ns);
         }
@@ -58,7 +58,7 @@ impl Worker {
             .iter()
             .enumerate()
             .map(|(i, (j, o))| match &j.work {
-                Work::Launch { .. } | Work::Stream { .. } => o.is_ok() && fetched.is_ok(),
+                Work::Launch { .. } | Work::Streamed { .. } => o.is_ok() && fetched.is_ok(),
                 Work::Replay { replay, place, .. } => {
                     o.is_ok()
                         && fetched.is_ok()

@@ -4,7 +4,7 @@
 //!
 //! It knows nothing of CUDA: a launch reaches it as a [`Job`] (a place in trace
 //! memory and a [`Mark`] after it on its stream), and the device is a
-//! [`Device`] (`memory.rs`): CUDA's in `device.rs`, host memory in the tests,
+//! [`Device`] (`device/port.rs`): CUDA's in `device/cuda.rs`, host memory in the tests,
 //! which is how a device (or a second one) is simulated without a GPU.
 //!
 //! One pass, every few milliseconds unless the arena fills or a flush waits

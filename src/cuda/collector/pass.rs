@@ -61,11 +61,11 @@ impl Worker {
         self.streaming = pending
             .iter()
             .zip(outcome.iter().chain(unknown.clone()))
-            .any(|(j, o)| o.is_none() && matches!(j.work, Work::Stream { .. }));
+            .any(|(j, o)| o.is_none() && matches!(j.work, Work::Streamed { .. }));
         self.recalibration_paused &= self.streaming;
         let mut read = false;
         for (job, o) in pending.iter_mut().zip(outcome.iter().chain(unknown)) {
-            if o.is_none() && matches!(job.work, Work::Stream { .. }) {
+            if o.is_none() && matches!(job.work, Work::Streamed { .. }) {
                 read |= self.drain_running(job);
             }
         }
@@ -105,7 +105,7 @@ impl Worker {
             match &job.work {
                 Work::Launch { place, .. } => outstanding += place.region.len,
                 Work::Replay { .. } => return true,
-                Work::Stream { .. } => {}
+                Work::Streamed { .. } => {}
             }
         }
         outstanding >= self.arena.capacity() / 8

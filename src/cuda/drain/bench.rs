@@ -45,7 +45,7 @@ impl Rings {
         let len = BUFFER_HEADER_SIZE + warps as usize * stride;
         let interval = std::time::Duration::MAX;
         Rings {
-            memory: Memory::on_heap(Kind::Stream, 0, len),
+            memory: Memory::on_heap(Kind::Mapped, 0, len),
             region: Region {
                 offset: 0,
                 len,

@@ -4,11 +4,11 @@
 //! the part before.
 //!
 //! The rings are read by threads of their own ([`Drainers`]), each over a
-//! shard of the launch's warps ([`Drain`]), so that reading never waits for
+//! shard of the launch's warps ([`Drain`], `shard.rs`), so that reading never waits for
 //! what the collector does with a part (decoding it, holding it for a clock
 //! checkpoint, handing it to the sinks): a ring fills in milliseconds. A pass
 //! over a shard loads, for each warp, the chunk it will store next, and while
-//! that chunk is complete, rebuilds its events ([`WarpChunks`]), zeroes it and
+//! that chunk is complete, rebuilds its events (`WarpChunks`), zeroes it and
 //! publishes the new read count in the slot header, which frees the chunk for
 //! the warp. No driver call, no copy: the device's stores arrive in this
 //! memory over the host link.

@@ -130,7 +130,7 @@ pub struct Profiler {
     pub(super) shared: Arc<Ledger>,
     pub(super) collector: Collector,
     pub(super) stream_settings: RingSettings,
-    /// The streaming arena, made at the first streamed launch (`streaming.rs`).
+    /// The streaming arena, made at the first streamed launch (`streamed.rs`).
     pub(super) streaming: MappedArena,
 }
 

@@ -2,7 +2,7 @@
 //! seconds or minutes (persistent kernels, megakernels, decode loops), whose
 //! records would overflow any fixed slot. Each warp's slot is a ring in host
 //! memory mapped into the device (docs/format.md, "Streaming slots"); the
-//! collector reads the rings while the kernel runs (`stream.rs`) and delivers
+//! collector's drain threads read the rings while the kernel runs (`drain/`) and it delivers
 //! the launch in parts ([`crate::batch::Part`]), at
 //! [`ProfilerBuilder::stream_interval`]. The kernel's code does not change:
 //! the trace argument says the mode. Build it with `TGPU_STREAM=1` (and
@@ -176,7 +176,7 @@ impl Streaming<'_> {
                 slot_count: shape.slots,
             },
             launch,
-            |region| Work::Stream {
+            |region| Work::Streamed {
                 header,
                 place: Place { memory, region },
                 arena,

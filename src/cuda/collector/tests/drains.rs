@@ -126,7 +126,7 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
     let shape = Shape::of(&cfg, capacity, 1 << 30).unwrap();
     // Room for the region, rounded up to the arena's alignment.
     let len = shape.bytes.next_multiple_of(ALIGN);
-    let memory = rig.gpu.allocate(Kind::Stream, len);
+    let memory = rig.gpu.allocate(Kind::Mapped, len);
     let arena = Arc::new(Arena::new(len));
     let region = arena.alloc(shape.bytes, None).unwrap();
     rig.shared.count_launch(false);
@@ -177,7 +177,7 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
             by_collector: false,
         },
         stream: None,
-        work: Work::Stream {
+        work: Work::Streamed {
             header,
             place: Place { memory, region },
             arena,
