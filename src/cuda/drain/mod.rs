@@ -67,7 +67,7 @@ pub(crate) struct DrainThreads {
 impl DrainThreads {
     /// `n` threads (at most one per warp), as [`ProfilerBuilder::stream_drain_threads`] sets.
     ///
-    /// [`ProfilerBuilder::stream_drain_threads`]: super::ProfilerBuilder::stream_drain_threads
+    /// [`ProfilerBuilder::stream_drain_threads`]: crate::cuda::ProfilerBuilder::stream_drain_threads
     pub(crate) fn exactly(n: usize) -> DrainThreads {
         DrainThreads {
             max: n.max(1),

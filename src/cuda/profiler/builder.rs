@@ -103,7 +103,7 @@ impl ProfilerBuilder {
     /// Size of the arena, the device memory that launches' records go to
     /// (default [`DEFAULT_MEMORY_LIMIT`]), allocated once when the profiler is
     /// built, with as much pinned host memory to copy it back into. A launch
-    /// that finds no room runs unrecorded ([`ProfilerStats::skipped`]).
+    /// that finds no room runs unrecorded ([`ProfilerStats::skipped`](crate::cuda::ProfilerStats::skipped)).
     pub fn memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = bytes;
         self
@@ -196,7 +196,7 @@ impl ProfilerBuilder {
     }
 
     /// Whether the kernels the profiler compiles (its clock calibration's) carry line
-    /// info ([`super::KernelBuild::lineinfo()`]); on by default.
+    /// info ([`KernelBuild::lineinfo()`](crate::cuda::KernelBuild::lineinfo)); on by default.
     pub fn lineinfo(mut self, on: bool) -> Self {
         self.lineinfo = on;
         self

@@ -47,7 +47,7 @@ impl ProfilerBuilder {
     /// host memory mapped into the device, allocated at the first streamed
     /// launch, whatever the runs' length. A streamed launch takes one ring per
     /// warp of its grid; when the arena is full it runs unrecorded (counted
-    /// in [`super::ProfilerStats::skipped`]).
+    /// in [`ProfilerStats::skipped`](crate::cuda::ProfilerStats::skipped)).
     pub fn stream_memory(mut self, bytes: usize) -> Self {
         self.stream.memory = bytes;
         self
