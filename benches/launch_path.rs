@@ -1,11 +1,11 @@
 //! The launching thread's host-side work for one profiled launch, without a driver
 //! (issue #12), in ns per launch: `cargo bench --bench launch_path`.
 //!
-//! The arena's bookkeeping (`src/cuda/ring.rs`) and the launch's shared names
-//! (`src/cuda/names.rs`) are the crate's own files, included here (they are pure Rust
+//! The arena's bookkeeping (`src/cuda/device/arena.rs`) and the launch's shared names
+//! (`src/cuda/profiler/names.rs`) are the crate's own files, included here (they are pure Rust
 //! and crate-private). The rest is modelled with the types the profiler uses, because
 //! its files need CUDA or the collector's internals: the event pool's free list
-//! (`device.rs`: `Mutex<Vec<usize>>`, popped per launch, pushed per finished launch by
+//! (`device/cuda.rs`: `Mutex<Vec<usize>>`, popped per launch, pushed per finished launch by
 //! the collector; its `cuEventRecord` is a driver call, not measured here), and the job
 //! (`job.rs`: the same fields, a `LaunchInfo`, the dispatcher, the span, the mark, the
 //! header and the place) sent unboxed through `std::sync::mpsc`, which allocates a
@@ -45,15 +45,15 @@ use tracing_subscriber::EnvFilter;
 
 // Whole files: the launch path uses `Arena::{capacity, alloc, free}` of the first;
 // their unit tests are not built here, which leaves their imports unused.
-#[path = "../src/cuda/ring.rs"]
+#[path = "../src/cuda/device/arena.rs"]
 #[allow(dead_code, unused_imports)]
-mod ring;
+mod arena;
 
-#[path = "../src/cuda/names.rs"]
+#[path = "../src/cuda/profiler/names.rs"]
 #[allow(unused_imports)]
 mod names;
 
-use ring::{Arena, Region};
+use arena::{Arena, Region};
 
 /// A storm launch's region: 8 blocks × 4 warps × 16 records (`storm --blocks 8`).
 const REGION: usize = 9_472;

@@ -1,5 +1,12 @@
 //! Test helpers shared by the modules' unit tests: a batch with known
-//! contents, a layer that records the device spans it sees, and a sink.
+//! contents, a layer that records the device spans it sees, a sink, and the
+//! Perfetto schema checker.
+
+/// The Perfetto schema checker the integration tests use
+/// (`tests/check_perfetto.py`): one copy, in tests/, for the unit tests too.
+#[allow(dead_code)]
+#[path = "../tests/perfetto_check/mod.rs"]
+pub(crate) mod perfetto_check;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -13,10 +13,10 @@ use crate::decode::OwnedBuffer;
 use crate::format::{trimmed, BufferHeader};
 use crate::registry::EventRegistry;
 
+use super::device::Arena;
+use super::device::{Mark, Place};
+use super::drain::Drainers;
 use super::error::ProfilerError;
-use super::memory::{Mark, Place};
-use super::ring::Arena;
-use super::stream::Drainers;
 
 /// One profiled launch, or one replay of a profiled graph, on its way to the sinks.
 pub(crate) struct Job {
@@ -63,8 +63,8 @@ pub(crate) enum Work {
         count: Arc<ReplayCount>,
     },
     /// A streamed launch: its rings, in the streaming arena, are read while it
-    /// runs and delivered in parts (`stream.rs`).
-    Stream {
+    /// runs and delivered in parts (`drain/`).
+    Streamed {
         /// The buffer header (its capacity is the rings' size).
         header: BufferHeader,
         /// The region, in mapped host memory.
@@ -83,14 +83,14 @@ impl Work {
         match self {
             Work::Launch { place, .. }
             | Work::Replay { place, .. }
-            | Work::Stream { place, .. } => place,
+            | Work::Streamed { place, .. } => place,
         }
     }
 
     /// How many launches the job stands for.
     pub(crate) fn launches(&self) -> u64 {
         match self {
-            Work::Launch { .. } | Work::Stream { .. } => 1,
+            Work::Launch { .. } | Work::Streamed { .. } => 1,
             Work::Replay { nodes, .. } => nodes.len() as u64,
         }
     }
@@ -234,7 +234,7 @@ impl Taken<'_> {
                     span,
                 }),
                 // The collector delivers those itself, in parts (Worker::end_stream).
-                Work::Stream { .. } => {}
+                Work::Streamed { .. } => {}
                 Work::Replay { place, nodes, .. } => {
                     let region = place.memory.mirror(&place.region);
                     for (i, node) in nodes.iter().enumerate() {

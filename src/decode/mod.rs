@@ -29,10 +29,10 @@ use crate::format::{
 use crate::registry::EventRegistry;
 
 mod bytes;
+#[cfg(any(feature = "cuda", test))]
+pub(crate) mod chunk;
 mod error;
 mod packed;
-#[cfg(any(feature = "cuda", test))]
-pub(crate) mod stream;
 mod v1;
 mod v2;
 use bytes::{u16_at, u32_at, u64_at};
@@ -642,7 +642,7 @@ impl OwnedBuffer {
     /// The packed buffer a drain thread wrote (`PackedWriter::finish_indexed`:
     /// its bytes, header and index), taken without reading it again: the
     /// drain's events pass [`decode`](Self::decode)'s checks by construction.
-    /// [`stream::WarpStream::take`] checks every id against `registry` and
+    /// [`chunk::WarpChunks::take`] checks every id against `registry` and
     /// gives each warp's events in the order they end, never before the time
     /// before them, so that a range starts before it ends and an instant has no
     /// duration; the drain writes the slots in increasing order, each in its

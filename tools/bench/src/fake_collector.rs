@@ -7,7 +7,7 @@
 //! The launching threads record one event per launch from a ring of their own
 //! ([`Marks::record`], no lock: an event pool's lock is one of the other suspects).
 //! The [`FakeCollector`] makes the calls of the real collector's pass
-//! (`src/cuda/collector.rs`, `device.rs`), at least as often: one `cuEventQuery` per
+//! (`src/cuda/collector/pass.rs`, `device/cuda.rs`), at least as often: one `cuEventQuery` per
 //! finished launch plus one per stream for the first unfinished one; then, when some
 //! have finished, one `cuMemcpyDtoHAsync` of their trace bytes and one
 //! `cuMemsetD8Async` on a non-blocking stream of its own, each waited for through a

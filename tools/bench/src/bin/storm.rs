@@ -433,7 +433,7 @@ impl Storm<'_> {
                     })?
                 }
                 Variant::Span => {
-                    // As gpu_profile! makes, enters and records it (src/cuda/launch.rs).
+                    // As gpu_profile! makes, enters and records it (src/cuda/profiler/launch.rs).
                     let span = tracing::info_span!(
                         "tiled_poly",
                         gpu.launch_id = i as u64,

@@ -1,5 +1,5 @@
 //! One warp's streaming ring, read a chunk at a time (docs/format.md,
-//! "Streaming slots"): [`WarpStream`] keeps what carries from one chunk to the
+//! "Streaming slots"): [`WarpChunks`] keeps what carries from one chunk to the
 //! next (the open ranges, the event a payload may still follow, the time) and
 //! turns each complete chunk into events, checked as strictly as a v2 slot.
 //!
@@ -81,7 +81,7 @@ fn entry(w: u64) -> Entry {
 
 /// What carries from one chunk of a warp's ring to the next.
 #[derive(Debug, Clone)]
-pub(crate) struct WarpStream {
+pub(crate) struct WarpChunks {
     /// The open ranges, innermost last: id and start.
     open: [(u16, u64); MAX_DEPTH],
     depth: usize,
@@ -102,11 +102,11 @@ pub(crate) struct WarpStream {
     pub sm: u32,
 }
 
-impl WarpStream {
+impl WarpChunks {
     /// A warp that has stored nothing yet; `before_ns` is a device time known
     /// to come before its first chunk's stamp (within 2⁴⁸ ns).
-    pub(crate) fn new(before_ns: u64) -> WarpStream {
-        WarpStream {
+    pub(crate) fn new(before_ns: u64) -> WarpChunks {
+        WarpChunks {
             open: [(0, 0); MAX_DEPTH],
             depth: 0,
             held: None,
@@ -339,7 +339,7 @@ mod tests {
         c
     }
 
-    fn read(ws: &mut WarpStream, c: &[u64; 32]) -> Result<Vec<Event>, DecodeError> {
+    fn read(ws: &mut WarpChunks, c: &[u64; 32]) -> Result<Vec<Event>, DecodeError> {
         let meta = complete(c).expect("complete");
         let mut out = Vec::new();
         ws.take(c, meta, 3, |_| true, &mut out)?;
@@ -379,7 +379,7 @@ mod tests {
     fn ranges_nest_and_carry_across_chunks_with_their_payload() {
         // Times past 2³² and 2⁴⁸ boundaries are rebuilt from the stamp.
         let t0 = (1u64 << 48) - 100;
-        let mut ws = WarpStream::new(t0 - 1_000);
+        let mut ws = WarpChunks::new(t0 - 1_000);
         let lo = |t: u64| t as u32;
         let a = chunk(
             &[
@@ -416,7 +416,7 @@ mod tests {
     #[test]
     fn a_gap_forgets_open_ranges_and_tolerates_their_ends() {
         let t = 10_000u64;
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let a = chunk(
             &[
                 word(t as u32, 1, ENTRY_BEGIN),
@@ -451,11 +451,11 @@ mod tests {
     fn a_refused_entry_leaves_the_held_event_as_it_was() {
         let t = 10_000u64;
         let lo = |d: u64| (t + d) as u32;
-        let take = |ws: &mut WarpStream, c: &[u64; 32], out: &mut Vec<Event>| {
+        let take = |ws: &mut WarpChunks, c: &[u64; 32], out: &mut Vec<Event>| {
             ws.take(c, complete(c).unwrap(), 3, |_| true, out)
         };
         // A payload entry with an id: refused, and the event it followed is lost.
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let mut out = Vec::new();
         let c = chunk(
             &[
@@ -473,7 +473,7 @@ mod tests {
         assert!(out.is_empty(), "{out:?}");
         // A switch to a range open further out: refused after closing the
         // innermost, which stays held (it goes out at the flush).
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let mut out = Vec::new();
         let c = chunk(
             &[
@@ -495,7 +495,7 @@ mod tests {
     #[test]
     fn without_a_gap_the_v2_rules_hold() {
         let t = 10_000u64;
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let end_first = chunk(&[word(t as u32, 1, ENTRY_END)], t + 1, false, 0);
         assert!(matches!(
             read(&mut ws, &end_first),
@@ -505,13 +505,13 @@ mod tests {
                 id: 1
             })
         ));
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let stray = chunk(&[word(5, 0, ENTRY_PAYLOAD)], t, false, 0);
         assert!(matches!(
             read(&mut ws, &stray),
             Err(DecodeError::StrayPayload { .. })
         ));
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let twice = chunk(
             &[
                 word(t as u32, 1, ENTRY_BEGIN),
@@ -526,14 +526,14 @@ mod tests {
             Err(DecodeError::AlreadyOpen { entry: 1, .. })
         ));
         // An entry after the chunk's stamp.
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let late = chunk(&[word(t as u32 + 50, 1, ENTRY_INSTANT)], t, false, 0);
         assert!(matches!(
             read(&mut ws, &late),
             Err(DecodeError::EntryFarFromAnchor { .. })
         ));
         // A chunk whose entries come before the previous chunk's.
-        let mut ws = WarpStream::new(0);
+        let mut ws = WarpChunks::new(0);
         let a = chunk(&[word(t as u32, 1, ENTRY_INSTANT)], t, false, 0);
         read(&mut ws, &a).unwrap();
         let b = chunk(&[word(t as u32 - 10, 1, ENTRY_INSTANT)], t + 5, false, 0);

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use super::Worker;
 use crate::clock::HostClock;
+use crate::cuda::device::Region;
+use crate::cuda::device::{replay_taken, Kind, Place};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::{decode_all, Job, ReplayCount, Taken, Work};
-use crate::cuda::memory::{replay_taken, Kind, Place};
-use crate::cuda::ring::Region;
 use crate::format::BufferHeader;
 
 impl Worker {
@@ -22,7 +22,7 @@ impl Worker {
         // Streamed launches were read in place: nothing to copy or zero on the device.
         let (streams, done): (Vec<_>, Vec<_>) = done
             .into_iter()
-            .partition(|(j, _)| matches!(j.work, Work::Stream { .. }));
+            .partition(|(j, _)| matches!(j.work, Work::Streamed { .. }));
         for (job, outcome) in streams {
             self.end_stream(job, outcome, complete_ns);
         }
@@ -58,7 +58,7 @@ impl Worker {
             .iter()
             .enumerate()
             .map(|(i, (j, o))| match &j.work {
-                Work::Launch { .. } | Work::Stream { .. } => o.is_ok() && fetched.is_ok(),
+                Work::Launch { .. } | Work::Streamed { .. } => o.is_ok() && fetched.is_ok(),
                 Work::Replay { replay, place, .. } => {
                     o.is_ok()
                         && fetched.is_ok()

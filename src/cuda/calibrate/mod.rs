@@ -46,16 +46,19 @@ use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
 };
 
-use super::compile::{compile, ensure_libraries, KernelBuild};
-use super::error::CalibrateError;
-use super::lanes::Lanes;
 use crate::clock::{
     Checkpoint, ClockError, ClockMap, FitOptions, HostClock, HostOffsets, Sample,
     GLOBALTIMER_STEP_NS,
 };
+use crate::cuda::compile::{compile, ensure_libraries, KernelBuild};
+use crate::cuda::error::CalibrateError;
+
+mod lanes;
+
+use lanes::Lanes;
 
 /// The calibration kernels' source, embedded.
-pub const CALIBRATE_SOURCE: &str = include_str!("../../kernels/calibrate.cu");
+pub const CALIBRATE_SOURCE: &str = include_str!("../../../kernels/calibrate.cu");
 
 /// Pinned host memory mapped into the device's address space.
 struct MappedHost {

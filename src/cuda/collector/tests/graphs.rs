@@ -28,11 +28,11 @@ impl SimGraph {
                     offset,
                     len,
                 };
-                offset += len.next_multiple_of(crate::cuda::ring::ALIGN);
+                offset += len.next_multiple_of(ALIGN);
                 n
             })
             .collect();
-        let region = offset.next_multiple_of(crate::cuda::ring::ALIGN);
+        let region = offset.next_multiple_of(ALIGN);
         let ring = gpu.allocate(Kind::Replays, region * k as usize);
         for j in 0..k as usize {
             gpu.write(&ring, j * region, &ARMED.to_le_bytes());

@@ -2,7 +2,7 @@
 //! seconds or minutes (persistent kernels, megakernels, decode loops), whose
 //! records would overflow any fixed slot. Each warp's slot is a ring in host
 //! memory mapped into the device (docs/format.md, "Streaming slots"); the
-//! collector reads the rings while the kernel runs (`stream.rs`) and delivers
+//! collector's drain threads read the rings while the kernel runs (`drain/`) and it delivers
 //! the launch in parts ([`crate::batch::Part`]), at
 //! [`ProfilerBuilder::stream_interval`]. The kernel's code does not change:
 //! the trace argument says the mode. Build it with `TGPU_STREAM=1` (and
@@ -30,13 +30,13 @@ use std::time::Duration;
 
 use cudarc::driver::{sys, CudaStream, LaunchConfig};
 
-use super::device::allocate_mapped;
-use super::error::ProfilerError;
-use super::job::Work;
-use super::memory::{Place, Shape};
-use super::profiler::{Profiler, ProfilerBuilder};
-use super::ring::Arena;
 use crate::batch::DeviceInfo;
+use crate::cuda::device::allocate_mapped;
+use crate::cuda::device::Arena;
+use crate::cuda::device::{Place, Shape};
+use crate::cuda::error::ProfilerError;
+use crate::cuda::job::Work;
+use crate::cuda::profiler::{Profiler, ProfilerBuilder};
 use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 
 /// Any ring size, to count a launch's warps.
@@ -47,7 +47,7 @@ impl ProfilerBuilder {
     /// host memory mapped into the device, allocated at the first streamed
     /// launch, whatever the runs' length. A streamed launch takes one ring per
     /// warp of its grid; when the arena is full it runs unrecorded (counted
-    /// in [`super::ProfilerStats::skipped`]).
+    /// in [`ProfilerStats::skipped`](crate::cuda::ProfilerStats::skipped)).
     pub fn stream_memory(mut self, bytes: usize) -> Self {
         self.stream.memory = bytes;
         self
@@ -176,7 +176,7 @@ impl Streaming<'_> {
                 slot_count: shape.slots,
             },
             launch,
-            |region| Work::Stream {
+            |region| Work::Streamed {
                 header,
                 place: Place { memory, region },
                 arena,

@@ -7,7 +7,8 @@
 //! parts reach the sink while the launch runs.
 use super::*;
 use crate::batch::Part;
-use crate::cuda::stream::CHUNK_RECORDS;
+use crate::cuda::device::Shape;
+use crate::cuda::drain::CHUNK_RECORDS;
 use crate::deliver::SinkLayer;
 use crate::format::{
     slot_stream_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
@@ -122,10 +123,10 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
         block_dim: (64, 1, 1),
         shared_mem_bytes: 0,
     };
-    let shape = crate::cuda::memory::Shape::of(&cfg, capacity, 1 << 30).unwrap();
+    let shape = Shape::of(&cfg, capacity, 1 << 30).unwrap();
     // Room for the region, rounded up to the arena's alignment.
-    let len = shape.bytes.next_multiple_of(crate::cuda::ring::ALIGN);
-    let memory = rig.gpu.allocate(Kind::Stream, len);
+    let len = shape.bytes.next_multiple_of(ALIGN);
+    let memory = rig.gpu.allocate(Kind::Mapped, len);
     let arena = Arc::new(Arena::new(len));
     let region = arena.alloc(shape.bytes, None).unwrap();
     rig.shared.count_launch(false);
@@ -176,7 +177,7 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
             by_collector: false,
         },
         stream: None,
-        work: Work::Stream {
+        work: Work::Streamed {
             header,
             place: Place { memory, region },
             arena,

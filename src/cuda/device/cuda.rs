@@ -13,10 +13,10 @@ use std::time::Duration;
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use parking_lot::Mutex;
 
-use super::error::ProfilerError;
-use super::memory::{Device, Kind, Mark, Memory, Place, StreamMark, ARMED};
-use super::ring::ALIGN;
 use crate::batch::DeviceInfo;
+use crate::cuda::device::ALIGN;
+use crate::cuda::device::{Device, Kind, Mark, Memory, Place, StreamMark, ARMED};
+use crate::cuda::error::ProfilerError;
 
 /// An owned non-blocking stream (it never synchronises with the legacy default
 /// stream, so the application's work on stream 0 does not wait for ours).
@@ -175,7 +175,7 @@ pub(crate) fn allocate(
 }
 
 /// `len` bytes of pinned host memory mapped into the device's address space,
-/// zeroed: the streaming arena ([`Kind::Stream`]), which kernels write and the
+/// zeroed: the streaming arena ([`Kind::Mapped`]), which kernels write and the
 /// collector reads in place.
 pub(crate) fn allocate_mapped(ctx: &Arc<CudaContext>, len: usize) -> Result<Memory, DriverError> {
     ctx.bind_to_thread()?;
@@ -195,7 +195,7 @@ pub(crate) fn allocate_mapped(ctx: &Arc<CudaContext>, len: usize) -> Result<Memo
     unsafe { std::ptr::write_bytes(host.as_ptr(), 0, len.max(1)) };
     let owner = ctx.clone();
     Ok(Memory::new(
-        Kind::Stream,
+        Kind::Mapped,
         dptr,
         len,
         host,

@@ -29,7 +29,7 @@ pub(crate) struct Region {
     pub offset: usize,
     /// Bytes the launch uses (the region may be longer by the alignment).
     pub len: usize,
-    /// The allocation's sequence number, for [`Ring::free`].
+    /// The allocation's sequence number, for [`WrapAllocator::free`].
     pub seq: u64,
 }
 
@@ -41,9 +41,9 @@ struct Entry {
     freed: bool,
 }
 
-/// The ring allocator itself (not thread-safe; [`Arena`] locks it).
+/// The wrapping allocator itself (not thread-safe; [`Arena`] locks it).
 #[derive(Debug)]
-pub(crate) struct Ring {
+pub(crate) struct WrapAllocator {
     capacity: usize,
     /// Live allocations, oldest first (freed ones stay until the older ones go).
     entries: VecDeque<Entry>,
@@ -55,10 +55,10 @@ pub(crate) struct Ring {
     used: usize,
 }
 
-impl Ring {
-    /// A ring of `capacity` bytes.
-    pub(crate) fn new(capacity: usize) -> Ring {
-        Ring {
+impl WrapAllocator {
+    /// An allocator of `capacity` bytes.
+    pub(crate) fn new(capacity: usize) -> WrapAllocator {
+        WrapAllocator {
             capacity,
             entries: VecDeque::new(),
             first_seq: 0,
@@ -77,7 +77,7 @@ impl Ring {
         self.entries.len()
     }
 
-    /// A contiguous region of `len` bytes, or `None` if the ring has no room now.
+    /// A contiguous region of `len` bytes, or `None` if it has no room now.
     pub(crate) fn alloc(&mut self, len: usize) -> Option<Region> {
         let size = len.max(1).checked_next_multiple_of(ALIGN)?;
         if size > self.capacity {
@@ -152,13 +152,13 @@ impl Ring {
 /// launch call must not wait for all of them (about 64 × 10 ns at most).
 const FREE_RUN: usize = 64;
 
-/// A [`Ring`] shared between the launching threads and the collector, with a
+/// A [`WrapAllocator`] shared between the launching threads and the collector, with a
 /// condition variable for launches that choose to wait for room.
 #[derive(Debug)]
 pub(crate) struct Arena {
-    ring: Mutex<Ring>,
+    allocator: Mutex<WrapAllocator>,
     room: Condvar,
-    /// The ring's capacity, read by every launch (to size-check its buffer)
+    /// The arena's capacity, read by every launch (to size-check its buffer)
     /// without the lock.
     capacity: usize,
 }
@@ -166,7 +166,7 @@ pub(crate) struct Arena {
 impl Arena {
     pub(crate) fn new(capacity: usize) -> Arena {
         Arena {
-            ring: Mutex::new(Ring::new(capacity)),
+            allocator: Mutex::new(WrapAllocator::new(capacity)),
             room: Condvar::new(),
             capacity,
         }
@@ -179,24 +179,26 @@ impl Arena {
 
     /// Bytes in use now.
     pub(crate) fn used(&self) -> usize {
-        self.ring.lock().used()
+        self.allocator.lock().used()
     }
 
     /// A region now, or `None` if the arena is full. With `wait`, waits up to
     /// `timeout` for the collector to bring regions back instead.
     pub(crate) fn alloc(&self, len: usize, wait: Option<Duration>) -> Option<Region> {
-        let mut ring = self.ring.lock();
-        if let Some(r) = ring.alloc(len) {
+        let mut allocator = self.allocator.lock();
+        if let Some(r) = allocator.alloc(len) {
             return Some(r);
         }
         let timeout = wait?;
         let deadline = std::time::Instant::now() + timeout;
         loop {
             // Waiting is pointless when nothing is out: the region can never fit.
-            if ring.outstanding() == 0 || self.room.wait_until(&mut ring, deadline).timed_out() {
-                return ring.alloc(len);
+            if allocator.outstanding() == 0
+                || self.room.wait_until(&mut allocator, deadline).timed_out()
+            {
+                return allocator.alloc(len);
             }
-            if let Some(r) = ring.alloc(len) {
+            if let Some(r) = allocator.alloc(len) {
                 return Some(r);
             }
         }
@@ -207,15 +209,15 @@ impl Arena {
     /// first (a fair hand-over), so that its call waits for one run, not for
     /// the whole pass.
     pub(crate) fn free(&self, regions: impl IntoIterator<Item = Region>) {
-        let mut ring = self.ring.lock();
+        let mut allocator = self.allocator.lock();
         let mut reclaimed = false;
         for (i, r) in regions.into_iter().enumerate() {
             if i > 0 && i % FREE_RUN == 0 {
-                MutexGuard::bump(&mut ring);
+                MutexGuard::bump(&mut allocator);
             }
-            reclaimed |= ring.free(&r);
+            reclaimed |= allocator.free(&r);
         }
-        drop(ring);
+        drop(allocator);
         if reclaimed {
             self.room.notify_all();
         }
@@ -228,7 +230,7 @@ mod tests {
 
     #[test]
     fn regions_are_aligned_contiguous_and_disjoint() {
-        let mut r = Ring::new(4096);
+        let mut r = WrapAllocator::new(4096);
         let a = r.alloc(100).unwrap();
         let b = r.alloc(300).unwrap();
         assert_eq!((a.offset, b.offset), (0, 256));
@@ -238,7 +240,7 @@ mod tests {
 
     #[test]
     fn wraps_around_and_reclaims_out_of_order() {
-        let mut r = Ring::new(1024);
+        let mut r = WrapAllocator::new(1024);
         let a = r.alloc(256).unwrap();
         let b = r.alloc(256).unwrap();
         let c = r.alloc(256).unwrap();
@@ -266,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_region_larger_than_the_ring_never_fits() {
-        let mut r = Ring::new(1024);
+        let mut r = WrapAllocator::new(1024);
         assert!(r.alloc(1025).is_none());
         assert!(r.alloc(usize::MAX).is_none());
         let arena = Arena::new(1024);
@@ -289,7 +291,7 @@ mod tests {
             rng
         };
         let cap = 64 * ALIGN;
-        let mut r = Ring::new(cap);
+        let mut r = WrapAllocator::new(cap);
         let mut owner = vec![u64::MAX; cap / ALIGN];
         let mut live: Vec<Region> = Vec::new();
         for _ in 0..20_000 {

@@ -1,14 +1,14 @@
 //! The collector's side of streamed launches: starting a launch's drain
 //! threads, holding the parts they send, and ending the launch when it
-//! completes (`stream.rs` reads the rings).
+//! completes (`drain/` reads the rings).
 
 use tracing::Dispatch;
 
 use super::Worker;
 use crate::batch::{LaunchInfo, Part};
+use crate::cuda::drain::{DrainConfig, DrainThreads, Drained, Drainers, SlotError};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::{Job, Work};
-use crate::cuda::stream::{DrainConfig, DrainThreads, Drained, Drainers, SlotError};
 use crate::decode::OwnedBuffer;
 use crate::format::PackedWriter;
 
@@ -17,7 +17,7 @@ impl Worker {
     /// and holds the parts they have sent since. Returns whether any came.
     pub(super) fn drain_running(&mut self, job: &mut Job) -> bool {
         let (before_ns, config) = (self.stream_floor(), self.drain);
-        let Work::Stream {
+        let Work::Streamed {
             header,
             place,
             drain,
@@ -92,7 +92,7 @@ impl Worker {
             work,
             ..
         } = job;
-        let Work::Stream {
+        let Work::Streamed {
             header,
             place,
             arena,

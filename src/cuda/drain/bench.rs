@@ -4,9 +4,8 @@
 //! ([`Drain::poll`], [`Drain::cut`]), so that its CPU cost is measured
 //! without a GPU.
 
-use super::memory::{Kind, Memory};
-use super::ring::Region;
-use super::stream::{Drain, CHUNK_RECORDS};
+use super::shard::{Drain, CHUNK_RECORDS};
+use crate::cuda::device::{Kind, Memory, Region};
 use crate::decode::OwnedBuffer;
 use crate::format::{
     slot_stream_offsets as so, slot_stride, BufferHeader, BUFFER_HEADER_SIZE, CHUNK_SIZE,
@@ -46,7 +45,7 @@ impl Rings {
         let len = BUFFER_HEADER_SIZE + warps as usize * stride;
         let interval = std::time::Duration::MAX;
         Rings {
-            memory: Memory::on_heap(Kind::Stream, 0, len),
+            memory: Memory::on_heap(Kind::Mapped, 0, len),
             region: Region {
                 offset: 0,
                 len,

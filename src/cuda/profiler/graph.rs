@@ -23,12 +23,12 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaGraph, CudaStre
 use cudarc::driver::{DriverError, PushKernelArg};
 use parking_lot::Mutex;
 
-use super::compile::{compile, KernelBuild};
-use super::device::allocate;
-use super::error::ProfilerError;
-use super::job::{Node, ReplayCount};
-use super::memory::{Kind, Memory, Place, Shape, REPLAY_HEADER};
-use super::ring::{Region, ALIGN};
+use crate::cuda::compile::{compile, KernelBuild};
+use crate::cuda::device::allocate;
+use crate::cuda::device::{Kind, Memory, Place, Shape, REPLAY_HEADER};
+use crate::cuda::device::{Region, ALIGN};
+use crate::cuda::error::ProfilerError;
+use crate::cuda::job::{Node, ReplayCount};
 use crate::format::{self, BufferHeader, KernelArg};
 
 /// Profiled kernel nodes one graph may hold.
@@ -42,7 +42,7 @@ const STATE_BYTES: usize = 64 + 16 * MAX_GRAPH_NODES;
 const STATE_RING: usize = 8;
 const STATE_CURRENT: usize = 64 + 8 * MAX_GRAPH_NODES;
 
-const PROLOGUE_SOURCE: &str = include_str!("../../kernels/graph.cu");
+const PROLOGUE_SOURCE: &str = include_str!("../../../kernels/graph.cu");
 
 /// A capture in progress: its prologue and the profiled nodes so far.
 struct Plan {
@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn the_prologue_compiles_with_nvrtc() {
-        if let Err(e) = super::super::compile::ensure_nvrtc() {
+        if let Err(e) = crate::cuda::compile::ensure_nvrtc() {
             eprintln!("skipped (needs NVRTC, installed by scripts/test-env.sh): {e}");
             return;
         }

@@ -63,31 +63,39 @@
 //! trace), and delivers to the dispatcher current at each launch: they all
 //! feed one trace, with one GPU track per device.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{sys, CudaContext, CudaGraph, CudaStream, DeviceRepr, LaunchConfig};
 
-use super::calibrate::Calibrator;
-use super::collector::ProfilerStats;
-use super::collector::{
-    Collector, CollectorConfig, Recalibrate, Recalibration, Round, Shared, BRING_BACK_EVERY,
+mod builder;
+mod clock;
+mod graph;
+mod launch;
+mod names;
+mod rings;
+mod streamed;
+
+pub use builder::{
+    ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
+    DEFAULT_RECALIBRATION,
 };
-use super::device::{allocate, device_info, CudaDevice, Events};
-use super::error::{CalibrateError, ProfilerError};
-use super::graph::{Graphs, ProfiledGraph};
-use super::job::Work;
-use super::memory::{Kind, Memory, Place, Shape};
-use super::names::{kernel_name, thread_name};
-use super::recorder::CaptureRecorder;
-use super::ring::{Arena, Region};
-use super::stream::{DrainConfig, DrainThreads, StreamArena, StreamSettings, BACKLOG_BYTES};
+pub use graph::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
+pub use rings::{DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
+pub use streamed::Streaming;
+
 use crate::batch::{DeviceInfo, LaunchInfo};
 use crate::clock::{Calibration, HostClock};
+use crate::cuda::collector::Collector;
+use crate::cuda::device::{Arena, Events, Memory, Place, Region, Shape};
+use crate::cuda::error::ProfilerError;
+use crate::cuda::job::Work;
+use crate::cuda::ledger::{Ledger, ProfilerStats};
 use crate::format::{self, BufferHeader, KernelArg};
-use crate::registry::EventRegistry;
+use graph::Graphs;
+use names::{kernel_name, thread_name};
+use rings::{MappedArena, RingSettings};
 
 // SAFETY: `KernelArg` is `repr(C)`, 16 bytes of plain integers, the layout of
 // `tgpu::Trace` in the header: it can be copied into the parameter bank as is.
@@ -107,295 +115,6 @@ pub(crate) fn reserve_launch_ids(n: u64) -> u64 {
     NEXT_LAUNCH_ID.fetch_add(n, Ordering::Relaxed)
 }
 
-/// Default records per warp slot.
-pub const DEFAULT_CAPACITY: u32 = 256;
-/// Default size of the arena: 128 MiB of device memory (and as much pinned
-/// host memory), allocated when the profiler is built.
-pub const DEFAULT_MEMORY_LIMIT: usize = 128 << 20;
-/// Default number of replay regions of a profiled graph: replays in flight
-/// (launched, not yet brought back) beyond it run unrecorded and are counted.
-pub const DEFAULT_GRAPH_REGIONS: usize = 4;
-/// How long a launch waits for room with [`ProfilerBuilder::wait_for_buffers`]
-/// before it runs unrecorded.
-const WAIT_FOR_ROOM: Duration = Duration::from_secs(10);
-/// Default recalibration period.
-pub const DEFAULT_RECALIBRATION: Duration = Duration::from_secs(1);
-
-/// Builds a [`Profiler`]; see [`Profiler::builder`].
-#[derive(Debug, Clone)]
-pub struct ProfilerBuilder {
-    device: Option<usize>,
-    context: Option<Arc<CudaContext>>,
-    capacity: u32,
-    memory_limit: usize,
-    wait_for_buffers: bool,
-    graph_regions: usize,
-    registries: Vec<EventRegistry>,
-    events: Vec<(u16, String)>,
-    recalibrate_every: Option<Duration>,
-    bring_back_every: Duration,
-    rounds: (usize, usize),
-    pollers: u32,
-    recorder: Option<Arc<CaptureRecorder>>,
-    lineinfo: bool,
-    pub(super) stream: StreamSettings,
-}
-
-impl Default for ProfilerBuilder {
-    fn default() -> Self {
-        ProfilerBuilder {
-            device: None,
-            context: None,
-            capacity: DEFAULT_CAPACITY,
-            memory_limit: DEFAULT_MEMORY_LIMIT,
-            wait_for_buffers: false,
-            graph_regions: DEFAULT_GRAPH_REGIONS,
-            registries: Vec::new(),
-            events: Vec::new(),
-            recalibrate_every: Some(DEFAULT_RECALIBRATION),
-            bring_back_every: BRING_BACK_EVERY,
-            rounds: (Calibrator::INITIAL_ROUNDS, Calibrator::PERIODIC_ROUNDS),
-            pollers: Calibrator::DEFAULT_POLLERS,
-            recorder: None,
-            lineinfo: true,
-            stream: StreamSettings::default(),
-        }
-    }
-}
-
-impl ProfilerBuilder {
-    /// Profile on the primary context of GPU `ordinal` (default 0).
-    pub fn device(mut self, ordinal: usize) -> Self {
-        self.device = Some(ordinal);
-        self
-    }
-
-    /// Profile on this context (the application's own).
-    pub fn context(mut self, ctx: Arc<CudaContext>) -> Self {
-        self.context = Some(ctx);
-        self
-    }
-
-    /// Records per warp slot (default [`DEFAULT_CAPACITY`]); a warp that records
-    /// more drops the rest and the trace says how many.
-    pub fn capacity(mut self, records: u32) -> Self {
-        self.capacity = records;
-        self
-    }
-
-    /// Size of the arena, the device memory that launches' records go to
-    /// (default [`DEFAULT_MEMORY_LIMIT`]), allocated once when the profiler is
-    /// built, with as much pinned host memory to copy it back into. A launch
-    /// that finds no room runs unrecorded ([`ProfilerStats::skipped`]).
-    pub fn memory_limit(mut self, bytes: usize) -> Self {
-        self.memory_limit = bytes;
-        self
-    }
-
-    /// When the arena is full: wait for room (`true`, up to 10 s, then the
-    /// launch runs unrecorded), or launch without recording (`false`, the
-    /// default: profiling never blocks the application).
-    pub fn wait_for_buffers(mut self, wait: bool) -> Self {
-        self.wait_for_buffers = wait;
-        self
-    }
-
-    /// Replay regions of each profiled graph (default [`DEFAULT_GRAPH_REGIONS`],
-    /// rounded up to a power of two): how many replays may be in flight, not
-    /// yet brought back, before further ones run unrecorded. Each holds every
-    /// profiled node's buffer, allocated by [`Profiler::graph`].
-    pub fn graph_regions(mut self, regions: usize) -> Self {
-        self.graph_regions = regions;
-        self
-    }
-
-    /// Event types: names, categories, descriptions and declared payloads
-    /// (adds to those given before; a conflict fails the build).
-    pub fn registry(mut self, registry: EventRegistry) -> Self {
-        self.registries.push(registry);
-        self
-    }
-
-    /// Event names as `(id, name)` pairs (adds to those given before).
-    pub fn events<'a>(mut self, pairs: impl IntoIterator<Item = (u16, &'a str)>) -> Self {
-        self.events
-            .extend(pairs.into_iter().map(|(id, n)| (id, n.to_string())));
-        self
-    }
-
-    /// How often to refresh the clock calibration while launches are profiled
-    /// (default [`DEFAULT_RECALIBRATION`]); `None` keeps the first one.
-    pub fn recalibrate_every(mut self, period: Option<Duration>) -> Self {
-        self.recalibrate_every = period;
-        self
-    }
-
-    /// How often the collector asks the driver which launches have finished and
-    /// brings them back (default 5 ms). Its queries, copies and zeroing meet the
-    /// launching threads' calls inside the driver; longer delays them less
-    /// often, at the price of more of the arena held. It asks sooner anyway
-    /// when the pending launches hold an eighth of the arena, a graph replay
-    /// waits, or a flush does.
-    pub fn bring_back_every(mut self, every: Duration) -> Self {
-        self.bring_back_every = every;
-        self
-    }
-
-    /// Ping-pong rounds of the first calibration and of each periodic one
-    /// (default [`Calibrator::INITIAL_ROUNDS`] and [`Calibrator::PERIODIC_ROUNDS`]):
-    /// more rounds find tighter samples (a smaller error bound) and cost the
-    /// collector thread about 3 µs each (docs/calibration.md).
-    pub fn calibration_rounds(mut self, initial: usize, periodic: usize) -> Self {
-        self.rounds = (initial, periodic);
-        self
-    }
-
-    /// GPU pollers in the calibration kernel (default
-    /// [`Calibrator::DEFAULT_POLLERS`]; see [`Calibrator::set_pollers`]).
-    pub fn calibration_pollers(mut self, pollers: u32) -> Self {
-        self.pollers = pollers;
-        self
-    }
-
-    /// Also record the run (devices, calibrations, launches) into a capture
-    /// file at `path`, written when the profiler is dropped, with each launch's
-    /// own span (from the clock read before the launch call to its completion),
-    /// so that a replay has launch slices and arrows to the kernels. The other
-    /// host spans are recorded only by the recorder's layer in the subscriber:
-    /// for them, and for one file from several profilers, make a
-    /// [`CaptureRecorder`], add its [`layer`](CaptureRecorder::layer) to the
-    /// subscriber and pass it to [`ProfilerBuilder::recorder`]. A capture
-    /// without them says so in its metadata, and the CLI says it when it
-    /// replays the file.
-    pub fn capture_to(self, path: impl Into<PathBuf>) -> Self {
-        self.recorder(CaptureRecorder::new(path))
-    }
-
-    /// Also record the run into `recorder` (shared by several profilers, and
-    /// with its [`CaptureRecorder::layer`] for the host spans).
-    pub fn recorder(mut self, recorder: Arc<CaptureRecorder>) -> Self {
-        self.recorder = Some(recorder);
-        self
-    }
-
-    /// Whether the kernels the profiler compiles (its clock calibration's) carry line
-    /// info ([`super::KernelBuild::lineinfo()`]); on by default.
-    pub fn lineinfo(mut self, on: bool) -> Self {
-        self.lineinfo = on;
-        self
-    }
-
-    /// Checks the libraries and the device, calibrates the clock, and starts the
-    /// collector thread.
-    pub fn build(mut self) -> Result<Profiler, ProfilerError> {
-        super::ensure_libraries()?;
-        let ctx = match self.context.take() {
-            Some(c) => c,
-            None => {
-                let ordinal = self.device.unwrap_or(0);
-                let count = CudaContext::device_count()? as usize;
-                if ordinal >= count {
-                    return Err(ProfilerError::NoDevice { ordinal, count });
-                }
-                CudaContext::new(ordinal)?
-            }
-        };
-        if self.capacity == 0 || self.capacity & format::TRACE_INDIRECT != 0 {
-            return Err(ProfilerError::Invalid(format!(
-                "capacity must be 1 to {} records per warp",
-                format::TRACE_INDIRECT - 1
-            )));
-        }
-        self.stream.check()?;
-        let mut registry = EventRegistry::new();
-        for r in &self.registries {
-            registry.merge(r)?;
-        }
-        for (id, name) in &self.events {
-            registry.register(*id, name)?;
-        }
-        let device = Arc::new(device_info(&ctx)?);
-        if self.rounds.0 == 0 || self.rounds.1 == 0 {
-            return Err(ProfilerError::Invalid(
-                "calibration rounds must be at least one".into(),
-            ));
-        }
-        let (first, recalibrate) = start_clock(
-            &ctx,
-            self.recalibrate_every,
-            self.rounds,
-            self.pollers,
-            self.lineinfo,
-        )?;
-        let archive = match &self.recorder {
-            Some(rec) => {
-                rec.add_registry(&registry)?;
-                rec.add_device(&device);
-                let mut a = rec.archive();
-                a.calibration(&device, &first);
-                Some(a)
-            }
-            None => None,
-        };
-        let shared = Shared::new(Calibration::new(first.checkpoint.clone()));
-        let memory = Arc::new(allocate(&ctx, Kind::Arena, self.memory_limit, None, None)?);
-        let arena = Arc::new(Arena::new(self.memory_limit));
-        // Enough for the launches a busy stream holds in its queue.
-        let events = Arc::new(Events::new(&ctx, 1024)?);
-        let graphs = Graphs::new(&ctx, self.lineinfo)?;
-        let bind = ctx.clone();
-        let collector = Collector::spawn(
-            CollectorConfig {
-                device: device.clone(),
-                registry: Arc::new(registry),
-                recalibrate,
-                archive,
-                backend: Box::new(CudaDevice::new(&ctx, events.clone())?),
-                arena: arena.clone(),
-                // Half the cores, up to 4: the application and the sinks' writer
-                // threads need the rest.
-                decoders: std::thread::available_parallelism()
-                    .map_or(1, |n| n.get() / 2)
-                    .clamp(1, 4),
-                drain: DrainConfig {
-                    threads: self
-                        .stream
-                        .drain_threads
-                        .map_or_else(DrainThreads::by_cores, DrainThreads::exactly),
-                    interval: self.stream.interval,
-                    backlog: BACKLOG_BYTES,
-                },
-                bring_back_every: self.bring_back_every,
-                on_start: Some(Box::new(move || {
-                    let _ = bind.bind_to_thread();
-                    // The collector's calls must not invalidate a graph the
-                    // application captures meanwhile (in the global mode,
-                    // another thread's "unsafe" call would).
-                    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-                    // SAFETY: a valid in/out pointer.
-                    let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-                })),
-            },
-            shared.clone(),
-        )?;
-        Ok(Profiler {
-            ctx,
-            device,
-            capacity: self.capacity,
-            wait: self.wait_for_buffers.then_some(WAIT_FOR_ROOM),
-            graph_regions: self.graph_regions,
-            memory,
-            arena,
-            events,
-            graphs,
-            shared,
-            collector,
-            stream_settings: self.stream,
-            streaming: StreamArena::default(),
-        })
-    }
-}
-
 /// One CUDA context's profiler: see the module docs.
 pub struct Profiler {
     pub(super) ctx: Arc<CudaContext>,
@@ -408,11 +127,11 @@ pub struct Profiler {
     arena: Arc<Arena>,
     pub(super) events: Arc<Events>,
     graphs: Arc<Graphs>,
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<Ledger>,
     pub(super) collector: Collector,
-    pub(super) stream_settings: StreamSettings,
-    /// The streaming arena, made at the first streamed launch (`streaming.rs`).
-    pub(super) streaming: StreamArena,
+    pub(super) stream_settings: RingSettings,
+    /// The streaming arena, made at the first streamed launch (`streamed.rs`).
+    pub(super) streaming: MappedArena,
 }
 
 impl std::fmt::Debug for Profiler {
@@ -426,12 +145,6 @@ impl std::fmt::Debug for Profiler {
 }
 
 impl Profiler {
-    /// A builder: device 0, [`DEFAULT_CAPACITY`] records per warp,
-    /// [`DEFAULT_MEMORY_LIMIT`], recalibration every [`DEFAULT_RECALIBRATION`].
-    pub fn builder() -> ProfilerBuilder {
-        ProfilerBuilder::default()
-    }
-
     /// The profiler's context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -666,54 +379,6 @@ impl Drop for Profiler {
     }
 }
 
-/// Periodic recalibration on the collector thread: a cheap round of
-/// `periodic` ping-pongs ([`Calibrator::PERIODIC_ROUNDS`] by default).
-struct DeviceClock {
-    calibrator: Calibrator,
-    periodic: usize,
-}
-
-impl DeviceClock {
-    fn round(&mut self, rounds: usize) -> Result<Round, CalibrateError> {
-        let samples = self.calibrator.sample(rounds)?;
-        let checkpoint = self.calibrator.checkpoint(&samples)?;
-        Ok(Round {
-            samples,
-            checkpoint,
-        })
-    }
-}
-
-impl Recalibrate for DeviceClock {
-    fn round(&mut self, beside_stream: bool) -> Result<Round, ProfilerError> {
-        self.calibrator.set_timeout(match beside_stream {
-            true => Calibrator::TIMEOUT_BESIDE_STREAM,
-            false => Calibrator::TIMEOUT,
-        });
-        Ok(DeviceClock::round(self, self.periodic)?)
-    }
-}
-
-/// The first calibration (thorough: `rounds.0` ping-pongs), and the
-/// recalibration (`rounds.1`) the collector runs every `period`.
-fn start_clock(
-    ctx: &Arc<CudaContext>,
-    period: Option<Duration>,
-    rounds: (usize, usize),
-    pollers: u32,
-    lineinfo: bool,
-) -> Result<(Round, Option<Recalibration>), ProfilerError> {
-    let mut calibrator = Calibrator::with_lineinfo(ctx, lineinfo)?;
-    calibrator.set_pollers(pollers)?;
-    let mut clock = DeviceClock {
-        calibrator,
-        periodic: rounds.1,
-    };
-    let first = clock.round(rounds.0)?;
-    let recalibrate = period.map(|p| (Box::new(clock) as Box<dyn Recalibrate>, p));
-    Ok((first, recalibrate))
-}
-
 /// `gpu_profile!(profiler, &stream, "name", cfg, |trace| launch)`: profiles one
 /// kernel launch.
 ///
@@ -782,5 +447,4 @@ macro_rules! gpu_profile {
 }
 
 #[cfg(test)]
-#[path = "profiler_tests.rs"]
 mod tests;

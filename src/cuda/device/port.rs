@@ -1,7 +1,7 @@
 //! What the collector needs of a device, and nothing of CUDA: trace memory with
 //! its host mirror ([`Memory`]), a launch's place in it ([`Place`]), the mark
 //! that says a launch has finished ([`Mark`]), and the [`Device`] operations
-//! the collector calls in bulk. The CUDA implementation is in `device.rs`; the
+//! the collector calls in bulk. The CUDA implementation is in `cuda.rs`; the
 //! collector's tests implement [`Device`] on host memory, which is how a device
 //! (or a second one) is simulated without a GPU.
 
@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use cudarc::driver::LaunchConfig;
 
-use super::error::ProfilerError;
-use super::ring::Region;
+use crate::cuda::device::Region;
+use crate::cuda::error::ProfilerError;
 use crate::format;
 
 /// What a piece of trace memory is for, which decides how it is recycled.
@@ -25,8 +25,8 @@ pub(crate) enum Kind {
     /// The streaming arena: host memory mapped into the device, so `dptr` and
     /// the mirror are the same bytes. Nothing is copied; the collector reads
     /// it while kernels write it, and zeroes a region itself before giving it
-    /// back (`stream.rs`).
-    Stream,
+    /// back (`drain/`).
+    Mapped,
 }
 
 /// A replay region starts with this header (the prologue writes it); the
@@ -139,7 +139,7 @@ impl Memory {
 }
 
 /// Reads and writes of memory that the device may be writing at the same
-/// time (a [`Kind::Stream`] arena): volatile, one aligned word at a time,
+/// time (a [`Kind::Mapped`] arena): volatile, one aligned word at a time,
 /// never through a slice.
 impl Memory {
     fn word_ptr<T>(&self, offset: usize) -> *mut T {

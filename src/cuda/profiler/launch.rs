@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::error::ProfilerError;
-use super::job::{Job, Work};
-use super::memory::{Mark, PER_THREAD};
 use super::names::{kernel_name, thread_name};
-use super::profiler::Profiler;
-use super::ring::{Arena, Region};
 use crate::batch::LaunchInfo;
 use crate::clock::HostClock;
+use crate::cuda::device::{Arena, Region};
+use crate::cuda::device::{Mark, PER_THREAD};
+use crate::cuda::error::ProfilerError;
+use crate::cuda::job::{Job, Work};
+use crate::cuda::profiler::Profiler;
 use crate::format::{BufferHeader, KernelArg};
 
 impl Profiler {

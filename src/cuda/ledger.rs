@@ -1,4 +1,4 @@
-//! What the launching threads and the collector share: the counters
+//! The profiler's [`Ledger`]: what the launching threads and the collector share: the counters
 //! ([`ProfilerStats`], the launching threads' as atomics), the errors kept for
 //! the next flush, the sinks delivered to, and the calibration so far.
 
@@ -53,8 +53,8 @@ pub struct ProfilerStats {
 }
 
 /// State shared between the profiler (the application's threads) and the collector.
-pub(crate) struct Shared {
-    pub(super) state: Mutex<SharedState>,
+pub(crate) struct Ledger {
+    pub(super) state: Mutex<LedgerState>,
     progress: Condvar,
     /// The launching threads' counters: atomics, so that a launch call takes no
     /// lock the collector takes (it takes `state` for every launch it finishes).
@@ -65,7 +65,7 @@ pub(crate) struct Shared {
     pub(super) sent: AtomicU64,
 }
 
-pub(super) struct SharedState {
+pub(super) struct LedgerState {
     /// Everything but the launching threads' counters.
     pub(super) stats: ProfilerStats,
     /// Launches it has finished with (delivered, failed or skipped).
@@ -77,9 +77,9 @@ pub(super) struct SharedState {
     pub(super) calibration: Arc<Calibration>,
 }
 
-impl Shared {
-    pub(crate) fn new(calibration: Calibration) -> Arc<Shared> {
-        let state = SharedState {
+impl Ledger {
+    pub(crate) fn new(calibration: Calibration) -> Arc<Ledger> {
+        let state = LedgerState {
             stats: ProfilerStats {
                 calibrations: 1,
                 ..Default::default()
@@ -89,7 +89,7 @@ impl Shared {
             sinks: Vec::new(),
             calibration: Arc::new(calibration),
         };
-        Arc::new(Shared {
+        Arc::new(Ledger {
             state: Mutex::new(state),
             progress: Condvar::new(),
             launches: AtomicU64::new(0),
@@ -134,7 +134,7 @@ impl Shared {
     }
 
     /// Counts `n` launches finished with (delivered, failed or skipped).
-    pub(super) fn finish(&self, n: u64, f: impl FnOnce(&mut SharedState)) {
+    pub(super) fn finish(&self, n: u64, f: impl FnOnce(&mut LedgerState)) {
         let mut st = self.state.lock();
         f(&mut st);
         st.finished += n;

@@ -4,13 +4,15 @@
 //! (buffers written with `BufferBuilder`), and the graph prologue. This is also
 //! how a second device is simulated.
 use super::*;
-use crate::batch::BatchSink;
+use crate::batch::{Batch, BatchSink};
 use crate::clock::HostClock;
-use crate::clock::{ClockMap, HostOffsets};
-use crate::cuda::job::Node;
-use crate::cuda::memory::{Kind, Mark, Memory, Place, StreamMark, ARMED, REPLAY_HEADER, TAKEN};
-use crate::cuda::ring::Region;
-use crate::cuda::stream::{DrainThreads, BACKLOG_BYTES};
+use crate::clock::{Checkpoint, ClockMap, HostOffsets};
+use crate::cuda::device::{
+    Kind, Mark, Memory, Place, Region, StreamMark, ALIGN, ARMED, PER_THREAD, REPLAY_HEADER, TAKEN,
+};
+use crate::cuda::drain::{DrainThreads, BACKLOG_BYTES};
+use crate::cuda::job::{Node, Work};
+use crate::cuda::ProfilerStats;
 use crate::format::BufferBuilder;
 use crate::test_support::Recorder;
 use parking_lot::Mutex;
@@ -192,7 +194,7 @@ struct Rig {
     gpu: Arc<Gpu>,
     arena: Arc<Arena>,
     memory: Arc<Memory>,
-    shared: Arc<Shared>,
+    shared: Arc<Ledger>,
     /// Before `collector`: fields drop in order.
     _ends: EndOnPanic,
     collector: Collector,
@@ -265,7 +267,7 @@ impl Rig {
         backlog: usize,
     ) -> Rig {
         let gpu = Arc::new(Gpu::default());
-        let shared = Shared::new(calibration);
+        let shared = Ledger::new(calibration);
         let arena = Arc::new(Arena::new(arena_bytes));
         let memory = gpu.allocate(Kind::Arena, arena_bytes);
         let registry = EventRegistry::from_pairs([(1, "load"), (2, "mma")]).unwrap();
@@ -535,10 +537,7 @@ fn dropping_the_collector_delivers_everything() {
 fn the_arena_wraps_around_and_every_launch_is_delivered_or_skipped() {
     let (rec, dispatch) = recorder_dispatch();
     // Room for about three launches' buffers at a time.
-    let one = kernel(0, 0)
-        .finish()
-        .len()
-        .next_multiple_of(crate::cuda::ring::ALIGN);
+    let one = kernel(0, 0).finish().len().next_multiple_of(ALIGN);
     let r = Rig::with(0, None, Calibration::exact(0, 5_000, 0.0), 3 * one);
     let mut skipped = 0;
     tracing::dispatcher::with_default(&dispatch, || {
@@ -667,10 +666,7 @@ fn a_pass_gives_back_every_region_and_event_at_once() {
 #[test]
 fn a_drain_racing_new_launches_loses_nothing() {
     let (rec, dispatch) = recorder_dispatch();
-    let one = kernel(0, 0)
-        .finish()
-        .len()
-        .next_multiple_of(crate::cuda::ring::ALIGN);
+    let one = kernel(0, 0).finish().len().next_multiple_of(ALIGN);
     let r = Arc::new(Rig::with(
         0,
         None,
@@ -738,7 +734,7 @@ fn two_simulated_devices_make_one_perfetto_trace() {
         (6, 6, 24)
     );
     assert_eq!(r0.shared.stats().events + r1.shared.stats().events, 24);
-    super::perfetto_check::check(
+    crate::test_support::perfetto_check::check(
         &path,
         &[
             "--expect-gpus",
@@ -753,11 +749,6 @@ fn two_simulated_devices_make_one_perfetto_trace() {
     );
 }
 
-#[path = "graph_tests.rs"]
-mod graph;
-
-#[path = "stream_tests.rs"]
-mod stream;
-
-#[path = "pass_tests.rs"]
-mod pass;
+mod drains;
+mod graphs;
+mod passes;

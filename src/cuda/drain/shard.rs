@@ -1,0 +1,277 @@
+//! One drain thread's share of a streamed launch's rings ([`Drain`]): each
+//! warp's ring read in place, chunk by chunk ([`WarpRing`]), and the events
+//! gathered since the last part cut into the next one, a packed buffer.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use crate::cuda::device::{Memory, Region};
+use crate::decode::chunk::{complete, WarpChunks};
+use crate::decode::{DecodeError, OwnedBuffer};
+use crate::format::{
+    slot_stream_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
+    CHUNK_SIZE, NO_CLUSTER, RECORD_SIZE, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
+    SLOT_MAGIC_STREAM,
+};
+use crate::registry::EventRegistry;
+
+/// Records (of 16 bytes) per chunk: a ring's capacity is a multiple of it.
+pub(crate) const CHUNK_RECORDS: u32 = (CHUNK_SIZE / RECORD_SIZE) as u32;
+
+/// A drain thread cuts a part early when it holds this many events (24 bytes
+/// each in its packed buffer): what a part holds in memory is bounded whatever
+/// the rate, and so is the time the thread spends packing and checking it,
+/// during which its rings are not read (a few milliseconds).
+const PART_EVENTS: usize = 1 << 18;
+
+/// What the drain found wrong with a launch; the launch goes on without the slot.
+#[derive(Debug)]
+pub(crate) struct SlotError {
+    pub(crate) slot: u32,
+    pub(crate) error: DecodeError,
+}
+
+/// One warp's ring, as the drain knows it.
+struct WarpRing {
+    warp: WarpChunks,
+    /// Chunks consumed (what the slot header's `read` says).
+    read: u32,
+    /// A decode error stopped it: its chunks are consumed unread.
+    broken: bool,
+    /// This part's events.
+    events: Vec<Event>,
+    /// Lost events already counted in an earlier part.
+    lost_reported: u64,
+    /// It has news for this part (events, or lost ones).
+    touched: bool,
+}
+
+impl WarpRing {
+    /// Reads every complete chunk of the ring of slot `s` at `slot` (bytes
+    /// into `memory`); returns the events it added.
+    fn poll(
+        &mut self,
+        s: u32,
+        at: (&Memory, usize),
+        chunks: u32,
+        registry: &EventRegistry,
+        errors: &mut Vec<SlotError>,
+    ) -> usize {
+        let (memory, slot) = at;
+        let before = self.events.len();
+        loop {
+            let at = slot + SLOT_HEADER_SIZE + (self.read % chunks) as usize * CHUNK_SIZE;
+            let chunk = memory.load_chunk(at);
+            let Some(meta) = complete(&chunk) else {
+                break;
+            };
+            if !self.broken {
+                let known = |id| registry.contains(id);
+                if let Err(error) = self.warp.take(&chunk, meta, s, known, &mut self.events) {
+                    self.broken = true;
+                    errors.push(SlotError { slot: s, error });
+                }
+            }
+            memory.zero(at, CHUNK_SIZE);
+            self.read = self.read.wrapping_add(1);
+            memory.publish_u32(slot + so::READ, self.read);
+            self.touched = true;
+        }
+        self.events.len() - before
+    }
+}
+
+/// A shard of one streamed launch's rings, and the part being gathered.
+pub(crate) struct Drain {
+    header: BufferHeader,
+    /// Chunks per ring.
+    chunks: u32,
+    stride: usize,
+    /// The shard's slots.
+    slots: Range<u32>,
+    rings: Vec<WarpRing>,
+    in_part: usize,
+    cut_at: Instant,
+    interval: Duration,
+}
+
+impl Drain {
+    /// The drain of `slots` of a launch of `header`'s shape (its capacity a
+    /// multiple of a chunk's records), whose chunks' stamps come after
+    /// `before_ns` (device ns; within 2⁴⁸ ns); parts are cut every `interval`.
+    pub(crate) fn new(
+        header: BufferHeader,
+        slots: Range<u32>,
+        before_ns: u64,
+        interval: Duration,
+    ) -> Drain {
+        let rings = slots
+            .clone()
+            .map(|_| WarpRing {
+                warp: WarpChunks::new(before_ns),
+                read: 0,
+                broken: false,
+                events: Vec::new(),
+                lost_reported: 0,
+                touched: false,
+            })
+            .collect();
+        Drain {
+            header,
+            chunks: header.slot_capacity / CHUNK_RECORDS,
+            stride: crate::format::slot_stride(header.slot_capacity),
+            slots,
+            rings,
+            in_part: 0,
+            cut_at: Instant::now(),
+            interval,
+        }
+    }
+
+    /// Whether the part gathered so far should go now (its interval is over,
+    /// or it is large). Lost events alone wait for a part with events, or the last.
+    pub(crate) fn part_due(&self) -> bool {
+        self.in_part > 0 && (self.cut_at.elapsed() >= self.interval || self.in_part >= PART_EVENTS)
+    }
+
+    /// Reads every complete chunk of the shard's rings, in the launch's buffer
+    /// `region` of `memory`; returns the events it added. Errors are per slot:
+    /// that slot stops, the others go on.
+    pub(crate) fn poll(
+        &mut self,
+        memory: &Memory,
+        region: &Region,
+        registry: &EventRegistry,
+        errors: &mut Vec<SlotError>,
+    ) -> usize {
+        let base = region.offset + BUFFER_HEADER_SIZE;
+        let mut added = 0;
+        for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
+            let at = (memory, base + s as usize * self.stride);
+            added += ring.poll(s, at, self.chunks, registry, errors);
+        }
+        self.in_part += added;
+        added
+    }
+
+    /// The part gathered so far, as a packed buffer (`None` if it has nothing),
+    /// as the collector receives it: indexed as it is written, not decoded
+    /// again, which would read every event once more while the rings wait
+    /// (`OwnedBuffer::from_drain` says why that is safe; `registry` is the one
+    /// the events were checked against). For the shard's last part, after the
+    /// launch completed and a last [`poll`](Self::poll), `last` gives its
+    /// region: the flushed slot headers' drop counts and times go in, every
+    /// held event goes out, and the ring's counts are checked.
+    pub(crate) fn cut(
+        &mut self,
+        last: Option<(&Memory, &Region)>,
+        registry: &EventRegistry,
+    ) -> (Option<OwnedBuffer>, Vec<SlotError>) {
+        let mut errors = Vec::new();
+        let wpb = self.header.warps_per_block;
+        let [gx, gy, _] = self.header.grid;
+        let mut w = PackedWriter::new(&self.header);
+        let events = self.rings.iter().map(|r| r.events.len()).sum();
+        w.reserve(self.rings.len(), events);
+        for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
+            let end = match last {
+                Some((memory, region)) => {
+                    let slot = region.offset + BUFFER_HEADER_SIZE + s as usize * self.stride;
+                    Flushed::read(memory, slot, ring, s, &mut errors)
+                }
+                None => None,
+            };
+            if !ring.touched && end.is_none() {
+                continue;
+            }
+            ring.touched = false;
+            let lost = ring.warp.lost - ring.lost_reported;
+            ring.lost_reported = ring.warp.lost;
+            let drops = lost + end.as_ref().map_or(0, |f| f.drops);
+            let events = &ring.events;
+            if events.is_empty() && drops == 0 {
+                continue;
+            }
+            // One pass for both (the events are megabytes, read once more to pack).
+            let (first_ts, ends) = events.iter().fold((u64::MAX, 0), |(s, e), ev| {
+                (s.min(ev.start_ns), e.max(ev.end_ns))
+            });
+            let last_ts = end.as_ref().map_or(ends, |f| f.last_ts.max(ends));
+            let bl = s / wpb;
+            let sm = end.as_ref().map_or(ring.warp.sm, |f| f.sm);
+            let h = SlotHeader {
+                flags: if end.as_ref().is_some_and(|f| f.open > 0) {
+                    SLOT_FLAG_OPEN_AT_FLUSH
+                } else {
+                    0
+                },
+                first_ts: if events.is_empty() { last_ts } else { first_ts },
+                last_ts,
+                sm_first: sm,
+                sm_last: sm,
+                block_linear: bl,
+                block: [bl % gx, bl / gx % gy, bl / gx / gy],
+                warp: s % wpb,
+                cluster_rank: end.as_ref().map_or(NO_CLUSTER, |f| f.cluster_rank),
+                drop_count: drops.min(u32::MAX as u64) as u32,
+                ..SlotHeader::default()
+            };
+            w.slot(&h, events);
+            ring.events.clear();
+        }
+        self.in_part = 0;
+        self.cut_at = Instant::now();
+        if w.slot_count() == 0 {
+            return (None, errors);
+        }
+        let (bytes, header, index) = w.finish_indexed();
+        let part = OwnedBuffer::from_drain(bytes, header, index, registry);
+        (Some(part), errors)
+    }
+}
+
+/// What a flushed slot header says.
+struct Flushed {
+    last_ts: u64,
+    drops: u64,
+    sm: u32,
+    cluster_rank: u32,
+    /// Ranges still open after the last entry.
+    open: usize,
+}
+
+impl Flushed {
+    /// The flushed header of the ring of slot `s` at `slot`, if its warp
+    /// flushed: the ring's held event goes out, and its count is checked
+    /// against the chunks read.
+    fn read(
+        memory: &Memory,
+        slot: usize,
+        ring: &mut WarpRing,
+        s: u32,
+        errors: &mut Vec<SlotError>,
+    ) -> Option<Flushed> {
+        if memory.load_u32(slot + so::MAGIC) != SLOT_MAGIC_STREAM {
+            return None;
+        }
+        let stored = memory.load_u32(slot + so::CHUNKS);
+        if stored != ring.read && !ring.broken {
+            ring.broken = true;
+            errors.push(SlotError {
+                slot: s,
+                error: DecodeError::RingUnread {
+                    slot: s,
+                    stored,
+                    read: ring.read,
+                },
+            });
+        }
+        Some(Flushed {
+            last_ts: memory.load_u64(slot + so::LAST_TS),
+            drops: memory.load_u32(slot + so::DROP_COUNT) as u64,
+            sm: memory.load_u32(slot + so::SM),
+            cluster_rank: memory.load_u32(slot + so::CLUSTER_RANK),
+            open: ring.warp.finish(&mut ring.events),
+        })
+    }
+}
