@@ -171,7 +171,7 @@ fn layer(protocol: Protocol, endpoint: &str, max_queue: usize) -> (OtlpLayer, Ot
 fn replay_and_finish(protocol: Protocol, endpoint: &str) -> (OtlpStats, Duration) {
     let (capture, batches) = capture();
     let (layer, guard) = layer(protocol, endpoint, 2048);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
     let t = Instant::now();
     let finished = guard.finish();
     let took = t.elapsed();
@@ -211,7 +211,7 @@ fn flush_ends_within_its_bound_against_a_silent_collector() {
     let hole = BlackHole::start();
     let (capture, batches) = capture();
     let (layer, guard) = layer(Protocol::HttpProtobuf, &hole.endpoint(), 2048);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
     let t = Instant::now();
     let flushed = guard.flush();
     let took = t.elapsed();
@@ -236,7 +236,7 @@ fn give_up_at_bounds_a_replay_that_waits_for_room() {
     let give_up = Duration::from_secs(2);
     let t = Instant::now();
     guard.give_up_at(t + give_up);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
     let replayed = t.elapsed();
     let finished = guard.finish();
     let took = t.elapsed();
