@@ -324,6 +324,7 @@ fn run_measured(args: &[&str]) -> (Option<i32>, String, libc::c_long) {
 }
 
 /// [`run_measured`] with the binary `cli`.
+#[allow(clippy::zombie_processes)] // wait4 reaps the child, not std's wait
 fn run_measured_with(cli: &str, args: &[&str]) -> (Option<i32>, String, libc::c_long) {
     use std::io::Read;
     use std::process::Stdio;
