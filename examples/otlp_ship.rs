@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tracing_gpu::capture::Capture;
+use tracing_gpu::capture::CaptureReader;
 use tracing_gpu::otlp::{Detail, OtlpLayer, Protocol};
 
 const USAGE: &str = "usage: otlp_ship ENDPOINT [--protocol grpc|http/protobuf] \
@@ -89,10 +89,12 @@ fn run(args: Args) -> Result<bool, String> {
         Some(p) => p,
         None => shipped_capture()?,
     };
-    let capture = Capture::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let batches = capture
-        .batches()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let cannot_read = |e| format!("{}: {e}", path.display());
+    // A launch at a time: a capture of any size.
+    let mut reader = CaptureReader::open(&path).map_err(cannot_read)?;
+    let launches = reader.launch_count();
+    let batches = reader.batches().map_err(cannot_read)?;
+    let head = batches.head();
     let (layer, guard) = OtlpLayer::builder()
         .service_name(args.service)
         .protocol(args.protocol)
@@ -102,7 +104,21 @@ fn run(args: Args) -> Result<bool, String> {
         .shutdown_timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| e.to_string())?;
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    let (mut events, mut unread) = (0, None);
+    let batches = batches.map_while(|b| match b {
+        Ok(b) => {
+            events += b.buffer.event_count();
+            Some(b)
+        }
+        Err(e) => {
+            unread = Some(cannot_read(e));
+            None
+        }
+    });
+    layer.replay(&head.host_spans, head.realtime_offset_ns(), batches);
+    if let Some(e) = unread {
+        return Err(e);
+    }
     let flushed = guard.flush().and(guard.finish());
     let stats = match &flushed {
         Ok(stats) => *stats,
@@ -112,9 +128,9 @@ fn run(args: Args) -> Result<bool, String> {
         "{}: {} host spans, {} launches ({} device events) → {}: {} spans exported, \
          {} failed, {} dropped",
         path.display(),
-        capture.host_spans.len(),
-        batches.len(),
-        batches.iter().map(|b| b.buffer.event_count()).sum::<u64>(),
+        head.host_spans.len(),
+        launches,
+        events,
         args.endpoint,
         stats.spans_exported,
         stats.spans_failed,

@@ -7,7 +7,8 @@ use std::path::Path;
 use tracing_gpu::capture::Capture;
 use tracing_gpu::report::{SvgOptions, Timeline};
 
-use crate::{batches, print_out, read_capture, write_output, write_perfetto, Exit, Failure};
+use crate::convert::write_perfetto;
+use crate::{batches, print_out, read_capture, write_output, Exit, Failure};
 
 /// The live demo: the quickstart example's profiled kernel (its `run` writes a
 /// Perfetto trace and a capture), shared with `examples/quickstart.rs`.

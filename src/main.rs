@@ -16,11 +16,8 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing_gpu::batch::Batch;
-use tracing_gpu::capture::{
-    Capture, CaptureDevice, CaptureError, CaptureLaunch, CaptureReader, HOST_SPANS_NOTE,
-};
+use tracing_gpu::capture::{Capture, CaptureDevice, CaptureError, CaptureLaunch, CaptureReader};
 use tracing_gpu::output::AtomicFile;
-use tracing_gpu::perfetto::{TraceWriter, WriteStats};
 use tracing_gpu::report::{SvgOptions, Timeline, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
 
 /// SIGINT, SIGTERM and SIGHUP: the files being written are removed.
@@ -28,6 +25,9 @@ mod signals;
 
 /// The `demo` command: live on a GPU, or the replay of a shipped capture.
 mod demo;
+
+/// The `convert` command: a capture read once, into every output at once.
+mod convert;
 
 /// What `--help` and the README list: one code per kind of failure, so that
 /// scripts can tell a bad file from a missing GPU.
@@ -252,103 +252,6 @@ fn progress(len: usize, what: &str) -> ProgressBar {
     bar
 }
 
-/// Writes the capture's host spans and its batches into a Perfetto trace at
-/// `out`, as a live run draws them: complete or absent.
-fn write_perfetto(
-    recorded: &Capture,
-    batches: &[Arc<Batch>],
-    out: &Path,
-) -> Result<WriteStats, Failure> {
-    write_trace(
-        recorded,
-        batches.len(),
-        batches.iter().cloned().map(Ok),
-        out,
-    )
-}
-
-/// Writes `head`'s host spans, then `count` batches one at a time as they
-/// come, into a Perfetto trace at `out`: complete, or absent if a batch is an
-/// error.
-fn write_trace(
-    head: &Capture,
-    count: usize,
-    batches: impl Iterator<Item = Result<Arc<Batch>, Failure>>,
-    out: &Path,
-) -> Result<WriteStats, Failure> {
-    let cannot = |e: &dyn fmt::Display| {
-        Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
-    };
-    let file = AtomicFile::create(out).map_err(|e| cannot(&e))?;
-    let mut writer = TraceWriter::new(file).map_err(|e| cannot(&e))?;
-    // The host spans first: the launch spans start the flows the kernels end.
-    writer
-        .write_host_spans(head.process_name(), &head.host_spans)
-        .map_err(|e| cannot(&e))?;
-    let bar = progress(count, "converting");
-    for b in batches {
-        let b = b?;
-        writer.write_batch(&b).map_err(|e| cannot(&e))?;
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let (file, stats) = writer.finish().map_err(|e| cannot(&e))?;
-    file.commit().map_err(|e| cannot(&e))?;
-    Ok(stats)
-}
-
-/// The Perfetto trace of the capture at `path`, read a launch at a time
-/// ([`CaptureReader`]): its memory does not grow with the number of launches.
-fn stream_perfetto(path: &Path, out: &Path) -> Result<WriteStats, Failure> {
-    let failure = |e| capture_failure(path, e);
-    let mut reader = CaptureReader::open(path).map_err(failure)?;
-    let count = reader.launch_count();
-    let batches = reader.batches().map_err(failure)?;
-    let head = batches.head();
-    note_missing_host_spans(path, head);
-    write_trace(head, count, batches.map(|b| b.map_err(failure)), out)
-}
-
-/// Without host spans a replay has no launch spans (nor, in Perfetto, arrows),
-/// and a capture recorded without the recorder's layer holds only the launch
-/// spans: says so, and why, if the capture says.
-fn note_missing_host_spans(path: &Path, head: &Capture) {
-    if let Some((_, why)) = head.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE) {
-        let what = match head.host_spans.is_empty() {
-            true => "has no host spans",
-            false => "has some host spans only",
-        };
-        eprintln!("note: {} {what} ({why})", path.display());
-    }
-}
-
-fn convert(
-    capture: &Path,
-    out: Option<&Path>,
-    otlp: Option<(&str, &str, std::time::Duration, OtlpDetail)>,
-) -> Result<(), Failure> {
-    if let Some(out) = out {
-        let stats = stream_perfetto(capture, out)?;
-        eprintln!(
-            "trace: {} ({} launches, {} device events, {} host spans, {} bytes); open it at https://ui.perfetto.dev",
-            out.display(),
-            stats.kernels,
-            stats.device_events,
-            stats.host_slices,
-            stats.bytes
-        );
-    }
-    if let Some((endpoint, protocol, timeout, detail)) = otlp {
-        let recorded = read_capture(capture)?;
-        if out.is_none() {
-            note_missing_host_spans(capture, &recorded);
-        }
-        let batches = batches(&recorded, capture)?;
-        export_otlp(&recorded, &batches, endpoint, (protocol, detail), timeout)?;
-    }
-    Ok(())
-}
-
 /// `convert --detail`: `tracing_gpu::otlp::Detail`, which this build may lack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum OtlpDetail {
@@ -382,104 +285,6 @@ fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
             "{s:?} is not a number of seconds between 0 and 86400"
         )),
     }
-}
-
-/// Sends a capture's host spans and device phases to an OTLP endpoint, within
-/// `timeout` in all, whatever the collector does.
-#[cfg(feature = "otlp")]
-fn export_otlp(
-    recorded: &Capture,
-    batches: &[Arc<Batch>],
-    endpoint: &str,
-    (protocol, detail): (&str, OtlpDetail),
-    timeout: std::time::Duration,
-) -> Result<(), Failure> {
-    use std::time::{Duration, Instant};
-    use tracing_gpu::otlp::{Detail, ExportFailure, OtlpError, OtlpLayer, Protocol};
-    let failed = |e: String| Failure::new(Exit::Export, format!("OTLP export to {endpoint}: {e}"));
-    let protocol: Protocol = protocol
-        .parse()
-        .map_err(|e: String| Failure::new(Exit::Usage, e))?;
-    let deadline = Instant::now() + timeout;
-    let (layer, guard) = OtlpLayer::builder()
-        .service_name("tracing-gpu")
-        .endpoint(endpoint)
-        .protocol(protocol)
-        .detail(match detail {
-            OtlpDetail::Kernel => Detail::Kernel,
-            OtlpDetail::Phase => Detail::Phase,
-            OtlpDetail::Warp => Detail::Warp,
-        })
-        .timeout(timeout)
-        .shutdown_timeout(timeout)
-        .build()
-        .map_err(|e| match e {
-            // A malformed endpoint is bad usage; an unreachable one fails later.
-            OtlpError::Config { .. } => Failure::new(Exit::Usage, e.to_string()),
-            e => failed(e.to_string()),
-        })?;
-    guard.give_up_at(deadline);
-    let bar = progress(batches.len(), "exporting");
-    // The replay waits for room in the export queue; this thread gives up at
-    // the first failed export (the run fails in any case, and the rest would
-    // only wait on the same collector), so that a collector that is down or
-    // refusing fails fast rather than at the deadline.
-    let give_up_on_failure = || {
-        if guard.stats().export_errors > 0 {
-            guard.give_up_at(Instant::now());
-        }
-    };
-    std::thread::scope(|s| {
-        let replay =
-            s.spawn(|| layer.replay(&recorded.host_spans, recorded.realtime_offset_ns(), batches));
-        while !replay.is_finished() {
-            give_up_on_failure();
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
-    bar.finish_and_clear();
-    give_up_on_failure();
-    let finished = guard.finish();
-    let stats = match &finished {
-        Ok(stats) => *stats,
-        Err(_) => layer.stats(),
-    };
-    let lost = stats.spans_failed + stats.spans_dropped;
-    if lost > 0 || stats.batches_dropped > 0 || finished.is_err() {
-        let why = match (stats.last_failure, &finished) {
-            (Some(why), _) if why != ExportFailure::OutOfTime => why.to_string(),
-            (_, Err(e)) => e.to_string(),
-            _ => format!("out of time (--otlp-timeout {} s)", timeout.as_secs_f64()),
-        };
-        let mut counts = format!(
-            "{} of {} spans exported",
-            stats.spans_exported,
-            stats.spans_exported + lost
-        );
-        if stats.batches_dropped > 0 {
-            counts += &format!(", {} launches not converted", stats.batches_dropped);
-        }
-        return Err(failed(format!("{why} ({counts})")));
-    }
-    eprintln!(
-        "otlp: {} spans exported to {endpoint}",
-        stats.spans_exported
-    );
-    Ok(())
-}
-
-#[cfg(not(feature = "otlp"))]
-fn export_otlp(
-    _: &Capture,
-    _: &[Arc<Batch>],
-    endpoint: &str,
-    _: (&str, OtlpDetail),
-    _: std::time::Duration,
-) -> Result<(), Failure> {
-    Err(Failure::new(
-        Exit::Export,
-        format!("cannot export to {endpoint}: this build has no OTLP support (build with --features otlp, or full)"),
-    ))
 }
 
 /// Calibrates every GPU with `samples` ping-pong rounds and prints its device →
@@ -762,11 +567,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
             otlp_protocol,
             otlp_timeout,
             detail,
-        } => convert(
+        } => convert::convert(
             &capture,
             out.as_deref(),
-            otlp.as_deref()
-                .map(|e| (e, otlp_protocol.as_str(), otlp_timeout, detail)),
+            otlp.as_deref().map(|endpoint| convert::OtlpTarget {
+                endpoint,
+                protocol: &otlp_protocol,
+                timeout: otlp_timeout,
+                detail,
+            }),
         ),
         Command::Calibrate {
             samples,

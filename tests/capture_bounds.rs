@@ -10,19 +10,11 @@
 use std::ffi::OsStr;
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use flate2::write::ZlibEncoder;
 use flate2::Compression;
-use tracing_gpu::batch::{DeviceInfo, HostSpan, LaunchInfo};
-use tracing_gpu::capture::{
-    CalibrationRound, Capture, CaptureDevice, CaptureLaunch, CAPTURE_MAGIC, CAPTURE_VERSION,
-};
-use tracing_gpu::clock::Sample;
-use tracing_gpu::decode::OwnedBuffer;
-use tracing_gpu::format::BufferBuilder;
-use tracing_gpu::registry::EventRegistry;
+use tracing_gpu::capture::{Capture, CAPTURE_MAGIC, CAPTURE_VERSION};
 
 mod support;
 use support::cli::{run_cli, Limits, Run};
@@ -138,90 +130,11 @@ fn lengths_the_stream_does_not_back_allocate_nothing() {
 fn duplicate_launch_ids_are_refused() {
     // Two launches with id 1: the trace would start one flow and end two.
     let dir = tempfile::tempdir().unwrap();
-    let mut capture = synthetic(1, 1, 1);
+    let mut capture = support::synthetic_capture(1, 1, 1);
     capture.launches.push(capture.launches[0].clone());
     let path = dir.path().join("twice.tgpu");
     capture.write(&path).unwrap();
     both_refuse(dir.path(), &path, "launch id 1 appears twice");
-}
-
-/// A calibrated H200 whose device clock reads the host's.
-fn device() -> CaptureDevice {
-    CaptureDevice {
-        info: DeviceInfo {
-            ordinal: 0,
-            name: "NVIDIA H200".into(),
-            uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
-            sm_count: 132,
-            driver_version: "580.159.04".into(),
-            compute_capability: (9, 0),
-        },
-        calibrations: vec![CalibrationRound {
-            samples: (0..64u64)
-                .map(|i| {
-                    let t = 1_000_000_000 + i * 10_000;
-                    Sample {
-                        host_before: t,
-                        device: t + 500,
-                        host_after: t + 1_000,
-                    }
-                })
-                .collect(),
-            ..Default::default()
-        }],
-    }
-}
-
-/// A capture of `launches` launches of 132 blocks × `warps` warps, each warp
-/// `events` ranges (capacity 256), with one host span per launch.
-fn synthetic(launches: u64, warps: u32, events: u32) -> Capture {
-    let registry = EventRegistry::from_pairs([(0, "load"), (1, "mma"), (2, "store")]).unwrap();
-    let mut capture = Capture {
-        metadata: vec![("command".into(), "capture_bounds".into())],
-        devices: vec![device()],
-        registry,
-        ..Capture::default()
-    };
-    for id in 1..=launches {
-        let t0 = 1_000_000_000 + id * 1_000_000;
-        let (grid, block) = ([132, 1, 1], [32 * warps, 1, 1]);
-        let mut b = BufferBuilder::new(grid, block, 256);
-        b.launch_id(id);
-        for block in 0..132 {
-            for warp in 0..warps {
-                let s = b.warp(block, warp).unwrap().sm(block, block);
-                for k in 0..events {
-                    let t = t0 + u64::from(k) * 1_000 + u64::from(warp) * 10;
-                    s.range((k % 3) as u16, t, t + 900, k);
-                }
-            }
-        }
-        let buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
-        let info = LaunchInfo {
-            launch_id: id,
-            kernel: "synthetic".into(),
-            host_launch_ns: t0 - 5_000,
-            host_complete_ns: t0 + u64::from(events) * 1_000 + 5_000,
-            grid,
-            block,
-            parent: None,
-            host_thread: "main".into(),
-            part: None,
-        };
-        capture.host_spans.push(HostSpan {
-            name: "launch".into(),
-            target: "capture_bounds".into(),
-            thread_name: "main".into(),
-            thread_id: 1,
-            start_ns: info.host_launch_ns,
-            end_ns: info.host_complete_ns,
-            parent: None,
-            launch_id: Some(id),
-            fields: vec![],
-        });
-        capture.launches.push(CaptureLaunch::new(0, &info, buffer));
-    }
-    capture
 }
 
 /// Converts `capture` (written into `dir` as `name`); what it said.
@@ -247,7 +160,11 @@ fn convert_takes_the_same_memory_for_ten_times_the_launches() {
     // about 17 MB.
     let dir = tempfile::tempdir().unwrap();
     for n in [8, 80] {
-        let said = convert(dir.path(), &format!("{n}.tgpu"), &synthetic(n, 4, 8));
+        let said = convert(
+            dir.path(),
+            &format!("{n}.tgpu"),
+            &support::synthetic_capture(n, 4, 8),
+        );
         let stats = format!(
             "({n} launches, {} device events, {n} host spans",
             n * 528 * 8
@@ -270,7 +187,9 @@ fn write_synthetic_captures() {
         let count: u64 = count.trim().parse().unwrap();
         let launches = count.div_ceil(132 * 4 * 200);
         let path = Path::new(&dir).join(format!("events-{count}.tgpu"));
-        synthetic(launches, 4, 200).write(&path).unwrap();
+        support::synthetic_capture(launches, 4, 200)
+            .write(&path)
+            .unwrap();
         eprintln!("{}: {launches} launches", path.display());
     }
 }

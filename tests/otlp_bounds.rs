@@ -11,12 +11,13 @@
 #![cfg(feature = "otlp")]
 
 mod otlp_receiver;
+mod support;
 
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use otlp_receiver::{BlackHole, Misbehaving, Misbehaviour, Receiver};
+use otlp_receiver::{BlackHole, Misbehaving, Misbehaviour, Receiver, Transport};
 use tracing_gpu::batch::Batch;
 use tracing_gpu::capture::Capture;
 use tracing_gpu::otlp::{ExportFailure, OtlpGuard, OtlpLayer, OtlpStats, Protocol};
@@ -171,7 +172,7 @@ fn layer(protocol: Protocol, endpoint: &str, max_queue: usize) -> (OtlpLayer, Ot
 fn replay_and_finish(protocol: Protocol, endpoint: &str) -> (OtlpStats, Duration) {
     let (capture, batches) = capture();
     let (layer, guard) = layer(protocol, endpoint, 2048);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
     let t = Instant::now();
     let finished = guard.finish();
     let took = t.elapsed();
@@ -211,7 +212,7 @@ fn flush_ends_within_its_bound_against_a_silent_collector() {
     let hole = BlackHole::start();
     let (capture, batches) = capture();
     let (layer, guard) = layer(Protocol::HttpProtobuf, &hole.endpoint(), 2048);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
     let t = Instant::now();
     let flushed = guard.flush();
     let took = t.elapsed();
@@ -236,7 +237,7 @@ fn give_up_at_bounds_a_replay_that_waits_for_room() {
     let give_up = Duration::from_secs(2);
     let t = Instant::now();
     guard.give_up_at(t + give_up);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), &batches);
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
     let replayed = t.elapsed();
     let finished = guard.finish();
     let took = t.elapsed();
@@ -283,5 +284,138 @@ fn stats_name_the_cause() {
     assert_eq!(
         ExportFailure::GrpcStatus(14).to_string(),
         "rejected with gRPC status 14 (Unavailable)"
+    );
+}
+
+// --------------------------------------------------------------------------
+// Memory.
+
+/// The peak RSS `convert --otlp` may reach (a debug build), whatever the
+/// capture's size: the binary, the exporter's threads and a few launches. A
+/// capture of [`LARGE`] events read whole takes more than this in trace
+/// buffers alone (76 launches of 2.2 MB).
+const RSS_BOUND_KB: libc::c_long = 64 * 1024;
+/// The captures measured: launches of 105,600 events (132 blocks × 4 warps ×
+/// 200 events), 19 and 76 of them.
+const SMALL: u64 = 2_000_000;
+const LARGE: u64 = 4 * SMALL;
+
+/// Writes `$TGPU_OTLP_CAPTURE`, a synthetic capture of
+/// `$TGPU_OTLP_CAPTURE_EVENTS` events in launches of 105,600: run by
+/// [`convert_otlp_takes_the_same_memory_for_four_times_the_events`] in a
+/// process of its own (a child's peak RSS includes its parent's, taken when
+/// it calls exec: the test's must stay small), and by hand for a measurement
+/// (docs/otlp.md).
+#[test]
+#[ignore = "writes a capture for another test, or for a measurement"]
+fn write_synthetic_capture() {
+    let var = |name| std::env::var(name).expect(name);
+    let events: u64 = var("TGPU_OTLP_CAPTURE_EVENTS").parse().unwrap();
+    let launches = events.div_ceil(132 * 4 * 200);
+    support::synthetic_capture(launches, 4, 200)
+        .write(var("TGPU_OTLP_CAPTURE"))
+        .unwrap();
+}
+
+/// Runs the CLI with `args`: its exit code, stderr, and its own peak RSS
+/// (KiB, from `wait4`: std's wait does not give it).
+fn run_measured(args: &[&str]) -> (Option<i32>, String, libc::c_long) {
+    run_measured_with(env!("CARGO_BIN_EXE_tracing-gpu"), args)
+}
+
+/// [`run_measured`] with the binary `cli`.
+#[allow(clippy::zombie_processes)] // wait4 reaps the child, not std's wait
+fn run_measured_with(cli: &str, args: &[&str]) -> (Option<i32>, String, libc::c_long) {
+    use std::io::Read;
+    use std::process::Stdio;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = Command::new(cli)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tracing-gpu");
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: waits for our own child, into locals.
+    let r = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert!(r > 0, "wait4: {}", std::io::Error::last_os_error());
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    (code, stderr.join().unwrap(), usage.ru_maxrss)
+}
+
+#[test]
+fn convert_otlp_takes_the_same_memory_for_four_times_the_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start(Transport::Http);
+    for events in [SMALL, LARGE] {
+        let path = dir.path().join(format!("{events}.tgpu"));
+        let written = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "write_synthetic_capture", "--quiet"])
+            .env("TGPU_OTLP_CAPTURE", &path)
+            .env("TGPU_OTLP_CAPTURE_EVENTS", events.to_string())
+            .output()
+            .unwrap();
+        assert!(written.status.success(), "{written:?}");
+        let t = Instant::now();
+        let path = path.to_str().unwrap();
+        let (code, err, peak_kb) = run_measured(&[
+            "convert",
+            path,
+            "--otlp",
+            &receiver.endpoint(),
+            "--otlp-timeout",
+            "60",
+        ]);
+        let context = format!(
+            "{events} events: exit {code:?} in {:?}, {} MB peak RSS: {err}",
+            t.elapsed(),
+            peak_kb / 1024
+        );
+        eprintln!("{context}");
+        assert_eq!(code, Some(0), "{context}");
+        // Per launch: its host span, the kernel span, 3 phases × 4 warp roles.
+        let spans = events.div_ceil(132 * 4 * 200) * 14;
+        assert!(
+            err.contains(&format!("otlp: {spans} spans exported")),
+            "{context}"
+        );
+        assert!(peak_kb < RSS_BOUND_KB, "{context}");
+    }
+}
+
+/// The measurement of docs/otlp.md: `$TGPU_CLI` (a release build) converts
+/// `$TGPU_OTLP_CAPTURE` (from [`write_synthetic_capture`]) at
+/// `--detail $TGPU_OTLP_DETAIL` to the receiver; prints the time and the
+/// peak RSS.
+#[test]
+#[ignore = "a measurement, run by hand"]
+fn measure_convert_otlp() {
+    let var = |name| std::env::var(name).expect(name);
+    let receiver = Receiver::start(Transport::Http);
+    let t = Instant::now();
+    let (code, err, peak_kb) = run_measured_with(
+        &var("TGPU_CLI"),
+        &[
+            "convert",
+            &var("TGPU_OTLP_CAPTURE"),
+            "--otlp",
+            &receiver.endpoint(),
+            "--detail",
+            &var("TGPU_OTLP_DETAIL"),
+            "--otlp-timeout",
+            "3600",
+        ],
+    );
+    println!(
+        "exit {code:?} in {:.1} s, {} MB peak RSS: {err}",
+        t.elapsed().as_secs_f64(),
+        peak_kb / 1024
     );
 }

@@ -1,4 +1,5 @@
-//! [`OtlpLayerBuilder`]: configuration, from code and from the standard `OTEL_*` variables.
+//! [`OtlpLayerBuilder`]: configuration, from code and from the standard `OTEL_*`
+//! variables; `build` starts the exporter.
 
 use std::sync::atomic::AtomicU8;
 use std::sync::mpsc::sync_channel;
@@ -13,22 +14,19 @@ use opentelemetry_sdk::Resource;
 use parking_lot::{Condvar, Mutex, ReentrantMutex};
 
 use super::client::OtlpHttpClient;
-use super::device::worker;
+use super::conversion::worker;
+use super::error::OtlpError;
 use super::export::CountingExporter;
 use super::export::CountingProcessor;
 use super::export::IoRuntime;
-use super::export::Shared;
+use super::guard::OtlpGuard;
 use super::layer::Inner;
-use super::layer::OtlpGuard;
 use super::layer::OtlpLayer;
 use super::layer::Progress;
 use super::layer::MODE_UNKNOWN;
+use super::settings::{Detail, HostSpans, PhaseGroup, Protocol};
+use super::state::ExportState;
 use super::streamed::PresetIds;
-use super::Detail;
-use super::HostSpans;
-use super::OtlpError;
-use super::PhaseGroup;
-use super::Protocol;
 use crate::deliver::SinkHandle;
 
 impl OtlpLayer {
@@ -197,7 +195,7 @@ impl OtlpLayerBuilder {
         if let Some(e) = &self.endpoint {
             check_endpoint(e)?;
         }
-        let shared = Arc::new(Shared::new(max_queue));
+        let shared = Arc::new(ExportState::new(max_queue));
 
         // The clients' connections and the exports' timers live on a tokio
         // runtime: a private one, so that the application needs none and its
@@ -420,4 +418,38 @@ pub(crate) fn http_traces_url(endpoint: &str) -> Result<String, OtlpError> {
         "/" => format!("{endpoint}v1/traces"),
         _ => endpoint.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_endpoints_get_the_traces_path_like_the_standard_variable() {
+        let url = |e: &str| http_traces_url(e).unwrap();
+        assert_eq!(
+            url("http://localhost:4318"),
+            "http://localhost:4318/v1/traces"
+        );
+        assert_eq!(
+            url("http://localhost:4318/"),
+            "http://localhost:4318/v1/traces"
+        );
+        assert_eq!(url("http://h:1/custom/path"), "http://h:1/custom/path");
+        assert_eq!(url("http://h:1/v1/traces"), "http://h:1/v1/traces");
+        for bad in [
+            "localhost:4318",
+            "ftp://h",
+            "http://",
+            "http:///x",
+            "http://h:99999",
+            "https://h",
+            "http://a b",
+        ] {
+            assert!(
+                matches!(http_traces_url(bad), Err(OtlpError::Config { .. })),
+                "{bad}"
+            );
+        }
+    }
 }

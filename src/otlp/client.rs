@@ -15,8 +15,8 @@ use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message;
 
-use super::export::Shared;
-use super::ExportFailure;
+use super::error::ExportFailure;
+use super::state::ExportState;
 
 /// An `ExportTraceServiceResponse` is a few bytes (a count and an error
 /// message): a longer reply is not one, and is not read further.
@@ -24,7 +24,7 @@ const MAX_REPLY: usize = 64 * 1024;
 
 pub(crate) struct OtlpHttpClient {
     client: reqwest::Client,
-    shared: Arc<Shared>,
+    shared: Arc<ExportState>,
 }
 
 impl fmt::Debug for OtlpHttpClient {
@@ -39,7 +39,7 @@ impl fmt::Debug for OtlpHttpClient {
 struct Malformed(&'static str);
 
 impl OtlpHttpClient {
-    pub(crate) fn new(shared: Arc<Shared>) -> Result<OtlpHttpClient, reqwest::Error> {
+    pub(crate) fn new(shared: Arc<ExportState>) -> Result<OtlpHttpClient, reqwest::Error> {
         // No timeout here: the exporter wrapper bounds every export, retries included.
         let client = reqwest::Client::builder().build()?;
         Ok(OtlpHttpClient { client, shared })

@@ -77,3 +77,57 @@ impl Group {
         out.push(KeyValue::new(format!("{prefix}.p99_ns"), rank(99.0)));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::Value;
+
+    use super::*;
+
+    #[test]
+    fn summaries_use_nearest_rank_percentiles() {
+        let mut g = Group::new();
+        for d in 1..=100u64 {
+            g.add(1_000 - d, 1_000);
+        }
+        let mut kv = Vec::new();
+        g.summary("x", &mut kv);
+        let get = |k: &str| {
+            kv.iter()
+                .find(|a| a.key.as_str() == k)
+                .unwrap()
+                .value
+                .clone()
+        };
+        assert_eq!(get("x.count"), Value::I64(100));
+        assert_eq!(get("x.total_ns"), Value::I64(5050));
+        assert_eq!(get("x.p50_ns"), Value::I64(50));
+        assert_eq!(get("x.p99_ns"), Value::I64(99));
+        assert_eq!((g.first_start, g.last_end), (900, 1_000));
+
+        let mut one = Group::new();
+        one.add(5, 12);
+        let mut kv = Vec::new();
+        one.summary("y", &mut kv);
+        let values: Vec<_> = kv.iter().map(|a| a.value.clone()).collect();
+        assert_eq!(values, [1, 7, 7, 7].map(Value::I64));
+    }
+
+    #[test]
+    fn merged_durations_are_bounded_and_counted() {
+        let mut g = Group::new();
+        for part in 0..3u64 {
+            let mut p = Group::new();
+            for i in 0..KEPT_DURATIONS as u64 {
+                p.add(part * 10, part * 10 + i);
+            }
+            g.merge(p);
+        }
+        assert_eq!(g.count, 3 * KEPT_DURATIONS as u64);
+        assert_eq!(g.durations.len(), KEPT_DURATIONS);
+        assert_eq!(
+            (g.first_start, g.last_end),
+            (0, 20 + KEPT_DURATIONS as u64 - 1)
+        );
+    }
+}

@@ -190,7 +190,6 @@ impl StreamedKernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::otlp::group::KEPT_DURATIONS;
 
     fn sum() -> KernelSum {
         KernelSum {
@@ -234,23 +233,5 @@ mod tests {
             s.add(id, sum(), false);
         }
         assert_eq!(s.len(), MAX_STREAMING);
-    }
-
-    #[test]
-    fn merged_durations_are_bounded_and_counted() {
-        let mut g = Group::new();
-        for part in 0..3u64 {
-            let mut p = Group::new();
-            for i in 0..KEPT_DURATIONS as u64 {
-                p.add(part * 10, part * 10 + i);
-            }
-            g.merge(p);
-        }
-        assert_eq!(g.count, 3 * KEPT_DURATIONS as u64);
-        assert_eq!(g.durations.len(), KEPT_DURATIONS);
-        assert_eq!(
-            (g.first_start, g.last_end),
-            (0, 20 + KEPT_DURATIONS as u64 - 1)
-        );
     }
 }

@@ -6,8 +6,9 @@ pub mod cli;
 
 use std::sync::Arc;
 
-use tracing_gpu::batch::{Batch, DeviceInfo, LaunchInfo, Part};
-use tracing_gpu::clock::{Calibration, HostClock};
+use tracing_gpu::batch::{Batch, DeviceInfo, HostSpan, LaunchInfo, Part};
+use tracing_gpu::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch};
+use tracing_gpu::clock::{Calibration, HostClock, Sample};
 use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::registry::EventRegistry;
@@ -193,7 +194,6 @@ pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
 /// all launches interleaved (part 0 of each, then part 1 of each, ...), as
 /// launches streaming at once would be recorded.
 pub fn streamed_capture(from: &std::path::Path, parts: u64, to: &std::path::Path) {
-    use tracing_gpu::capture::{Capture, CaptureLaunch};
     let mut capture = Capture::read(from).unwrap();
     let batches = capture.batches().unwrap();
     let mut launches: Vec<std::vec::IntoIter<CaptureLaunch>> = batches
@@ -219,4 +219,83 @@ pub fn streamed_capture(from: &std::path::Path, parts: u64, to: &std::path::Path
             .extend(launches.iter_mut().filter_map(Iterator::next));
     }
     capture.write(to).unwrap();
+}
+
+/// A calibrated H200 whose device clock reads the host's.
+fn calibrated_h200() -> CaptureDevice {
+    CaptureDevice {
+        info: DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+            sm_count: 132,
+            driver_version: "580.159.04".into(),
+            compute_capability: (9, 0),
+        },
+        calibrations: vec![CalibrationRound {
+            samples: (0..64u64)
+                .map(|i| {
+                    let t = 1_000_000_000 + i * 10_000;
+                    Sample {
+                        host_before: t,
+                        device: t + 500,
+                        host_after: t + 1_000,
+                    }
+                })
+                .collect(),
+            ..Default::default()
+        }],
+    }
+}
+
+/// A capture of `launches` launches (ids from 1) of 132 blocks × `warps` warps, each warp
+/// `events` ranges (capacity 256), with one host span per launch.
+pub fn synthetic_capture(launches: u64, warps: u32, events: u32) -> Capture {
+    let registry = EventRegistry::from_pairs([(0, "load"), (1, "mma"), (2, "store")]).unwrap();
+    let mut capture = Capture {
+        metadata: vec![("command".into(), "capture_bounds".into())],
+        devices: vec![calibrated_h200()],
+        registry,
+        ..Capture::default()
+    };
+    for id in 1..=launches {
+        let t0 = 1_000_000_000 + id * 1_000_000;
+        let (grid, block) = ([132, 1, 1], [32 * warps, 1, 1]);
+        let mut b = BufferBuilder::new(grid, block, 256);
+        b.launch_id(id);
+        for block in 0..132 {
+            for warp in 0..warps {
+                let s = b.warp(block, warp).unwrap().sm(block, block);
+                for k in 0..events {
+                    let t = t0 + u64::from(k) * 1_000 + u64::from(warp) * 10;
+                    s.range((k % 3) as u16, t, t + 900, k);
+                }
+            }
+        }
+        let buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
+        let info = LaunchInfo {
+            launch_id: id,
+            kernel: "synthetic".into(),
+            host_launch_ns: t0 - 5_000,
+            host_complete_ns: t0 + u64::from(events) * 1_000 + 5_000,
+            grid,
+            block,
+            parent: None,
+            host_thread: "main".into(),
+            part: None,
+        };
+        capture.host_spans.push(HostSpan {
+            name: "launch".into(),
+            target: "capture_bounds".into(),
+            thread_name: "main".into(),
+            thread_id: 1,
+            start_ns: info.host_launch_ns,
+            end_ns: info.host_complete_ns,
+            parent: None,
+            launch_id: Some(id),
+            fields: vec![],
+        });
+        capture.launches.push(CaptureLaunch::new(0, &info, buffer));
+    }
+    capture
 }

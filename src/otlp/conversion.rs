@@ -9,13 +9,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use opentelemetry::trace::{Span as _, SpanBuilder, SpanKind, TraceContextExt, Tracer as _};
 use opentelemetry::{Array, Context as OtelContext, KeyValue, StringValue, Value};
 
-use super::export::Patient;
 use super::group::Group;
 use super::layer::Inner;
 use super::layer::Job;
+use super::settings::Detail;
+use super::settings::PhaseGroup;
+use super::state::Patient;
 use super::streamed::{KernelSum, PresetIds, StreamedKernels};
-use super::Detail;
-use super::PhaseGroup;
 use crate::batch::{thread_name, Batch, DeviceInfo, Part};
 use crate::clock::HostClock;
 use crate::format::EventKind;

@@ -1,0 +1,299 @@
+//! The `convert` command: a capture read once, a launch at a time
+//! ([`CaptureReader`]), each batch handed to every output asked for (a
+//! Perfetto trace, OTLP spans) before the next is read, so that memory does
+//! not grow with the capture.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing_gpu::batch::Batch;
+use tracing_gpu::capture::{Capture, CaptureReader, HOST_SPANS_NOTE};
+use tracing_gpu::output::AtomicFile;
+use tracing_gpu::perfetto::{TraceWriter, WriteStats};
+
+use crate::{capture_failure, progress, Exit, Failure, OtlpDetail};
+
+/// `--otlp` and the flags that go with it.
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+pub(crate) struct OtlpTarget<'a> {
+    pub(crate) endpoint: &'a str,
+    pub(crate) protocol: &'a str,
+    pub(crate) timeout: Duration,
+    pub(crate) detail: OtlpDetail,
+}
+
+/// `convert CAPTURE [-o TRACE] [--otlp URL ...]`.
+pub(crate) fn convert(
+    capture: &Path,
+    out: Option<&Path>,
+    otlp: Option<OtlpTarget<'_>>,
+) -> Result<(), Failure> {
+    let failure = |e| capture_failure(capture, e);
+    let mut reader = CaptureReader::open(capture).map_err(failure)?;
+    let count = reader.launch_count();
+    let batches = reader.batches().map_err(failure)?;
+    let head = batches.head();
+    note_missing_host_spans(capture, head);
+    // A bad endpoint or protocol is refused before a file is begun.
+    let export = otlp.map(Export::start).transpose()?;
+    let mut trace = out.map(|out| Trace::begin(head, out)).transpose()?;
+    let bar = progress(
+        count,
+        match out {
+            Some(_) => "converting",
+            None => "exporting",
+        },
+    );
+    // Each batch goes into the trace, then to the export. The first failure
+    // (a launch that does not decode, a write that fails) ends the stream.
+    let mut failed = None;
+    let feed = batches.map_while(|batch| {
+        let written = batch.map_err(failure).and_then(|batch| match &mut trace {
+            Some(trace) => trace.add(&batch).map(|()| batch),
+            None => Ok(batch),
+        });
+        bar.inc(1);
+        written.map_err(|e| failed = Some(e)).ok()
+    });
+    match &export {
+        Some(export) => export.replay(head, feed),
+        None => feed.for_each(drop),
+    }
+    bar.finish_and_clear();
+    if let Some(failure) = failed {
+        if let Some(export) = export {
+            export.abandon();
+        }
+        return Err(failure); // The trace, unfinished, is removed.
+    }
+    if let Some(trace) = trace {
+        let (out, stats) = trace.finish()?;
+        eprintln!(
+            "trace: {} ({} launches, {} device events, {} host spans, {} bytes); open it at https://ui.perfetto.dev",
+            out.display(),
+            stats.kernels,
+            stats.device_events,
+            stats.host_slices,
+            stats.bytes
+        );
+    }
+    match export {
+        Some(export) => export.finish(),
+        None => Ok(()),
+    }
+}
+
+/// Without host spans a replay has no launch spans (nor, in Perfetto, arrows),
+/// and a capture recorded without the recorder's layer holds only the launch
+/// spans: says so, and why, if the capture says.
+fn note_missing_host_spans(path: &Path, head: &Capture) {
+    if let Some((_, why)) = head.metadata.iter().find(|(k, _)| k == HOST_SPANS_NOTE) {
+        let what = match head.host_spans.is_empty() {
+            true => "has no host spans",
+            false => "has some host spans only",
+        };
+        eprintln!("note: {} {what} ({why})", path.display());
+    }
+}
+
+/// Writes a whole capture's host spans and batches into a Perfetto trace at
+/// `out`, as a live run draws them: complete or absent.
+pub(crate) fn write_perfetto(
+    recorded: &Capture,
+    batches: &[Arc<Batch>],
+    out: &Path,
+) -> Result<WriteStats, Failure> {
+    let mut trace = Trace::begin(recorded, out)?;
+    for batch in batches {
+        trace.add(batch)?;
+    }
+    trace.finish().map(|(_, stats)| stats)
+}
+
+/// A Perfetto trace being written, a batch at a time: complete once
+/// finished, absent if dropped before.
+struct Trace<'a> {
+    out: &'a Path,
+    writer: TraceWriter<AtomicFile>,
+}
+
+impl<'a> Trace<'a> {
+    /// Begins the trace at `out` with `head`'s host spans: the launch spans
+    /// start the flows the kernels end.
+    fn begin(head: &Capture, out: &'a Path) -> Result<Trace<'a>, Failure> {
+        let file = AtomicFile::create(out).map_err(|e| cannot_write(out, &e))?;
+        let mut writer = TraceWriter::new(file).map_err(|e| cannot_write(out, &e))?;
+        writer
+            .write_host_spans(head.process_name(), &head.host_spans)
+            .map_err(|e| cannot_write(out, &e))?;
+        Ok(Trace { out, writer })
+    }
+
+    fn add(&mut self, batch: &Batch) -> Result<(), Failure> {
+        self.writer
+            .write_batch(batch)
+            .map_err(|e| cannot_write(self.out, &e))
+    }
+
+    fn finish(self) -> Result<(&'a Path, WriteStats), Failure> {
+        let out = self.out;
+        let (file, stats) = self.writer.finish().map_err(|e| cannot_write(out, &e))?;
+        file.commit().map_err(|e| cannot_write(out, &e))?;
+        Ok((out, stats))
+    }
+}
+
+fn cannot_write(out: &Path, e: &dyn fmt::Display) -> Failure {
+    Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
+}
+
+/// The OTLP export of a capture, within `--otlp-timeout` in all, whatever the
+/// collector does.
+#[cfg(feature = "otlp")]
+struct Export<'a> {
+    endpoint: &'a str,
+    timeout: Duration,
+    layer: tracing_gpu::otlp::OtlpLayer,
+    guard: tracing_gpu::otlp::OtlpGuard,
+}
+
+#[cfg(feature = "otlp")]
+impl<'a> Export<'a> {
+    /// Starts the exporter; its deadline starts now.
+    fn start(target: OtlpTarget<'a>) -> Result<Export<'a>, Failure> {
+        use std::time::Instant;
+        use tracing_gpu::otlp::{Detail, OtlpError, OtlpLayer, Protocol};
+        let endpoint = target.endpoint;
+        let protocol: Protocol = target
+            .protocol
+            .parse()
+            .map_err(|e: String| Failure::new(Exit::Usage, e))?;
+        let deadline = Instant::now() + target.timeout;
+        let (layer, guard) = OtlpLayer::builder()
+            .service_name("tracing-gpu")
+            .endpoint(endpoint)
+            .protocol(protocol)
+            .detail(match target.detail {
+                OtlpDetail::Kernel => Detail::Kernel,
+                OtlpDetail::Phase => Detail::Phase,
+                OtlpDetail::Warp => Detail::Warp,
+            })
+            .timeout(target.timeout)
+            .shutdown_timeout(target.timeout)
+            .build()
+            .map_err(|e| match e {
+                // A malformed endpoint is bad usage; an unreachable one fails later.
+                OtlpError::Config { .. } => Failure::new(Exit::Usage, e.to_string()),
+                e => failed(endpoint, e.to_string()),
+            })?;
+        guard.give_up_at(deadline);
+        Ok(Export {
+            endpoint,
+            timeout: target.timeout,
+            layer,
+            guard,
+        })
+    }
+
+    /// Replays `head`'s host spans and `batches` as they come. The replay
+    /// waits for room in the export queue; a watcher gives up at the first
+    /// failed export (the run fails in any case, and the rest would only wait
+    /// on the same collector), so that a collector that is down or refusing
+    /// fails fast rather than at the deadline; the batches still to come are
+    /// then only counted.
+    fn replay(&self, head: &Capture, batches: impl Iterator<Item = Arc<Batch>>) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let replayed = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !replayed.load(Ordering::Acquire) {
+                    self.give_up_on_failure();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+            self.layer
+                .replay(&head.host_spans, head.realtime_offset_ns(), batches);
+            replayed.store(true, Ordering::Release);
+        });
+    }
+
+    fn give_up_on_failure(&self) {
+        if self.guard.stats().export_errors > 0 {
+            self.guard.give_up_at(std::time::Instant::now());
+        }
+    }
+
+    /// Stops at once: the capture failed, which is what the run reports.
+    fn abandon(self) {
+        self.guard.give_up_at(std::time::Instant::now());
+    }
+
+    /// Sends what is left, within the deadline, and says how it went.
+    fn finish(self) -> Result<(), Failure> {
+        use tracing_gpu::otlp::ExportFailure;
+        self.give_up_on_failure();
+        let finished = self.guard.finish();
+        let stats = match &finished {
+            Ok(stats) => *stats,
+            Err(_) => self.layer.stats(),
+        };
+        let lost = stats.spans_failed + stats.spans_dropped;
+        if lost > 0 || stats.batches_dropped > 0 || finished.is_err() {
+            let why = match (stats.last_failure, &finished) {
+                (Some(why), _) if why != ExportFailure::OutOfTime => why.to_string(),
+                (_, Err(e)) => e.to_string(),
+                _ => format!(
+                    "out of time (--otlp-timeout {} s)",
+                    self.timeout.as_secs_f64()
+                ),
+            };
+            let mut counts = format!(
+                "{} of {} spans exported",
+                stats.spans_exported,
+                stats.spans_exported + lost
+            );
+            if stats.batches_dropped > 0 {
+                counts += &format!(", {} launches not converted", stats.batches_dropped);
+            }
+            return Err(failed(self.endpoint, format!("{why} ({counts})")));
+        }
+        eprintln!(
+            "otlp: {} spans exported to {}",
+            stats.spans_exported, self.endpoint
+        );
+        Ok(())
+    }
+}
+
+#[cfg(feature = "otlp")]
+fn failed(endpoint: &str, e: String) -> Failure {
+    Failure::new(Exit::Export, format!("OTLP export to {endpoint}: {e}"))
+}
+
+/// No export in this build: [`Export::start`] says so.
+#[cfg(not(feature = "otlp"))]
+enum Export {}
+
+#[cfg(not(feature = "otlp"))]
+impl Export {
+    fn start(target: OtlpTarget<'_>) -> Result<Export, Failure> {
+        Err(Failure::new(
+            Exit::Export,
+            format!("cannot export to {}: this build has no OTLP support (build with --features otlp, or full)", target.endpoint),
+        ))
+    }
+
+    fn replay(&self, _: &Capture, _: impl Iterator<Item = Arc<Batch>>) {
+        match *self {}
+    }
+
+    fn abandon(self) {
+        match self {}
+    }
+
+    fn finish(self) -> Result<(), Failure> {
+        match self {}
+    }
+}
