@@ -38,7 +38,7 @@ fn launch(ordinal: u32, k: u64, h0: u64) -> Arc<Batch> {
     // A GPU's launches are 40 µs apart and last up to 37 µs; every third
     // starts 30 µs early.
     let base = 1_000_000_000 * u64::from(ordinal + 1);
-    let d0 = base + 100_000 + k * 20_000 - if k % 3 == 0 { 30_000 } else { 0 };
+    let d0 = base + 100_000 + k * 20_000 - if k.is_multiple_of(3) { 30_000 } else { 0 };
     for block in 0..blocks {
         for warp in 0..warps {
             let sm = (2 * block + 8 * (k as u32 / 6 % 2)) % 24;

@@ -391,7 +391,7 @@ fn outliers_are_rejected() {
         for _ in 0..opts.tolerated_outliers {
             let s = &mut samples[(rng.next() % 1000) as usize];
             let shift = 1000 + rng.range(0.0, 2000.0) as u64;
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 s.host_before += shift;
                 s.host_after += shift;
             } else {

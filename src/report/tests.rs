@@ -504,7 +504,7 @@ fn the_sweep_matches_a_dense_sum() {
         let pieces: Vec<Piece> = (0..1 + next() % 60)
             .map(|_| {
                 let a = (next() % 10_000) as f64 + (next() % 7) as f64 / 7.0;
-                let len = if next() % 4 == 0 {
+                let len = if next().is_multiple_of(4) {
                     next() % 5_000
                 } else {
                     next() % 200

@@ -445,7 +445,7 @@ impl Calibrator {
                     break v;
                 }
                 spins = spins.wrapping_add(1);
-                if spins % 4096 == 0 {
+                if spins.is_multiple_of(4096) {
                     let now = Instant::now();
                     match deadline {
                         None => deadline = Some(now + self.timeout),

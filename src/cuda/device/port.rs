@@ -145,7 +145,7 @@ impl Memory {
     fn word_ptr<T>(&self, offset: usize) -> *mut T {
         let size = std::mem::size_of::<T>();
         assert!(
-            offset % size == 0 && offset + size <= self.len,
+            offset.is_multiple_of(size) && offset + size <= self.len,
             "{offset} outside {self:?}"
         );
         // SAFETY: in bounds (checked above).
@@ -189,7 +189,7 @@ impl Memory {
 
     /// Zeroes `len` bytes at `offset` (both multiples of 8).
     pub(crate) fn zero(&self, offset: usize, len: usize) {
-        assert!(len % 8 == 0, "{len} bytes");
+        assert!(len.is_multiple_of(8), "{len} bytes");
         for i in (0..len).step_by(8) {
             // SAFETY: in bounds and aligned (word_ptr).
             unsafe { self.word_ptr::<u64>(offset + i).write_volatile(0) }
