@@ -100,6 +100,8 @@ pub fn spawn_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Running {
         }
     }
     let started = Instant::now();
+    // Reaped by its pid with wait4 (Running::ended), for its own rusage.
+    #[allow(clippy::zombie_processes)]
     let mut child = cmd.spawn().expect("the CLI starts");
     // Both pipes read on the side, so a chatty child never blocks on a full one.
     let mut out = child.stdout.take().unwrap();
@@ -139,8 +141,8 @@ pub struct Running {
     wall: Duration,
     stdout: JoinHandle<(Vec<u8>, usize)>,
     stderr: JoinHandle<Vec<u8>>,
-    /// Its wait status and resource usage once reaped.
-    ended: Option<(libc::c_int, libc::rusage)>,
+    /// Its wait status, resource usage and wall time once reaped.
+    ended: Option<(libc::c_int, libc::rusage, Duration)>,
 }
 
 impl Running {
@@ -151,7 +153,7 @@ impl Running {
             // wait4 reaps the child and gives its own rusage (std's wait does not).
             let r = unsafe { libc::wait4(self.pid, &mut status, libc::WNOHANG, &mut usage) };
             if r == self.pid {
-                self.ended = Some((status, usage));
+                self.ended = Some((status, usage, self.started.elapsed()));
             } else {
                 assert_eq!(r, 0, "wait4: {}", std::io::Error::last_os_error());
             }
@@ -176,13 +178,12 @@ impl Running {
                 let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
                 unsafe { libc::kill(self.pid, libc::SIGKILL) };
                 unsafe { libc::wait4(self.pid, &mut status, 0, &mut usage) };
-                self.ended = Some((status, usage));
+                self.ended = Some((status, usage, self.started.elapsed()));
                 break;
             }
             thread::sleep(Duration::from_millis(5));
         }
-        let wall = self.started.elapsed();
-        let (status, usage) = self.ended.unwrap();
+        let (status, usage, wall) = self.ended.unwrap();
         let (stdout, stdout_bytes) = self.stdout.join().unwrap();
         let stderr = self.stderr.join().unwrap();
         let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
