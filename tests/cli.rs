@@ -3,8 +3,8 @@
 #![cfg(feature = "cli")]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing_gpu::batch::{DeviceInfo, HostSpan, LaunchInfo};
 use tracing_gpu::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch};
@@ -13,25 +13,20 @@ use tracing_gpu::decode::OwnedBuffer;
 use tracing_gpu::format::BufferBuilder;
 use tracing_gpu::registry::EventRegistry;
 
-#[path = "perfetto_check/mod.rs"]
+#[cfg(feature = "otlp")]
+mod otlp_receiver;
 mod perfetto_check;
 mod support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
+use support::cli::{run_cli, Limits, Run};
 
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
+/// The longest any one run may take before the test fails.
+const WALL: Duration = Duration::from_secs(120);
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+fn run(args: &[&str]) -> Run {
+    let o = run_cli(args, Limits::wall(WALL));
+    assert!(!o.timed_out, "{args:?} ran past {WALL:?}: {}", o.stderr);
+    o
 }
 
 /// A small but complete capture: one 8-SM GPU, calibrated, two launches of a
@@ -131,7 +126,7 @@ fn write_sample(dir: &Path) -> PathBuf {
 
 /// `demo --replay` of the sample capture (written into `dir`), with `extra`
 /// arguments; returns the run and the trace's path.
-fn replay_sample(dir: &Path, extra: &[&str]) -> (Output, PathBuf) {
+fn replay_sample(dir: &Path, extra: &[&str]) -> (Run, PathBuf) {
     let capture = write_sample(dir);
     let out = dir.join("demo.perfetto-trace");
     let mut args = vec!["demo", "--replay"];
@@ -145,14 +140,9 @@ fn replay_sample(dir: &Path, extra: &[&str]) -> (Output, PathBuf) {
     (run(&args), out)
 }
 
-fn assert_exit(o: &Output, code: i32, needle: &str) {
-    let err = stderr(o);
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "stderr: {err}\nstdout: {}",
-        stdout(o)
-    );
+fn assert_exit(o: &Run, code: i32, needle: &str) {
+    let err = &o.stderr;
+    assert_eq!(o.code, Some(code), "stderr: {err}\nstdout: {}", o.stdout);
     assert!(err.contains(needle), "expected {needle:?} in stderr: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
@@ -160,8 +150,8 @@ fn assert_exit(o: &Output, code: i32, needle: &str) {
 #[test]
 fn help_lists_the_exit_codes() {
     let o = run(&["--help"]);
-    assert!(o.status.success());
-    let out = stdout(&o);
+    assert_eq!(o.code, Some(0));
+    let out = &o.stdout;
     for line in [
         "3  an input file cannot be read",
         "4  an input file is not a valid capture",
@@ -182,8 +172,8 @@ fn report_prints_statistics_and_draws_the_timeline() {
         "--svg",
         svg.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let out = &o.stdout;
     assert!(out.contains("gemm on GPU 0 (NVIDIA H200)"), "{out}");
     assert!(out.contains("2 launches"), "{out}");
     // 2 launches × 8 blocks: 8 loads per producer, 8 waits and mmas per consumer.
@@ -209,13 +199,13 @@ fn report_prints_statistics_and_draws_the_timeline() {
     let doc = roxmltree::Document::parse(&text).expect("the SVG is XML");
     assert_eq!(doc.root_element().tag_name().name(), "svg");
     assert!(doc.descendants().filter(|n| n.has_tag_name("rect")).count() > 16);
-    assert!(stderr(&o).contains("open it in a browser"));
+    assert!(o.stderr.contains("open it in a browser"));
 
     // One launch only, by its launch id (1 and 2 here).
     for id in ["1", "2"] {
         let o = run(&["report", capture.to_str().unwrap(), "--launch", id]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        assert!(stdout(&o).contains("1 launch,"), "{}", stdout(&o));
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
+        assert!(o.stdout.contains("1 launch,"), "{}", o.stdout);
     }
     let o = run(&["report", capture.to_str().unwrap(), "--launch", "3"]);
     assert_exit(
@@ -247,13 +237,13 @@ fn convert_says_how_to_get_missing_host_spans() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(
-        stderr(&o).contains(
+        o.stderr.contains(
             "has no host spans (not recorded: add CaptureRecorder::layer() to the subscriber)"
         ),
         "{}",
-        stderr(&o)
+        o.stderr
     );
     // Recorded without the layer: the launch spans only, and the note says so.
     let mut launches_only = sample_dump();
@@ -271,11 +261,12 @@ fn convert_says_how_to_get_missing_host_spans() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
     assert!(
-        stderr(&o).contains("has some host spans only (only the launch spans"),
+        o.stderr
+            .contains("has some host spans only (only the launch spans"),
         "{}",
-        stderr(&o)
+        o.stderr
     );
     // With host spans, no such note.
     let o = run(&[
@@ -284,7 +275,7 @@ fn convert_says_how_to_get_missing_host_spans() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert!(!stderr(&o).contains("no host spans"), "{}", stderr(&o));
+    assert!(!o.stderr.contains("no host spans"), "{}", o.stderr);
 }
 
 #[test]
@@ -293,7 +284,7 @@ fn missing_and_unreadable_inputs_exit_3() {
     let missing = dir.path().join("nope.tgpu");
     let o = run(&["report", missing.to_str().unwrap()]);
     assert_exit(&o, 3, "cannot read");
-    assert!(stderr(&o).contains("No such file"), "{}", stderr(&o));
+    assert!(o.stderr.contains("No such file"), "{}", o.stderr);
     // A directory is not a file.
     let o = run(&["report", dir.path().to_str().unwrap()]);
     assert_exit(&o, 3, "cannot read");
@@ -353,7 +344,7 @@ fn invalid_captures_exit_4_with_the_reason() {
         let o = run(&["report", path.to_str().unwrap()]);
         assert_exit(&o, 4, needle);
         assert!(
-            stderr(&o).contains(path.to_str().unwrap()),
+            o.stderr.contains(path.to_str().unwrap()),
             "{name}: the message names the file"
         );
     }
@@ -376,14 +367,10 @@ fn unwritable_output_exits_5() {
 #[test]
 fn bad_usage_exits_2() {
     let o = run(&["report"]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.code, Some(2));
     let o = run(&["frobnicate"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("unrecognized subcommand"),
-        "{}",
-        stderr(&o)
-    );
+    assert_eq!(o.code, Some(2));
+    assert!(o.stderr.contains("unrecognized subcommand"), "{}", o.stderr);
 }
 
 #[test]
@@ -397,12 +384,8 @@ fn convert_writes_a_trace_that_passes_the_schema_check() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("https://ui.perfetto.dev"),
-        "{}",
-        stderr(&o)
-    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stderr.contains("https://ui.perfetto.dev"), "{}", o.stderr);
     // 2 launches × 8 blocks × (8 loads + 2 × (16 + 1)): 672 device slices;
     // the 2 launch spans on the host's thread, each with a flow to its kernel.
     if let Some(s) = perfetto_check::check(
@@ -453,7 +436,7 @@ fn convert_replays_a_streamed_capture_as_the_launches_recorded_whole() {
             "-o",
             out.to_str().unwrap(),
         ]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
         let slices = dir.path().join(format!("{name}.slices"));
         let args = [
             "--expect-kernels",
@@ -478,17 +461,17 @@ fn demo_without_a_gpu_replays_a_capture_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     // --replay: the same path as a machine without a GPU takes.
     let (o, out) = replay_sample(dir.path(), &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let err = stderr(&o);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let err = &o.stderr;
     assert!(
         err.contains("replaying") && err.contains("NVIDIA H200"),
         "{err}"
     );
     assert!(err.contains("https://ui.perfetto.dev"), "{err}");
     assert!(
-        stdout(&o).contains("load"),
+        o.stdout.contains("load"),
         "the report is printed: {}",
-        stdout(&o)
+        o.stdout
     );
     let svg = std::fs::read_to_string(out.with_extension("svg")).unwrap();
     roxmltree::Document::parse(&svg).expect("the SVG is XML");
@@ -502,8 +485,8 @@ fn demo_replays_the_shipped_capture() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("demo.perfetto-trace");
     let o = run(&["demo", "--replay", "-o", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("replaying"), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stderr.contains("replaying"), "{}", o.stderr);
     // The capture holds 4 launches and 211,200 device events, none dropped,
     // and 16 host spans (the root, setup, compile, upload, and per launch a
     // step, the launch span and a synchronize): a live run's trace has the
@@ -535,7 +518,7 @@ fn the_shipped_gemm_capture_converts_to_a_checked_trace() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
     // Two launches of the warp-specialized GEMM at 3072³ on the H200: 237,312
     // records each (producer loads, consumer waits and mmas per k-tile,
     // epilogues), none dropped, on every SM; 10 host spans (the run, compile,
@@ -584,15 +567,15 @@ fn a_capture_without_calibration_cannot_be_placed_on_the_host_timeline() {
     assert!(!out.exists());
     // The report needs no host times: it still works.
     let o = run(&["report", path.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
 }
 
 #[test]
 fn calibrate_without_a_gpu_exits_6() {
     let o = run(&["calibrate"]);
-    if o.status.success() {
+    if o.code == Some(0) {
         // A GPU machine: one row per GPU with its offset, drift and bound.
-        assert!(stdout(&o).contains("ppm"), "{}", stdout(&o));
+        assert!(o.stdout.contains("ppm"), "{}", o.stdout);
         return;
     }
     assert_exit(&o, 6, "cannot calibrate");
@@ -602,28 +585,24 @@ fn calibrate_without_a_gpu_exits_6() {
 fn the_live_commands_take_no_lineinfo() {
     for command in ["demo", "calibrate"] {
         let o = run(&[command, "--help"]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
         assert!(
-            stdout(&o).contains("--no-lineinfo"),
+            o.stdout.contains("--no-lineinfo"),
             "{command} --help: {}",
-            stdout(&o)
+            o.stdout
         );
     }
     // A replay compiles nothing: the flag is accepted and changes nothing.
     let dir = tempfile::tempdir().unwrap();
     let (o, out) = replay_sample(dir.path(), &["--no-lineinfo"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
     perfetto_check::check(&out, &["--expect-kernels", "2"]);
     // Without a GPU, calibrate still says so (6), not bad usage (2).
     let o = run(&["calibrate", "--no-lineinfo", "--samples", "50"]);
-    if !o.status.success() {
+    if o.code != Some(0) {
         assert_exit(&o, 6, "cannot calibrate");
     }
 }
-
-#[cfg(feature = "otlp")]
-#[path = "otlp_receiver/mod.rs"]
-mod otlp_receiver;
 
 #[cfg(feature = "otlp")]
 #[test]
@@ -645,8 +624,8 @@ fn convert_sends_host_and_device_spans_to_an_otlp_receiver() {
             "--otlp-protocol",
             protocol,
         ]);
-        assert!(o.status.success(), "{protocol}: {}", stderr(&o));
-        assert!(stderr(&o).contains("spans exported"), "{}", stderr(&o));
+        assert_eq!(o.code, Some(0), "{protocol}: {}", o.stderr);
+        assert!(o.stderr.contains("spans exported"), "{}", o.stderr);
         // The two launch spans from the capture's host spans, and device spans under them.
         let spans = receiver.wait_for("the host spans and device phases", |s| {
             s.iter().filter(|r| r.span.name == "gemm").count() >= 2
@@ -682,7 +661,7 @@ fn convert_otlp_detail_picks_the_spans() {
             "--detail",
             detail,
         ]);
-        assert!(o.status.success(), "{detail}: {}", stderr(&o));
+        assert_eq!(o.code, Some(0), "{detail}: {}", o.stderr);
         // The export has ended: everything is in.
         let spans = receiver.spans();
         let count = |f: &dyn Fn(&str) -> bool| spans.iter().filter(|r| f(&r.span.name)).count();
@@ -693,7 +672,7 @@ fn convert_otlp_detail_picks_the_spans() {
         assert_eq!(count(&|n| n == "gemm"), 4, "{detail}");
     }
     let o = run(&["convert", capture.to_str().unwrap(), "--detail", "warp"]);
-    assert_eq!(o.status.code(), Some(2), "--detail needs --otlp");
+    assert_eq!(o.code, Some(2), "--detail needs --otlp");
 }
 
 #[test]
@@ -715,15 +694,15 @@ fn live_demo_on_a_gpu_writes_a_checked_trace() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("live.perfetto-trace");
     let o = run(&["demo", "-o", out.to_str().unwrap()]);
-    if stderr(&o).contains("no live run") {
+    if o.stderr.contains("no live run") {
         println!(
             "skipped: no GPU ({})",
-            stderr(&o).lines().next().unwrap_or("")
+            o.stderr.lines().next().unwrap_or("")
         );
         return;
     }
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("live run on GPU 0"), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stderr.contains("live run on GPU 0"), "{}", o.stderr);
     // 8 profiled launches, each a kernel slice with a flow from its launch span;
     // the phases carry the tile they worked on, `done` the number of tiles.
     perfetto_check::check(
@@ -740,5 +719,5 @@ fn live_demo_on_a_gpu_writes_a_checked_trace() {
         ],
     );
     let o = run(&["report", out.with_extension("tgpu").to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
 }

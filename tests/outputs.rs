@@ -3,16 +3,16 @@
 //! when the run is interrupted (src/output.rs, src/signals.rs).
 #![cfg(all(feature = "cli", unix))]
 
+mod support;
+
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use support::cli::{spawn_cli, Limits, Run, Running};
 use tracing_gpu::capture::Capture;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
 
 /// The longest any one run may take before the test fails.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -23,36 +23,19 @@ fn shipped(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn spawn(args: &[&str]) -> Child {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary runs")
+fn spawn(args: &[&str]) -> Running {
+    spawn_cli(args, Limits::wall(LIMIT))
 }
 
-/// Waits for `child`, killing it (and failing) after [`LIMIT`].
-fn finish(mut child: Child) -> Output {
-    let deadline = Instant::now() + LIMIT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("still running after {LIMIT:?}");
-        }
-        sleep(Duration::from_millis(5));
-    }
-    child.wait_with_output().unwrap()
+/// Waits for `child`, failing if it was killed at [`LIMIT`].
+fn finish(child: Running) -> Run {
+    let o = child.wait();
+    assert!(!o.timed_out, "still running after {LIMIT:?}");
+    o
 }
 
-fn run(args: &[&str]) -> Output {
+fn run(args: &[&str]) -> Run {
     finish(spawn(args))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn s(p: &Path) -> &str {
@@ -96,9 +79,9 @@ fn temporaries(dir: &Path) -> Vec<String> {
 }
 
 /// Exit 5 and one line on stderr that says which file and why.
-fn assert_refused(o: &Output, path: &str, why: &str) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(5), "{path}: {err}");
+fn assert_refused(o: &Run, path: &str, why: &str) {
+    let err = &o.stderr;
+    assert_eq!(o.code, Some(5), "{path}: {err}");
     assert_eq!(err.lines().count(), 1, "{path}: one line: {err}");
     assert!(
         err.starts_with(&format!("error: cannot write {path}: ")) && err.contains(why),
@@ -155,7 +138,7 @@ fn links_and_files_beside_the_destination_are_left_alone() {
     for out in ["a.perfetto-trace", "b.perfetto-trace"] {
         let path = dir.path().join(out);
         let o = run(&["convert", s(&capture), "-o", s(&path)]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
         let trace = std::fs::read(&path).unwrap();
         assert!(trace.len() > 1_000_000, "{out}: {} bytes", trace.len());
         past_clock_snapshot(&trace);
@@ -235,13 +218,17 @@ fn dev_null_is_refused_and_stays_a_device() {
 
 /// Starts converting the shipped GEMM capture (14 MB of trace) to
 /// `dir/gemm.perfetto-trace` and sends `signal` once its temporary file exists.
-fn interrupt(dir: &Path, signal: i32) -> Output {
+fn interrupt(dir: &Path, signal: i32) -> Run {
     let out = dir.join("gemm.perfetto-trace");
     let mut child = spawn(&["convert", s(&shipped("h200-gemm.tgpu")), "-o", s(&out)]);
     let deadline = Instant::now() + LIMIT;
     while temporaries(dir).is_empty() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("the conversion ended ({status}) before its temporary file was seen");
+        if child.ended() {
+            let o = child.wait();
+            panic!(
+                "the conversion ended (exit {:?}, signal {:?}) before its temporary file was seen: {}",
+                o.code, o.signal, o.stderr
+            );
         }
         assert!(
             Instant::now() < deadline,
@@ -249,10 +236,7 @@ fn interrupt(dir: &Path, signal: i32) -> Output {
         );
         sleep(Duration::from_millis(1));
     }
-    let pid = i32::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) on our own child, which has not been waited for yet, so
-    // its pid cannot have been reused.
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    child.signal(signal);
     finish(child)
 }
 
@@ -271,8 +255,8 @@ fn sigint_and_sigterm_remove_the_temporary_file() {
             }
             let started = Instant::now();
             let o = interrupt(dir.path(), signal);
-            let err = stderr(&o);
-            assert_eq!(o.status.code(), Some(code), "{name}: {err}");
+            let err = &o.stderr;
+            assert_eq!(o.code, Some(code), "{name}: {err}");
             assert!(err.contains(&format!("interrupted by {name}")), "{err}");
             assert_eq!(temporaries(dir.path()), Vec::<String>::new(), "{name}");
             match earlier {
@@ -296,7 +280,7 @@ fn sigkill_leaves_the_destination_as_it_was() {
     let out = dir.path().join("gemm.perfetto-trace");
     std::fs::write(&out, b"an earlier trace").unwrap();
     let o = interrupt(dir.path(), libc::SIGKILL);
-    assert_eq!(o.status.signal(), Some(libc::SIGKILL));
+    assert_eq!(o.signal, Some(libc::SIGKILL));
     assert_eq!(std::fs::read(&out).unwrap(), b"an earlier trace");
     let left = temporaries(dir.path());
     assert_eq!(left.len(), 1, "{left:?}");
@@ -322,7 +306,7 @@ fn racing_writers_leave_one_whole_output() {
     let reference = |capture: &Path, name: &str| {
         let out = inputs.path().join(name);
         let o = run(&["convert", s(capture), "-o", s(&out)]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
         std::fs::read(&out).unwrap()
     };
     let (ref_a, ref_a2, ref_b) = (reference(&a, "a1"), reference(&a, "a2"), reference(&b, "b"));
@@ -340,7 +324,7 @@ fn racing_writers_leave_one_whole_output() {
         let first = spawn(&["convert", s(&a), "-o", s(&out)]);
         let second = spawn(&["convert", s(&b), "-o", s(&out)]);
         for o in [finish(first), finish(second)] {
-            assert!(o.status.success(), "round {round}: {}", stderr(&o));
+            assert_eq!(o.code, Some(0), "round {round}: {}", o.stderr);
         }
         let trace = std::fs::read(&out).unwrap();
         let body = past_clock_snapshot(&trace);

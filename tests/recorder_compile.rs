@@ -6,7 +6,6 @@
 
 mod cuda_tools;
 #[cfg(feature = "cuda")]
-#[path = "cuda_tools/nvrtc.rs"]
 mod nvrtc_tools;
 
 use cuda_tools::{nvcc, skip, tool};

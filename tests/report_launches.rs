@@ -7,24 +7,30 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tracing-gpu");
+use support::cli::{run_cli, Limits, Run};
+
+/// The longest any one run may take before the test fails.
+const WALL: Duration = Duration::from_secs(120);
 const QUICKSTART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-quickstart.tgpu");
 const GEMM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/captures/h200-gemm.tgpu");
 
 /// `report CAPTURE --svg OUT extra…`: the run, its stdout, and the SVG.
-fn report(capture: &str, svg: &Path, extra: &[&str]) -> (Output, String, String) {
-    let o = Command::new(BIN)
-        .args(["report", capture, "--svg", svg.to_str().unwrap()])
-        .args(extra)
-        .output()
-        .expect("the binary runs");
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "{err}");
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+fn report(capture: &str, svg: &Path, extra: &[&str]) -> (Run, String, String) {
+    let mut args = vec!["report", capture, "--svg", svg.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let text = o.stdout.clone();
     let picture = std::fs::read_to_string(svg).expect("the SVG");
     (o, text, picture)
+}
+
+fn run(args: &[&str]) -> Run {
+    let o = run_cli(args, Limits::wall(WALL));
+    assert!(!o.timed_out, "{args:?} ran past {WALL:?}: {}", o.stderr);
+    o
 }
 
 /// The SVG's title and subtitle (its first two `<text>`s).
@@ -99,7 +105,7 @@ fn the_default_svg_draws_the_busiest_launch_and_says_so() {
         subtitle.contains("1 launch; launch window 9.66 µs"),
         "{subtitle}"
     );
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = &o.stderr;
     assert!(err.contains("the one with the most events of 4"), "{err}");
     // Readable: the launch fills the plot.
     let filled = covered(&picture);
@@ -133,12 +139,9 @@ fn launch_picks_a_launch_by_its_id() {
     assert!(subtitle.contains(window), "{subtitle} / {window}");
     assert!(covered(&picture) > 0.9);
 
-    let o = Command::new(BIN)
-        .args(["report", GEMM, "--launch", "0"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let o = run(&["report", GEMM, "--launch", "0"]);
+    assert_eq!(o.code, Some(2));
+    let err = &o.stderr;
     assert!(
         err.contains("no launch with that id (its 2 launches have ids 1 to 2)"),
         "{err}"

@@ -1,12 +1,13 @@
 //! The one way the integration tests run the CLI: as a child process, with a
 //! wall-clock limit and optionally a memory limit, its exit, output, wall time,
-//! CPU time and peak resident memory returned.
+//! CPU time and peak resident memory returned; started and waited for at once
+//! ([`run_cli`]), or started and acted on first ([`spawn_cli`]).
 
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::thread;
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 /// The CLI binary, built for the integration tests.
@@ -50,6 +51,8 @@ pub struct Run {
     /// The exit code; `None` if a signal ended it (an abort, out of memory, the
     /// time limit).
     pub code: Option<i32>,
+    /// The signal that ended it, if one did (the time limit's is SIGKILL).
+    pub signal: Option<i32>,
     /// Killed at the wall-clock limit.
     pub timed_out: bool,
     /// Standard output, up to [`Limits::stdout_kept`] bytes.
@@ -68,6 +71,13 @@ pub struct Run {
 
 /// Runs the CLI with `args` under `limits`; standard input is empty.
 pub fn run_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Run {
+    spawn_cli(args, limits).wait()
+}
+
+/// Starts the CLI with `args` under `limits` and returns at once, for a test
+/// that acts while it runs (a signal, a second run at the same time); standard
+/// input is empty. [`Running::wait`] ends it as [`run_cli`] does.
+pub fn spawn_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Running {
     let mut cmd = Command::new(CLI);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -90,8 +100,9 @@ pub fn run_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Run {
         }
     }
     let started = Instant::now();
+    // Reaped by its pid with wait4 (Running::ended), for its own rusage.
+    #[allow(clippy::zombie_processes)]
     let mut child = cmd.spawn().expect("the CLI starts");
-    let pid = child.id() as libc::pid_t;
     // Both pipes read on the side, so a chatty child never blocks on a full one.
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
@@ -113,36 +124,79 @@ pub fn run_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Run {
         let _ = err.read_to_end(&mut s);
         s
     });
-    // wait4 reaps the child and gives its own rusage (std's wait does not).
-    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
-    let mut timed_out = false;
-    loop {
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if r == pid {
-            break;
-        }
-        assert_eq!(r, 0, "wait4: {}", std::io::Error::last_os_error());
-        if started.elapsed() > limits.wall {
-            timed_out = true;
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-            break;
-        }
-        thread::sleep(Duration::from_millis(5));
+    Running {
+        pid: child.id() as libc::pid_t,
+        started,
+        wall: limits.wall,
+        stdout,
+        stderr,
+        ended: None,
     }
-    let wall = started.elapsed();
-    drop(child);
-    let (stdout, stdout_bytes) = stdout.join().unwrap();
-    let stderr = stderr.join().unwrap();
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    Run {
-        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-        timed_out,
-        stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stdout_bytes,
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-        wall,
-        cpu_s: secs(usage.ru_utime) + secs(usage.ru_stime),
-        peak_rss_kb: usage.ru_maxrss,
+}
+
+/// A run of the CLI under way ([`spawn_cli`]).
+pub struct Running {
+    pid: libc::pid_t,
+    started: Instant,
+    wall: Duration,
+    stdout: JoinHandle<(Vec<u8>, usize)>,
+    stderr: JoinHandle<Vec<u8>>,
+    /// Its wait status, resource usage and wall time once reaped.
+    ended: Option<(libc::c_int, libc::rusage, Duration)>,
+}
+
+impl Running {
+    /// Whether it has ended (then reaped, its status kept for [`Running::wait`]).
+    pub fn ended(&mut self) -> bool {
+        if self.ended.is_none() {
+            let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+            // wait4 reaps the child and gives its own rusage (std's wait does not).
+            let r = unsafe { libc::wait4(self.pid, &mut status, libc::WNOHANG, &mut usage) };
+            if r == self.pid {
+                self.ended = Some((status, usage, self.started.elapsed()));
+            } else {
+                assert_eq!(r, 0, "wait4: {}", std::io::Error::last_os_error());
+            }
+        }
+        self.ended.is_some()
+    }
+
+    /// Sends it `signal`.
+    pub fn signal(&mut self, signal: libc::c_int) {
+        // Not reaped yet, so its pid cannot have been reused.
+        assert!(!self.ended(), "signal {signal} to a run that has ended");
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(self.pid, signal) }, 0, "kill");
+    }
+
+    /// Waits for it to end, killing it (SIGKILL) past its wall-clock limit.
+    pub fn wait(mut self) -> Run {
+        let mut timed_out = false;
+        while !self.ended() {
+            if self.started.elapsed() > self.wall {
+                timed_out = true;
+                let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+                unsafe { libc::kill(self.pid, libc::SIGKILL) };
+                unsafe { libc::wait4(self.pid, &mut status, 0, &mut usage) };
+                self.ended = Some((status, usage, self.started.elapsed()));
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let (status, usage, wall) = self.ended.unwrap();
+        let (stdout, stdout_bytes) = self.stdout.join().unwrap();
+        let stderr = self.stderr.join().unwrap();
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        Run {
+            code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+            signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+            timed_out,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stdout_bytes,
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            wall,
+            cpu_s: secs(usage.ru_utime) + secs(usage.ru_stime),
+            peak_rss_kb: usage.ru_maxrss,
+        }
     }
 }

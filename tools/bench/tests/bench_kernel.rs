@@ -5,7 +5,7 @@
 
 #[path = "../../../tests/cuda_tools/mod.rs"]
 mod cuda_tools;
-#[path = "../../../tests/cuda_tools/nvrtc.rs"]
+#[path = "../../../tests/nvrtc_tools/mod.rs"]
 mod nvrtc_tools;
 
 use nvrtc_tools::available;

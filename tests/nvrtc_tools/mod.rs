@@ -1,6 +1,7 @@
 //! NVRTC for the tests (through `tracing_gpu::cuda::compile`, feature `cuda`): a test
-//! includes this file beside `cuda_tools` (`#[path = "cuda_tools/nvrtc.rs"]`), which it
-//! needs for `skip`.
+//! declares this module beside `cuda_tools`, which it needs for `skip`. Not a child of
+//! `cuda_tools`: the benchmarks (`tools/bench`) include that module too, and have no
+//! `cuda` feature to gate this one on.
 
 #![allow(dead_code)] // each test binary uses its own part of this module
 
