@@ -13,11 +13,12 @@
 mod otlp_receiver;
 mod support;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use otlp_receiver::{BlackHole, Misbehaving, Misbehaviour, Receiver, Transport};
+use support::cli::{run_cli, spawn_program, Limits, Run, CLI};
 use tracing_gpu::batch::Batch;
 use tracing_gpu::capture::Capture;
 use tracing_gpu::otlp::{ExportFailure, OtlpGuard, OtlpLayer, OtlpStats, Protocol};
@@ -35,29 +36,31 @@ const MARGIN: Duration = Duration::from_secs(1);
 /// once on a 2-core machine would time the machine rather than the bound.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn convert(endpoint: &str, extra: &[&str]) -> (Output, Duration) {
+fn convert(endpoint: &str, extra: &[&str]) -> (Run, Duration) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let timeout = CLI_TIMEOUT.as_secs().to_string();
-    let t = Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_tracing-gpu"))
-        .args(["convert", CAPTURE, "--otlp", endpoint])
-        .args(["--otlp-timeout", &timeout])
-        .args(extra)
-        .output()
-        .expect("run tracing-gpu");
-    let took = t.elapsed();
-    eprintln!(
-        "{endpoint} {extra:?}: {took:?}, {:?}: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let mut args = vec![
+        "convert",
+        CAPTURE,
+        "--otlp",
+        endpoint,
+        "--otlp-timeout",
+        &timeout,
+    ];
+    args.extend_from_slice(extra);
+    // Killed well past the bound the checks allow, so that a hang fails the check
+    // rather than the whole run.
+    let o = run_cli(&args, Limits::wall(4 * (CLI_TIMEOUT + CLI_MARGIN)));
+    let took = o.wall;
+    eprintln!("{endpoint} {extra:?}: {took:?}, {:?}: {}", o.code, o.stderr);
     (o, took)
 }
 
 /// Exit 7 within the bound, with one line naming `cause`, and no span exported.
-fn check_failed(o: &Output, took: Duration, cause: &str) {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(7), "{err}");
+fn check_failed(o: &Run, took: Duration, cause: &str) {
+    let err = &o.stderr;
+    assert!(!o.timed_out, "ran past {:?}: {err}", o.wall);
+    assert_eq!(o.code, Some(7), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains(cause), "expected {cause:?}: {err}");
     assert!(err.contains(": 0 of ") || err.contains("(0 of "), "{err}");
@@ -118,7 +121,7 @@ fn cli_against_a_collector_that_answers_nonsense() {
     // arrives in its handshake (the cause is read from its message: a known
     // limit, docs/otlp.md). Bounded, exit 7, one line, either way.
     let (o, took) = convert(&server.endpoint(), &["--otlp-protocol", "grpc"]);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = &o.stderr;
     let cause = ["malformed reply", "cannot connect", "connection closed"]
         .into_iter()
         .find(|c| err.contains(c))
@@ -138,8 +141,7 @@ fn cli_malformed_url_or_protocol_is_bad_usage() {
         ("http://127.0.0.1:4318", &["--otlp-timeout", "soon"]),
     ] {
         let (o, _) = convert(endpoint, extra);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{endpoint} {extra:?}: {err}");
+        assert_eq!(o.code, Some(2), "{endpoint} {extra:?}: {}", o.stderr);
     }
 }
 
@@ -317,37 +319,17 @@ fn write_synthetic_capture() {
         .unwrap();
 }
 
-/// Runs the CLI with `args`: its exit code, stderr, and its own peak RSS
-/// (KiB, from `wait4`: std's wait does not give it).
-fn run_measured(args: &[&str]) -> (Option<i32>, String, libc::c_long) {
-    run_measured_with(env!("CARGO_BIN_EXE_tracing-gpu"), args)
-}
-
-/// [`run_measured`] with the binary `cli`.
-#[allow(clippy::zombie_processes)] // wait4 reaps the child, not std's wait
-fn run_measured_with(cli: &str, args: &[&str]) -> (Option<i32>, String, libc::c_long) {
-    use std::io::Read;
-    use std::process::Stdio;
+/// Runs the CLI `cli` with `args` under a wall-clock limit: its exit code,
+/// stderr, and its own peak RSS (KiB).
+fn run_measured_with(
+    cli: &str,
+    args: &[&str],
+    wall: Duration,
+) -> (Option<i32>, String, libc::c_long) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut child = Command::new(cli)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tracing-gpu");
-    let mut err = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
-    // SAFETY: waits for our own child, into locals.
-    let r = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    assert!(r > 0, "wait4: {}", std::io::Error::last_os_error());
-    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-    (code, stderr.join().unwrap(), usage.ru_maxrss)
+    let r = spawn_program(cli, args, Limits::wall(wall)).wait();
+    assert!(!r.timed_out, "ran past {wall:?}: {}", r.stderr);
+    (r.code, r.stderr, r.peak_rss_kb)
 }
 
 #[test]
@@ -365,14 +347,18 @@ fn convert_otlp_takes_the_same_memory_for_four_times_the_events() {
         assert!(written.status.success(), "{written:?}");
         let t = Instant::now();
         let path = path.to_str().unwrap();
-        let (code, err, peak_kb) = run_measured(&[
-            "convert",
-            path,
-            "--otlp",
-            &receiver.endpoint(),
-            "--otlp-timeout",
-            "60",
-        ]);
+        let (code, err, peak_kb) = run_measured_with(
+            CLI,
+            &[
+                "convert",
+                path,
+                "--otlp",
+                &receiver.endpoint(),
+                "--otlp-timeout",
+                "60",
+            ],
+            Duration::from_secs(120),
+        );
         let context = format!(
             "{events} events: exit {code:?} in {:?}, {} MB peak RSS: {err}",
             t.elapsed(),
@@ -412,6 +398,7 @@ fn measure_convert_otlp() {
             "--otlp-timeout",
             "3600",
         ],
+        Duration::from_secs(3600),
     );
     println!(
         "exit {code:?} in {:.1} s, {} MB peak RSS: {err}",

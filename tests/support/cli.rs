@@ -78,7 +78,16 @@ pub fn run_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Run {
 /// that acts while it runs (a signal, a second run at the same time); standard
 /// input is empty. [`Running::wait`] ends it as [`run_cli`] does.
 pub fn spawn_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Running {
-    let mut cmd = Command::new(CLI);
+    spawn_program(CLI, args, limits)
+}
+
+/// [`spawn_cli`] with another build of the CLI (a release build, for a measurement).
+pub fn spawn_program<P: AsRef<OsStr>, S: AsRef<OsStr>>(
+    program: P,
+    args: &[S],
+    limits: Limits,
+) -> Running {
+    let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
