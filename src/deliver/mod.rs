@@ -1,4 +1,4 @@
-//! Delivery: every [`Batch`] to every [`BatchSink`] in the subscriber whose
+//! Delivery: every [`Batch`] to every [`BatchSink`](crate::batch::BatchSink) in the subscriber whose
 //! filters let it through, and plain `tracing` spans for the layers that are
 //! not sinks.
 //!
@@ -8,7 +8,7 @@
 //! delivered as any batch is, its gate, its plain spans and their limit its
 //! own. [`deliver`] hands a batch over in two ways:
 //!
-//! - **In bulk, to every sink.** [`deliver`] finds each [`BatchSink`] in the
+//! - **In bulk, to every sink.** [`deliver`] finds each [`BatchSink`](crate::batch::BatchSink) in the
 //!   dispatcher and gives it the whole batch at once: no per-event `tracing`
 //!   dispatch. Ours are [`crate::perfetto::PerfettoLayer`] and, with feature
 //!   `otlp`, `crate::otlp::OtlpLayer`; a sink of your own is found the same way
@@ -78,7 +78,7 @@
 //!
 //! [`LaunchInfo::parent`](crate::batch::LaunchInfo::parent) is the id of the host span that wraps the launch. Span
 //! ids are reused once a span closes, so the profiler keeps that span open until
-//! its batch has been delivered: during [`BatchSink::on_batch`] the id names the
+//! its batch has been delivered: during [`BatchSink::on_batch`](crate::batch::BatchSink::on_batch) the id names the
 //! launch span and nothing else. A sink that needs the parent must look it up
 //! there, not later on a writer thread.
 //!

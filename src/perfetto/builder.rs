@@ -87,7 +87,7 @@ impl PerfettoLayerBuilder {
     }
 
     /// Device batches that may wait for the writer before
-    /// [`BatchSink::on_batch`] waits (default 64).
+    /// [`BatchSink::on_batch`](crate::batch::BatchSink::on_batch) waits (default 64).
     pub fn batch_queue(mut self, n: usize) -> Self {
         self.batch_queue = n.max(1);
         self
