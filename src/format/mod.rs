@@ -248,6 +248,7 @@ impl Entry {
 
 /// Range or instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EventKind {
     /// A closed range `[start_ns, end_ns]`.
     Range,

@@ -25,6 +25,7 @@ use crate::deliver::SinkHandle;
 use crate::output::AtomicFile;
 
 /// Builds a [`PerfettoLayer`] and its [`PerfettoGuard`].
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct PerfettoLayerBuilder {
     path: Option<PathBuf>,
     writer: Option<Box<dyn Write + Send>>,
