@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use tracing_gpu::cuda::__bench::Rings;
-use tracing_gpu::format::{
+use tracing_gpu::format::wire::{
     CHUNK_ENTRIES, CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD,
     STREAM_MARK,
 };

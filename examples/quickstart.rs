@@ -23,12 +23,8 @@ use std::process::ExitCode;
 use tracing_gpu::cuda::cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
-use tracing_gpu::cuda::{
-    self, gpu_profile, CaptureRecorder, KernelBuild, Profiler, ProfilerError, ProfilerStats,
-};
-use tracing_gpu::format::KernelArg;
-use tracing_gpu::perfetto::PerfettoLayer;
-use tracing_gpu::registry::EventRegistry;
+use tracing_gpu::cuda::{self, CaptureRecorder, ProfilerError, ProfilerStats};
+use tracing_gpu::{gpu_profile, EventRegistry, KernelArg, KernelBuild, PerfettoLayer, Profiler};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::EnvFilter;
 

@@ -1,16 +1,30 @@
 //! tracing-gpu: in-kernel phase recording for CUDA, aligned to the host clock and
 //! bridged into the `tracing` ecosystem.
 //!
-//! One event's way, and the modules in the order it passes them (each imports
-//! only from modules above it; `docs/architecture.md` has the details):
+//! What a user needs is here, at the root:
+//!
+//! - **Live capture** (feature `cuda`): a `Profiler` per GPU, `gpu_profile!`
+//!   around each launch, and `compile` with a `KernelBuild` for the kernel.
+//!   The kernel's trace argument is a [`KernelArg`].
+//! - **Sinks**: [`PerfettoLayer`] (and its [`TraceWriter`]), `OtlpLayer`
+//!   (feature `otlp`), or your own [`BatchSink`] as a [`SinkLayer`] (a layer of
+//!   your own holds a [`SinkHandle`]); each receives whole [`Batch`]es, with their
+//!   [`DeviceInfo`], [`LaunchInfo`] and [`HostSpan`]s.
+//! - **Offline**: [`EventRegistry`] (event id → name), [`Buffer`] (a decoded
+//!   trace buffer), [`Capture`] and [`CaptureReader`] (a run recorded for
+//!   replay), [`Timeline`] (statistics and an SVG picture).
+//!
+//! The rest (builders, errors, options, statistics) is in the modules, in the
+//! order one event passes them (each imports only from modules above it;
+//! `docs/architecture.md` has the details):
 //!
 //! | module | holds |
 //! |---|---|
 //! | [`format`](mod@format) | the wire format (v1 records, v2 entries): the bytes the device recorder writes, and an encoder |
 //! | [`registry`] | event id → name, and the declared payload names |
-//! | [`decode`] | bytes → a validated, zero-copy [`decode::Buffer`] |
+//! | [`decode`] | bytes → a validated, zero-copy [`Buffer`] |
 //! | [`clock`] | device clock → host clock, with an error bound |
-//! | [`batch`] | one launch as sinks receive it: [`batch::Batch`], [`batch::BatchSink`] |
+//! | [`batch`] | one launch as sinks receive it: [`Batch`], [`BatchSink`] |
 //! | [`deliver`] | batches to every sink in a subscriber; plain spans for the others |
 //! | [`perfetto`], `otlp` | the sinks we ship |
 //! | [`capture`] | the capture file: a run recorded for replay |
@@ -37,6 +51,22 @@ pub mod cuda;
 #[cfg(feature = "otlp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "otlp")))]
 pub mod otlp;
+
+pub use batch::{Batch, BatchSink, DeviceInfo, HostSpan, LaunchInfo};
+pub use capture::{Capture, CaptureReader};
+pub use decode::Buffer;
+pub use deliver::{SinkHandle, SinkLayer};
+pub use format::KernelArg;
+pub use perfetto::{PerfettoLayer, TraceWriter};
+pub use registry::EventRegistry;
+pub use report::Timeline;
+
+#[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub use cuda::{compile, KernelBuild, Profiler};
+#[cfg(feature = "otlp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otlp")))]
+pub use otlp::OtlpLayer;
 
 #[cfg(test)]
 pub(crate) mod test_support;

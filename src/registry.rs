@@ -56,6 +56,7 @@ pub struct EventInfo {
 
 /// Why a registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegistryError {
     /// The id is already registered with a different name, category or description.
     #[error("event id {id} is already registered as {existing:?}, cannot register it as {new:?}")]

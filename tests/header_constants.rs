@@ -1,16 +1,17 @@
-//! The header's wire-format constants against `src/format/mod.rs`: the same names, in the same
+//! The header's wire-format constants against `src/format/wire.rs`: the same names, in the same
 //! namespaces, with the same values. Pure text and constants: runs with no features and no
 //! tools.
 
 use std::collections::BTreeMap;
 
-use tracing_gpu::format::{
+use tracing_gpu::format::wire::{
     self, buffer_offsets, chunk_offsets, entry_offsets, record_offsets, slot_offsets,
     slot_stream_offsets, slot_v2_offsets,
 };
+use tracing_gpu::format::KernelArg;
 
 const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
-const FORMAT_RS: &str = include_str!("../src/format/mod.rs");
+const FORMAT_RS: &str = include_str!("../src/format/wire.rs");
 
 /// Every `enum : unsigned int { NAME = VALUE };` at namespace scope in the header (such lines
 /// are not indented there), keyed `NAME` or `namespace::NAME` (the enclosing `tgpu` dropped).
@@ -57,7 +58,7 @@ fn header_constants() -> BTreeMap<String, u64> {
     out
 }
 
-/// Every `pub const NAME` of src/format/mod.rs, keyed as in the header.
+/// Every `pub const NAME` of src/format/wire.rs, keyed as in the header.
 fn format_rs_names() -> Vec<String> {
     let mut names = Vec::new();
     let mut module: Option<String> = None;
@@ -91,38 +92,38 @@ fn format_rs_names() -> Vec<String> {
 /// The Rust values, by the header's names.
 fn rust_constants() -> BTreeMap<String, u64> {
     let top: [(&str, u64); 29] = [
-        ("BUFFER_MAGIC", format::BUFFER_MAGIC.into()),
-        ("SLOT_MAGIC", format::SLOT_MAGIC.into()),
-        ("VERSION", format::VERSION.into()),
-        ("BUFFER_HEADER_SIZE", format::BUFFER_HEADER_SIZE as u64),
-        ("SLOT_HEADER_SIZE", format::SLOT_HEADER_SIZE as u64),
-        ("RECORD_SIZE", format::RECORD_SIZE as u64),
-        ("KIND_RANGE", format::KIND_RANGE.into()),
-        ("KIND_INSTANT", format::KIND_INSTANT.into()),
-        ("SLOT_FLAG_MIGRATED", format::SLOT_FLAG_MIGRATED.into()),
+        ("BUFFER_MAGIC", wire::BUFFER_MAGIC.into()),
+        ("SLOT_MAGIC", wire::SLOT_MAGIC.into()),
+        ("VERSION", wire::VERSION.into()),
+        ("BUFFER_HEADER_SIZE", wire::BUFFER_HEADER_SIZE as u64),
+        ("SLOT_HEADER_SIZE", wire::SLOT_HEADER_SIZE as u64),
+        ("RECORD_SIZE", wire::RECORD_SIZE as u64),
+        ("KIND_RANGE", wire::KIND_RANGE.into()),
+        ("KIND_INSTANT", wire::KIND_INSTANT.into()),
+        ("SLOT_FLAG_MIGRATED", wire::SLOT_FLAG_MIGRATED.into()),
         (
             "SLOT_FLAG_OPEN_AT_FLUSH",
-            format::SLOT_FLAG_OPEN_AT_FLUSH.into(),
+            wire::SLOT_FLAG_OPEN_AT_FLUSH.into(),
         ),
-        ("NO_CLUSTER", format::NO_CLUSTER.into()),
-        ("TRACE_INDIRECT", format::TRACE_INDIRECT.into()),
-        ("SLOT_MAGIC_V2", format::SLOT_MAGIC_V2.into()),
-        ("ENTRY_SIZE", format::ENTRY_SIZE as u64),
-        ("ENTRY_BEGIN", format::ENTRY_BEGIN.into()),
-        ("ENTRY_END", format::ENTRY_END.into()),
-        ("ENTRY_SWITCH", format::ENTRY_SWITCH.into()),
-        ("ENTRY_INSTANT", format::ENTRY_INSTANT.into()),
-        ("ENTRY_PAYLOAD", format::ENTRY_PAYLOAD.into()),
-        ("MAX_DEPTH", format::MAX_DEPTH as u64),
-        ("TRACE_STREAM", format::TRACE_STREAM.into()),
-        ("SLOT_MAGIC_STREAM", format::SLOT_MAGIC_STREAM.into()),
-        ("CHUNK_SIZE", format::CHUNK_SIZE as u64),
-        ("CHUNK_ENTRIES", format::CHUNK_ENTRIES as u64),
-        ("STREAM_MARK", format::STREAM_MARK.into()),
-        ("CHUNK_GAP", format::CHUNK_GAP.into()),
-        ("CHUNK_COUNT_MASK", format::CHUNK_COUNT_MASK.into()),
-        ("CHUNK_SM_SHIFT", format::CHUNK_SM_SHIFT.into()),
-        ("CHUNK_SM_MASK", format::CHUNK_SM_MASK.into()),
+        ("NO_CLUSTER", wire::NO_CLUSTER.into()),
+        ("TRACE_INDIRECT", wire::TRACE_INDIRECT.into()),
+        ("SLOT_MAGIC_V2", wire::SLOT_MAGIC_V2.into()),
+        ("ENTRY_SIZE", wire::ENTRY_SIZE as u64),
+        ("ENTRY_BEGIN", wire::ENTRY_BEGIN.into()),
+        ("ENTRY_END", wire::ENTRY_END.into()),
+        ("ENTRY_SWITCH", wire::ENTRY_SWITCH.into()),
+        ("ENTRY_INSTANT", wire::ENTRY_INSTANT.into()),
+        ("ENTRY_PAYLOAD", wire::ENTRY_PAYLOAD.into()),
+        ("MAX_DEPTH", wire::MAX_DEPTH as u64),
+        ("TRACE_STREAM", wire::TRACE_STREAM.into()),
+        ("SLOT_MAGIC_STREAM", wire::SLOT_MAGIC_STREAM.into()),
+        ("CHUNK_SIZE", wire::CHUNK_SIZE as u64),
+        ("CHUNK_ENTRIES", wire::CHUNK_ENTRIES as u64),
+        ("STREAM_MARK", wire::STREAM_MARK.into()),
+        ("CHUNK_GAP", wire::CHUNK_GAP.into()),
+        ("CHUNK_COUNT_MASK", wire::CHUNK_COUNT_MASK.into()),
+        ("CHUNK_SM_SHIFT", wire::CHUNK_SM_SHIFT.into()),
+        ("CHUNK_SM_MASK", wire::CHUNK_SM_MASK.into()),
     ];
     let buffer: [(&str, usize); 13] = [
         ("MAGIC", buffer_offsets::MAGIC),
@@ -220,7 +221,7 @@ fn header_and_format_rs_define_the_same_names() {
     assert_eq!(
         header,
         format_rs_names(),
-        "the header and src/format/mod.rs must define the same constants"
+        "the header and src/format/wire.rs must define the same constants"
     );
 }
 
@@ -230,7 +231,7 @@ fn every_name_is_checked_by_value() {
     assert_eq!(
         checked,
         format_rs_names(),
-        "a constant of src/format/mod.rs is missing from this test's table"
+        "a constant of src/format/wire.rs is missing from this test's table"
     );
 }
 
@@ -241,7 +242,7 @@ fn header_values_match_format_rs() {
         assert_eq!(
             header.get(&name),
             Some(&value),
-            "{name}: header vs src/format/mod.rs"
+            "{name}: header vs src/format/wire.rs"
         );
     }
 }
@@ -250,11 +251,11 @@ fn header_values_match_format_rs() {
 fn kernel_arg_layout_matches_the_header_struct() {
     // The header declares base, capacity, slot_count in this order and asserts size 16 and
     // alignment 8, which puts them at 0, 8 and 12.
-    assert_eq!(std::mem::offset_of!(format::KernelArg, base), 0);
-    assert_eq!(std::mem::offset_of!(format::KernelArg, capacity), 8);
-    assert_eq!(std::mem::offset_of!(format::KernelArg, slot_count), 12);
-    assert_eq!(std::mem::size_of::<format::KernelArg>(), 16);
-    assert_eq!(std::mem::align_of::<format::KernelArg>(), 8);
+    assert_eq!(std::mem::offset_of!(KernelArg, base), 0);
+    assert_eq!(std::mem::offset_of!(KernelArg, capacity), 8);
+    assert_eq!(std::mem::offset_of!(KernelArg, slot_count), 12);
+    assert_eq!(std::mem::size_of::<KernelArg>(), 16);
+    assert_eq!(std::mem::align_of::<KernelArg>(), 8);
     let body = HEADER
         .split_once("struct Trace {")
         .and_then(|(_, rest)| rest.split_once("};"))

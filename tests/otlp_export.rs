@@ -283,6 +283,7 @@ fn device_spans(transport: Transport, detail: Detail) -> (Vec<Received>, Arc<Bat
         Detail::Kernel => 0,
         Detail::Phase => 3 * 2,
         Detail::Warp => warps + events,
+        other => unreachable!("a level this test does not know: {other:?}"),
     };
     let spans = rx.wait_spans(want);
     assert_eq!(spans.len(), want, "span count at {detail:?}");

@@ -22,8 +22,8 @@ use flate2::write::ZlibEncoder;
 use flate2::Compression;
 use support::cli::{run_cli, Limits};
 use tracing_gpu::capture::CAPTURE_HEADER_SIZE;
-use tracing_gpu::format::{buffer_offsets as bo, record_offsets as ro, slot_offsets as so};
-use tracing_gpu::format::{BUFFER_MAGIC, SLOT_HEADER_SIZE, SLOT_MAGIC};
+use tracing_gpu::format::wire::{buffer_offsets as bo, record_offsets as ro, slot_offsets as so};
+use tracing_gpu::format::wire::{BUFFER_MAGIC, SLOT_HEADER_SIZE, SLOT_MAGIC};
 
 const MEMORY: u64 = 512 << 20;
 const LIMIT: Duration = Duration::from_secs(10);

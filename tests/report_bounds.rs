@@ -18,7 +18,7 @@ use std::time::Duration;
 use tracing_gpu::batch::{DeviceInfo, LaunchInfo};
 use tracing_gpu::capture::{Capture, CaptureDevice, CaptureLaunch};
 use tracing_gpu::decode::OwnedBuffer;
-use tracing_gpu::format::{self, BufferBuilder};
+use tracing_gpu::format::{wire, BufferBuilder};
 use tracing_gpu::registry::EventRegistry;
 
 mod support;
@@ -120,10 +120,10 @@ fn with_sm_first(capture: &Capture, nth: usize, sm: u32) -> Capture {
     let mut capture = capture.clone();
     let launch = &mut capture.launches[0];
     let view = launch.buffer.view();
-    let stride = format::slot_stride(view.header().slot_capacity);
+    let stride = wire::slot_stride(view.header().slot_capacity);
     let index = view.slots().nth(nth).expect("a flushed slot").index as usize;
     let mut bytes = view.bytes().to_vec();
-    let at = format::BUFFER_HEADER_SIZE + index * stride + format::slot_offsets::SM_FIRST;
+    let at = wire::BUFFER_HEADER_SIZE + index * stride + wire::slot_offsets::SM_FIRST;
     bytes[at..at + 4].copy_from_slice(&sm.to_le_bytes());
     launch.buffer = Arc::new(OwnedBuffer::decode(bytes, Some(&capture.registry)).unwrap());
     capture

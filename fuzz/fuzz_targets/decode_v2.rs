@@ -7,10 +7,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use tracing_gpu::decode::Buffer;
-use tracing_gpu::format::{
-    slot_v2_offsets as so, BufferBuilder, EventKind, BUFFER_HEADER_SIZE, ENTRY_SIZE,
-    SLOT_HEADER_SIZE, SLOT_MAGIC_V2,
+use tracing_gpu::format::wire::{
+    slot_v2_offsets as so, BUFFER_HEADER_SIZE, ENTRY_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC_V2,
 };
+use tracing_gpu::format::{BufferBuilder, EventKind};
 
 fuzz_target!(|data: &[u8]| {
     // 1 byte of spare capacity, last_ts and anchor_ts, then the entries.

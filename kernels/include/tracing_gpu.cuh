@@ -81,7 +81,7 @@ namespace tgpu {
 
 // ---------------------------------------------------------------------------------------
 // Wire format v1. tests/header_constants.rs reads every `enum : unsigned int { NAME = V };`
-// line of the header and checks it against src/format.rs, by namespace and name.
+// line of the header and checks it against src/format/wire.rs, by namespace and name.
 // They are enumerators, not constexpr variables, because NVRTC emits a namespace-scope
 // constexpr variable into the PTX as a global even when nothing uses it, and the gated-off
 // kernel must not change.

@@ -42,14 +42,22 @@ pub use reader::{Batches, CaptureReader, Launches};
 pub const HOST_SPANS_NOTE: &str = "host_spans";
 
 /// The first 8 bytes of every capture file.
+///
+/// This constant and the three below describe the file's first bytes for the
+/// tests that build and corrupt captures by hand; `docs/capture.md` is the
+/// reference, and [`Capture`] reads and writes them.
+#[doc(hidden)]
 pub const CAPTURE_MAGIC: [u8; 8] = *b"TGPUDUMP";
 /// The version this crate writes. It also reads
 /// [`CAPTURE_OLDEST_VERSION`] and every version in between.
+#[doc(hidden)]
 pub const CAPTURE_VERSION: u32 = 3;
 /// The oldest version this crate reads: version 1 has no payload names in its
 /// registry (`docs/capture.md`).
+#[doc(hidden)]
 pub const CAPTURE_OLDEST_VERSION: u32 = 1;
 /// Bytes before the compressed body: magic, version, body length.
+#[doc(hidden)]
 pub const CAPTURE_HEADER_SIZE: usize = 20;
 /// The most memory a reader gives to what it keeps of a capture besides the
 /// launches: the metadata, the devices with their calibration samples, the

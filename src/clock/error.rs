@@ -2,6 +2,7 @@
 
 /// Errors of clock fitting and calibration bookkeeping.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClockError {
     /// Too few usable samples to fit a line.
     #[error("not enough calibration samples: {got} usable, {needed} needed")]

@@ -4,6 +4,7 @@ use rustix::time::ClockId;
 
 /// A host clock that outputs can stamp with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum HostClock {
     /// `CLOCK_REALTIME`: wall time, for OTLP. Can be stepped.
     Realtime,

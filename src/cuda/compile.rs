@@ -40,6 +40,7 @@ pub fn ensure_nvrtc() -> Result<(), CudaError> {
 }
 
 /// How to compile a kernel.
+#[must_use = "a KernelBuild does nothing until passed to `compile`"]
 #[derive(Debug, Clone)]
 pub struct KernelBuild {
     /// Program name; also the file name that line info points to.

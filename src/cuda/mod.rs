@@ -41,6 +41,7 @@ pub use profiler::{Streaming, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
 pub use recorder::{CaptureLayer, CaptureRecorder};
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
+#[doc(no_inline)]
 pub use crate::gpu_profile;
 
 #[doc(hidden)]

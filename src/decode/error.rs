@@ -200,7 +200,7 @@ pub enum DecodeError {
         /// The entry's event id.
         id: u16,
     },
-    /// A v2 begin that would nest deeper than [`MAX_DEPTH`] ranges.
+    /// A v2 begin that would nest deeper than 32 ranges, the most a v2 slot holds.
     #[error("slot {slot} entry {entry}: opens a range {MAX_DEPTH} deep already")]
     TooDeep {
         /// Slot index.

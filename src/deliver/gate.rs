@@ -12,7 +12,7 @@ use crate::batch::DEVICE_TARGET;
 /// The name of the event that opens each batch's way to the sinks (target
 /// [`DEVICE_TARGET`], level `INFO`): a sink gets the batch only if the
 /// subscriber's filters let this event through to it.
-pub const GATE_EVENT: &str = "gpu.batch";
+pub(crate) const GATE_EVENT: &str = "gpu.batch";
 
 pub(super) fn is_gate(meta: &tracing::Metadata<'_>) -> bool {
     meta.name() == GATE_EVENT && meta.target() == DEVICE_TARGET

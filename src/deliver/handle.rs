@@ -80,7 +80,7 @@ impl SinkHandle {
 
     /// `Layer::on_event` for a layer that holds this handle: notes that the
     /// subscriber's filters let the current batch through to this sink (see
-    /// [the module docs](super#filters)), so that [`deliver`](super::deliver) hands it the batch. A
+    /// [the module docs](super#filters)), so that delivery hands it the batch. A
     /// layer of your own that holds a handle calls it from its `on_event`, or
     /// it gets no batches.
     pub fn on_event(&self, event: &tracing::Event<'_>) {
@@ -91,7 +91,7 @@ impl SinkHandle {
 
     /// `Layer::on_register_dispatch` for a layer that holds this handle. A sink
     /// that `dispatch` cannot find by downcast (behind
-    /// `tracing_subscriber::reload`) is remembered here for [`flush`](super::flush); batches
+    /// `tracing_subscriber::reload`) is remembered here for flushing; batches
     /// reach it either way.
     pub fn on_register_dispatch(&self, dispatch: &Dispatch) {
         if self.is_in(dispatch) {
@@ -131,8 +131,8 @@ impl SinkHandle {
     }
 }
 
-/// A [`BatchSink`] as a layer: add it to the subscriber and [`deliver`](super::deliver) hands
-/// it every batch. It sees nothing else of the subscriber.
+/// A [`BatchSink`] as a layer: add it to the subscriber and delivery hands it
+/// every batch. It sees nothing else of the subscriber.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -151,6 +151,7 @@ impl SinkHandle {
 /// let subscriber = tracing_subscriber::registry().with(SinkLayer::new(Launches)?);
 /// # Ok::<(), tracing_gpu::deliver::TooManySinks>(())
 /// ```
+#[must_use = "a SinkLayer receives batches only once added to the subscriber"]
 #[derive(Debug)]
 pub struct SinkLayer<T> {
     sink: Arc<T>,

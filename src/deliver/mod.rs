@@ -1,4 +1,4 @@
-//! Delivery: every [`Batch`] to every [`BatchSink`] in the subscriber whose
+//! Delivery: every [`Batch`] to every [`BatchSink`](crate::batch::BatchSink) in the subscriber whose
 //! filters let it through, and plain `tracing` spans for the layers that are
 //! not sinks.
 //!
@@ -6,9 +6,9 @@
 //! [`Batch`]; a streamed launch as one per part, as they are drained, each
 //! with its part's events only ([`LaunchInfo::part`](crate::batch::LaunchInfo::part)): each is
 //! delivered as any batch is, its gate, its plain spans and their limit its
-//! own. [`deliver`] hands a batch over in two ways:
+//! own. The profiler (or the replay) hands a batch over in two ways:
 //!
-//! - **In bulk, to every sink.** [`deliver`] finds each [`BatchSink`] in the
+//! - **In bulk, to every sink.** Delivery finds each [`BatchSink`](crate::batch::BatchSink) in the
 //!   dispatcher and gives it the whole batch at once: no per-event `tracing`
 //!   dispatch. Ours are [`crate::perfetto::PerfettoLayer`] and, with feature
 //!   `otlp`, `crate::otlp::OtlpLayer`; a sink of your own is found the same way
@@ -28,7 +28,7 @@
 //!
 //! | level | what it lets through |
 //! |---|---|
-//! | `INFO` | whole batches to the sinks: each batch first emits one event, [`GATE_EVENT`] (`"gpu.batch"`, parented to the launch span, with `gpu.launch_id`, `gpu.kernel`, `gpu.device`), and a sink gets the batch only if that event reached it |
+//! | `INFO` | whole batches to the sinks: each batch first emits one event, `"gpu.batch"` (parented to the launch span, with `gpu.launch_id`, `gpu.kernel`, `gpu.device`), and a sink gets the batch only if that event reached it |
 //! | `TRACE` | also the plain spans, one per device event |
 //!
 //! So `RUST_LOG=warn` sends no device data anywhere; `info` (the usual setting)
@@ -78,7 +78,7 @@
 //!
 //! [`LaunchInfo::parent`](crate::batch::LaunchInfo::parent) is the id of the host span that wraps the launch. Span
 //! ids are reused once a span closes, so the profiler keeps that span open until
-//! its batch has been delivered: during [`BatchSink::on_batch`] the id names the
+//! its batch has been delivered: during [`BatchSink::on_batch`](crate::batch::BatchSink::on_batch) the id names the
 //! launch span and nothing else. A sink that needs the parent must look it up
 //! there, not later on a writer thread.
 //!
@@ -88,15 +88,15 @@
 //! layers answers with the *first* layer that claims a type. One marker type
 //! for every sink would find one sink only. So each sink takes a slot of its
 //! own when it is made, one of [`MAX_SINKS`], and answers for the marker type
-//! of that slot alone (`Slot<N>`, a distinct type for each `N`); [`flush`]
+//! of that slot alone (`Slot<N>`, a distinct type for each `N`); flushing
 //! asks for the marker of every slot in use. This sees through `Layered`,
 //! `Filtered`, `Option`, `Vec` and `Box<dyn Layer>`, which forward
-//! `downcast_raw`. [`deliver`] itself needs no downcast: each sink that sees
+//! `downcast_raw`. Delivery itself needs no downcast: each sink that sees
 //! the batch's gate event hands itself over then, through any layer that
 //! forwards events, `tracing_subscriber::reload` included, by marking its
-//! slot; [`deliver`] returns those slots ([`Reached`]), so that a caller that
-//! flushes later (the profiler) keeps them instead of looking again. [`flush`]
-//! asks by downcast, and for a sink behind `reload` (which does not forward
+//! slot; delivery returns those slots, so that a caller that flushes later
+//! (the profiler) keeps them instead of looking again. Flushing asks by
+//! downcast, and for a sink behind `reload` (which does not forward
 //! `downcast_raw`) by what the sink learnt in `Layer::on_register_dispatch`
 //! ([`SinkHandle::on_register_dispatch`]): the subscriber's
 //! `tracing_subscriber::Registry`. The cost is one event (the gate) per batch.
@@ -121,11 +121,13 @@ use tracing::Dispatch;
 use crate::batch::{Batch, DEVICE_TARGET};
 
 pub use error::TooManySinks;
-pub use gate::GATE_EVENT;
+use gate::GATE_EVENT;
 pub use handle::{SinkHandle, SinkLayer};
 #[cfg(feature = "otlp")]
 pub(crate) use slots::holds;
-pub use slots::{Reached, MAX_SINKS};
+#[doc(hidden)]
+pub use slots::Reached;
+pub use slots::MAX_SINKS;
 pub use spans::FALLBACK_SPAN_LIMIT;
 
 /// Hands `batch` to every sink in `dispatch` that the subscriber's filters let
@@ -138,6 +140,10 @@ pub use spans::FALLBACK_SPAN_LIMIT;
 /// cannot do from inside a `tracing::dispatcher::get_default` closure (it
 /// panics there): clone the dispatcher out first, `let d = get_default(|d|
 /// d.clone());`, then call `deliver(&d, batch)`, as the profiler's collector does.
+///
+/// Not API: the profiler and the replay call it, and the tests and benchmarks
+/// that drive delivery; a sink needs only to be in the subscriber.
+#[doc(hidden)]
 pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) -> Reached {
     tracing::dispatcher::with_default(dispatch, || {
         let launch = &batch.launch;
@@ -163,6 +169,8 @@ pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) -> Reached {
 }
 
 /// Flushes every sink in `dispatch` ([`BatchSink::flush`](crate::batch::BatchSink::flush)).
+/// Not API, as `deliver` is not.
+#[doc(hidden)]
 pub fn flush(dispatch: &Dispatch) {
     slots::for_each_sink(dispatch, |sink| sink.flush());
 }

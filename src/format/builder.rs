@@ -257,7 +257,7 @@ impl EntrySlotBuilder {
         self
     }
 
-    /// Sets the cluster rank (default [`super::NO_CLUSTER`]).
+    /// Sets the cluster rank (default `u32::MAX`: no cluster).
     pub fn cluster_rank(&mut self, rank: u32) -> &mut Self {
         self.cluster_rank = rank;
         self
@@ -330,7 +330,7 @@ impl SlotBuilder {
         self
     }
 
-    /// Sets the cluster rank (default [`super::NO_CLUSTER`]).
+    /// Sets the cluster rank (default `u32::MAX`: no cluster).
     pub fn cluster_rank(&mut self, rank: u32) -> &mut Self {
         self.cluster_rank = rank;
         self

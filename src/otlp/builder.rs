@@ -38,6 +38,7 @@ impl OtlpLayer {
 }
 
 /// Configures an [`OtlpLayer`]; from [`OtlpLayer::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
 #[derive(Debug, Clone)]
 pub struct OtlpLayerBuilder {
     service_name: Option<String>,

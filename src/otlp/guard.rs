@@ -12,6 +12,7 @@ use super::state::OtlpStats;
 
 /// Keeps the exporter alive; dropping it flushes and shuts it down, waiting at
 /// most the builder's `shutdown_timeout`.
+#[must_use = "dropping the guard shuts the exporter down now: hold it while the program records"]
 pub struct OtlpGuard {
     pub(crate) inner: Arc<Inner>,
     pub(crate) done: bool,

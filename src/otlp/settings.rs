@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 /// How much of each launch becomes spans. See the [module docs](crate::otlp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Detail {
     /// One span per launch, with summary attributes.
     Kernel,
@@ -18,6 +19,7 @@ pub enum Detail {
 
 /// What one [`Detail::Phase`] span aggregates over, besides the event type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum PhaseGroup {
     /// The warp index within the block, across all blocks: in a warp-specialized
     /// kernel, the warp's role (producer, consumer...). The default.
@@ -29,6 +31,7 @@ pub enum PhaseGroup {
 
 /// The OTLP transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Protocol {
     /// OTLP/gRPC (default port 4317).
     Grpc,
@@ -55,6 +58,7 @@ impl FromStr for Protocol {
 
 /// Who exports the host spans. See the [module docs](crate::otlp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum HostSpans {
     /// This layer exports them unless a `tracing_opentelemetry` layer in the
     /// same subscriber does. The default.

@@ -25,6 +25,7 @@ use crate::deliver::SinkHandle;
 use crate::output::AtomicFile;
 
 /// Builds a [`PerfettoLayer`] and its [`PerfettoGuard`].
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct PerfettoLayerBuilder {
     path: Option<PathBuf>,
     writer: Option<Box<dyn Write + Send>>,
@@ -87,7 +88,7 @@ impl PerfettoLayerBuilder {
     }
 
     /// Device batches that may wait for the writer before
-    /// [`BatchSink::on_batch`] waits (default 64).
+    /// [`BatchSink::on_batch`](crate::batch::BatchSink::on_batch) waits (default 64).
     pub fn batch_queue(mut self, n: usize) -> Self {
         self.batch_queue = n.max(1);
         self

@@ -11,7 +11,7 @@ use super::proto::{field, Enc};
 
 /// The field that marks a launch span: its value is the launch id, and the
 /// span's first slice starts a flow arrow to that launch's kernel slice.
-pub const LAUNCH_ID_FIELD: &str = "gpu.launch_id";
+const LAUNCH_ID_FIELD: &str = "gpu.launch_id";
 
 thread_local! {
     static SCRATCH: RefCell<Fields> = RefCell::new(Fields::default());

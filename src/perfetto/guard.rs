@@ -13,6 +13,7 @@ use super::stats::WriteStats;
 /// finish time, and renames the file into place. After that the layer
 /// records nothing more. Dropped without `finish` before anything was
 /// recorded (a program that failed early), it writes no file at all.
+#[must_use = "dropping the guard finishes the trace now: hold it while the program records"]
 #[derive(Debug)]
 pub struct PerfettoGuard {
     pub(super) state: Arc<LayerState>,

@@ -75,7 +75,6 @@ mod writer_thread;
 
 pub use builder::PerfettoLayerBuilder;
 pub use error::PerfettoError;
-pub use fields::LAUNCH_ID_FIELD;
 pub use guard::PerfettoGuard;
 pub use layer::PerfettoLayer;
 pub use stats::WriteStats;

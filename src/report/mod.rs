@@ -684,7 +684,7 @@ pub(crate) fn union_length(intervals: &mut [(u64, u64)]) -> u64 {
 }
 
 /// `1234` → `"1.23 µs"`: three significant digits, a unit that fits.
-pub fn format_ns(ns: f64) -> String {
+fn format_ns(ns: f64) -> String {
     let (v, unit) = if ns < 1e3 {
         (ns, "ns")
     } else if ns < 1e6 {

@@ -57,7 +57,9 @@ mod lanes;
 
 use lanes::Lanes;
 
-/// The calibration kernels' source, embedded.
+/// The calibration kernels' source, embedded; public for `tests/calibrate.rs`,
+/// which compiles it as the calibrator does.
+#[doc(hidden)]
 pub const CALIBRATE_SOURCE: &str = include_str!("../../../kernels/calibrate.cu");
 
 /// Pinned host memory mapped into the device's address space.

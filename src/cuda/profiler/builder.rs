@@ -39,6 +39,7 @@ const WAIT_FOR_ROOM: Duration = Duration::from_secs(10);
 pub const DEFAULT_RECALIBRATION: Duration = Duration::from_secs(1);
 
 /// Builds a [`Profiler`]; see [`Profiler::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
 #[derive(Debug, Clone)]
 pub struct ProfilerBuilder {
     device: Option<usize>,

@@ -39,13 +39,13 @@ pub fn trace_buffer(
     capacity: u32,
     slot_count: u32,
 ) -> Result<CudaSlice<u8>> {
-    let size = format::buffer_size(slot_count, capacity)
+    let size = format::wire::buffer_size(slot_count, capacity)
         .ok_or_else(|| BenchError::Invalid("trace buffer too large".into()))?;
     let mut buf = stream.alloc_zeros::<u8>(size)?;
     let (g, b) = (cfg.grid_dim, cfg.block_dim);
-    let mut header = [0u8; format::BUFFER_HEADER_SIZE];
+    let mut header = [0u8; format::wire::BUFFER_HEADER_SIZE];
     BufferHeader {
-        version: format::VERSION,
+        version: format::wire::VERSION,
         slot_capacity: capacity,
         slot_count,
         warps_per_block: (b.0 * b.1 * b.2).div_ceil(32),

@@ -65,7 +65,7 @@ impl Short {
     /// Bytes of the trace buffer a launch takes with `capacity` records per warp.
     pub fn trace_bytes(&self, capacity: u32) -> usize {
         let warps = self.cfg.grid_dim.0 * THREADS.div_ceil(32);
-        format::buffer_size(warps, capacity).unwrap_or(usize::MAX)
+        format::wire::buffer_size(warps, capacity).unwrap_or(usize::MAX)
     }
 
     /// Input and output for launches on `stream`.
