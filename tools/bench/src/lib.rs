@@ -23,6 +23,7 @@ pub mod gemm;
 pub mod host;
 pub mod kernels;
 pub mod probe;
+pub mod quickstart_off;
 pub mod short;
 pub mod stats;
 pub mod trace;
