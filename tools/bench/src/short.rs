@@ -1,8 +1,11 @@
 //! The short kernel of the launch storms (`storm`, `graph_replay`): the quickstart's
-//! `tiled_poly` (`kernels/examples/quickstart.cu`, built with the recorder on), one
-//! block of [`THREADS`] threads per SM, one tile, `work` dependent FMAs per thread: a
-//! few µs on an H200 (1024: about 2 µs of FMAs; the binaries measure it). Every warp
-//! records three ranges (load, compute, store) and an instant.
+//! `tiled_poly` (`kernels/examples/quickstart.cu`), one block of [`THREADS`] threads per
+//! SM, one tile, `work` dependent FMAs per thread: a few µs on an H200 (1024: about 2 µs
+//! of FMAs; the binaries measure it). Two builds of it: with the recorder on
+//! ([`Short::launch`], given a trace: every warp records three ranges, load, compute
+//! and store, and an instant; given a null trace, nothing) and with the gate off
+//! ([`Short::launch_off`]: [`crate::quickstart_off`], the kernel a user ships, the
+//! baseline of every overhead the storms print).
 
 use std::sync::Arc;
 
@@ -11,16 +14,17 @@ use tracing_gpu::cuda::{Profiler, ProfilerError};
 use tracing_gpu::format::{self, KernelArg};
 
 use crate::device;
-use crate::quickstart::Kernel;
+use crate::{quickstart, quickstart_off};
 
 /// Threads per block: four warps.
 pub const THREADS: u32 = 128;
 /// Events each warp records: three ranges and an instant.
 pub const EVENTS_PER_WARP: u32 = 4;
 
-/// The kernel, its launch shape and its work.
+/// The kernel's two builds, its launch shape and its work.
 pub struct Short {
-    kernel: Kernel,
+    on: quickstart::Kernel,
+    off: quickstart_off::Kernel,
     cfg: LaunchConfig,
     n: u32,
     work: u32,
@@ -33,8 +37,8 @@ pub struct Buffers {
 }
 
 impl Short {
-    /// Compiles and loads the kernel for the profiler's GPU: `blocks` blocks (default
-    /// one per SM), `work` FMAs per thread.
+    /// Compiles and loads both builds of the kernel for the profiler's GPU: `blocks`
+    /// blocks (default one per SM), `work` FMAs per thread.
     pub fn load(
         profiler: &Profiler,
         work: u32,
@@ -45,7 +49,8 @@ impl Short {
             None => device::sm_count(profiler.context())?,
         };
         Ok(Short {
-            kernel: Kernel::load(profiler, true)?,
+            on: quickstart::Kernel::load(profiler, true)?,
+            off: quickstart_off::Kernel::load(profiler)?,
             cfg: LaunchConfig {
                 grid_dim: (blocks, 1, 1),
                 block_dim: (THREADS, 1, 1),
@@ -76,7 +81,8 @@ impl Short {
         })
     }
 
-    /// Enqueues one launch on `stream`, recording into `trace` (nothing if its base is 0).
+    /// Enqueues one launch of the build with the recorder on `stream`, recording into
+    /// `trace` (nothing if its base is 0).
     pub fn launch(
         &self,
         stream: &CudaStream,
@@ -87,13 +93,22 @@ impl Short {
         // shared memory per thread; the kernel was loaded in the profiler's context,
         // whose streams these are.
         unsafe {
-            self.kernel.launch(
+            self.on.launch(
                 stream,
                 self.cfg,
                 (&b.x, &mut b.y),
                 [self.n, 1, self.work],
                 trace,
             )
+        }
+    }
+
+    /// Enqueues one launch of the gate-off build (no recorder, no trace) on `stream`.
+    pub fn launch_off(&self, stream: &CudaStream, b: &mut Buffers) -> Result<(), DriverError> {
+        // SAFETY: as in `launch`.
+        unsafe {
+            self.off
+                .launch(stream, self.cfg, (&b.x, &mut b.y), [self.n, 1, self.work])
         }
     }
 }

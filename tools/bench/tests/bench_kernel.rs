@@ -118,3 +118,23 @@ fn stream_kernel_compiles_in_every_build() {
         }
     }
 }
+
+/// The quickstart's kernel in the two builds the launch benchmarks time: the gate-off
+/// build (`quickstart_off::build`, their baseline) has no trace parameter and no timer;
+/// the same build with the gate takes the trace as a sixth parameter and reads the timer.
+#[test]
+fn quickstart_off_build_has_no_recorder() {
+    if !available() {
+        return;
+    }
+    use tracing_gpu_bench::{quickstart, quickstart_off};
+    for arch in ["sm_80", "sm_90"] {
+        for defines in [&[][..], &["TGPU_ENABLED=1"]] {
+            let p = nvrtc_tools::ptx(quickstart::SOURCE, quickstart_off::build(arch), defines);
+            let on = !defines.is_empty();
+            assert!(p.contains("tiled_poly_param_4"), "{arch} {defines:?}");
+            assert_eq!(p.contains("tiled_poly_param_5"), on, "{arch} {defines:?}");
+            assert_eq!(p.contains("%globaltimer"), on, "{arch} {defines:?}");
+        }
+    }
+}

@@ -1,33 +1,41 @@
-//! A CUDA graph of short kernels replayed, plain against profiled (issue #12): what
-//! `Profiler::launch_graph` adds per replay and per kernel node, and whether every node
-//! of every replay is delivered or counted.
+//! A CUDA graph of short kernels replayed, gate off against null trace against profiled
+//! (issues #12, #28): what `Profiler::launch_graph` adds per replay and per kernel node
+//! over the kernel a user ships, and whether every node of every replay is delivered or
+//! counted.
 //!
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin graph_replay -- [--nodes 100] [--replays 1000] \
 //!     [--block 50] [--capacity 16] [--regions 4] [--memory BYTES] [--work 1024] [--profiled N]
 //! ```
 //!
-//! Two graphs of `--nodes` launches of [`tracing_gpu_bench::short`]'s kernel are
-//! captured on a stream of their own (`CU_STREAM_CAPTURE_MODE_GLOBAL`): the plain one
-//! with a null trace, the profiled one with `gpu_profile!` (which puts the prologue in
+//! Three graphs of `--nodes` launches of [`tracing_gpu_bench::short`]'s kernel are
+//! captured on a stream of their own (`CU_STREAM_CAPTURE_MODE_GLOBAL`): *off*, the
+//! kernel built without the recorder (the gate off: the graph a user ships); *null
+//! trace*, the kernel built with the recorder, every node given a null trace; and
+//! *profiled*, the recorder's build through `gpu_profile!` (which puts the prologue in
 //! front), adopted by `Profiler::graph`. Each is replayed `--replays` times, in blocks
-//! of `--block` back-to-back replays, plain (`CudaGraph::launch`) and profiled
-//! (`Profiler::launch_graph`) alternating (one warm-up block of each first, not
-//! counted). Per variant: the replay call (p50, p99, `Instant`), the wall time per
-//! replay (a block's calls and its synchronize, over its replays), the GPU time per
-//! replay (CUDA events around the block, over its replays), both per kernel node, and
-//! the slowdown of the profiled replay in %. `--regions` is
-//! `ProfilerBuilder::graph_regions`: replays in flight beyond it are skipped.
-//! `--profiled N` profiles only the profiled graph's first N nodes (the others are
-//! launched as in the plain graph, with a null trace): with N = 1 the slowdown is what a
-//! replay pays once, its prologue node and one recorded node, apart from what every
-//! node pays.
+//! of `--block` back-to-back replays, the three in turn (`CudaGraph::launch` for off
+//! and null trace, `Profiler::launch_graph` for profiled; the order rotated each round,
+//! after one warm-up block of each, not counted). Per variant: the replay call (p50,
+//! p99, `Instant`), the wall time per replay (a block's calls and its synchronize, over
+//! its replays), the GPU time per replay (CUDA events around the block, over its
+//! replays), both per kernel node. Then what each adds, named by its baseline:
+//! *profiled vs off* (the headline: what profiling costs the graph a user ships),
+//! *null trace vs off* (what the compiled-in recorder costs when it records nothing),
+//! and *profiled vs null trace* (what the profiler adds beyond the compiled-in
+//! recorder), each in µs and in %. `--regions` is `ProfilerBuilder::graph_regions`:
+//! replays in flight beyond it are skipped. `--profiled N` profiles only the profiled
+//! graph's first N nodes (the others are launched as in the null-trace graph): with
+//! N = 1 the slowdown is what a replay pays once, its prologue node and one recorded
+//! node, apart from what every node pays.
 //!
 //! After `Profiler::flush`: replays must be the profiled replays made, launches
 //! replays × nodes, and launches = delivered + skipped + failed; the run fails
 //! otherwise. The subscriber is a `PerfettoLayer` writing to a temporary file.
 //!
-//! Output: a table, then one JSON line (`{"bench":"graph_replay",...}`).
+//! Output: a table, then one JSON line (`{"bench":"graph_replay",...}`: per variant
+//! `off`, `null_trace`, `profiled`; the slowdowns `slowdown_vs_off_pct`,
+//! `null_trace_vs_off_pct`, `slowdown_vs_null_pct`, each `{"wall":…,"gpu":…}`).
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -47,7 +55,7 @@ use tracing_gpu_bench::short::Short;
 use tracing_gpu_bench::stats::Calls;
 use tracing_gpu_bench::trace::PerfettoTrace;
 
-/// A graph of short kernels replayed, plain against profiled.
+/// A graph of short kernels replayed, gate off against null trace against profiled.
 #[derive(Parser, Debug)]
 #[command(name = "graph_replay")]
 struct Args {
@@ -57,7 +65,7 @@ struct Args {
     /// Replays of each graph, warm-up not counted.
     #[arg(long, default_value_t = 1000, value_parser = cli::positive::<usize>)]
     replays: usize,
-    /// Back-to-back replays per block; blocks alternate plain and profiled.
+    /// Back-to-back replays per block; blocks take off, null trace and profiled in turn.
     #[arg(long, default_value_t = 50, value_parser = cli::positive::<usize>)]
     block: usize,
     /// Records per warp slot (`ProfilerBuilder::capacity`); each warp records 4.
@@ -76,7 +84,7 @@ struct Args {
     #[arg(long, value_parser = cli::positive::<u32>)]
     blocks: Option<u32>,
     /// Profiled nodes, the first of the profiled graph (default: every node); the others
-    /// are launched with a null trace, as in the plain graph.
+    /// are launched with a null trace, as in the null-trace graph.
     #[arg(long, value_parser = cli::positive::<usize>)]
     profiled: Option<usize>,
 }
@@ -115,9 +123,19 @@ fn capture(
     graph?.ok_or_else(|| ProfilerError::Invalid("the capture made no graph".into()))
 }
 
-fn percent(plain: f64, profiled: f64) -> f64 {
-    (profiled / plain - 1.0) * 100.0
+fn percent(base: f64, x: f64) -> f64 {
+    (x / base - 1.0) * 100.0
 }
+
+/// The variants, in their table's order (the index of their `Side`).
+const OFF: usize = 0;
+const NULL: usize = 1;
+const PROFILED: usize = 2;
+const NAMES: [&str; 3] = [
+    "off: gate off (cuGraphLaunch)",
+    "null trace (cuGraphLaunch)",
+    "profiled (Profiler::launch_graph)",
+];
 
 fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let trace = PerfettoTrace::new("graph_replay")?;
@@ -139,7 +157,13 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     // slices. (Tracking would also put event nodes in the graphs.)
     unsafe { ctx.disable_event_tracking() };
 
-    let plain = capture(&stream, || {
+    let off = capture(&stream, || {
+        for _ in 0..a.nodes {
+            short.launch_off(&stream, &mut b)?;
+        }
+        Ok(())
+    })?;
+    let null = capture(&stream, || {
         for _ in 0..a.nodes {
             short.launch(&stream, &mut b, &KernelArg::default())?;
         }
@@ -164,32 +188,34 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         )
         .into());
     }
-    plain.upload()?;
+    off.upload()?;
+    null.upload()?;
     profiled.graph().upload()?;
 
-    let mut blocks = vec![(false, a.block), (true, a.block)];
+    // Per block: the variant, its replays; one warm-up block of each first.
+    let mut blocks: Vec<(usize, usize)> = (0..NAMES.len()).map(|v| (v, a.block)).collect();
     for r in 0..a.replays.div_ceil(a.block) {
         let count = a.block.min(a.replays - r * a.block);
-        let first = r % 2 == 1;
-        blocks.extend([(first, count), (!first, count)]);
+        // Each round in another order, so that no variant always follows the same one.
+        blocks.extend((0..NAMES.len()).map(|k| ((k + r) % NAMES.len(), count)));
     }
     let made: u64 = blocks
         .iter()
-        .filter(|(p, _)| *p)
+        .filter(|(v, _)| *v == PROFILED)
         .map(|(_, n)| *n as u64)
         .sum();
-    let mut sides: [Side; 2] = Default::default();
+    let mut sides: [Side; 3] = Default::default();
     let timer = Timer::new(&ctx)?;
-    for (i, &(is_profiled, count)) in blocks.iter().enumerate() {
+    for (i, &(v, count)) in blocks.iter().enumerate() {
         let mut calls = Calls::default();
         let start = Instant::now();
         timer.around(&stream, || {
             for _ in 0..count {
                 let t = Instant::now();
-                if is_profiled {
-                    profiler.launch_graph(&profiled, &stream, "storm_graph")?;
-                } else {
-                    plain.launch()?;
+                match v {
+                    OFF => off.launch()?,
+                    NULL => null.launch()?,
+                    _ => profiler.launch_graph(&profiled, &stream, "storm_graph")?,
                 }
                 calls.record(t.elapsed());
             }
@@ -198,8 +224,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stream.synchronize()?;
         let wall = start.elapsed();
         let gpu_ms = timer.ms()?;
-        if i >= 2 {
-            let side = &mut sides[usize::from(is_profiled)];
+        if i >= NAMES.len() {
+            let side = &mut sides[v];
             side.calls.add(&calls);
             side.wall += wall;
             side.gpu_ms += gpu_ms;
@@ -215,7 +241,6 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let nodes = wanted as u64;
     let counted = stats.delivered + stats.skipped + stats.failed;
     let ok = stats.replays == made && stats.launches == made * nodes && stats.launches == counted;
-    let (p, q) = (&sides[0], &sides[1]);
     let n = a.nodes as f64;
     println!(
         "graph_replay: a graph of {} tiled_poly nodes ({}×{} threads, work {}; {wanted} profiled), \
@@ -231,7 +256,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     );
     println!("| replay | call p50 µs | call p99 µs | wall per replay µs | GPU per replay µs | wall per node µs | GPU per node µs |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (name, s) in [("plain (cuGraphLaunch)", p), ("Profiler::launch_graph", q)] {
+    for (name, s) in NAMES.iter().zip(&sides) {
         println!(
             "| {name} | {:.2} | {:.2} | {:.1} | {:.1} | {:.3} | {:.3} |",
             s.calls.us(0.5),
@@ -242,18 +267,29 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             s.gpu_us() / n
         );
     }
-    let (wall_pct, gpu_pct) = (
-        percent(p.wall_us(), q.wall_us()),
-        percent(p.gpu_us(), q.gpu_us()),
-    );
-    println!(
-        "| added | {:+.2} | {:+.2} | {:+.1} ({wall_pct:+.1} %) | {:+.1} ({gpu_pct:+.1} %) | {:+.3} | {:+.3} |",
-        q.calls.us(0.5) - p.calls.us(0.5),
-        q.calls.us(0.99) - p.calls.us(0.99),
-        q.wall_us() - p.wall_us(),
-        q.gpu_us() - p.gpu_us(),
-        (q.wall_us() - p.wall_us()) / n,
-        (q.gpu_us() - p.gpu_us()) / n
+    // What `x` adds over its baseline `base`, as a row; the wall and GPU slowdowns in %.
+    let added = |name: &str, x: &Side, base: &Side| {
+        let (wall_pct, gpu_pct) = (
+            percent(base.wall_us(), x.wall_us()),
+            percent(base.gpu_us(), x.gpu_us()),
+        );
+        println!(
+            "| {name} | {:+.2} | {:+.2} | {:+.1} ({wall_pct:+.1} %) | {:+.1} ({gpu_pct:+.1} %) | {:+.3} | {:+.3} |",
+            x.calls.us(0.5) - base.calls.us(0.5),
+            x.calls.us(0.99) - base.calls.us(0.99),
+            x.wall_us() - base.wall_us(),
+            x.gpu_us() - base.gpu_us(),
+            (x.wall_us() - base.wall_us()) / n,
+            (x.gpu_us() - base.gpu_us()) / n
+        );
+        format!(r#"{{"wall":{wall_pct:.2},"gpu":{gpu_pct:.2}}}"#)
+    };
+    let vs_off = added("**added: profiled vs off**", &sides[PROFILED], &sides[OFF]);
+    let null_vs_off = added("added: null trace vs off", &sides[NULL], &sides[OFF]);
+    let vs_null = added(
+        "added: profiled vs null trace",
+        &sides[PROFILED],
+        &sides[NULL],
     );
     println!(
         "counts: {made} profiled replays made, replays {}; launches {} (= {made} × {nodes}) = delivered {} \
@@ -279,15 +315,16 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         )
     };
     println!(
-        r#"{{"bench":"graph_replay","nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"plain":{},"profiled":{},"slowdown_wall_pct":{wall_pct:.2},"slowdown_gpu_pct":{gpu_pct:.2},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"graph_replay","nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"off":{},"null_trace":{},"profiled":{},"slowdown_vs_off_pct":{vs_off},"null_trace_vs_off_pct":{null_vs_off},"slowdown_vs_null_pct":{vs_null},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
         a.nodes,
         a.replays,
         a.block,
         a.work,
         a.capacity,
         a.regions,
-        side(p),
-        side(q),
+        side(&sides[OFF]),
+        side(&sides[NULL]),
+        side(&sides[PROFILED]),
         stats.replays,
         stats.launches,
         stats.delivered,

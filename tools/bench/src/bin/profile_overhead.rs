@@ -1,14 +1,17 @@
-//! What `gpu_profile!` costs the launching thread: the host time of a launch
-//! call with and without it, for the same kernel (`kernels/examples/quickstart.cu`,
-//! one block, built with the recorder on; the plain launch passes a null trace).
+//! What `gpu_profile!` costs the launching thread: the host time of a launch call with
+//! and without it, for the quickstart's kernel (`kernels/examples/quickstart.cu`, one
+//! block) in three variants: *off*, built without the recorder (the gate off: the
+//! kernel a user ships, the baseline); *null trace*, built with it and given a null
+//! trace; *gpu_profile!*, that build profiled. The added time is printed against off
+//! and, on a row of its own, against the null trace.
 //!
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin profile_overhead -- [--rounds 30] [--launches 200] \
 //!     [--subscriber perfetto|registry|none] [--stream legacy|own]
 //! ```
 //!
-//! Each round times `--launches` back-to-back launch calls of each variant (in
-//! alternating order), then synchronizes; the figures are medians over rounds of
+//! Each round times `--launches` back-to-back launch calls of each variant (the order
+//! rotated each round), each variant's followed by a synchronize; the figures are medians over rounds of
 //! the mean time per call. The subscriber is a `PerfettoLayer` writing to a
 //! temporary file, so the launch span is really recorded. The profiled variant
 //! also counts how many launches found the arena full and ran unrecorded
@@ -28,6 +31,7 @@ use tracing_gpu::cuda::{gpu_profile, Profiler};
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::quickstart::{self, Kernel};
+use tracing_gpu_bench::quickstart_off;
 use tracing_gpu_bench::stats::upper_median;
 use tracing_gpu_bench::trace::{self, PerfettoTrace};
 use tracing_subscriber::layer::SubscriberExt;
@@ -85,6 +89,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .events(quickstart::EVENTS)
         .build()?;
     let kernel = Kernel::load(&profiler, true)?;
+    let off = quickstart_off::Kernel::load(&profiler)?;
     let ctx = profiler.context();
     let stream = a.stream.open(ctx)?;
     let (n, tiles, work) = (256u32, 1u32, 16u32);
@@ -95,28 +100,32 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         block_dim: (256, 1, 1),
         shared_mem_bytes: 1024,
     };
-    let mut per_call = [Vec::new(), Vec::new()];
+    // Per variant (off, null trace, profiled): the mean µs per call of each round.
+    let mut per_call: [Vec<f64>; 3] = Default::default();
     // One warm-up round, not counted (module load, first launches).
     for round in 0..=rounds {
-        for k in 0..2 {
-            let profiled = (k + round) % 2 == 1;
+        for k in 0..3 {
+            let v = (k + round) % 3;
             let t = Instant::now();
             for _ in 0..launches {
                 // SAFETY: x and y hold n elements; 4 bytes of shared memory per thread.
                 let mut launch = |trace: &KernelArg| unsafe {
                     kernel.launch(&stream, cfg, (&x, &mut y), [n, tiles, work], trace)
                 };
-                if profiled {
-                    gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| launch(&trace))?;
-                } else {
+                match v {
+                    // SAFETY: as `launch`.
+                    0 => unsafe { off.launch(&stream, cfg, (&x, &mut y), [n, tiles, work])? },
                     // A null trace: the recorder records nothing.
-                    launch(&KernelArg::default())?;
+                    1 => launch(&KernelArg::default())?,
+                    _ => {
+                        gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| launch(&trace))?
+                    }
                 }
             }
             let dt = t.elapsed().as_secs_f64() * 1e6 / launches as f64;
             stream.synchronize()?;
             if round > 0 {
-                per_call[profiled as usize].push(dt);
+                per_call[v].push(dt);
             }
         }
     }
@@ -127,8 +136,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         t.finish()?;
     }
 
-    let plain = upper_median(&mut per_call[0]);
-    let profiled = upper_median(&mut per_call[1]);
+    let [off, null, profiled] = per_call.map(|mut v| upper_median(&mut v));
     println!(
         "subscriber {}, {} stream",
         a.subscriber
@@ -139,9 +147,18 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("| launch call | µs per call (median of {rounds} rounds × {launches}) |");
     println!("|---|---:|");
-    println!("| plain | {plain:.2} |");
+    println!("| off (gate off) | {off:.2} |");
+    println!("| null trace | {null:.2} |");
     println!("| gpu_profile! | {profiled:.2} |");
-    println!("| added by profiling | {:.2} |", profiled - plain);
+    println!(
+        "| **added: gpu_profile! vs off** | {:+.2} |",
+        profiled - off
+    );
+    println!("| added: null trace vs off | {:+.2} |", null - off);
+    println!(
+        "| added: gpu_profile! vs null trace | {:+.2} |",
+        profiled - null
+    );
     println!(
         "profiled launches: {} made, {} delivered, {} skipped (arena full), {} failed, {} device events; \
          profiler memory {:.1} MB, arena in use at the end {:.1} MB",

@@ -1,19 +1,23 @@
-//! A storm of short launches, plain against profiled (issue #12): what `gpu_profile!`
-//! adds to a launch call when launches come back to back, what the GPU then does, and
-//! whether every profiled launch is delivered or counted.
+//! A storm of short launches, gate off against null trace against profiled (issues #12,
+//! #28): what `gpu_profile!` adds to a launch call when launches come back to back, over
+//! the kernel a user ships, what the GPU then does, and whether every profiled launch is
+//! delivered or counted.
 //!
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin storm -- [--launches 100000] [--threads 1] \
 //!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000] \
-//!     [--blocks N] [--settle] [--gap US] [--variants plain,floor,unsubscribed,profiled] \
+//!     [--blocks N] [--settle] [--gap US] [--variants off,plain,floor,unsubscribed,profiled] \
 //!     [--bisect] [--pin] [--bring-back-ms 5]
 //! ```
 //!
 //! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
-//! `--blocks`, a few µs; the plain launch passes a null trace). The variants
-//! (`--variants`, a comma-separated list; *plain* is always measured, the first four
-//! are the default):
-//! - `plain`: the launch alone;
+//! `--blocks`, a few µs), in two builds: without the recorder (the gate off) and with it.
+//! The variants (`--variants`, a comma-separated list; *off* and *plain* are always
+//! measured, the first five are the default):
+//! - `off`: the launch alone of the build without the recorder, which takes no trace:
+//!   the kernel a user ships, the baseline of the added times;
+//! - `plain`: the launch alone of the recorder's build, given a null trace (it records
+//!   nothing): the *null trace* baseline, which the variants below build on;
 //! - `floor`: the launch, then the driver call the profiled launch makes besides it
 //!   on a stream of its own (`cuStreamIsCapturing`; none on the legacy stream, which
 //!   cannot capture): what the design cannot go under;
@@ -64,13 +68,14 @@
 //! is recorded.
 //!
 //! The GPU side: *kernel alone* is the median of 101 launches timed by CUDA events,
-//! each alone on the GPU; *wall per launch* is the blocks' wall time (first launch call
-//! to last synchronize, gaps included) per launch; *GPU busy* is launches × kernel
-//! alone / wall: the share of the storm's wall time the GPU needs for the kernels (1:
-//! the host kept the GPU fed; below: the GPU waited for launch calls; above 1 when
-//! several streams' kernels overlap). *Peak arena in use* is
-//! `ProfilerStats::arena_in_use` read at the end of each profiled block, before its
-//! synchronize, where the queue is longest.
+//! each alone on the GPU, of what the variant launches (the gate-off build, the
+//! recorder's given a null trace, or the recorder's recording); *wall per launch* is
+//! the blocks' wall time (first launch call to last synchronize, gaps included) per
+//! launch; *GPU busy* is launches × kernel alone / wall: the share of the storm's wall
+//! time the GPU needs for the kernels (1: the host kept the GPU fed; below: the GPU
+//! waited for launch calls; above 1 when several streams' kernels overlap). *Peak arena
+//! in use* is `ProfilerStats::arena_in_use` read at the end of each profiled block,
+//! before its synchronize, where the queue is longest.
 //! After `Profiler::flush`, launches must equal delivered + skipped + failed, and be
 //! the number of profiled launch calls made; the run fails otherwise.
 //!
@@ -85,8 +90,12 @@
 //! a read of the trace's clock (`CLOCK_BOOTTIME`) and of `Instant` costs here, and the
 //! kernel's clock source: a clock the vDSO cannot read is a system call.
 //!
-//! Output: a table, the added time of each variant over *plain*, the decomposition
-//! when the variants it needs ran, then one JSON line (`{"bench":"storm",...}`).
+//! Output: a table; the added time per launch call of each variant, named by baseline:
+//! against *off* (p50, p99 and wall per launch) and, in columns of their own, against
+//! *plain* (the null trace); the decomposition when the variants it needs ran (its
+//! first part, *plain* − *off*, is what the compiled-in recorder costs the call); then
+//! one JSON line (`{"bench":"storm",...}`: `added_vs_off_*` and `added_vs_null_*` are
+//! *profiled* against each baseline).
 
 use std::error::Error;
 use std::hint::black_box;
@@ -111,13 +120,14 @@ use tracing_gpu_bench::short::{Buffers, Short};
 use tracing_gpu_bench::stats::Calls;
 use tracing_gpu_bench::trace::PerfettoTrace;
 
-/// Short launches back to back, plain against profiled.
+/// Short launches back to back, gate off against null trace against profiled.
 ///
-/// With all the variants, the profiled call's time over plain is taken apart: floor −
-/// plain (the call's other driver calls), floor-collector − floor (the collector's
-/// driver calls, met inside the driver), host-only − floor-collector (the profiler's
-/// host path: arena and event locks, job channel, span, names), profiled − host-only
-/// (the longer recorded kernel: the queue waiting for the device); and floor-cell −
+/// With all the variants, the profiled call's time over off is taken apart: plain − off
+/// (the compiled-in recorder, given a null trace), floor − plain (the call's other
+/// driver calls), floor-collector − floor (the collector's driver calls, met inside the
+/// driver), host-only − floor-collector (the profiler's host path: arena and event
+/// locks, job channel, span, names), profiled − host-only (the longer recorded kernel:
+/// the queue waiting for the device); and floor-cell −
 /// floor (a cell written by the stream instead of an event).
 #[derive(Parser, Debug)]
 #[command(name = "storm")]
@@ -168,12 +178,13 @@ struct Args {
     /// its copies and zeroing out of the storm).
     #[arg(long, default_value_t = 5.0, value_parser = milliseconds)]
     bring_back_ms: f64,
-    /// The variants, comma-separated (plain is always measured; see the module docs).
+    /// The variants, comma-separated (off and plain are always measured; see the module
+    /// docs).
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_values_t = [Variant::Plain, Variant::Floor, Variant::Unsubscribed, Variant::Profiled]
+        default_values_t = [Variant::Off, Variant::Plain, Variant::Floor, Variant::Unsubscribed, Variant::Profiled]
     )]
     variants: Vec<Variant>,
 }
@@ -181,7 +192,9 @@ struct Args {
 /// What a block of launch calls does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Variant {
-    /// The launch alone.
+    /// The launch alone, of the build without the recorder (no trace).
+    Off,
+    /// The launch alone, of the recorder's build given a null trace.
     Plain,
     /// The launch and the profiled call's other driver call.
     Floor,
@@ -204,7 +217,8 @@ enum Variant {
 impl Variant {
     fn name(self) -> &'static str {
         match self {
-            Variant::Plain => "plain",
+            Variant::Off => "off (gate off)",
+            Variant::Plain => "plain (null trace)",
             Variant::Floor => "floor (+ capture check)",
             Variant::FloorEvent => "floor, event for the mark",
             Variant::FloorCell => "floor, cell for the mark",
@@ -218,6 +232,7 @@ impl Variant {
 
     fn key(self) -> &'static str {
         match self {
+            Variant::Off => "off",
             Variant::Plain => "plain",
             Variant::Floor => "floor",
             Variant::FloorEvent => "floor_event",
@@ -259,9 +274,9 @@ fn microseconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The variants to measure: `asked`, plain first, each once.
+/// The variants to measure: `asked`, off and plain first, each once.
 fn chosen(asked: &[Variant]) -> Vec<Variant> {
-    let mut v = vec![Variant::Plain];
+    let mut v = vec![Variant::Off, Variant::Plain];
     for &a in asked {
         if !v.contains(&a) {
             v.push(a);
@@ -409,6 +424,7 @@ impl Storm<'_> {
         for i in 0..count {
             let start = Instant::now();
             match variant {
+                Variant::Off => short.launch_off(stream, b)?,
                 Variant::Plain => short.launch(stream, b, &KernelArg::default())?,
                 Variant::Floor | Variant::FloorEvent | Variant::FloorCell => {
                     short.launch(stream, b, &KernelArg::default())?;
@@ -507,9 +523,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     // cudarc's slices.
     unsafe { ctx.disable_event_tracking() };
 
-    // The kernel alone, each variant (these profiled launches count in the stats).
+    // The kernel alone, each build (these profiled launches count in the stats).
     let (s0, b0) = (&streams[0], &mut buffers[0]);
     const ALONE: usize = 101;
+    let off_ms = Timer::median_ms(&ctx, s0, ALONE, || short.launch_off(s0, b0))?;
     let plain_ms = Timer::median_ms(&ctx, s0, ALONE, || {
         short.launch(s0, b0, &KernelArg::default())
     })?;
@@ -603,9 +620,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         }
         side.wall = tallies[0].sides[k].wall;
         side.launches = tallies[0].sides[k].launches;
-        side.kernel_us = match variants[k].records() {
-            true => profiled_ms,
-            false => plain_ms,
+        side.kernel_us = match variants[k] {
+            Variant::Off => off_ms,
+            v if v.records() => profiled_ms,
+            _ => plain_ms,
         } * 1e3;
     }
     let peak = tallies[0].peak_in_use;
@@ -667,12 +685,39 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             p.calls.us(0.99) - q.calls.us(0.99),
         ))
     };
-    for v in &variants[1..] {
-        let (d50, d99) = minus(*v, Variant::Plain).expect("both ran");
-        println!("| added: {} | {d50:+.2} | {d99:+.2} | | | | |", v.name());
+    // Each variant against the two baselines (both always run).
+    let (off, null) = (
+        side(Variant::Off).expect("always run"),
+        side(Variant::Plain).expect("always run"),
+    );
+    println!(
+        "\n| added per launch call | p50 µs vs off | p99 µs vs off | wall per launch µs vs off \
+         | p50 µs vs null trace | p99 µs vs null trace |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (v, s) in variants.iter().zip(&sides) {
+        if *v == Variant::Off {
+            continue;
+        }
+        let vs_null = match v {
+            Variant::Plain => " | ".into(),
+            _ => format!(
+                "{:+.2} | {:+.2}",
+                s.calls.us(0.5) - null.calls.us(0.5),
+                s.calls.us(0.99) - null.calls.us(0.99)
+            ),
+        };
+        println!(
+            "| {} | {:+.2} | {:+.2} | {:+.2} | {vs_null} |",
+            v.name(),
+            s.calls.us(0.5) - off.calls.us(0.5),
+            s.calls.us(0.99) - off.calls.us(0.99),
+            s.wall_per_launch_us() - off.wall_per_launch_us(),
+        );
     }
-    // The profiled call's time over plain, taken apart (module docs).
+    // The profiled call's time over off, taken apart (module docs).
     let parts = [
+        ("null_trace", Variant::Plain, Variant::Off),
         ("floor", Variant::Floor, Variant::Plain),
         ("event_mark", Variant::FloorEvent, Variant::Floor),
         ("cell_mark", Variant::FloorCell, Variant::Floor),
@@ -687,12 +732,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .iter()
         .filter_map(|&(key, a, b)| Some((key, a, b, minus(a, b)?)))
         .collect();
+    println!("\n| part: variant − variant | p50 µs | p99 µs |");
+    println!("|---|---:|---:|");
     for (_, a, b, (d50, d99)) in &parts {
-        println!(
-            "| part: {} − {} | {d50:+.2} | {d99:+.2} | | | | |",
-            a.name(),
-            b.name()
-        );
+        println!("| {} − {} | {d50:+.2} | {d99:+.2} |", a.name(), b.name());
     }
     if let Some(p) = &passes {
         println!(
@@ -704,7 +747,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             p.queries
         );
     }
-    let (d50, d99) = minus(Variant::Profiled, Variant::Plain).unwrap_or((f64::NAN, f64::NAN));
+    let [(off50, off99), (null50, null99)] = [Variant::Off, Variant::Plain]
+        .map(|base| minus(Variant::Profiled, base).unwrap_or((f64::NAN, f64::NAN)));
     println!(
         "memory: {:.1} MB held by the profiler, peak arena in use {:.1} MB (of {:.1} MB)",
         stats.memory_bytes as f64 / 1e6,
@@ -744,7 +788,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         false => "null".into(),
     };
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"clock":{},"pinned":{},"bring_back_ms":{},"added_p50_us":{},"added_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"clock":{},"pinned":{},"bring_back_ms":{},"added_vs_off_p50_us":{},"added_vs_off_p99_us":{},"added_vs_null_p50_us":{},"added_vs_null_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
         a.settle,
@@ -764,8 +808,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         clock.json(),
         cores.is_some(),
         a.bring_back_ms,
-        num(d50),
-        num(d99),
+        num(off50),
+        num(off99),
+        num(null50),
+        num(null99),
         stats.memory_bytes,
         stats.launches,
         stats.delivered,
