@@ -11,6 +11,8 @@ use std::mem::size_of;
 
 use super::*;
 use crate::batch::Batch;
+use crate::clock::ClockError;
+use crate::decode::DecodeError;
 use crate::format::BufferBuilder;
 
 fn capture(launch_id: u64, grid: [u32; 3], block: [u32; 3]) -> Arc<OwnedBuffer> {

@@ -1,0 +1,142 @@
+//! [`CaptureError`]: why a capture file could not be read or written.
+
+use std::io;
+use std::path::PathBuf;
+
+use super::{CAPTURE_OLDEST_VERSION, CAPTURE_VERSION};
+use crate::clock::ClockError;
+use crate::decode::DecodeError;
+use crate::registry::RegistryError;
+
+/// Why a capture file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// Opening, reading or writing the file failed.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// Reading from or writing to a stream failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// Not a capture file.
+    #[error("not a tracing-gpu capture: magic {found:?}")]
+    BadMagic {
+        /// The first bytes found.
+        found: Vec<u8>,
+    },
+    /// A version this reader does not know.
+    #[error("unsupported capture version {found} (this reader reads {CAPTURE_OLDEST_VERSION} to {CAPTURE_VERSION})")]
+    UnsupportedVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// The file ends inside its header or its body.
+    #[error("capture truncated: {what}")]
+    Truncated {
+        /// Where it ended.
+        what: String,
+    },
+    /// The compressed body does not inflate.
+    #[error("capture body is not a valid zlib stream: {0}")]
+    CorruptStream(io::Error),
+    /// The body does not parse.
+    #[error("capture body corrupt at byte {offset}: {what}")]
+    Corrupt {
+        /// Offset within the uncompressed body.
+        offset: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// The registry holds one id twice with two names.
+    #[error("capture registry: {0}")]
+    Registry(#[from] RegistryError),
+    /// Two devices with one ordinal.
+    #[error("device ordinal {ordinal} appears twice")]
+    DuplicateDevice {
+        /// The ordinal.
+        ordinal: u32,
+    },
+    /// Two launches with one launch id (not the parts of one streamed
+    /// launch): a host span's flow would have two ends.
+    #[error("launch id {launch_id} appears twice")]
+    DuplicateLaunch {
+        /// The launch id.
+        launch_id: u64,
+    },
+    /// The parts of a streamed launch out of order: not numbered 0, 1, 2, ...
+    /// in file order, or one after the last.
+    #[error("launch id {launch_id}: {what}")]
+    BadParts {
+        /// The launch id.
+        launch_id: u64,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// What the reader keeps of the capture would pass [`CAPTURE_MEMORY_LIMIT`](super::CAPTURE_MEMORY_LIMIT).
+    #[error("capture body byte {offset}: what the reader keeps besides the trace buffers would need more than {limit} bytes of memory (the reader's limit)")]
+    OverLimit {
+        /// Offset within the uncompressed body of the count or string that
+        /// passed the limit.
+        offset: usize,
+        /// The limit, [`CAPTURE_MEMORY_LIMIT`](super::CAPTURE_MEMORY_LIMIT).
+        limit: usize,
+    },
+    /// A launch on a device the file does not describe.
+    #[error("launch {launch}: device ordinal {ordinal} is not in the capture")]
+    UnknownDevice {
+        /// Index of the launch.
+        launch: usize,
+        /// The ordinal it names.
+        ordinal: u32,
+    },
+    /// A launch's trace buffer does not decode.
+    #[error("launch {launch}: {source}")]
+    Decode {
+        /// Index of the launch.
+        launch: usize,
+        /// The decoder's error.
+        source: DecodeError,
+    },
+    /// A launch's metadata disagrees with its buffer header.
+    #[error("launch {launch}: {field} differs from the trace buffer's header")]
+    LaunchMismatch {
+        /// Index of the launch.
+        launch: usize,
+        /// The field: `launch_id`, `grid` or `block`.
+        field: &'static str,
+    },
+    /// A device's calibration samples do not fit a clock map.
+    #[error("device {device}, calibration round {round}: {source}")]
+    Clock {
+        /// Device ordinal.
+        device: u32,
+        /// Index of the calibration round.
+        round: usize,
+        /// The fit's error.
+        source: ClockError,
+    },
+    /// A launch on a device that has no calibration round.
+    #[error("launch {launch}: device {device} has no calibration")]
+    NoCalibration {
+        /// Index of the launch.
+        launch: usize,
+        /// Device ordinal.
+        device: u32,
+    },
+    /// A count or string too long for the format's 32-bit lengths.
+    #[error("capture too large: a count or string exceeds 2^32 - 1")]
+    TooLarge,
+    /// A host span that is not well formed.
+    #[error("host span {span}: {what}")]
+    BadSpan {
+        /// Index of the span.
+        span: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+}
