@@ -2,13 +2,13 @@
 //! capture, the report and the SVG timeline), or, with no GPU, the same from a
 //! capture recorded on an H200.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tracing_gpu::capture::Capture;
 use tracing_gpu::report::{SvgOptions, Timeline};
 
 use crate::convert::write_perfetto;
-use crate::{batches, print_out, read_capture, write_output, Exit, Failure};
+use crate::{batches, print_out, read_capture, refuse_clobbering, write_output, Exit, Failure};
 
 /// The live demo: the quickstart example's profiled kernel (its `run` writes a
 /// Perfetto trace and a capture), shared with `examples/quickstart.rs`.
@@ -89,16 +89,25 @@ fn summarize(recorded: &Capture, title: &str, svg: &Path) -> Result<(), Failure>
     print_out(&summary)
 }
 
+/// What the demo writes besides the trace at `out`: the capture (a live run's) and the
+/// timeline, beside it.
+pub(crate) fn outputs(out: &Path) -> (PathBuf, PathBuf) {
+    (out.with_extension("tgpu"), out.with_extension("svg"))
+}
+
 /// Runs the profiled quickstart kernel on GPU 0: trace at `out`, capture beside it;
 /// its kernels carry line info if `lineinfo`.
 #[cfg(feature = "cuda")]
 fn live_demo(out: &Path, lineinfo: bool) -> Result<(), Failure> {
-    let capture = out.with_extension("tgpu");
+    let (capture, svg) = outputs(out);
+    refuse_clobbering(
+        &[],
+        &[("trace", out), ("capture", &capture), ("timeline", &svg)],
+    )?;
     eprintln!("live run on GPU 0: the quickstart kernel, 8 profiled launches");
     let summary = quickstart::run(out, Some(&capture), 8, lineinfo)
         .map_err(|e| Failure::new(Exit::Run, format!("live demo failed: {e}")))?;
     let recorded = read_capture(&capture)?;
-    let svg = out.with_extension("svg");
     summarize(&recorded, "live quickstart", &svg)?;
     eprintln!(
         "trace: {} ({} launches, {} device events, {} dropped)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ncapture: {} (replay it: tracing-gpu convert / report)\ntimeline: {} (open it in a browser)",
@@ -132,6 +141,8 @@ pub(crate) fn demo(
         return live_demo(out, lineinfo);
     };
     let capture = capture.unwrap_or(Path::new(SHIPPED_CAPTURE));
+    let (_, svg) = outputs(out);
+    refuse_clobbering(&[capture], &[("trace", out), ("timeline", &svg)])?;
     eprintln!(
         "no live run ({reason}): replaying the capture {}",
         capture.display()
@@ -171,7 +182,6 @@ pub(crate) fn demo(
     );
     let batches = batches(&recorded, capture)?;
     let stats = write_perfetto(&recorded, &batches, out)?;
-    let svg = out.with_extension("svg");
     summarize(&recorded, "replayed capture", &svg)?;
     eprintln!(
         "trace: {} ({} launches, {} device events, {} host spans)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ntimeline: {} (open it in a browser)",

@@ -35,7 +35,8 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  a run failed (a CUDA or driver error during a live run)
-  2  bad usage (unknown option, missing argument, no launch with the id given)
+  2  bad usage (unknown option, missing argument, no launch with the id given, an
+     output that would replace the input or another output)
   3  an input file cannot be read (missing, permission)
   4  an input file is not a valid capture (wrong magic, truncated, corrupt)
   5  an output file cannot be written
@@ -227,6 +228,47 @@ fn write_output(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
             format!("cannot write {}: {e}", path.display()),
         )
     })
+}
+
+/// The directory entry a file written at `path` replaces: its folder resolved, its own
+/// name not (an output replaces a symbolic link, never its target: `AtomicFile`).
+fn entry(path: &Path) -> PathBuf {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match (path.file_name(), std::fs::canonicalize(folder)) {
+        (Some(name), Ok(folder)) => folder.join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// Refuses, before anything is read or written, a command whose outputs (named, what
+/// each is) would replace one of its inputs or each other: `convert X -o X` would
+/// replace the capture it reads, `demo -o t.svg` write its trace and then its picture
+/// over it. An input is the file it resolves to (a link followed), an output the entry
+/// its rename replaces.
+fn refuse_clobbering(inputs: &[&Path], outputs: &[(&str, &Path)]) -> Result<(), Failure> {
+    let clash = |what: String| Failure::new(Exit::Usage, what);
+    for (i, (what, out)) in outputs.iter().enumerate() {
+        let replaced = entry(out);
+        for input in inputs {
+            if std::fs::canonicalize(input).is_ok_and(|read| read == replaced) {
+                return Err(clash(format!(
+                    "the {what} {} is the input {}: writing it would replace what is read; choose another path",
+                    out.display(),
+                    input.display()
+                )));
+            }
+        }
+        if let Some((other, _)) = outputs[..i].iter().find(|(_, o)| entry(o) == replaced) {
+            return Err(clash(format!(
+                "the {other} and the {what} would both be written to {}; choose another path for one",
+                out.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One batch per launch ([`Capture::batches`]: each device's calibration refitted
@@ -567,16 +609,21 @@ fn run(cli: Cli) -> Result<(), Failure> {
             otlp_protocol,
             otlp_timeout,
             detail,
-        } => convert::convert(
-            &capture,
-            out.as_deref(),
-            otlp.as_deref().map(|endpoint| convert::OtlpTarget {
-                endpoint,
-                protocol: &otlp_protocol,
-                timeout: otlp_timeout,
-                detail,
-            }),
-        ),
+        } => {
+            if let Some(out) = &out {
+                refuse_clobbering(&[&capture], &[("trace", out)])?;
+            }
+            convert::convert(
+                &capture,
+                out.as_deref(),
+                otlp.as_deref().map(|endpoint| convert::OtlpTarget {
+                    endpoint,
+                    protocol: &otlp_protocol,
+                    timeout: otlp_timeout,
+                    detail,
+                }),
+            )
+        }
         Command::Calibrate {
             samples,
             no_lineinfo,
@@ -586,7 +633,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             svg,
             launch,
             width,
-        } => report(&capture, svg.as_deref(), launch, width),
+        } => {
+            if let Some(svg) = &svg {
+                refuse_clobbering(&[&capture], &[("timeline", svg)])?;
+            }
+            report(&capture, svg.as_deref(), launch, width)
+        }
     }
 }
 

@@ -364,6 +364,59 @@ fn unwritable_output_exits_5() {
     assert_exit(&o, 5, "cannot write");
 }
 
+/// An output that would replace the command's input, or another of its outputs, is
+/// refused before anything is written (exit 2), and the input stays as it was.
+#[test]
+fn an_output_over_the_input_or_another_output_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let original = std::fs::read(&capture).unwrap();
+    let c = capture.to_str().unwrap();
+    // The same file by another spelling, and through a link to it.
+    let respelled = dir.path().join(".").join("sample.tgpu");
+    let link = dir.path().join("link.tgpu");
+    std::os::unix::fs::symlink(&capture, &link).unwrap();
+    let (respelled, link) = (respelled.to_str().unwrap(), link.to_str().unwrap());
+    for args in [
+        vec!["convert", c, "-o", c],
+        vec!["convert", link, "-o", respelled],
+        vec!["report", c, "--svg", c],
+        vec!["demo", "--replay", "--capture", c, "-o", c],
+    ] {
+        let o = run(&args);
+        assert_exit(&o, 2, "is the input");
+        assert_eq!(
+            o.stderr.trim_end().lines().count(),
+            1,
+            "{args:?}: {}",
+            o.stderr
+        );
+        assert_eq!(
+            std::fs::read(&capture).unwrap(),
+            original,
+            "{args:?} changed the input"
+        );
+    }
+    // The demo's trace and its timeline (beside it, `.svg`) in one file.
+    let out = dir.path().join("t.svg");
+    let o = run(&[
+        "demo",
+        "--replay",
+        "--capture",
+        c,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_exit(&o, 2, "would both be written to");
+    assert!(!out.exists(), "nothing is written");
+    // Outputs beside the input, and over a link to it (the link is replaced, never
+    // its target), are allowed.
+    let o = run(&["convert", c, "-o", link]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert_eq!(std::fs::read(&capture).unwrap(), original);
+    assert!(!std::fs::symlink_metadata(link).unwrap().is_symlink());
+}
+
 #[test]
 fn bad_usage_exits_2() {
     let o = run(&["report"]);
