@@ -9,8 +9,8 @@
 //!
 //! # Temporary files
 //!
-//! The temporary file is `.NAME.XXXXXX.tmp` beside `NAME` (`XXXXXX` random),
-//! created by `tempfile` with `O_EXCL`: no existing file or symbolic link is
+//! The temporary file is `.NAME.XXXXXX.tmp` beside `NAME` (`XXXXXX` random;
+//! `NAME` cut to what fits a file name's 255 bytes), created by `tempfile` with `O_EXCL`: no existing file or symbolic link is
 //! ever followed, truncated or renamed away, whatever its name. It gets the
 //! permissions `File::create` would give (0666 less the umask), not
 //! `tempfile`'s 0600. While it is open it is listed in a process-wide registry,
@@ -114,7 +114,7 @@ impl AtomicFile {
             _ => Path::new("."),
         };
         let mut prefix = std::ffi::OsString::from(".");
-        prefix.push(name);
+        prefix.push(temporary_stem(name));
         prefix.push(".");
         let mut builder = tempfile::Builder::new();
         builder.prefix(&prefix).suffix(".tmp");
@@ -169,6 +169,33 @@ impl Drop for AtomicFile {
         let mut pending = PENDING.lock();
         // Removed with the lock held (see `PENDING`); already gone if committed.
         drop(pending.take(self.id));
+    }
+}
+
+/// What a temporary name keeps of `name`: all of it, unless `.NAME.XXXXXX.tmp` would
+/// pass the 255 bytes a file name may have, when the start of it that fits (cut at a
+/// character if the name is UTF-8): a legal name of 244 to 255 bytes is written too.
+/// (`OsStr::len` is the length of its encoding: bytes, on Unix.)
+fn temporary_stem(name: &OsStr) -> &OsStr {
+    // ".", ".", six random characters, ".tmp".
+    const ROOM: usize = 255 - 12;
+    if name.len() <= ROOM {
+        return name;
+    }
+    match name.to_str() {
+        Some(s) => {
+            let mut end = ROOM;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            OsStr::new(&s[..end])
+        }
+        #[cfg(unix)]
+        None => std::os::unix::ffi::OsStrExt::from_bytes(
+            &std::os::unix::ffi::OsStrExt::as_bytes(name)[..ROOM],
+        ),
+        #[cfg(not(unix))]
+        None => name,
     }
 }
 
@@ -277,6 +304,28 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn writes_names_up_to_the_longest_legal_one() {
+        let dir = tempfile::tempdir().unwrap();
+        // 255 bytes: ASCII, and UTF-8 whose cut falls inside a character.
+        for name in [
+            "a".repeat(255),
+            format!("{}{}", "b".repeat(242), "é".repeat(6)),
+            "c".repeat(244),
+        ] {
+            let path = dir.path().join(&name);
+            let mut f = AtomicFile::create(&path).unwrap();
+            f.write_all(b"whole").unwrap();
+            f.commit().unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"whole");
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            3,
+            "no temporary file left"
+        );
     }
 
     #[test]
