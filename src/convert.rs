@@ -171,8 +171,19 @@ impl<'a> Export<'a> {
             .parse()
             .map_err(|e: String| Failure::new(Exit::Usage, e))?;
         let deadline = Instant::now() + target.timeout;
-        let (layer, guard) = OtlpLayer::builder()
-            .service_name("tracing-gpu")
+        let mut builder = OtlpLayer::builder();
+        // As in any OpenTelemetry SDK, the user's OTEL_SERVICE_NAME, or a service.name
+        // in OTEL_RESOURCE_ATTRIBUTES, names the service (the layer's resource reads
+        // both); the CLI names itself only where they say nothing.
+        let env = |key| std::env::var(key).unwrap_or_default();
+        let named = !env("OTEL_SERVICE_NAME").is_empty()
+            || env("OTEL_RESOURCE_ATTRIBUTES")
+                .split(',')
+                .any(|kv| kv.trim_start().starts_with("service.name="));
+        if !named {
+            builder = builder.service_name("tracing-gpu");
+        }
+        let (layer, guard) = builder
             .endpoint(endpoint)
             .protocol(protocol)
             .detail(match target.detail {

@@ -18,7 +18,7 @@ mod otlp_receiver;
 mod perfetto_check;
 mod support;
 
-use support::cli::{run_cli, Limits, Run};
+use support::cli::{run_cli, run_cli_with_env, Limits, Run};
 
 /// The longest any one run may take before the test fails.
 const WALL: Duration = Duration::from_secs(120);
@@ -690,6 +690,57 @@ fn convert_sends_host_and_device_spans_to_an_otlp_receiver() {
             host.iter().any(|h| h.span.trace_id == device.span.trace_id),
             "{protocol}: the device span is not in a launch span's trace"
         );
+    }
+}
+
+/// The service a collector shows: `OTEL_SERVICE_NAME`, else a `service.name` in
+/// `OTEL_RESOURCE_ATTRIBUTES` (whose other attributes go along), else `tracing-gpu`.
+#[cfg(feature = "otlp")]
+#[test]
+fn convert_otlp_names_the_service_as_the_environment_says() {
+    use otlp_receiver::{Receiver, Transport};
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let attrs = "service.name=from-attributes,deployment.environment=test";
+    for (name, attributes, want) in [
+        (None, None, "tracing-gpu"),
+        (Some("my-service"), None, "my-service"),
+        (Some("my-service"), Some(attrs), "my-service"),
+        (None, Some(attrs), "from-attributes"),
+    ] {
+        let receiver = Receiver::start(Transport::Http);
+        let endpoint = receiver.endpoint();
+        let args = [
+            "convert",
+            capture.to_str().unwrap(),
+            "--otlp",
+            &endpoint,
+            "--detail",
+            "kernel",
+        ];
+        let env = [
+            ("OTEL_SERVICE_NAME", name),
+            ("OTEL_RESOURCE_ATTRIBUTES", attributes),
+        ];
+        let o = run_cli_with_env(&args, &env, Limits::wall(WALL));
+        assert_eq!(o.code, Some(0), "{env:?}: {}", o.stderr);
+        let spans = receiver.spans();
+        assert!(!spans.is_empty(), "{env:?}: nothing received");
+        for s in &spans {
+            assert_eq!(
+                s.resource_str("service.name"),
+                Some(want),
+                "{env:?}: {}",
+                s.span.name
+            );
+            if attributes.is_some() {
+                assert_eq!(
+                    s.resource_str("deployment.environment"),
+                    Some("test"),
+                    "{env:?}"
+                );
+            }
+        }
     }
 }
 

@@ -327,7 +327,7 @@ fn run_measured_with(
     wall: Duration,
 ) -> (Option<i32>, String, libc::c_long) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let r = spawn_program(cli, args, Limits::wall(wall)).wait();
+    let r = spawn_program(cli, args, &[], Limits::wall(wall)).wait();
     assert!(!r.timed_out, "ran past {wall:?}: {}", r.stderr);
     (r.code, r.stderr, r.peak_rss_kb)
 }

@@ -96,8 +96,8 @@ use opentelemetry_sdk::trace::{
 };
 
 impl OtlpLayerBuilder {
-    /// `service.name` of the resource. Default: `OTEL_SERVICE_NAME`, else the
-    /// SDK's `unknown_service`.
+    /// `service.name` of the resource. Default: `OTEL_SERVICE_NAME`, else a
+    /// `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else the SDK's `unknown_service`.
     pub fn service_name(mut self, name: impl Into<String>) -> Self {
         self.service_name = Some(name.into());
         self
@@ -265,7 +265,13 @@ impl OtlpLayerBuilder {
             shared: shared.clone(),
         };
         let mut resource = Resource::builder();
-        if let Some(name) = self.service_name {
+        // The SDK's detectors read OTEL_SERVICE_NAME, then let a service.name in
+        // OTEL_RESOURCE_ATTRIBUTES override it; the specification has it the other way
+        // round, so the variable is applied last.
+        let from_env = std::env::var("OTEL_SERVICE_NAME")
+            .ok()
+            .filter(|n| !n.is_empty());
+        if let Some(name) = self.service_name.or(from_env) {
             resource = resource.with_service_name(name);
         }
         let provider = SdkTracerProvider::builder()

@@ -78,16 +78,33 @@ pub fn run_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Run {
 /// that acts while it runs (a signal, a second run at the same time); standard
 /// input is empty. [`Running::wait`] ends it as [`run_cli`] does.
 pub fn spawn_cli<S: AsRef<OsStr>>(args: &[S], limits: Limits) -> Running {
-    spawn_program(CLI, args, limits)
+    spawn_program(CLI, args, &[], limits)
 }
 
-/// [`spawn_cli`] with another build of the CLI (a release build, for a measurement).
+/// [`run_cli`] with environment variables set (`Some`) or removed (`None`).
+pub fn run_cli_with_env<S: AsRef<OsStr>>(
+    args: &[S],
+    env: &[(&str, Option<&str>)],
+    limits: Limits,
+) -> Run {
+    spawn_program(CLI, args, env, limits).wait()
+}
+
+/// [`spawn_cli`] with another build of the CLI (a release build, for a measurement),
+/// and environment variables set (`Some`) or removed (`None`).
 pub fn spawn_program<P: AsRef<OsStr>, S: AsRef<OsStr>>(
     program: P,
     args: &[S],
+    env: &[(&str, Option<&str>)],
     limits: Limits,
 ) -> Running {
     let mut cmd = Command::new(program);
+    for (key, value) in env {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
