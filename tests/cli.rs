@@ -364,6 +364,67 @@ fn unwritable_output_exits_5() {
     assert_exit(&o, 5, "cannot write");
 }
 
+/// A capture read from a FIFO (as from `cat c.tgpu | tracing-gpu convert /dev/stdin`)
+/// converts and reports as the file does: the reader spools what is not a regular file.
+#[test]
+fn a_capture_from_a_fifo_converts_and_reports_as_the_file_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = write_sample(dir.path());
+    let fifo = dir.path().join("capture.fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a path we own, as a C string.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let feed = |fifo: PathBuf, capture: PathBuf| {
+        // Opening a FIFO for writing waits for its reader: the CLI, started next.
+        std::thread::spawn(move || std::fs::write(&fifo, std::fs::read(&capture).unwrap()))
+    };
+    // A writer the CLI never read from still waits for a reader: one that opens
+    // without waiting, and closes, lets it end (with an error) instead of hanging.
+    let fed = |writer: std::thread::JoinHandle<std::io::Result<()>>, fifo: &Path| {
+        use std::os::unix::fs::OpenOptionsExt;
+        if !writer.is_finished() {
+            let _ = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fifo);
+        }
+        writer.join().unwrap()
+    };
+    let from_file = dir.path().join("file.perfetto-trace");
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "-o",
+        from_file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let from_fifo = dir.path().join("fifo.perfetto-trace");
+    let writer = feed(fifo.clone(), capture.clone());
+    let o = run(&[
+        "convert",
+        fifo.to_str().unwrap(),
+        "-o",
+        from_fifo.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    fed(writer, &fifo).unwrap();
+    // The same trace but for its sequence ids (random): the same size and contents.
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    assert_eq!(size(&from_fifo), size(&from_file));
+    assert_eq!(
+        perfetto_check::check(&from_fifo, &[]),
+        perfetto_check::check(&from_file, &[])
+    );
+    let writer = feed(fifo.clone(), capture.clone());
+    let report = run(&["report", fifo.to_str().unwrap()]);
+    assert_eq!(report.code, Some(0), "{}", report.stderr);
+    fed(writer, &fifo).unwrap();
+    assert_eq!(
+        report.stdout,
+        run(&["report", capture.to_str().unwrap()]).stdout
+    );
+}
+
 /// An output that would replace the command's input, or another of its outputs, is
 /// refused before anything is written (exit 2), and the input stays as it was.
 #[test]

@@ -369,16 +369,44 @@ impl<R> fmt::Debug for CaptureReader<R> {
     }
 }
 
+/// The most a capture read from a pipe, a FIFO or a device is spooled to: what such
+/// a source holds is read into an unnamed temporary file first, since the reader goes
+/// through a capture twice.
+const SPOOL_LIMIT: u64 = 16 << 30;
+
 impl CaptureReader<File> {
-    /// Opens and checks a capture file (everything but its trace buffers).
+    /// Opens and checks a capture file (everything but its trace buffers). A path that
+    /// is not a regular file (a pipe such as `/dev/stdin`, a FIFO) is read into an
+    /// unnamed temporary file first, at most 16 GiB; the disk holds it,
+    /// not the memory, and nothing is left behind.
     pub fn open(path: impl AsRef<Path>) -> Result<CaptureReader<File>, CaptureError> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|source| CaptureError::File {
+        let file_error = |source| CaptureError::File {
             path: path.to_path_buf(),
             source,
-        })?;
-        CaptureReader::new(file)
+        };
+        let file = File::open(path).map_err(file_error)?;
+        let regular = file.metadata().map_err(file_error)?.is_file();
+        CaptureReader::new(if regular {
+            file
+        } else {
+            spool(file, SPOOL_LIMIT).map_err(file_error)?
+        })
     }
+}
+
+/// `source`'s bytes, up to `limit` of them, in an unnamed temporary file, rewound.
+pub(super) fn spool(source: File, limit: u64) -> io::Result<File> {
+    let mut spooled = tempfile::tempfile()?;
+    let copied = io::copy(&mut source.take(limit + 1), &mut spooled)?;
+    if copied > limit {
+        return Err(io::Error::other(format!(
+            "a capture that is not a regular file is read into a temporary file first, \
+             and this one is longer than {limit} bytes: write it to a file"
+        )));
+    }
+    spooled.seek(SeekFrom::Start(0))?;
+    Ok(spooled)
 }
 
 impl<R: Read + Seek> CaptureReader<R> {

@@ -831,3 +831,25 @@ mod props {
         Ok(())
     }
 }
+
+#[test]
+fn a_source_is_spooled_whole_up_to_its_limit_and_refused_past_it() {
+    let mut source = tempfile::tempfile().unwrap();
+    source.write_all(b"0123456789").unwrap();
+    for (limit, whole) in [(10, true), (9, false)] {
+        let mut s = source.try_clone().unwrap();
+        std::io::Seek::seek(&mut s, std::io::SeekFrom::Start(0)).unwrap();
+        match reader::spool(s, limit) {
+            Ok(mut spooled) => {
+                assert!(whole, "limit {limit}: spooled past it");
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut spooled, &mut bytes).unwrap();
+                assert_eq!(bytes, b"0123456789");
+            }
+            Err(e) => {
+                assert!(!whole, "limit {limit}: {e}");
+                assert!(e.to_string().contains("write it to a file"), "{e}");
+            }
+        }
+    }
+}
