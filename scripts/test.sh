@@ -56,6 +56,8 @@ fi
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings -D clippy::incompatible_msrv
 cargo test --locked --workspace --all-features
 cargo test --locked --no-default-features --lib
+# The README's example as a user builds it: its own crate, the README's Cargo.toml lines.
+scripts/check-readme-build.sh
 # The API docs as docs.rs builds them (every feature), broken links refused.
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --all-features --no-deps
 python3 scripts/check_api.py --max "$MAX_PUBLIC_ITEMS" target/doc/tracing_gpu/all.html
