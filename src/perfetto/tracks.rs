@@ -323,7 +323,7 @@ impl LaneTree {
         // (or `k` is a left child: its right sibling is tried next)...
         let mut k = width + from;
         while self.free_from[k] > t {
-            if k % 2 == 0 {
+            if k.is_multiple_of(2) {
                 k += 1;
             } else {
                 loop {
@@ -331,7 +331,7 @@ impl LaneTree {
                         return None;
                     }
                     k /= 2;
-                    if k % 2 == 0 {
+                    if k.is_multiple_of(2) {
                         break;
                     }
                 }
