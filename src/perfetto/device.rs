@@ -200,9 +200,7 @@ impl DeviceEncoder {
             ids, enc, tracks, ..
         } = self;
         let g = tracks.get(gpu);
-        let lane = g.kernel_lane(ids, start, enc);
-        let uuid = g.kernel_lanes[lane].uuid;
-        g.kernel_lanes[lane].last_end = end;
+        let uuid = g.kernel_lane(ids, (start, end), enc);
         let l = &b.launch;
         let arg = |name: &str| DebugAnnotation {
             name: Some(name.into()),

@@ -242,6 +242,8 @@ pub(crate) struct Lane {
     pub(crate) last_ts: Option<u64>,
     /// Ends of the slices open on this lane, innermost last.
     pub(crate) stack: Vec<u64>,
+    /// The warp write (round) it was last bound for; 0: none yet.
+    pub(crate) bound: u64,
 }
 
 impl Lane {
@@ -249,6 +251,7 @@ impl Lane {
     /// and one is to be had (the one the lane holds, if nobody took it since),
     /// else the lane's own (created on first use).
     pub(crate) fn bind(&mut self, ids: &Ids, pool: &mut ShortSeqs, short: bool, round: u64) {
+        self.bound = round;
         if let Some(slot) = self.short {
             if short && pool.holder[slot].0 == self.uuid {
                 pool.holder[slot].1 = round;
@@ -279,16 +282,104 @@ impl Lane {
 #[derive(Debug)]
 pub(crate) struct Warp {
     pub(crate) lanes: Vec<Lane>,
+    /// Per lane, from when an event may go on it without a look at the lane:
+    /// its last packet's time while no slice is open on it, 0 while one is
+    /// (the event may nest, or the slice end before it).
+    pub(crate) free: LaneTree,
+    /// The lanes bound in the current warp write, in the order of first use.
+    pub(crate) used: Vec<usize>,
     rank: i32,
     name: String,
     sm_uuid: u64,
 }
 
-/// A lane of the kernels track.
-#[derive(Debug)]
-pub(crate) struct KernelLane {
-    pub(crate) uuid: u64,
-    pub(crate) last_end: u64,
+/// Lanes by the earliest time each takes a new slice, for first-fit lane
+/// searches: the first lane (lowest index) free at a time, from a given
+/// lane on, in O(log lanes). Slices come in any order of start (streamed
+/// parts, several devices, a capture's order), so no lane is free for good:
+/// a scan would visit every lane of the history, a tree visits its height.
+#[derive(Debug, Default)]
+pub(crate) struct LaneTree {
+    /// Stored as a binary heap is: node `k` holds the least time below it
+    /// (children `2k` and `2k + 1`, root 1, index 0 unused); lane `i`'s time
+    /// is leaf `width + i`, and leaves past the last lane hold `u64::MAX`
+    /// (never free). Empty until the first lane.
+    free_from: Vec<u64>,
+}
+
+impl LaneTree {
+    /// Leaves in the tree: a power of two, at least the lanes.
+    fn width(&self) -> usize {
+        self.free_from.len() / 2
+    }
+
+    /// The first lane from `from` on free at `t` (its time at most `t`).
+    pub(crate) fn first_free(&self, from: usize, t: u64) -> Option<usize> {
+        let width = self.width();
+        if from >= width {
+            return None;
+        }
+        // Up from the leaf while the rest of the subtree holds nothing free
+        // (or `k` is a left child: its right sibling is tried next)...
+        let mut k = width + from;
+        while self.free_from[k] > t {
+            if k.is_multiple_of(2) {
+                k += 1;
+            } else {
+                loop {
+                    if k == 1 {
+                        return None;
+                    }
+                    k /= 2;
+                    if k.is_multiple_of(2) {
+                        break;
+                    }
+                }
+                k += 1;
+            }
+        }
+        // ...then down to its leftmost free leaf.
+        while k < width {
+            k *= 2;
+            if self.free_from[k] > t {
+                k += 1;
+            }
+        }
+        Some(k - width)
+    }
+
+    /// Adds lane `lane` (the next), free from `t`.
+    pub(crate) fn push(&mut self, lane: usize, t: u64) {
+        let width = self.width();
+        if lane == width {
+            let wider = (2 * width).max(1);
+            let mut tree = vec![u64::MAX; 2 * wider];
+            tree[wider..wider + width].copy_from_slice(&self.free_from[width..]);
+            for k in (1..wider).rev() {
+                tree[k] = tree[2 * k].min(tree[2 * k + 1]);
+            }
+            self.free_from = tree;
+        }
+        self.set(lane, t);
+    }
+
+    /// Lane `lane` is free from `t` on.
+    pub(crate) fn set(&mut self, lane: usize, t: u64) {
+        let mut k = self.width() + lane;
+        self.free_from[k] = t;
+        while k > 1 {
+            k /= 2;
+            self.free_from[k] = self.free_from[2 * k].min(self.free_from[2 * k + 1]);
+        }
+    }
+}
+
+/// The kernels track's lanes: a kernel slice goes on the first whose last
+/// slice ended by its start, on a new one if none has.
+#[derive(Debug, Default)]
+struct KernelLanes {
+    uuids: Vec<u64>,
+    ends: LaneTree,
 }
 
 /// One GPU's tracks above its warps.
@@ -299,7 +390,7 @@ pub(crate) struct Gpu {
     sms_uuid: u64,
     /// The SMs declared so far.
     sms: HashSet<u32>,
-    pub(crate) kernel_lanes: Vec<KernelLane>,
+    kernel_lanes: KernelLanes,
     pub(crate) dropped: Option<u64>,
     /// Records dropped so far on this GPU (the counter's value).
     pub(crate) dropped_total: u64,
@@ -323,7 +414,7 @@ impl DeviceTracks {
             uuid: ids.uuid(),
             sms_uuid: ids.uuid(),
             sms: HashSet::new(),
-            kernel_lanes: Vec::new(),
+            kernel_lanes: KernelLanes::default(),
             dropped: None,
             dropped_total: 0,
         };
@@ -359,22 +450,31 @@ impl DeviceTracks {
 }
 
 impl Gpu {
-    /// The kernel lane free at `start` (its last slice ended by then),
-    /// declared on first use.
-    pub(crate) fn kernel_lane(&mut self, ids: &Ids, start: u64, out: &mut Enc) -> usize {
-        if let Some(i) = self.kernel_lanes.iter().position(|l| l.last_end <= start) {
-            return i;
-        }
-        let n = self.kernel_lanes.len();
-        let uuid = ids.uuid();
-        out.packet(&descriptor(TrackDescriptor {
-            uuid: Some(uuid),
-            parent_uuid: Some(self.uuid),
-            name: Some(lane_name("kernels", n)),
-            ..Default::default()
-        }));
-        self.kernel_lanes.push(KernelLane { uuid, last_end: 0 });
-        n
+    /// The kernel lane (its uuid) of a kernel slice over `start..end`: the
+    /// first free at `start`, declared if none is; it is
+    /// busy until `end` from now on.
+    pub(crate) fn kernel_lane(
+        &mut self,
+        ids: &Ids,
+        (start, end): (u64, u64),
+        out: &mut Enc,
+    ) -> u64 {
+        let lanes = &mut self.kernel_lanes;
+        let lane = lanes.ends.first_free(0, start).unwrap_or_else(|| {
+            let lane = lanes.uuids.len();
+            let uuid = ids.uuid();
+            out.packet(&descriptor(TrackDescriptor {
+                uuid: Some(uuid),
+                parent_uuid: Some(self.uuid),
+                name: Some(lane_name("kernels", lane)),
+                ..Default::default()
+            }));
+            lanes.uuids.push(uuid);
+            lanes.ends.push(lane, 0);
+            lane
+        });
+        lanes.ends.set(lane, end);
+        lanes.uuids[lane]
     }
 
     /// The dropped-events counter track, declared on first use.
@@ -444,6 +544,8 @@ impl WarpTracks {
             .entry((ordinal, sm, block, warp))
             .or_insert_with(|| Warp {
                 lanes: Vec::new(),
+                free: LaneTree::default(),
+                used: Vec::new(),
                 // A block has at most 32 warps; 64 lanes per warp leave room.
                 rank: rank((u64::from(block) * 32 + u64::from(warp)) * 64),
                 name: format!("block {block} warp {warp}"),
@@ -476,7 +578,9 @@ impl Warp {
             own: None,
             last_ts: None,
             stack: Vec::new(),
+            bound: 0,
         });
+        self.free.push(n, 0);
         n
     }
 }
@@ -492,4 +596,124 @@ fn lane_name(base: &str, lane: usize) -> String {
 
 fn rank(v: u64) -> i32 {
     v.min(i32::MAX as u64) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LaneTree;
+
+    /// The lane of each slice, as [`super::Gpu::kernel_lane`] picks it.
+    fn lanes_of(slices: &[(u64, u64)]) -> Vec<usize> {
+        let mut lanes = 0;
+        let mut tree = LaneTree::default();
+        slices
+            .iter()
+            .map(|&(start, end)| {
+                let lane = tree.first_free(0, start).unwrap_or_else(|| {
+                    tree.push(lanes, 0);
+                    lanes += 1;
+                    lanes - 1
+                });
+                tree.set(lane, end);
+                lane
+            })
+            .collect()
+    }
+
+    /// The first lane whose last end is by `start`, by scanning every lane.
+    fn scanned(slices: &[(u64, u64)]) -> Vec<usize> {
+        let mut ends: Vec<u64> = Vec::new();
+        slices
+            .iter()
+            .map(|&(start, end)| {
+                let lane = ends.iter().position(|&e| e <= start).unwrap_or_else(|| {
+                    ends.push(0);
+                    ends.len() - 1
+                });
+                ends[lane] = end;
+                lane
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_free_lane_from_any_lane_matches_a_scan() {
+        let times = [5u64, 9, 1, 7, 3, 8, 2, 6, 4];
+        let mut tree = LaneTree::default();
+        for (lane, &t) in times.iter().enumerate() {
+            tree.push(lane, t);
+            for from in 0..=lane + 1 {
+                for at in 0..10 {
+                    let scan = (from..=lane).find(|&i| times[i] <= at);
+                    assert_eq!(tree.first_free(from, at), scan, "{lane} {from} {at}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn overlapping_slices_take_a_lane_each() {
+        assert_eq!(lanes_of(&[(10, 20); 5]), [0, 1, 2, 3, 4]);
+        // One after the other: one lane; touching counts as after.
+        assert_eq!(lanes_of(&[(0, 10), (10, 20), (20, 30)]), [0, 0, 0]);
+    }
+
+    #[test]
+    fn a_nested_slice_takes_the_next_lane() {
+        assert_eq!(
+            lanes_of(&[(0, 100), (10, 20), (30, 40), (50, 200)]),
+            [0, 1, 1, 1]
+        );
+    }
+
+    #[test]
+    fn the_lowest_free_lane_is_reused() {
+        // Lanes 0-3 busy; 1 and 3 free up by 25: the next slice takes 1, then 3.
+        let slices = [
+            (0, 50),
+            (0, 20),
+            (0, 60),
+            (0, 25),
+            (30, 70),
+            (30, 70),
+            (30, 70),
+        ];
+        assert_eq!(lanes_of(&slices), [0, 1, 2, 3, 1, 3, 4]);
+    }
+
+    #[test]
+    fn an_earlier_start_after_a_later_one_finds_the_lanes_free_then() {
+        // Lane 0 ends at 100, lane 1 at 10; a slice at 200 takes lane 0, and
+        // a later one starting at 50 must not: lane 0 is busy until 300 now.
+        assert_eq!(
+            lanes_of(&[(0, 100), (0, 10), (200, 300), (50, 60)]),
+            [0, 1, 0, 1]
+        );
+        // Earlier than every end: a new lane.
+        assert_eq!(lanes_of(&[(100, 200), (50, 60), (0, 10)]), [0, 1, 2]);
+    }
+
+    #[test]
+    fn lanes_match_a_scan_of_every_lane() {
+        // splitmix64: slices of random starts and lengths, in random order,
+        // across the tree's growth (1, 2, 4, ... leaves).
+        let mut state = 7u64;
+        let mut next = || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        for round in 0..50 {
+            let span = 10 + round * 40;
+            let slices: Vec<(u64, u64)> = (0..300)
+                .map(|_| {
+                    let start = next() % span;
+                    (start, start + next() % 100)
+                })
+                .collect();
+            assert_eq!(lanes_of(&slices), scanned(&slices), "round {round}");
+        }
+    }
 }

@@ -287,7 +287,10 @@ impl WarpEncoder {
 /// Puts a warp's events (in begin order) on its lanes: an event goes on the
 /// first lane where it nests inside the open slice (or where nothing is open
 /// and the lane's clock has not passed its start), so slices on each lane
-/// nest strictly and each lane's packets are in time order.
+/// nest strictly and each lane's packets are in time order. The lanes passed
+/// over are those [`Warp::free`] cannot skip: a warp of many lanes (launches
+/// that overlap, each a few events on it) costs a lookup per event, not a
+/// visit of every lane.
 pub(crate) fn emit_warp(
     enc: &mut Enc,
     ids: &Ids,
@@ -297,17 +300,20 @@ pub(crate) fn emit_warp(
     names: &Names,
 ) {
     let short = events.len() >= SHORT_SEQ_MIN_EVENTS;
-    for lane in &mut warp.lanes {
-        lane.bind(ids, pool, short, round);
-    }
     for ev in events {
-        let mut li = 0;
+        let mut li = warp
+            .free
+            .first_free(0, ev.start)
+            .unwrap_or(warp.lanes.len());
         loop {
             if li == warp.lanes.len() {
-                let n = warp.add_lane(ids, enc);
-                warp.lanes[n].bind(ids, pool, short, round);
+                warp.add_lane(ids, enc);
             }
             let lane = &mut warp.lanes[li];
+            if lane.bound != round {
+                lane.bind(ids, pool, short, round);
+                warp.used.push(li);
+            }
             while let Some(&end) = lane.stack.last() {
                 if end > ev.start {
                     break;
@@ -322,7 +328,11 @@ pub(crate) fn emit_warp(
             if fits {
                 break;
             }
-            li += 1;
+            warp.free.set(li, free_from(lane));
+            li = warp
+                .free
+                .first_free(li + 1, ev.start)
+                .unwrap_or(warp.lanes.len());
         }
         let lane = &mut warp.lanes[li];
         let kind = if ev.instant {
@@ -332,11 +342,26 @@ pub(crate) fn emit_warp(
             EventType::SliceBegin
         };
         emit_named(enc, lane, ev.start, kind, ev, names);
+        warp.free.set(li, free_from(lane));
     }
-    for lane in &mut warp.lanes {
+    // In lane order, as a visit of every lane would close them.
+    warp.used.sort_unstable();
+    for &li in &warp.used {
+        let lane = &mut warp.lanes[li];
         while let Some(end) = lane.stack.pop() {
             emit_end(enc, lane, end);
         }
+        warp.free.set(li, free_from(lane));
+    }
+    warp.used.clear();
+}
+
+/// [`Warp::free`]'s time for `lane`.
+fn free_from(lane: &Lane) -> u64 {
+    if lane.stack.is_empty() {
+        lane.last_ts.unwrap_or(0)
+    } else {
+        0
     }
 }
 

@@ -299,3 +299,36 @@ pub fn synthetic_capture(launches: u64, warps: u32, events: u32) -> Capture {
     }
     capture
 }
+
+/// A capture of `launches` launches (ids from 1) of one warp and one event,
+/// all at the same device time: every kernel slice overlaps every other.
+pub fn overlapping_capture(launches: u64) -> Capture {
+    let registry = EventRegistry::from_pairs([(0, "load")]).unwrap();
+    let mut capture = Capture {
+        metadata: vec![("command".into(), "overlapping".into())],
+        devices: vec![calibrated_h200()],
+        registry,
+        ..Capture::default()
+    };
+    let t0 = 1_000_000_000;
+    for id in 1..=launches {
+        let (grid, block) = ([1, 1, 1], [32, 1, 1]);
+        let mut b = BufferBuilder::new(grid, block, 4);
+        b.launch_id(id);
+        b.warp(0, 0).unwrap().sm(0, 0).range(0, t0, t0 + 900, 0);
+        let buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
+        let info = LaunchInfo {
+            launch_id: id,
+            kernel: "overlapping".into(),
+            host_launch_ns: t0 - 5_000,
+            host_complete_ns: t0 + 5_000,
+            grid,
+            block,
+            parent: None,
+            host_thread: "main".into(),
+            part: None,
+        };
+        capture.launches.push(CaptureLaunch::new(0, &info, buffer));
+    }
+    capture
+}
