@@ -287,10 +287,10 @@ impl WarpEncoder {
 /// Puts a warp's events (in begin order) on its lanes: an event goes on the
 /// first lane where it nests inside the open slice (or where nothing is open
 /// and the lane's clock has not passed its start), so slices on each lane
-/// nest strictly and each lane's packets are in time order. The lanes passed
-/// over are those [`Warp::free`] cannot skip: a warp of many lanes (launches
-/// that overlap, each a few events on it) costs a lookup per event, not a
-/// visit of every lane.
+/// nest strictly and each lane's packets are in time order. A warp of a few
+/// lanes (nearly every warp) is scanned, lane by lane, as the cheapest way; one
+/// of more (launches that overlap, each a few events on it) looks its lanes up
+/// in [`Warp::free`], a lookup per event rather than a visit of every lane.
 pub(crate) fn emit_warp(
     enc: &mut Enc,
     ids: &Ids,
@@ -300,11 +300,18 @@ pub(crate) fn emit_warp(
     names: &Names,
 ) {
     let short = events.len() >= SHORT_SEQ_MIN_EVENTS;
+    // Kept up to date per event, the tree cost the writer 13-17 % on warps of one
+    // lane (`cargo bench --bench perfetto -- device/write`); scanned, such a warp
+    // pays nothing for it, and its leaves are set once, at the end of the write.
+    let scan = warp.lanes.len() <= SCAN_LANES;
+    if scan {
+        for (li, lane) in warp.lanes.iter_mut().enumerate() {
+            lane.bind(ids, pool, short, round);
+            warp.used.push(li);
+        }
+    }
     for ev in events {
-        let mut li = warp
-            .free
-            .first_free(0, ev.start)
-            .unwrap_or(warp.lanes.len());
+        let mut li = next_lane(warp, scan, 0, ev.start);
         loop {
             if li == warp.lanes.len() {
                 warp.add_lane(ids, enc);
@@ -328,11 +335,10 @@ pub(crate) fn emit_warp(
             if fits {
                 break;
             }
-            warp.free.set(li, free_from(lane));
-            li = warp
-                .free
-                .first_free(li + 1, ev.start)
-                .unwrap_or(warp.lanes.len());
+            if !scan {
+                warp.free.set(li, free_from(lane));
+            }
+            li = next_lane(warp, scan, li + 1, ev.start);
         }
         let lane = &mut warp.lanes[li];
         let kind = if ev.instant {
@@ -342,10 +348,15 @@ pub(crate) fn emit_warp(
             EventType::SliceBegin
         };
         emit_named(enc, lane, ev.start, kind, ev, names);
-        warp.free.set(li, free_from(lane));
+        if !scan {
+            warp.free.set(li, free_from(lane));
+        }
     }
-    // In lane order, as a visit of every lane would close them.
-    warp.used.sort_unstable();
+    // In lane order, as a visit of every lane would close them (scanned, the
+    // lanes were bound in order, and added ones come after).
+    if !scan {
+        warp.used.sort_unstable();
+    }
     for &li in &warp.used {
         let lane = &mut warp.lanes[li];
         while let Some(end) = lane.stack.pop() {
@@ -354,6 +365,19 @@ pub(crate) fn emit_warp(
         warp.free.set(li, free_from(lane));
     }
     warp.used.clear();
+}
+
+/// Lanes up to which a warp is scanned rather than looked up.
+const SCAN_LANES: usize = 8;
+
+/// The lane to try next for an event starting at `t`, from lane `from` on: the
+/// next one when scanning, else the first the tree says may take it (a new lane
+/// if none).
+fn next_lane(warp: &Warp, scan: bool, from: usize, t: u64) -> usize {
+    match scan {
+        true => from,
+        false => warp.free.first_free(from, t).unwrap_or(warp.lanes.len()),
+    }
 }
 
 /// [`Warp::free`]'s time for `lane`.
