@@ -51,12 +51,20 @@ impl Kernel {
     /// Compiles [`SOURCE`] for the profiler's GPU (with line info if `lineinfo`) and
     /// loads it there.
     pub fn load(profiler: &Profiler, lineinfo: bool) -> Result<Self, ProfilerError> {
-        let ptx = cuda::compile(
-            SOURCE,
-            &KernelBuild::new("quickstart.cu", profiler.arch())
-                .define("TGPU_ENABLED=1")
-                .lineinfo(lineinfo),
-        )?;
+        Self::load_build(profiler, Self::build(profiler, lineinfo))
+    }
+
+    /// The build [`Kernel::load`] compiles: the recorder on, line info if `lineinfo`.
+    pub fn build(profiler: &Profiler, lineinfo: bool) -> KernelBuild {
+        KernelBuild::new("quickstart.cu", profiler.arch())
+            .define("TGPU_ENABLED=1")
+            .lineinfo(lineinfo)
+    }
+
+    /// Compiles [`SOURCE`] with `build` (for example [`Kernel::build`] with
+    /// `TGPU_FORMAT=1` added) and loads it on the profiler's GPU.
+    pub fn load_build(profiler: &Profiler, build: KernelBuild) -> Result<Self, ProfilerError> {
+        let ptx = cuda::compile(SOURCE, &build)?;
         let module = profiler.context().load_module(ptx)?;
         Ok(Kernel(module.load_function("tiled_poly")?))
     }

@@ -104,3 +104,12 @@ pub fn exit(name: &str, result: Result<bool, Box<dyn Error>>) -> ExitCode {
         }
     }
 }
+
+/// How a binary names the recorder's build in its output: `TGPU_ENABLED=1` and the
+/// `--define`s added to it.
+pub fn recorder_build(defines: &[String]) -> String {
+    std::iter::once("TGPU_ENABLED=1")
+        .chain(defines.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

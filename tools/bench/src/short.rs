@@ -38,18 +38,27 @@ pub struct Buffers {
 
 impl Short {
     /// Compiles and loads both builds of the kernel for the profiler's GPU: `blocks`
-    /// blocks (default one per SM), `work` FMAs per thread.
+    /// blocks (default one per SM), `work` FMAs per thread; `defines` (`NAME=VALUE`, such
+    /// as `TGPU_FORMAT=1`) are added to the build with the recorder on.
     pub fn load(
         profiler: &Profiler,
         work: u32,
         blocks: Option<u32>,
+        defines: &[String],
     ) -> Result<Short, ProfilerError> {
         let blocks = match blocks {
             Some(b) => b,
             None => device::sm_count(profiler.context())?,
         };
         Ok(Short {
-            on: quickstart::Kernel::load(profiler, true)?,
+            on: quickstart::Kernel::load_build(
+                profiler,
+                defines
+                    .iter()
+                    .fold(quickstart::Kernel::build(profiler, true), |b, d| {
+                        b.define(d.clone())
+                    }),
+            )?,
             off: quickstart_off::Kernel::load(profiler)?,
             cfg: LaunchConfig {
                 grid_dim: (blocks, 1, 1),

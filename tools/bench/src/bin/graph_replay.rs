@@ -48,7 +48,7 @@ use tracing_gpu::cuda::{
     gpu_profile, Profiler, ProfilerError, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
 };
 use tracing_gpu::format::KernelArg;
-use tracing_gpu_bench::cli;
+use tracing_gpu_bench::cli::{self, recorder_build};
 use tracing_gpu_bench::device::Timer;
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::Short;
@@ -87,6 +87,10 @@ struct Args {
     /// are launched with a null trace, as in the null-trace graph.
     #[arg(long, value_parser = cli::positive::<usize>)]
     profiled: Option<usize>,
+    /// A define added to the kernel's build with the recorder on (`NAME=VALUE`, such as
+    /// `TGPU_FORMAT=1`); repeatable. The gate-off build stays the baseline.
+    #[arg(long = "define", value_name = "NAME=VALUE")]
+    defines: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -147,7 +151,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .graph_regions(a.regions)
         .memory_limit(a.memory)
         .build()?;
-    let short = Short::load(&profiler, a.work, a.blocks)?;
+    let short = Short::load(&profiler, a.work, a.blocks, &a.defines)?;
     let ctx = profiler.context().clone();
     let stream = ctx.new_stream()?;
     let mut b = short.buffers(&stream)?;
@@ -244,7 +248,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let n = a.nodes as f64;
     println!(
         "graph_replay: a graph of {} tiled_poly nodes ({}×{} threads, work {}; {wanted} profiled), \
-         {} replays of each variant in blocks of {}; {} records per warp, {} replay regions",
+         {} replays of each variant in blocks of {}; {} records per warp, {} replay regions; \
+         recorder build {}",
         a.nodes,
         cfg.grid_dim.0,
         cfg.block_dim.0,
@@ -252,7 +257,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         a.replays,
         a.block,
         a.capacity,
-        a.regions
+        a.regions,
+        recorder_build(&a.defines)
     );
     println!("| replay | call p50 µs | call p99 µs | wall per replay µs | GPU per replay µs | wall per node µs | GPU per node µs |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
@@ -315,7 +321,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         )
     };
     println!(
-        r#"{{"bench":"graph_replay","nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"off":{},"null_trace":{},"profiled":{},"slowdown_vs_off_pct":{vs_off},"null_trace_vs_off_pct":{null_vs_off},"slowdown_vs_null_pct":{vs_null},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"graph_replay","recorder_build":"{}","nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"off":{},"null_trace":{},"profiled":{},"slowdown_vs_off_pct":{vs_off},"null_trace_vs_off_pct":{null_vs_off},"slowdown_vs_null_pct":{vs_null},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
+        recorder_build(&a.defines),
         a.nodes,
         a.replays,
         a.block,

@@ -110,7 +110,7 @@ use tracing_gpu::clock::HostClock;
 use tracing_gpu::cuda::cudarc::driver::CudaStream;
 use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError, DEFAULT_MEMORY_LIMIT};
 use tracing_gpu::format::KernelArg;
-use tracing_gpu_bench::cli::{self, StreamKind};
+use tracing_gpu_bench::cli::{self, recorder_build, StreamKind};
 use tracing_gpu_bench::device::Timer;
 use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes, Queries};
 use tracing_gpu_bench::floor::{Floor, Mark};
@@ -187,6 +187,10 @@ struct Args {
         default_values_t = [Variant::Off, Variant::Plain, Variant::Floor, Variant::Unsubscribed, Variant::Profiled]
     )]
     variants: Vec<Variant>,
+    /// A define added to the kernel's build with the recorder on (`NAME=VALUE`, such as
+    /// `TGPU_FORMAT=1`); repeatable. The gate-off build stays the baseline.
+    #[arg(long = "define", value_name = "NAME=VALUE")]
+    defines: Vec<String>,
 }
 
 /// What a block of launch calls does.
@@ -495,7 +499,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .memory_limit(a.memory)
         .bring_back_every(Duration::from_secs_f64(a.bring_back_ms * 1e-3))
         .build()?;
-    let short = Short::load(&profiler, a.work, a.blocks)?;
+    let short = Short::load(&profiler, a.work, a.blocks, &a.defines)?;
     let ctx = profiler.context().clone();
     let streams = (0..threads)
         .map(|_| a.stream.open(&ctx))
@@ -633,7 +637,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let cfg = short.cfg();
     println!(
         "storm: {} launches of each variant in blocks of {}{}{}, {threads} thread(s), {} stream; \
-         tiled_poly {}×{} threads, work {}; {} records per warp ({:.1} KB of trace per launch)",
+         tiled_poly {}×{} threads, work {}; {} records per warp ({:.1} KB of trace per launch); \
+         recorder build {}",
         a.launches,
         a.block,
         if a.settle { " (settled)" } else { "" },
@@ -647,7 +652,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         cfg.block_dim.0,
         a.work,
         a.capacity,
-        trace_bytes as f64 / 1e3
+        trace_bytes as f64 / 1e3,
+        recorder_build(&a.defines)
     );
     println!(
         "host: a CLOCK_BOOTTIME read {:.1} ns, Instant::now {:.1} ns, clock source {}; {}",
