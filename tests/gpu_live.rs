@@ -246,3 +246,106 @@ fn a_graph_replayed_outside_launch_graph_is_an_error_and_refused() {
     assert_eq!((st.replays, st.launches), (4, 8), "{st:?}");
     assert_eq!((st.delivered, st.skipped, st.failed), (6, 2, 0), "{st:?}");
 }
+
+/// A `TracedKernel` runs the recorder's build when the launch records, and the
+/// production build (no recorder) when its trace is null; a captured launch (a graph
+/// node) records. Which build ran, the kernel writes into `which`.
+#[test]
+fn a_traced_kernel_runs_the_production_build_when_nothing_is_recorded() {
+    use tracing_gpu::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+    use tracing_gpu::cuda::{gpu_profile, TracedKernel};
+    use tracing_gpu::{KernelArg, KernelBuild};
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    const SOURCE: &str = r#"
+#include "tracing_gpu.cuh"
+TGPU_EVENT(Mark, 1);
+extern "C" __global__ void mark(unsigned* which TGPU_TRACE_PARAM) {
+    TGPU_RECORDER(rec, Mark);
+    rec.begin<Mark>();
+#if defined(TGPU_ENABLED) && TGPU_ENABLED
+    which[blockIdx.x * blockDim.x + threadIdx.x] = 1u;
+#else
+    which[blockIdx.x * blockDim.x + threadIdx.x] = 2u;
+#endif
+    rec.end<Mark>();
+}
+"#;
+    let profiler = tracing_gpu::cuda::Profiler::builder()
+        .device(0)
+        .events([(1, "mark")])
+        .build()
+        .unwrap();
+    let build = KernelBuild::new("mark.cu", profiler.arch());
+    let kernel = TracedKernel::load(profiler.context(), SOURCE, &build, "mark").unwrap();
+    let stream = profiler.context().new_stream().unwrap();
+    let (blocks, threads) = (3u32, 64u32);
+    let mut which = stream
+        .alloc_zeros::<u32>((blocks * threads) as usize)
+        .unwrap();
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let ran = |trace: &KernelArg, which: &mut CudaSlice<u32>| {
+        // SAFETY: `which` holds one word per thread.
+        unsafe {
+            kernel
+                .launch_builder(&stream, trace)
+                .arg(&mut *which)
+                .launch(cfg)
+                .unwrap()
+        };
+        let got = stream.clone_dtoh(which).unwrap();
+        assert!(got.iter().all(|&w| w == got[0]), "{got:?}");
+        got[0]
+    };
+    assert_eq!(
+        ran(&KernelArg::default(), &mut which),
+        2,
+        "a null trace: production"
+    );
+    let mut traced = 0;
+    gpu_profile!(profiler, &stream, "mark", cfg, |trace| {
+        traced = ran(&trace, &mut which);
+        Ok::<_, tracing_gpu::cuda::cudarc::driver::DriverError>(())
+    })
+    .unwrap();
+    assert_eq!(traced, 1, "a profiled launch: the recorder's build");
+
+    // A graph node: its trace points at the word each replay's prologue writes.
+    use tracing_gpu::cuda::cudarc::driver::sys;
+    stream.memset_zeros(&mut which).unwrap();
+    stream.synchronize().unwrap();
+    // SAFETY: `which` is used on `stream` alone. (Tracking would put event nodes in
+    // the graph.)
+    unsafe { profiler.context().disable_event_tracking() };
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .unwrap();
+    let captured = gpu_profile!(profiler, &stream, "mark", cfg, |trace| unsafe {
+        kernel
+            .launch_builder(&stream, &trace)
+            .arg(&mut which)
+            .launch(cfg)
+    });
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    captured.unwrap();
+    let graph = profiler.graph(graph.unwrap().expect("a graph")).unwrap();
+    profiler.launch_graph(&graph, &stream, "marks").unwrap();
+    let got = stream.clone_dtoh(&which).unwrap();
+    assert!(
+        got.iter().all(|&w| w == 1),
+        "a graph node: the recorder's build"
+    );
+
+    profiler.flush().unwrap();
+    let st = profiler.stats();
+    assert_eq!((st.delivered, st.failed), (2, 0), "{st:?}");
+    // Two warps per block, one event each, twice.
+    assert_eq!(st.events, 2 * (blocks * 2) as u64, "{st:?}");
+}

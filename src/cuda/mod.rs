@@ -24,6 +24,7 @@ mod job;
 mod ledger;
 mod profiler;
 mod recorder;
+mod traced;
 
 pub use cudarc;
 
@@ -39,6 +40,7 @@ pub use profiler::{
 };
 pub use profiler::{Streaming, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
 pub use recorder::{CaptureLayer, CaptureRecorder};
+pub use traced::{TracedKernel, TracedLaunch};
 
 /// `gpu_profile!`, re-exported here beside [`Profiler`] (it is defined at the crate root).
 #[doc(no_inline)]
