@@ -55,7 +55,7 @@
 //! After the last block: every launch of the profiler delivered, skipped or failed (none
 //! failed), replays and launches as made; every delivered launch holds exactly the
 //! events its kernel records (warps × ranges, nothing dropped), and these sum to the
-//! profiler's count; the graphs' outputs are the same in every build. The run fails
+//! profiler's count; the graphs' outputs within 1 % of the gate-off one's. The run fails
 //! otherwise. The subscriber is a `PerfettoLayer` writing to a temporary file, and the
 //! checking sink ([`tracing_gpu_bench::decode::Delivered`]).
 //!
@@ -78,7 +78,7 @@ use tracing_gpu::cuda::{
 };
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli;
-use tracing_gpu_bench::decode::{reference, Delivered, Node, Shape, Step, EVENTS};
+use tracing_gpu_bench::decode::{reference, Builds, Delivered, Node, Shape, Step, EVENTS};
 use tracing_gpu_bench::device::Timer;
 use tracing_gpu_bench::stats::{quantile, Calls};
 use tracing_gpu_bench::trace::PerfettoTrace;
@@ -318,10 +318,11 @@ fn one_step(
 /// whether all are within 1 %; also the profiled launches made.
 fn check(
     profiler: &Profiler,
+    builds: &Arc<Builds>,
     stream: &Arc<CudaStream>,
     json: &mut String,
 ) -> Result<(bool, u64), Box<dyn Error>> {
-    let step = Step::new(profiler, stream, Shape::check(), 7)?;
+    let step = Step::new(builds, stream, Shape::check(), 7)?;
     let want = reference::step(step.shape(), &step.host(stream)?);
     let mut ok = true;
     let mut parts = Vec::new();
@@ -394,12 +395,14 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     println!("decode_step on {card}");
     let mut json = format!(r#"{{"bench":"decode_step","card":"{card}","#);
 
+    let builds = Builds::load(&profiler)?;
     let (mut ok, mut direct) = (true, 0u64);
     if !a.no_check {
-        (ok, direct) = check(&profiler, &stream, &mut json)?;
+        (ok, direct) = check(&profiler, &builds, &stream, &mut json)?;
     }
-    let step = Step::new(&profiler, &stream, shape, 1)?;
+    let step = Step::new(&builds, &stream, shape, 1)?;
     stream.synchronize()?;
+    profiler.flush()?;
     // SAFETY: every buffer is used on `stream` alone and freed after the last
     // synchronize; the profiler tracks nothing through cudarc's slices (tracking would
     // also put event nodes in the graphs).
@@ -441,7 +444,6 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     off.upload()?;
     null.upload()?;
     profiled.graph().upload()?;
-    profiler.flush()?;
 
     // Per block: the variant, its steps; one warm-up block of each first.
     let v = VARIANTS.len();
@@ -451,7 +453,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         blocks.extend((0..v).map(|k| ((k + r) % v, count)));
     }
     let mut sides: Vec<Side> = VARIANTS.iter().map(|_| Side::default()).collect();
-    let mut warm: Vec<Side> = VARIANTS.iter().map(|_| Side::default()).collect();
+    // The first error a flush returned (a launch that did not decode: counted as failed).
+    let mut flush_error: Option<ProfilerError> = None;
     // Replays made so far of each sampled variant: which ones are recorded.
     let mut made = [0usize; 8];
     // Profiled graph replays and profiled launches made (the check's included).
@@ -501,17 +504,20 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stream.synchronize()?;
         let wall = start.elapsed();
         // Not timed: the block's launches delivered before the next block starts.
-        profiler.flush()?;
-        let side = if b < v { &mut warm[k] } else { &mut sides[k] };
-        delta(&profiler.stats(), &before, side);
-        if b >= v {
-            for timer in &timers[..count] {
-                side.gpu_us.push(timer.ms()? * 1e3);
-            }
-            side.calls.add(&calls);
-            side.wall += wall;
-            side.steps += count as u64;
+        if let Err(e) = profiler.flush() {
+            flush_error.get_or_insert(e);
         }
+        if b < v {
+            continue;
+        }
+        let side = &mut sides[k];
+        delta(&profiler.stats(), &before, side);
+        for timer in &timers[..count] {
+            side.gpu_us.push(timer.ms()? * 1e3);
+        }
+        side.calls.add(&calls);
+        side.wall += wall;
+        side.steps += count as u64;
     }
 
     // The graphs' outputs in every build, against the gate-off one.
@@ -521,17 +527,27 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let null_trace = step.output(&stream)?;
     profiler.launch_graph(&profiled, &stream, "decode_step")?;
     made_replays += 1;
-    let same_output = gate_off == null_trace && gate_off == step.output(&stream)?;
+    let recorded = step.output(&stream)?;
+    let identical = gate_off == null_trace && gate_off == recorded;
+    // Not required to be bit for bit (the builds may contract or order floating point
+    // differently): within the check's 1 %.
+    let distance = [&null_trace, &recorded]
+        .map(|o| reference::distance(o, &gate_off).0)
+        .into_iter()
+        .fold(0.0, f64::max);
+    let same_output = distance <= 0.01;
     made_launches += made_replays * n as u64;
     drop(profiled);
-    let flushed = profiler.flush();
+    if let Err(e) = profiler.flush() {
+        flush_error.get_or_insert(e);
+    }
     let stats = profiler.stats();
     drop(profiler);
     let tally = delivered.tally();
     let written = trace.finish()?;
     ok &= same_output;
-    if let Err(e) = &flushed {
-        println!("the profiler's last flush: {e}");
+    if let Some(e) = &flush_error {
+        println!("a flush of the profiler failed: {e}");
         ok = false;
     }
 
@@ -663,7 +679,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     println!(
         "\ncounts: launches {} (made {launches_made}) = delivered {} + skipped {} + failed {}; \
          replays {}; events {} (sink: {} in {} batches, {} wrong{}), dropped {}; outputs of the \
-         three graphs {}: {}; memory {:.1} MB; Perfetto trace {:.1} MB",
+         three graphs {} (relative L2 {:.1e} at most): {}; memory {:.1} MB; Perfetto trace {:.1} MB",
         stats.launches,
         stats.delivered,
         stats.skipped,
@@ -679,14 +695,19 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             .map(|w| format!(", first: {w}"))
             .unwrap_or_default(),
         stats.dropped_events,
-        if same_output { "identical" } else { "DIFFER" },
+        match (identical, same_output) {
+            (true, _) => "identical",
+            (false, true) => "close",
+            (false, false) => "DIFFERENT",
+        },
+        distance,
         if ok { "ok" } else { "MISMATCH" },
         stats.memory_bytes as f64 / 1e6,
         written.bytes as f64 / 1e6
     );
     write!(
         json,
-        r#""shape":{{"layers":{},"batch":{},"hidden":{},"heads":{},"kv_heads":{},"intermediate":{},"tokens":{},"head_dim":128}},"kernels_per_step":{n},"events_per_step":{},"replays":{},"block":{},"every":{},"capacity":{},"regions":{},"memory":{},"kernels_alone":{{{}}},"sum_of_kernels_alone_us":{},"variants":{{{}}},"stats":{{"launches":{},"launches_made":{launches_made},"replays":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"memory_bytes":{}}},"sink":{{"batches":{},"events":{},"wrong":{}}},"same_output":{same_output},"perfetto_bytes":{},"counts_ok":{counts_ok},"ok":{ok}}}"#,
+        r#""shape":{{"layers":{},"batch":{},"hidden":{},"heads":{},"kv_heads":{},"intermediate":{},"tokens":{},"head_dim":128}},"kernels_per_step":{n},"events_per_step":{},"replays":{},"block":{},"every":{},"capacity":{},"regions":{},"memory":{},"kernels_alone":{{{}}},"sum_of_kernels_alone_us":{},"variants":{{{}}},"stats":{{"launches":{},"launches_made":{launches_made},"replays":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"memory_bytes":{}}},"sink":{{"batches":{},"events":{},"wrong":{}}},"outputs":{{"identical":{identical},"relative_l2":{},"ok":{same_output}}},"perfetto_bytes":{},"counts_ok":{counts_ok},"ok":{ok}}}"#,
         s.layers,
         s.batch,
         s.hidden,
@@ -715,6 +736,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         tally.batches,
         tally.events,
         tally.wrong,
+        num(distance),
         written.bytes,
     )?;
     if let Some(path) = &a.json {

@@ -15,7 +15,7 @@ pub mod reference;
 pub mod shape;
 
 pub use delivered::{Delivered, Tally};
-pub use model::{HostModel, Node, Step};
+pub use model::{Builds, HostModel, Node, Step};
 pub use shape::Shape;
 
 /// The event types of `decode_step.cu`, as `TGPU_EVENT` declares them.

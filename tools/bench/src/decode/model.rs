@@ -21,6 +21,23 @@ pub const EPS: f32 = 1e-5;
 /// See [`EPS`].
 pub const THETA: f32 = 10_000.0;
 
+/// `decode_step.cu` compiled without the recorder (the gate off) and with it, for the
+/// profiler's GPU: what every [`Step`] launches.
+pub struct Builds {
+    off: Kernels,
+    on: Kernels,
+}
+
+impl Builds {
+    /// Compiles and loads both builds.
+    pub fn load(profiler: &Profiler) -> Result<Arc<Builds>, ProfilerError> {
+        Ok(Arc::new(Builds {
+            off: Kernels::load(profiler, false)?,
+            on: Kernels::load(profiler, true)?,
+        }))
+    }
+}
+
 /// The kernels of one build of `decode_step.cu`, by [`Kind`].
 struct Kernels {
     step: Vec<CudaFunction>,
@@ -132,8 +149,7 @@ pub struct Step {
     shape: Shape,
     t: Tensors,
     nodes: Vec<Node>,
-    off: Kernels,
-    on: Kernels,
+    builds: Arc<Builds>,
 }
 
 fn zeros<T: DeviceRepr + ValidAsZeroBits>(
@@ -149,10 +165,10 @@ fn ptr<T>(stream: &CudaStream, s: &CudaSlice<T>, offset: usize) -> Arg {
 }
 
 impl Step {
-    /// Compiles both builds for the profiler's GPU, allocates the model of `shape` on
-    /// `stream` (random weights and cache from `seed`) and plans the step's launches.
+    /// Allocates the model of `shape` on `stream` (random weights and cache from
+    /// `seed`, filled by `builds`) and plans the step's launches.
     pub fn new(
-        profiler: &Profiler,
+        builds: &Arc<Builds>,
         stream: &Arc<CudaStream>,
         shape: Shape,
         seed: u32,
@@ -189,8 +205,7 @@ impl Step {
             shape,
             nodes: plan(stream, &shape, &t),
             t,
-            off: Kernels::load(profiler, false)?,
-            on: Kernels::load(profiler, true)?,
+            builds: builds.clone(),
         };
         step.randomize(stream, seed)?;
         Ok(step)
@@ -223,7 +238,7 @@ impl Step {
             // SAFETY: fill(bf16*, u64, u32, f32, f32) over the buffer's n elements.
             unsafe {
                 stream
-                    .launch_builder(&self.off.fill)
+                    .launch_builder(&self.builds.off.fill)
                     .arg(buf)
                     .arg(&n)
                     .arg(&salt)
@@ -252,7 +267,7 @@ impl Step {
 
     /// Enqueues node `i` of the build without the recorder (no trace) on `stream`.
     pub fn launch_off(&self, stream: &CudaStream, i: usize) -> Result<(), DriverError> {
-        self.launch_with(stream, &self.off, i, None)
+        self.launch_with(stream, &self.builds.off, i, None)
     }
 
     /// Enqueues node `i` of the recorder's build on `stream`, recording into `trace`
@@ -263,7 +278,7 @@ impl Step {
         i: usize,
         trace: &KernelArg,
     ) -> Result<(), DriverError> {
-        self.launch_with(stream, &self.on, i, Some(trace))
+        self.launch_with(stream, &self.builds.on, i, Some(trace))
     }
 
     fn launch_with(
