@@ -163,6 +163,43 @@ mod tests {
         assert_eq!(distance(&[bf(f32::NAN), bf(1.0)], &want).0, f64::INFINITY);
     }
 
+    /// The check's shape, random values as the GPU fills them: the reference runs over
+    /// every index of it and stays finite and near 1 (the scales the model uses).
+    #[test]
+    fn the_check_shape_steps_to_finite_values() {
+        let s = Shape::check();
+        let mut state = 12345u32;
+        let mut rand = |n: usize, scale: f32, offset: f32| -> Vec<u16> {
+            (0..n)
+                .map(|_| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    bf(offset + scale * ((state >> 8) as f32 / 8_388_608.0 - 1.0))
+                })
+                .collect()
+        };
+        let (l, h, i) = (s.layers, s.hidden, s.intermediate);
+        let w = |cols: usize| (3.0 / cols as f32).sqrt();
+        let m = HostModel {
+            table: rand(s.vocab * h, 1.0, 0.0),
+            tokens: vec![5, 63],
+            attn_norm: rand(l * h, 0.2, 1.0),
+            wqkv: rand(l * s.qkv() * h, w(h), 0.0),
+            wo: rand(l * h * h, w(h), 0.0),
+            mlp_norm: rand(l * h, 0.2, 1.0),
+            wgu: rand(l * 2 * i * h, w(h), 0.0),
+            wd: rand(l * h * i, w(i), 0.0),
+            k_cache: rand(l * s.cache(), 1.0, 0.0),
+            v_cache: rand(l * s.cache(), 1.0, 0.0),
+        };
+        let x = step(&s, &m);
+        assert_eq!(x.len(), s.batch * h);
+        let rms = (x.iter().map(|&v| f(v) * f(v)).sum::<f32>() / x.len() as f32).sqrt();
+        assert!(x.iter().all(|&v| f(v).is_finite()), "{x:?}");
+        assert!((0.3..10.0).contains(&rms), "{rms}");
+        // The layers moved the stream away from the first sequence's embedding.
+        assert!(distance(&x[..h], &m.table[5 * h..][..h]).0 > 0.1);
+    }
+
     #[test]
     fn a_one_layer_step_by_hand() {
         // One sequence, one head: hidden 128, one token in the cache (the step's own),
