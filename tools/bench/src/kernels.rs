@@ -18,3 +18,5 @@ pub const PHASES: &str = include_str!("../../../kernels/examples/phases.cu");
 pub const WARP_SPECIALIZED: &str = include_str!("../../../kernels/examples/warp_specialized.cu");
 /// See [`PHASES`].
 pub const PERSISTENT: &str = include_str!("../../../kernels/examples/persistent.cu");
+/// The kernels of one LLM decode step (`decode_step`; host side in [`crate::decode`]).
+pub const DECODE_STEP: &str = include_str!("../kernels/decode_step.cu");

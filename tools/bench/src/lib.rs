@@ -15,6 +15,7 @@
 //! | `causality` | every device event between its launch call (or graph replay) and the synchronize after it |
 
 pub mod cli;
+pub mod decode;
 pub mod device;
 pub mod error;
 pub mod fake_collector;

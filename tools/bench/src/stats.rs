@@ -1,4 +1,4 @@
-//! Medians of timings, and the latency distribution of calls.
+//! Medians and quantiles of timings, and the latency distribution of calls.
 
 use std::time::Duration;
 
@@ -65,6 +65,14 @@ pub fn upper_median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// The quantile `q` of `v` (sorts it), nearest rank: the value at `round((len - 1) × q)`;
+/// NaN if `v` is empty.
+pub fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len().saturating_sub(1)) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +85,16 @@ mod tests {
         assert_eq!(upper_median(&mut [4.0, 1.0, 3.0, 2.0]), 3.0);
         assert_eq!(upper_median(&mut [2.0, 1.0, 3.0]), 2.0);
         assert!(upper_median(&mut []).is_nan());
+    }
+
+    #[test]
+    fn quantiles_by_nearest_rank() {
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(quantile(&mut v, 0.5), 51.0);
+        assert_eq!(quantile(&mut v, 0.99), 99.0);
+        assert_eq!(quantile(&mut v, 0.0), 1.0);
+        assert_eq!(quantile(&mut v, 1.0), 100.0);
+        assert!(quantile(&mut [], 0.5).is_nan());
     }
 
     #[test]

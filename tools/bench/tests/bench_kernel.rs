@@ -138,3 +138,45 @@ fn quickstart_off_build_has_no_recorder() {
         }
     }
 }
+
+/// The decode step's kernels (`decode_step`) under NVRTC in the two builds it times: the
+/// gate off has no trace parameter and no timer; with the gate every kernel of the step
+/// takes the trace as one more parameter and reads the timer, and `fill` (set-up, not
+/// instrumented) is the same in both.
+#[test]
+fn decode_step_kernels_compile_with_the_gate_off_and_on() {
+    if !available() {
+        return;
+    }
+    // Each kernel of the step and its parameter count without the trace.
+    let kernels = [
+        ("embed", 4),
+        ("rmsnorm", 5),
+        ("gemv", 6),
+        ("rope", 9),
+        ("attention", 10),
+        ("combine", 5),
+        ("residual", 3),
+        ("silu_mul", 4),
+    ];
+    for arch in ["sm_80", "sm_90"] {
+        for defines in [&[][..], &["TGPU_ENABLED=1"]] {
+            let p = nvrtc_tools::ptx(
+                tracing_gpu_bench::kernels::DECODE_STEP,
+                KernelBuild::new("decode_step.cu", arch),
+                defines,
+            );
+            let on = !defines.is_empty();
+            assert_eq!(p.contains("%globaltimer"), on, "{arch} {defines:?}");
+            assert!(p.contains(".entry fill(") && p.contains("fill_param_4"));
+            assert!(!p.contains("fill_param_5"), "{arch} {defines:?}");
+            for (name, params) in kernels {
+                assert!(p.contains(&format!(".entry {name}(")), "{name} {arch}");
+                let last = format!("{name}_param_{}", params - 1);
+                let trace = format!("{name}_param_{params}");
+                assert!(p.contains(&last), "{name} {arch} {defines:?}");
+                assert_eq!(p.contains(&trace), on, "{name} {arch} {defines:?}");
+            }
+        }
+    }
+}

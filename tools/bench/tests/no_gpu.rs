@@ -28,7 +28,7 @@ fn without_gpu(bin: &str, args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn gpu_benchmarks_say_why_they_stop_without_a_gpu() {
-    let bins: [(&str, &str, &[&str]); 6] = [
+    let bins: [(&str, &str, &[&str]); 7] = [
         ("storm", env!("CARGO_BIN_EXE_storm"), &["--launches", "10"]),
         (
             "gemm_loop",
@@ -39,6 +39,11 @@ fn gpu_benchmarks_say_why_they_stop_without_a_gpu() {
             "graph_replay",
             env!("CARGO_BIN_EXE_graph_replay"),
             &["--nodes", "2", "--replays", "2"],
+        ),
+        (
+            "decode_step",
+            env!("CARGO_BIN_EXE_decode_step"),
+            &["--layers", "1", "--replays", "2"],
         ),
         (
             "causality",
@@ -95,6 +100,26 @@ fn bad_storm_options_are_usage_errors() {
         assert_eq!(code, Some(2), "{args:?}: {stderr}");
         assert!(
             stderr.contains("error: invalid value"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// The decode step's model shape is checked before anything runs: a shape its kernels
+/// cannot run is a usage error, said in one line, without a GPU.
+#[test]
+fn shapes_decode_step_cannot_run_are_refused_at_once() {
+    for args in [
+        &["--hidden", "2000"][..],
+        &["--kv-heads", "3"],
+        &["--batch", "5"],
+        &["--intermediate", "5630"],
+        &["--tokens", "20000"],
+    ] {
+        let (code, stderr) = without_gpu(env!("CARGO_BIN_EXE_decode_step"), args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("decode_step: ") && stderr.lines().count() == 1,
             "{args:?}: {stderr}"
         );
     }
