@@ -133,6 +133,10 @@ struct Args {
     /// Also write every figure here, as one JSON object.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// A define added to the kernels' build with the recorder on (`NAME=VALUE`, such as
+    /// `TGPU_FORMAT=1`); repeatable. The gate-off build stays the baseline.
+    #[arg(long = "define", value_name = "NAME=VALUE")]
+    defines: Vec<String>,
 }
 
 impl Args {
@@ -392,10 +396,11 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let ctx = profiler.context().clone();
     let stream = ctx.new_stream()?;
     let card = profiler.device().name.clone();
-    println!("decode_step on {card}");
-    let mut json = format!(r#"{{"bench":"decode_step","card":"{card}","#);
+    let build = cli::recorder_build(&a.defines);
+    println!("decode_step on {card}; recorder build {build}");
+    let mut json = format!(r#"{{"bench":"decode_step","card":"{card}","recorder_build":"{build}","#);
 
-    let builds = Builds::load(&profiler)?;
+    let builds = Builds::load(&profiler, &a.defines)?;
     let (mut ok, mut direct) = (true, 0u64);
     if !a.no_check {
         (ok, direct) = check(&profiler, &builds, &stream, &mut json)?;

@@ -29,11 +29,12 @@ pub struct Builds {
 }
 
 impl Builds {
-    /// Compiles and loads both builds.
-    pub fn load(profiler: &Profiler) -> Result<Arc<Builds>, ProfilerError> {
+    /// Compiles and loads both builds; `defines` (`NAME=VALUE`) are added to the one with
+    /// the recorder.
+    pub fn load(profiler: &Profiler, defines: &[String]) -> Result<Arc<Builds>, ProfilerError> {
         Ok(Arc::new(Builds {
-            off: Kernels::load(profiler, false)?,
-            on: Kernels::load(profiler, true)?,
+            off: Kernels::load(profiler, None)?,
+            on: Kernels::load(profiler, Some(defines))?,
         }))
     }
 }
@@ -45,10 +46,13 @@ struct Kernels {
 }
 
 impl Kernels {
-    fn load(profiler: &Profiler, gate: bool) -> Result<Kernels, ProfilerError> {
+    /// The build without the recorder (`None`), or with it and `defines`.
+    fn load(profiler: &Profiler, gate: Option<&[String]>) -> Result<Kernels, ProfilerError> {
         let mut build = KernelBuild::new("decode_step.cu", profiler.arch());
-        if gate {
-            build = build.define("TGPU_ENABLED=1");
+        if let Some(defines) = gate {
+            build = defines
+                .iter()
+                .fold(build.define("TGPU_ENABLED=1"), |b, d| b.define(d.clone()));
         }
         let module = profiler
             .context()
