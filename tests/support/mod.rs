@@ -2,6 +2,7 @@
 //! the profiler and a capture's replay make them.
 #![allow(dead_code)] // each test file uses its own part of this module
 
+pub mod backends;
 pub mod cli;
 
 use std::sync::Arc;
