@@ -201,41 +201,6 @@ fn check(jaeger: &Jaeger, service: &str, want: &Expected) {
     assert!(got.is_empty(), "{service}: unexpected spans {got:?}");
 }
 
-/// `capture` at the first `blocks` blocks of each launch, written to `to`:
-/// small enough to ship every event.
-fn trimmed(from: &str, blocks: u32, to: &std::path::Path) -> Capture {
-    use tracing_gpu::capture::CaptureLaunch;
-    use tracing_gpu::decode::OwnedBuffer;
-    use tracing_gpu::format::BufferBuilder;
-    let mut capture = Capture::read(from).unwrap();
-    let batches = capture.batches().unwrap();
-    for (launch, batch) in capture.launches.iter_mut().zip(&batches) {
-        let view = batch.buffer.view();
-        let h = view.header();
-        let kept: Vec<_> = view
-            .slots()
-            .filter(|s| s.header.block_linear < blocks)
-            .collect();
-        let capacity = kept.iter().map(|s| s.events().count()).max().unwrap() as u32;
-        let mut b = BufferBuilder::new(h.grid, h.block, capacity);
-        b.launch_id(h.launch_id);
-        for slot in kept {
-            let s = slot.header;
-            let w = b.warp(s.block_linear, s.warp).unwrap();
-            w.sm(s.sm_first, s.sm_last)
-                .first_ts(s.first_ts)
-                .last_ts(s.last_ts);
-            for e in slot.events() {
-                w.push(e);
-            }
-        }
-        let buffer = OwnedBuffer::decode(b.finish(), Some(&batch.registry)).unwrap();
-        *launch = CaptureLaunch::new(launch.device, &batch.launch, std::sync::Arc::new(buffer));
-    }
-    capture.write(to).unwrap();
-    Capture::read(to).unwrap()
-}
-
 /// `tracing-gpu convert CAPTURE --otlp` to Jaeger, named `service`.
 fn convert(jaeger: &Jaeger, capture: &str, grpc: bool, detail: &str, service: &str) {
     let (endpoint, protocol) = match grpc {
@@ -291,7 +256,8 @@ fn convert_at_each_detail(grpc: bool) {
     // Every event: a few blocks of the GEMM.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gemm-2-blocks.tgpu");
-    let small = trimmed(GEMM, 2, &path);
+    let small = support::trimmed_capture(GEMM, 2, usize::MAX);
+    small.write(&path).unwrap();
     let service = format!("gemm-warp-{transport}");
     convert(&jaeger, path.to_str().unwrap(), grpc, "warp", &service);
     check(&jaeger, &service, &expected(&small, Detail::Warp));

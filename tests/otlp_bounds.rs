@@ -105,7 +105,11 @@ fn cli_gives_a_silent_collector_ten_seconds_by_default() {
     // The export's own deadline (10 s), plus the run's start and its
     // reading of the capture before the first export.
     let bound = Duration::from_secs(10) + CLI_MARGIN;
-    assert!(o.wall >= Duration::from_secs(10) - MARGIN && o.wall < bound, "{:?}: {err}", o.wall);
+    assert!(
+        o.wall >= Duration::from_secs(10) - MARGIN && o.wall < bound,
+        "{:?}: {err}",
+        o.wall
+    );
 }
 
 #[test]
@@ -141,7 +145,11 @@ fn the_layer_counts_spans_a_collector_rejects() {
     let stats = guard.finish().unwrap();
     assert_eq!(stats.spans_rejected, 2 * server.requests(), "{stats:?}");
     assert!(stats.spans_exported > 0, "{stats:?}");
-    assert_eq!((stats.spans_failed, stats.export_errors), (0, 0), "{stats:?}");
+    assert_eq!(
+        (stats.spans_failed, stats.export_errors),
+        (0, 0),
+        "{stats:?}"
+    );
 }
 
 #[test]

@@ -347,10 +347,10 @@ impl Misbehaving {
                         .concat(),
                     ),
                     Misbehaviour::Reject(spans) => {
-                        use prost::Message;
                         use opentelemetry_proto::tonic::collector::trace::v1::{
                             ExportTracePartialSuccess, ExportTraceServiceResponse,
                         };
+                        use prost::Message;
                         let body = ExportTraceServiceResponse {
                             partial_success: Some(ExportTracePartialSuccess {
                                 rejected_spans: spans,
