@@ -29,8 +29,12 @@ const STORED: Duration = Duration::from_secs(30);
 /// span, its name, its parent's name, and its start and duration in µs
 /// (Jaeger's unit) where the capture fixes them.
 struct Expected {
-    spans: Vec<(String, Option<String>, Option<(i64, i64)>)>,
+    spans: Vec<Want>,
 }
+
+/// A span's name, its parent's name, its start and duration (µs; a duration
+/// of -1: not checked, as a host span may outlast its record).
+type Want = (String, Option<String>, Option<(i64, i64)>);
 
 fn us(wall_ns: u64) -> i64 {
     (wall_ns / 1_000) as i64
