@@ -20,7 +20,10 @@ use crate::{capture_failure, progress, Exit, Failure, OtlpDetail};
 pub(crate) struct OtlpTarget<'a> {
     pub(crate) endpoint: &'a str,
     pub(crate) protocol: &'a str,
+    /// The most the collector may take to answer one export.
     pub(crate) timeout: Duration,
+    /// The most the whole export may take.
+    pub(crate) deadline: Duration,
     pub(crate) detail: OtlpDetail,
 }
 
@@ -149,12 +152,14 @@ fn cannot_write(out: &Path, e: &dyn fmt::Display) -> Failure {
     Failure::new(Exit::Output, format!("cannot write {}: {e}", out.display()))
 }
 
-/// The OTLP export of a capture, within `--otlp-timeout` in all, whatever the
-/// collector does.
+/// The OTLP export of a capture: each export answered within `--otlp-timeout`
+/// (a collector that does not answer fails the run then), the whole within
+/// `--otlp-deadline`, whatever the collector does.
 #[cfg(feature = "otlp")]
 struct Export<'a> {
     endpoint: &'a str,
     timeout: Duration,
+    deadline: Duration,
     layer: tracing_gpu::otlp::OtlpLayer,
     guard: tracing_gpu::otlp::OtlpGuard,
 }
@@ -170,7 +175,7 @@ impl<'a> Export<'a> {
             .protocol
             .parse()
             .map_err(|e: String| Failure::new(Exit::Usage, e))?;
-        let deadline = Instant::now() + target.timeout;
+        let deadline = Instant::now() + target.deadline;
         let mut builder = OtlpLayer::builder();
         // As in any OpenTelemetry SDK, the user's OTEL_SERVICE_NAME, or a service.name
         // in OTEL_RESOURCE_ATTRIBUTES, names the service (the layer's resource reads
@@ -192,7 +197,7 @@ impl<'a> Export<'a> {
                 OtlpDetail::Warp => Detail::Warp,
             })
             .timeout(target.timeout)
-            .shutdown_timeout(target.timeout)
+            .shutdown_timeout(target.deadline)
             .build()
             .map_err(|e| match e {
                 // A malformed endpoint is bad usage; an unreachable one fails later.
@@ -203,37 +208,42 @@ impl<'a> Export<'a> {
         Ok(Export {
             endpoint,
             timeout: target.timeout,
+            deadline: target.deadline,
             layer,
             guard,
         })
     }
 
     /// Replays `head`'s host spans and `batches` as they come. The replay
-    /// waits for room in the export queue; a watcher gives up at the first
-    /// failed export (the run fails in any case, and the rest would only wait
-    /// on the same collector), so that a collector that is down or refusing
-    /// fails fast rather than at the deadline; the batches still to come are
-    /// then only counted.
+    /// waits for room in the export queue while the collector answers.
     fn replay(&self, head: &Capture, batches: impl Iterator<Item = Arc<Batch>>) {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let replayed = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while !replayed.load(Ordering::Acquire) {
-                    self.give_up_on_failure();
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            });
+        self.watched(|| {
             self.layer
-                .replay(&head.host_spans, head.realtime_offset_ns(), batches);
-            replayed.store(true, Ordering::Release);
+                .replay(&head.host_spans, head.realtime_offset_ns(), batches)
         });
     }
 
-    fn give_up_on_failure(&self) {
-        if self.guard.stats().export_errors > 0 {
-            self.guard.give_up_at(std::time::Instant::now());
-        }
+    /// Runs `work` while a watcher gives up at the first failed export (the
+    /// run fails in any case, and the rest would only wait on the same
+    /// collector), so that a collector that is down, silent or refusing ends
+    /// the run at its first failure (within `--otlp-timeout`), not at the
+    /// deadline; the batches still to come are then only counted.
+    fn watched<T>(&self, work: impl FnOnce() -> T) -> T {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    if self.guard.stats().export_errors > 0 {
+                        self.guard.give_up_at(std::time::Instant::now());
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+            let out = work();
+            done.store(true, Ordering::Release);
+            out
+        })
     }
 
     /// Stops at once: the capture failed, which is what the run reports.
@@ -241,40 +251,52 @@ impl<'a> Export<'a> {
         self.guard.give_up_at(std::time::Instant::now());
     }
 
-    /// Sends what is left, within the deadline, and says how it went.
+    /// Sends what is left, within the deadline, and says how it went: which
+    /// budget ran out, if one did.
     fn finish(self) -> Result<(), Failure> {
         use tracing_gpu::otlp::ExportFailure;
-        self.give_up_on_failure();
-        let finished = self.guard.finish();
-        let stats = match &finished {
-            Ok(stats) => *stats,
-            Err(_) => self.layer.stats(),
-        };
-        let lost = stats.spans_failed + stats.spans_dropped;
-        if lost > 0 || stats.batches_dropped > 0 || finished.is_err() {
-            let why = match (stats.last_failure, &finished) {
-                (Some(why), _) if why != ExportFailure::OutOfTime => why.to_string(),
-                (_, Err(e)) => e.to_string(),
-                _ => format!(
-                    "out of time (--otlp-timeout {} s)",
-                    self.timeout.as_secs_f64()
-                ),
-            };
-            let mut counts = format!(
-                "{} of {} spans exported",
-                stats.spans_exported,
-                stats.spans_exported + lost
+        // Flushed while watched, so that a collector that stops answering now
+        // ends the run at once too; the shutdown then has little left to do.
+        let flushed = self.watched(|| self.guard.flush());
+        let finished = self.guard.finish().and(flushed);
+        let stats = self.layer.stats();
+        let lost = stats.spans_failed + stats.spans_dropped + stats.spans_rejected;
+        if lost == 0 && stats.batches_dropped == 0 && finished.is_ok() {
+            eprintln!(
+                "otlp: {} spans exported to {}",
+                stats.spans_exported, self.endpoint
             );
-            if stats.batches_dropped > 0 {
-                counts += &format!(", {} launches not converted", stats.batches_dropped);
-            }
-            return Err(failed(self.endpoint, format!("{why} ({counts})")));
+            return Ok(());
         }
-        eprintln!(
-            "otlp: {} spans exported to {}",
-            stats.spans_exported, self.endpoint
+        let secs = |d: Duration| d.as_secs_f64();
+        let why = match (stats.last_failure, &finished) {
+            (Some(ExportFailure::NoReply | ExportFailure::SlowReply), _) => format!(
+                "{} (--otlp-timeout {} s)",
+                stats.last_failure.unwrap_or(ExportFailure::NoReply),
+                secs(self.timeout)
+            ),
+            (Some(why), _) if why != ExportFailure::OutOfTime => why.to_string(),
+            (_, Err(e)) => e.to_string(),
+            (None, Ok(())) if stats.spans_failed + stats.spans_dropped == 0 => {
+                "the collector rejected spans (partial success)".to_string()
+            }
+            _ => format!(
+                "out of time (--otlp-deadline {} s: the whole export's budget)",
+                secs(self.deadline)
+            ),
+        };
+        let mut counts = format!(
+            "{} of {} spans exported",
+            stats.spans_exported,
+            stats.spans_exported + lost
         );
-        Ok(())
+        if stats.spans_rejected > 0 {
+            counts += &format!(", {} rejected by the collector", stats.spans_rejected);
+        }
+        if stats.batches_dropped > 0 {
+            counts += &format!(", {} launches not converted", stats.batches_dropped);
+        }
+        Err(failed(self.endpoint, format!("{why} ({counts})")))
     }
 }
 

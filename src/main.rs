@@ -111,16 +111,29 @@ enum Command {
             requires = "otlp"
         )]
         otlp_protocol: String,
-        /// The most the whole OTLP export may take, in seconds, whatever the
-        /// collector does (down, silent, slow); past it the export fails (exit 7).
+        /// How long the collector may take to answer one export, in seconds
+        /// (the exporter's retries included): a collector that is silent or
+        /// slow that long fails the export (exit 7).
         #[arg(
             long,
             value_name = "SECS",
-            default_value = "30",
+            default_value = "10",
             value_parser = parse_secs,
             requires = "otlp"
         )]
         otlp_timeout: std::time::Duration,
+        /// The most the whole OTLP export may take, in seconds, however well
+        /// the collector answers (reading the capture counts too); past it
+        /// the export fails (exit 7). A collector that answers part of an
+        /// export with a rejection (`partial_success`) fails it as well.
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value = "600",
+            value_parser = parse_secs,
+            requires = "otlp"
+        )]
+        otlp_deadline: std::time::Duration,
         /// How much of each launch becomes OTLP spans: `kernel` (one span a
         /// launch, with per-type summaries), `phase` (also one span per event
         /// type and warp role) or `warp` (also every event, under one span per
@@ -608,6 +621,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             otlp,
             otlp_protocol,
             otlp_timeout,
+            otlp_deadline,
             detail,
         } => {
             if let Some(out) = &out {
@@ -620,6 +634,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     endpoint,
                     protocol: &otlp_protocol,
                     timeout: otlp_timeout,
+                    deadline: otlp_deadline,
                     detail,
                 }),
             )

@@ -91,6 +91,68 @@ fn cli_against_a_collector_that_never_answers() {
 }
 
 #[test]
+fn cli_gives_a_silent_collector_ten_seconds_by_default() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let hole = BlackHole::start();
+    let args = ["convert", CAPTURE, "--otlp", &hole.endpoint()];
+    let o = run_cli(&args, Limits::wall(Duration::from_secs(60)));
+    let err = &o.stderr;
+    assert_eq!(o.code, Some(7), "{err}");
+    assert!(
+        err.contains("timed out waiting for a reply (--otlp-timeout 10 s)"),
+        "the budget that ran out is named: {err}"
+    );
+    // The export's own deadline (10 s), plus the run's start and its
+    // reading of the capture before the first export.
+    let bound = Duration::from_secs(10) + CLI_MARGIN;
+    assert!(
+        o.wall >= Duration::from_secs(10) - MARGIN && o.wall < bound,
+        "{:?}: {err}",
+        o.wall
+    );
+}
+
+#[test]
+fn cli_reports_spans_a_collector_rejects() {
+    let server = Misbehaving::start(Misbehaviour::Reject(5));
+    let (o, _) = convert(&server.endpoint(), &[]);
+    let err = &o.stderr;
+    assert_eq!(o.code, Some(7), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("the collector rejected spans (partial success)"),
+        "{err}"
+    );
+    let rejected = 5 * server.requests();
+    assert!(
+        err.contains(&format!(", {rejected} rejected by the collector)")),
+        "{rejected} rejected in {} requests: {err}",
+        server.requests()
+    );
+}
+
+#[test]
+fn the_layer_counts_spans_a_collector_rejects() {
+    let server = Misbehaving::start(Misbehaviour::Reject(2));
+    let (layer, guard) = OtlpLayer::builder()
+        .protocol(Protocol::HttpProtobuf)
+        .endpoint(server.endpoint())
+        .build()
+        .unwrap();
+    let capture = Capture::read(CAPTURE).unwrap();
+    let batches: Vec<Arc<Batch>> = capture.batches().unwrap().into_iter().take(1).collect();
+    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.spans_rejected, 2 * server.requests(), "{stats:?}");
+    assert!(stats.spans_exported > 0, "{stats:?}");
+    assert_eq!(
+        (stats.spans_failed, stats.export_errors),
+        (0, 0),
+        "{stats:?}"
+    );
+}
+
+#[test]
 fn cli_against_a_collector_that_trickles_its_reply() {
     let server = Misbehaving::start(Misbehaviour::Trickle);
     let (o, took) = convert(&server.endpoint(), &[]);

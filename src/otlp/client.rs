@@ -104,8 +104,14 @@ impl HttpClient for OtlpHttpClient {
             }
         }
         // An empty body is an empty message: accepted.
-        if ExportTraceServiceResponse::decode(body.as_slice()).is_err() {
+        let Ok(answer) = ExportTraceServiceResponse::decode(body.as_slice()) else {
             return Err(self.fail(ExportFailure::MalformedReply, Malformed("cannot decode")));
+        };
+        if let Some(partial) = answer.partial_success {
+            if partial.rejected_spans > 0 {
+                self.shared.attempt.lock().rejected =
+                    Some((partial.rejected_spans as u64, partial.error_message));
+            }
         }
         Ok(reply.body(Bytes::from(body))?)
     }

@@ -119,9 +119,7 @@ pub(crate) fn emit_batch(
 ) {
     let capture = batch.buffer.view();
     let calibration = &batch.calibration;
-    let wall = |device_ns: u64| {
-        UNIX_EPOCH + Duration::from_nanos(calibration.to_host(HostClock::Realtime, device_ns))
-    };
+    let wall = |device_ns: u64| wall(batch, device_ns);
     let dev = &batch.device;
     let launch = &batch.launch;
     let mut names = Names {
@@ -201,20 +199,22 @@ pub(crate) fn emit_batch(
                 }
             }
             for ((id, role), mut group) in groups {
-                let (role_key, thread) = match inner.phase_group {
-                    PhaseGroup::WarpRole => ("gpu.warp", format!("{gpu} / warp {role}")),
-                    PhaseGroup::Block => ("gpu.block", format!("{gpu} / block {role}")),
+                // The group is in the name, so that a trace view's rows of one
+                // event type tell their warps (or blocks) apart.
+                let (role_key, role_name) = match inner.phase_group {
+                    PhaseGroup::WarpRole => ("gpu.warp", "warp"),
+                    PhaseGroup::Block => ("gpu.block", "block"),
                 };
                 let mut attributes = vec![
                     KeyValue::new("hw.id", hw_id.clone()),
-                    KeyValue::new("thread.name", thread),
-                    KeyValue::new("gpu.event.id", i64::from(id)),
+                    KeyValue::new("thread.name", format!("{gpu} / {role_name} {role}")),
+                    KeyValue::new("gpu.event_id", i64::from(id)),
                     KeyValue::new(role_key, i64::from(role)),
                 ];
                 attributes.extend(part.clone());
                 group.summary("gpu.phase", &mut attributes);
                 let span = inner.tracer.build_with_context(
-                    SpanBuilder::from_name(names.get(id).to_string())
+                    SpanBuilder::from_name(format!("{} ({role_name} {role})", names.get(id)))
                         .with_kind(SpanKind::Internal)
                         .with_start_time(wall(group.first_start))
                         .with_attributes(attributes),
@@ -227,13 +227,21 @@ pub(crate) fn emit_batch(
         Detail::Warp => {
             for slot in capture.slots() {
                 let h = &slot.header;
+                // The warp's span covers its events (a backend compares a child
+                // with its parent): a part's slot of a streamed launch has its
+                // warp's first timer read, or its flush, only in one part.
+                let (mut from, mut to) = (h.first_ts, h.last_ts);
+                for e in slot.events() {
+                    from = from.min(e.start_ns);
+                    to = to.max(e.end_ns);
+                }
                 let thread: Arc<str> = Arc::from(thread_name(dev.ordinal, &slot));
                 let mut attributes = vec![
                     KeyValue::new("hw.id", hw_id.clone()),
                     KeyValue::new("thread.name", string(&thread)),
                     KeyValue::new("gpu.sm", i64::from(h.sm_first)),
                     KeyValue::new("gpu.block", i64::from(h.block_linear)),
-                    KeyValue::new("gpu.block.index", dims(h.block)),
+                    KeyValue::new("gpu.block_idx", dims(h.block)),
                     KeyValue::new("gpu.warp", i64::from(h.warp)),
                     KeyValue::new("gpu.events", i64::from(slot.event_count())),
                     KeyValue::new("gpu.dropped", i64::from(slot.drop_count())),
@@ -251,7 +259,7 @@ pub(crate) fn emit_batch(
                 let warp = inner.tracer.build_with_context(
                     SpanBuilder::from_name(format!("block {} warp {}", h.block_linear, h.warp))
                         .with_kind(SpanKind::Internal)
-                        .with_start_time(wall(h.first_ts))
+                        .with_start_time(wall(from))
                         .with_attributes(attributes),
                     &kernel_cx,
                 );
@@ -260,14 +268,14 @@ pub(crate) fn emit_batch(
                     let mut attributes = vec![
                         KeyValue::new("hw.id", hw_id.clone()),
                         KeyValue::new("thread.name", string(&thread)),
-                        KeyValue::new("gpu.event.id", i64::from(e.id)),
+                        KeyValue::new("gpu.event_id", i64::from(e.id)),
                         KeyValue::new("gpu.payload", i64::from(e.payload)),
                     ];
                     if let Some(p) = names.payload(e.id) {
                         attributes.push(KeyValue::new("gpu.payload.name", string(&p)));
                     }
                     if e.kind == EventKind::Instant {
-                        attributes.push(KeyValue::new("gpu.event.kind", "instant"));
+                        attributes.push(KeyValue::new("gpu.kind", "instant"));
                     }
                     let mut span = inner.tracer.build_with_context(
                         SpanBuilder::from_name(names.get(e.id).to_string())
@@ -278,7 +286,7 @@ pub(crate) fn emit_batch(
                     );
                     span.end_with_timestamp(wall(e.end_ns));
                 }
-                warp_cx.span().end_with_timestamp(wall(h.last_ts));
+                warp_cx.span().end_with_timestamp(wall(to));
             }
         }
     }
@@ -315,24 +323,18 @@ fn kernel_span(
     names: &mut Names<'_>,
 ) -> (opentelemetry_sdk::trace::Span, SystemTime) {
     let (dev, launch, calibration) = (&batch.device, &batch.launch, &batch.calibration);
-    let (start, end) = sum.extent.unwrap_or_else(|| {
-        // Nothing flushed: the host's view of the launch, moved to wall time.
-        let offset = calibration.latest().host_offsets.of(HostClock::Realtime);
-        let host = |ns: u64| {
-            let t = (i128::from(ns) + i128::from(offset)).max(0) as u64;
-            UNIX_EPOCH + Duration::from_nanos(t)
-        };
-        (host(launch.host_launch_ns), host(launch.host_complete_ns))
-    });
+    // Nothing flushed: the host's view of the launch.
+    let (start, end) = sum.extent.unwrap_or_else(|| host_window(batch));
     let bound_ns = sum
         .bound_ns
         .unwrap_or_else(|| calibration.bound_ns_on(HostClock::Realtime, 0) as i64);
     let mut attributes = device_attributes(dev);
     attributes.extend([
         KeyValue::new("thread.name", format!("GPU {}", dev.ordinal)),
+        KeyValue::new("gpu.kernel", launch.kernel.to_string()),
         KeyValue::new("gpu.launch_id", launch.launch_id as i64),
-        KeyValue::new("gpu.grid", dims(launch.grid)),
-        KeyValue::new("gpu.block", dims(launch.block)),
+        KeyValue::new("gpu.grid_dim", dims(launch.grid)),
+        KeyValue::new("gpu.block_dim", dims(launch.block)),
         KeyValue::new("gpu.events", sum.events as i64),
         KeyValue::new("gpu.dropped", sum.dropped as i64),
         KeyValue::new("gpu.warps", warps as i64),
@@ -348,12 +350,52 @@ fn kernel_span(
     for (id, group) in &mut sum.by_type {
         group.summary(&format!("gpu.phase.{}", names.get(*id)), &mut attributes);
     }
+    // Not the launch span's name (`gpu_profile!` names it after the kernel):
+    // a trace view shows the host's call and the GPU's run as two rows.
     let kernel = inner.tracer.build_with_context(
-        SpanBuilder::from_name(launch.kernel.to_string())
+        SpanBuilder::from_name(kernel_span_name(&launch.kernel, dev.ordinal))
             .with_kind(SpanKind::Internal)
             .with_start_time(start)
             .with_attributes(attributes),
         parent,
     );
     (kernel, end)
+}
+
+/// `device_ns` of `batch`'s GPU on the wall clock (`CLOCK_REALTIME`), by its calibration.
+pub(crate) fn wall(batch: &Batch, device_ns: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(batch.calibration.to_host(HostClock::Realtime, device_ns))
+}
+
+/// The host's view of a launch on the wall clock: its launch call and the
+/// completion the collector saw.
+fn host_window(batch: &Batch) -> (SystemTime, SystemTime) {
+    let offset = batch
+        .calibration
+        .latest()
+        .host_offsets
+        .of(HostClock::Realtime);
+    let host = |ns: u64| {
+        let t = (i128::from(ns) + i128::from(offset)).max(0) as u64;
+        UNIX_EPOCH + Duration::from_nanos(t)
+    };
+    (
+        host(batch.launch.host_launch_ns),
+        host(batch.launch.host_complete_ns),
+    )
+}
+
+/// When `batch`'s part of its launch was over, as the host knows it: its
+/// kernel span's end (the last flush), or the completion the collector saw
+/// if later. A live launch span stays open until then (the profiler holds
+/// it until the batch is delivered), and so does a replayed one.
+pub(crate) fn launch_end(batch: &Batch) -> SystemTime {
+    let flushed = batch.buffer.view().slots().map(|s| s.header.last_ts).max();
+    let complete = host_window(batch).1;
+    flushed.map_or(complete, |last| wall(batch, last).max(complete))
+}
+
+/// The name of a launch's kernel span: the kernel, on which GPU.
+pub(crate) fn kernel_span_name(kernel: &str, ordinal: u32) -> String {
+    format!("{kernel} on GPU {ordinal}")
 }

@@ -96,7 +96,14 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
         .await;
         let attempt = std::mem::take(&mut *self.shared.attempt.lock());
         match outcome {
-            Ok(Ok(())) => self.shared.exported(n),
+            Ok(Ok(())) => {
+                let (rejected, why) = attempt.rejected.unwrap_or_default();
+                let rejected = rejected.min(n);
+                if rejected > 0 {
+                    self.shared.rejected(rejected, &why);
+                }
+                self.shared.exported(n - rejected)
+            }
             Ok(Err(e)) => self
                 .shared
                 .failed(n, attempt.failure.unwrap_or_else(|| classify(&e))),

@@ -44,8 +44,8 @@
 //! Per-warp detail swamps a tracing backend, so the default is [`Detail::Phase`]:
 //! - [`Detail::Kernel`]: one span per launch, with summary attributes per event
 //!   type (`gpu.phase.<name>.count`, `.total_ns`, `.p50_ns`, `.p99_ns`);
-//! - [`Detail::Phase`]: the kernel span and, under it, one span per event type
-//!   and warp role (warp index within the block; or per block, see
+//! - [`Detail::Phase`]: the kernel span (named `<kernel> on GPU <n>`) and,
+//!   under it, one span per event type and warp role (named `<event> (warp <w>)`) (warp index within the block; or per block, see
 //!   [`PhaseGroup`]) covering that group's first start to last end, with
 //!   `gpu.phase.count`, `gpu.phase.total_ns`, `gpu.phase.p50_ns`, `gpu.phase.p99_ns`;
 //! - [`Detail::Warp`]: the kernel span, one span per (block, warp) and one per
@@ -59,7 +59,7 @@
 //! with OpenTelemetry's hardware conventions where they exist: `hw.type = "gpu"`,
 //! `hw.id` (the UUID), `hw.name`, `hw.model`, `hw.vendor`, `hw.driver_version`;
 //! and `gpu.sm_count`, `gpu.compute_capability`, `gpu.device` (the ordinal),
-//! `gpu.launch_id`, `gpu.grid`, `gpu.block`, `gpu.events`, `gpu.dropped`,
+//! `gpu.kernel`, `gpu.launch_id`, `gpu.grid_dim`, `gpu.block_dim`, `gpu.events`, `gpu.dropped`,
 //! `gpu.clock.bound_ns` (the calibration's error bound). Every device span has
 //! `hw.id` and `thread.name`, the synthetic thread it belongs to
 //! (`GPU 0 / SM 12 / block 7 warp 3`); host spans have the real `thread.name`

@@ -7,12 +7,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{
-    Span as _, SpanBuilder, SpanContext, SpanKind, TraceContextExt, Tracer as _,
+    Span as _, SpanBuilder, SpanContext, SpanKind, TraceContextExt, TraceFlags, TraceState,
+    Tracer as _,
 };
-use opentelemetry::{Context as OtelContext, KeyValue};
+use opentelemetry::{Context as OtelContext, KeyValue, Value};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 
+use super::conversion::launch_end;
 use super::layer::{Inner, Job, OtlpLayer};
 use super::state::Patient;
+use super::streamed::PresetIds;
 use crate::batch::{Batch, HostSpan};
 
 /// Batches a replay hands the conversion thread before it waits for one to
@@ -32,8 +36,11 @@ impl OtlpLayer {
     /// `batches` is taken a batch at a time, as the caller reads them (a
     /// capture of any size: [`crate::capture::CaptureReader::batches`]); the
     /// replay holds at most two of them besides the one the iterator is
-    /// making. A host span is exported when a batch first needs it (or at the
-    /// end), its start and end both known; what is kept of it is its ids.
+    /// making. A host span is exported once the launches under it are over (or
+    /// at the end): it lasts until its last descendant ends, and a launch span
+    /// until its launch is over, as they would live (a capture records a span's
+    /// first enter and last exit, not its close). What is kept of a span is
+    /// its ids and its end.
     ///
     /// Unlike the live path this waits for room in the queues instead of
     /// dropping (a replay is not an application's hot path), until
@@ -53,93 +60,191 @@ impl OtlpLayer {
         let _patient = Patient::new();
         let mut host = HostReplay::new(inner, spans, realtime_offset_ns);
         for batch in batches {
-            let parent = host.launch(batch.launch.launch_id);
+            let parent = host.launch(&batch);
             inner.hand_over(batch, parent);
         }
         host.finish();
     }
 }
 
-/// The host spans of a replay, exported in order as they are needed.
+/// The host spans of a replay. Each is exported once its extent is known:
+/// as a live span, it lasts until its last descendant ends (tracing's
+/// registry closes a span after its children), and a launch span until its
+/// launch is over (the profiler holds it until the launch is delivered). A
+/// capture records a span from its first enter to its last exit, so a span
+/// replayed with only that would end before the kernel it launched, and a
+/// span still open when the capture was written would have no duration: a
+/// backend that compares children with their parents (Jaeger's clock-skew
+/// adjustment) would move or flag them. Ids are chosen first, so that
+/// device spans can name a launch span exported later.
 struct HostReplay<'a> {
     inner: &'a Inner,
     spans: &'a [HostSpan],
     realtime_offset_ns: i64,
-    /// The ids of the spans exported so far: `spans[..made.len()]`.
-    made: Vec<SpanContext>,
-    /// Launch id → the index of the span that wraps it.
+    ids: Vec<SpanContext>,
+    /// Each span's end so far: its own, its descendants', their launches'.
+    ends: Vec<SystemTime>,
+    /// Launches under each span (its own included) whose last batch has not come.
+    pending: Vec<u32>,
+    exported: Vec<bool>,
+    /// Launch id → the index of the span that wraps it, until its last batch.
     launches: HashMap<u64, usize>,
 }
 
 impl<'a> HostReplay<'a> {
     fn new(inner: &'a Inner, spans: &'a [HostSpan], realtime_offset_ns: i64) -> HostReplay<'a> {
-        let launches = spans
+        let random = RandomIdGenerator::default();
+        let parent = |i: usize| spans[i].parent.map(|p| p as usize).filter(|&p| p < i);
+        let mut ids: Vec<SpanContext> = Vec::with_capacity(spans.len());
+        for i in 0..spans.len() {
+            let trace = match parent(i) {
+                Some(p) => ids[p].trace_id(),
+                None => random.new_trace_id(),
+            };
+            let id = random.new_span_id();
+            ids.push(SpanContext::new(
+                trace,
+                id,
+                TraceFlags::SAMPLED,
+                true,
+                TraceState::NONE,
+            ));
+        }
+        let wall = |ns: u64| to_wall(ns, realtime_offset_ns);
+        let mut ends: Vec<SystemTime> = spans
             .iter()
-            .enumerate()
-            .filter_map(|(i, s)| Some((s.launch_id?, i)))
+            .map(|s| wall(s.end_ns.max(s.start_ns)))
             .collect();
-        HostReplay {
+        let mut pending = vec![0u32; spans.len()];
+        let mut launches = HashMap::new();
+        for (i, s) in spans.iter().enumerate() {
+            if let Some(id) = s.launch_id {
+                if launches.insert(id, i).is_none() {
+                    pending[i] += 1;
+                }
+            }
+        }
+        // Children come after their parents: one backward pass sums the subtrees.
+        for i in (0..spans.len()).rev() {
+            if let Some(p) = parent(i) {
+                ends[p] = ends[p].max(ends[i]);
+                pending[p] += pending[i];
+            }
+        }
+        let mut replay = HostReplay {
             inner,
             spans,
             realtime_offset_ns,
-            made: Vec::new(),
+            ids,
+            ends,
+            exported: vec![false; spans.len()],
+            pending,
             launches,
+        };
+        for i in 0..spans.len() {
+            if replay.pending[i] == 0 {
+                replay.export(i);
+            }
         }
+        replay
     }
 
-    fn wall(&self, boottime_ns: u64) -> SystemTime {
-        let ns = (i128::from(boottime_ns) + i128::from(self.realtime_offset_ns)).max(0);
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    fn parent(&self, i: usize) -> Option<usize> {
+        self.spans[i].parent.map(|p| p as usize).filter(|&p| p < i)
     }
 
-    /// The context a batch of launch `launch_id` hangs under: its launch
-    /// span's, exported first with the spans before it; none without one.
-    fn launch(&mut self, launch_id: u64) -> OtelContext {
-        let Some(&index) = self.launches.get(&launch_id) else {
+    /// The context `batch` hangs under: its launch span's (none without
+    /// one). The launch span and its ancestors last until the batch's launch
+    /// is over; at the launch's last batch, those with no launch left to
+    /// come under them are exported.
+    fn launch(&mut self, batch: &Batch) -> OtelContext {
+        let Some(&index) = self.launches.get(&batch.launch.launch_id) else {
             return OtelContext::new();
         };
-        self.make_through(index);
-        OtelContext::new().with_remote_span_context(self.made[index].clone())
-    }
-
-    /// Exports the spans up to `index`, in order: parents come before their
-    /// children in a capture.
-    fn make_through(&mut self, index: usize) {
-        while self.made.len() <= index.min(self.spans.len().saturating_sub(1)) {
-            let span = &self.spans[self.made.len()];
-            let parent = span
-                .parent
-                .and_then(|p| self.made.get(p as usize))
-                .map(|p| OtelContext::new().with_remote_span_context(p.clone()))
-                .unwrap_or_default();
-            let mut attributes = vec![
-                KeyValue::new("thread.name", span.thread_name.clone()),
-                KeyValue::new("thread.id", span.thread_id as i64),
-            ];
-            attributes.extend(
-                span.fields
-                    .iter()
-                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-            );
-            let mut otel = self.inner.tracer.build_with_context(
-                SpanBuilder::from_name(span.name.clone())
-                    .with_kind(SpanKind::Internal)
-                    .with_start_time(self.wall(span.start_ns))
-                    .with_attributes(attributes),
-                &parent,
-            );
-            let ids = otel.span_context().clone();
-            otel.end_with_timestamp(self.wall(span.end_ns));
-            self.made.push(ids);
+        let over = launch_end(batch);
+        let last = batch.launch.part.is_none_or(|p| p.last);
+        if last {
+            self.launches.remove(&batch.launch.launch_id);
         }
+        let mut at = Some(index);
+        while let Some(i) = at {
+            self.ends[i] = self.ends[i].max(over);
+            if last {
+                self.pending[i] -= 1;
+                if self.pending[i] == 0 {
+                    self.export(i);
+                }
+            }
+            at = self.parent(i);
+        }
+        OtelContext::new().with_remote_span_context(self.ids[index].clone())
     }
 
-    /// Exports the spans no batch needed.
+    /// Exports span `i` with the ids chosen for it.
+    fn export(&mut self, i: usize) {
+        if std::mem::replace(&mut self.exported[i], true) {
+            return;
+        }
+        let span = &self.spans[i];
+        let parent = self
+            .parent(i)
+            .map(|p| OtelContext::new().with_remote_span_context(self.ids[p].clone()))
+            .unwrap_or_default();
+        let mut attributes = vec![
+            KeyValue::new("thread.name", span.thread_name.clone()),
+            KeyValue::new("thread.id", span.thread_id as i64),
+        ];
+        attributes.extend(
+            span.fields
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), typed(v))),
+        );
+        let ids = &self.ids[i];
+        let builder = SpanBuilder::from_name(span.name.clone())
+            .with_kind(SpanKind::Internal)
+            .with_start_time(to_wall(span.start_ns, self.realtime_offset_ns))
+            .with_attributes(attributes);
+        let mut otel = PresetIds::build(ids.trace_id(), ids.span_id(), || {
+            self.inner.tracer.build_with_context(builder, &parent)
+        });
+        otel.end_with_timestamp(self.ends[i]);
+    }
+
+    /// Exports the spans still waiting for a launch that never came.
     fn finish(mut self) {
-        if !self.spans.is_empty() {
-            self.make_through(self.spans.len() - 1);
+        for i in 0..self.spans.len() {
+            self.export(i);
         }
     }
+}
+
+/// A host time (`CLOCK_BOOTTIME`) on the wall clock.
+fn to_wall(boottime_ns: u64, realtime_offset_ns: i64) -> SystemTime {
+    let ns = (i128::from(boottime_ns) + i128::from(realtime_offset_ns)).max(0);
+    UNIX_EPOCH + Duration::from_nanos(ns as u64)
+}
+
+/// A field as the capture keeps it (text) with the type it was recorded
+/// with, where the text says: an integer, a boolean or a float written as
+/// Rust writes them (`5`, `true`, `1.5`), else a string. `gpu.launch_id`
+/// then goes out an integer, as on the kernel span.
+pub(crate) fn typed(text: &str) -> Value {
+    if let Ok(i) = text.parse::<i64>() {
+        if i.to_string() == text {
+            return Value::I64(i);
+        }
+    }
+    match text {
+        "true" => return Value::Bool(true),
+        "false" => return Value::Bool(false),
+        _ => {}
+    }
+    if let Ok(f) = text.parse::<f64>() {
+        if f.is_finite() && format!("{f:?}") == text {
+            return Value::F64(f);
+        }
+    }
+    Value::String(text.to_string().into())
 }
 
 impl Inner {

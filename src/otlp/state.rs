@@ -30,6 +30,8 @@ pub(crate) struct Attempt {
     pub(crate) replied: bool,
     /// How the last request of this export failed.
     pub(crate) failure: Option<ExportFailure>,
+    /// Spans the collector said it rejected (an OTLP `partial_success`), and why.
+    pub(crate) rejected: Option<(u64, String)>,
 }
 
 /// A flush's deadline on the exports, lifted when the flush returns.
@@ -55,6 +57,7 @@ pub(crate) struct ExportState {
     pub(crate) room: Mutex<()>,
     pub(crate) room_cv: Condvar,
     pub(crate) exported: AtomicU64,
+    pub(crate) rejected: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) batches_dropped: AtomicU64,
@@ -112,6 +115,7 @@ impl ExportState {
             room: Mutex::new(()),
             room_cv: Condvar::new(),
             exported: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             batches_dropped: AtomicU64::new(0),
@@ -236,6 +240,18 @@ impl ExportState {
         }
     }
 
+    /// Spans a collector answered it did not accept: an export that went
+    /// through (it is not retried), with spans lost all the same.
+    pub(crate) fn rejected(&self, n: u64, why: &str) {
+        self.rejected.fetch_add(n, Ordering::Relaxed);
+        let why = match why.trim() {
+            "" => String::new(),
+            why => format!(": {why}"),
+        };
+        self.warn_once(&format!("the OTLP collector rejected {n} spans{why}"));
+        self.log_pending();
+    }
+
     pub(crate) fn failed(&self, n: u64, why: ExportFailure) {
         self.failed.fetch_add(n, Ordering::Relaxed);
         self.export_errors.fetch_add(1, Ordering::Relaxed);
@@ -292,6 +308,7 @@ impl ExportState {
     pub(crate) fn stats(&self) -> OtlpStats {
         OtlpStats {
             spans_exported: self.exported.load(Ordering::Relaxed),
+            spans_rejected: self.rejected.load(Ordering::Relaxed),
             spans_failed: self.failed.load(Ordering::Relaxed),
             spans_dropped: self.dropped.load(Ordering::Relaxed),
             batches_dropped: self.batches_dropped.load(Ordering::Relaxed),
@@ -318,6 +335,10 @@ impl fmt::Debug for ExportState {
 pub struct OtlpStats {
     /// Spans the endpoint accepted.
     pub spans_exported: u64,
+    /// Spans the endpoint received but rejected: it answered with an OTLP
+    /// `partial_success` naming them (its message goes into the one warning).
+    /// Not retried, as the specification says; not in `spans_exported`.
+    pub spans_rejected: u64,
     /// Spans whose export failed (endpoint down, slow past the timeout,
     /// refusing, answering nonsense) or that ran out of time before being sent.
     /// Spans whose request was abandoned at the timeout are counted here,

@@ -301,6 +301,9 @@ pub enum Misbehaviour {
     Status(u16),
     /// 200, with a body that is not an `ExportTraceServiceResponse`.
     Garbage,
+    /// 200, with an `ExportTraceServiceResponse` whose `partial_success`
+    /// rejects this many spans of each request.
+    Reject(i64),
 }
 
 /// The body of [`Misbehaviour::Garbage`]: not protobuf (`t` = field 14 with
@@ -343,6 +346,31 @@ impl Misbehaving {
                         ]
                         .concat(),
                     ),
+                    Misbehaviour::Reject(spans) => {
+                        use opentelemetry_proto::tonic::collector::trace::v1::{
+                            ExportTracePartialSuccess, ExportTraceServiceResponse,
+                        };
+                        use prost::Message;
+                        let body = ExportTraceServiceResponse {
+                            partial_success: Some(ExportTracePartialSuccess {
+                                rejected_spans: spans,
+                                error_message: "span too large".into(),
+                            }),
+                        }
+                        .encode_to_vec();
+                        writer.write_all(
+                            &[
+                                format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\n\
+                                     content-length: {}\r\n\r\n",
+                                    body.len()
+                                )
+                                .as_bytes(),
+                                &body,
+                            ]
+                            .concat(),
+                        )
+                    }
                     Misbehaviour::Trickle => trickle(&mut writer, &stop),
                 };
                 if sent.is_err() {

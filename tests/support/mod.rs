@@ -2,6 +2,7 @@
 //! the profiler and a capture's replay make them.
 #![allow(dead_code)] // each test file uses its own part of this module
 
+pub mod backends;
 pub mod cli;
 
 use std::sync::Arc;
@@ -329,6 +330,39 @@ pub fn overlapping_capture(launches: u64) -> Capture {
             part: None,
         };
         capture.launches.push(CaptureLaunch::new(0, &info, buffer));
+    }
+    capture
+}
+
+/// The capture at `from` cut down to its first `launches` launches and, in
+/// each, the warps of its first `blocks` blocks: small enough to ship every
+/// event, with the recorded times and host spans.
+pub fn trimmed_capture(from: &str, blocks: u32, launches: usize) -> Capture {
+    let mut capture = Capture::read(from).unwrap();
+    let batches = capture.batches().unwrap();
+    capture.launches.truncate(launches);
+    for (launch, batch) in capture.launches.iter_mut().zip(&batches) {
+        let view = batch.buffer.view();
+        let h = view.header();
+        let kept: Vec<_> = view
+            .slots()
+            .filter(|s| s.header.block_linear < blocks)
+            .collect();
+        let capacity = kept.iter().map(|s| s.events().count()).max().unwrap_or(1) as u32;
+        let mut b = BufferBuilder::new(h.grid, h.block, capacity.max(1));
+        b.launch_id(h.launch_id);
+        for slot in kept {
+            let s = slot.header;
+            let w = b.warp(s.block_linear, s.warp).unwrap();
+            w.sm(s.sm_first, s.sm_last)
+                .first_ts(s.first_ts)
+                .last_ts(s.last_ts);
+            for e in slot.events() {
+                w.push(e);
+            }
+        }
+        let buffer = OwnedBuffer::decode(b.finish(), Some(&batch.registry)).unwrap();
+        *launch = CaptureLaunch::new(launch.device, &batch.launch, Arc::new(buffer));
     }
     capture
 }
