@@ -210,11 +210,11 @@ fn main() -> ExitCode {
     match run(&out, capture.as_deref(), launches, lineinfo) {
         Ok(s) => {
             println!(
-                "{}: {} launches, {} device events ({} dropped), {} clock checkpoints; {} bytes",
+                "{}: {} launches, {} device events ({} lost), {} clock checkpoints; {} bytes",
                 out.display(),
                 s.stats.delivered,
                 s.stats.events,
-                s.stats.dropped_events,
+                s.stats.events_lost,
                 s.stats.calibrations,
                 s.trace.bytes
             );

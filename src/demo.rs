@@ -110,11 +110,11 @@ fn live_demo(out: &Path, lineinfo: bool) -> Result<(), Failure> {
     let recorded = read_capture(&capture)?;
     summarize(&recorded, "live quickstart", &svg)?;
     eprintln!(
-        "trace: {} ({} launches, {} device events, {} dropped)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ncapture: {} (replay it: tracing-gpu convert / report)\ntimeline: {} (open it in a browser)",
+        "trace: {} ({} launches, {} device events, {} lost)\n  open https://ui.perfetto.dev and drag the file in (or: Open trace file)\ncapture: {} (replay it: tracing-gpu convert / report)\ntimeline: {} (open it in a browser)",
         out.display(),
         summary.stats.delivered,
         summary.stats.events,
-        summary.stats.dropped_events,
+        summary.stats.events_lost,
         capture.display(),
         svg.display()
     );

@@ -4,7 +4,7 @@
     check_perfetto.py TRACE [--expect-slices N] [--expect-device-slices N]
                             [--expect-kernels N] [--expect-host-slices N]
                             [--expect-gpus N] [--expect-flows N]
-                            [--expect-dropped N] [--expect-payload EVENT=ARG ...]
+                            [--expect-events-lost N] [--expect-payload EVENT=ARG ...]
                             [--allow-open-flows] [--clock-tolerance-ns NS] [--json]
                             [--slices-out FILE]
     check_perfetto.py --self-test
@@ -61,8 +61,8 @@ SLICE_BEGIN, SLICE_END, INSTANT, COUNTER = 1, 2, 3, 4
 EXPLICIT = 3
 KERNELS_RE = re.compile(r"^kernels(?: #(\d+))?$")
 SM_RE = re.compile(r"^SM (\d+)$")
-# The instant that marks a warp's dropped records (its `records` argument: how many).
-DROP_MARK = "dropped records"
+# The instant that marks a warp's events lost (its `events` argument: how many).
+LOST_MARK = "events lost"
 WARP_RE = re.compile(r"^block (\d+) warp (\d+)(?: #(\d+))?$")
 
 
@@ -80,8 +80,8 @@ class Checker:
         self.snapshot_boot = {}  # clock set -> BOOTTIME of its last snapshot
         self.primary_clock = None
         self.packets = 0
-        self.drop_marks = 0
-        self.marked_drops = 0
+        self.lost_marks = 0
+        self.marked_lost = 0
         self.compressed = 0
         self.listed = []  # (path, name, start, end, args): for --slices-out
 
@@ -333,7 +333,7 @@ class Checker:
         kernel_spans = defaultdict(list)
         device_slices = []
         self.payload_args = defaultdict(set)  # device slice name -> argument names (None: none)
-        dropped = defaultdict(int)
+        lost = defaultdict(int)
         for uuid, evs in per_track.items():
             if uuid not in self.tracks:
                 self.err(f"{len(evs)} events on undeclared track {uuid}")
@@ -347,8 +347,8 @@ class Checker:
                     self.listed.append((self.path(uuid), "counter", ts, ts, {"value": cval}))
                     if k != "counter":
                         self.err(f"counter value on non-counter track {self.name_of(self.tracks[uuid])!r}")
-                    elif self.name_of(self.tracks[uuid]) == "dropped events":
-                        dropped[gpu_of.get(uuid)] = max(dropped[gpu_of.get(uuid)], cval or 0)
+                    elif self.name_of(self.tracks[uuid]) == "events lost":
+                        lost[gpu_of.get(uuid)] = max(lost[gpu_of.get(uuid)], cval or 0)
                     continue
                 if k == "counter":
                     self.err(f"slice event on counter track {uuid}")
@@ -397,10 +397,10 @@ class Checker:
                 self.err(f"flow {fid}: kernel {tname!r} starts {ots - tts} ns before its launch span {oname!r}")
             flows += 1
 
-        # Every dropped record is marked on its warp's track.
-        if self.marked_drops != sum(dropped.values()):
-            self.err(f"{self.marked_drops} dropped records marked on warp tracks, "
-                     f"but the counters say {sum(dropped.values())}")
+        # Every event lost is marked on its warp's track.
+        if self.marked_lost != sum(lost.values()):
+            self.err(f"{self.marked_lost} events lost marked on warp tracks, "
+                     f"but the counters say {sum(lost.values())}")
 
         # Device slices inside a kernel slice of their GPU.
         for g in kernel_spans:
@@ -423,8 +423,8 @@ class Checker:
             other_slices=counts["other"],
             flows=flows,
             device_payloads=sum(1 for d in device_slices if d[4]),
-            dropped=sum(dropped.values()),
-            drop_marks=self.drop_marks,
+            events_lost=sum(lost.values()),
+            lost_marks=self.lost_marks,
             sequences=len(self.seqs),
             compressed=self.compressed,
         )
@@ -442,14 +442,14 @@ class Checker:
     def slice(self, k, uuid, e, start, end, counts, origins, ends, kernel_spans, device_slices):
         name, flows, terms = e[4], e[6], e[7]
         self.listed.append((self.path(uuid), name, start, end, e[5]))
-        if k == "warp" and name == DROP_MARK:
-            # Not a device event: the instant that marks a warp's lost records.
+        if k == "warp" and name == LOST_MARK:
+            # Not a device event: the instant that marks a warp's events lost.
             args = e[5]
-            n = args.get("records")
+            n = args.get("events")
             if start != end or type(n) is not int or n < 1:
-                self.err(f"packet {e[1]}: {DROP_MARK!r} must be an instant with records >= 1, got {args}")
-            self.drop_marks += 1
-            self.marked_drops += n if type(n) is int else 0
+                self.err(f"packet {e[1]}: {LOST_MARK!r} must be an instant with events >= 1, got {args}")
+            self.lost_marks += 1
+            self.marked_lost += n if type(n) is int else 0
             return
         counts[k] += 1
         for f in flows:
@@ -711,8 +711,8 @@ def main(argv=None):
     ap.add_argument("--expect-host-slices", type=int, help="slices on host thread tracks")
     ap.add_argument("--expect-gpus", type=int, help="GPU process tracks")
     ap.add_argument("--expect-flows", type=int, help="host launch → kernel flows")
-    ap.add_argument("--expect-dropped", type=int, help="dropped records, summed over GPUs")
-    ap.add_argument("--expect-drop-marks", type=int, help="warps marked with a 'dropped records' instant")
+    ap.add_argument("--expect-events-lost", type=int, help="events lost, summed over GPUs")
+    ap.add_argument("--expect-lost-marks", type=int, help="warps marked with an 'events lost' instant")
     ap.add_argument("--expect-payload", action="append", default=[], metavar="EVENT=ARG",
                     help="device slices named EVENT carry their payload as argument ARG "
                          "(EVENT= : no payload argument); repeatable")
@@ -742,7 +742,7 @@ def main(argv=None):
     for opt, key in [("expect_slices", "slices"), ("expect_device_slices", "device_slices"),
                      ("expect_kernels", "kernel_slices"), ("expect_host_slices", "host_slices"),
                      ("expect_gpus", "gpus"), ("expect_flows", "flows"),
-                     ("expect_dropped", "dropped"), ("expect_drop_marks", "drop_marks")]:
+                     ("expect_events_lost", "events_lost"), ("expect_lost_marks", "lost_marks")]:
         want = getattr(a, opt)
         if want is not None and s[key] != want:
             c.err(f"{key}: {s[key]}, expected {want}")

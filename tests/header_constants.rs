@@ -152,17 +152,18 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("WARP", slot_offsets::WARP),
         ("CLUSTER_RANK", slot_offsets::CLUSTER_RANK),
         ("RECORD_COUNT", slot_offsets::RECORD_COUNT),
-        ("DROP_COUNT", slot_offsets::DROP_COUNT),
+        ("EVENTS_LOST", slot_offsets::EVENTS_LOST),
     ];
-    let slot_v2: [(&str, usize); 9] = [
+    let slot_v2: [(&str, usize); 10] = [
         ("MAGIC", slot_v2_offsets::MAGIC),
         ("ENTRY_COUNT", slot_v2_offsets::ENTRY_COUNT),
         ("LAST_TS", slot_v2_offsets::LAST_TS),
         ("ANCHOR_TS", slot_v2_offsets::ANCHOR_TS),
-        ("DROP_COUNT", slot_v2_offsets::DROP_COUNT),
+        ("ENTRIES_LOST", slot_v2_offsets::ENTRIES_LOST),
         ("SM", slot_v2_offsets::SM),
         ("SLOT", slot_v2_offsets::SLOT),
         ("CLUSTER_RANK", slot_v2_offsets::CLUSTER_RANK),
+        ("EVENTS_LOST", slot_v2_offsets::EVENTS_LOST),
         ("RESERVED", slot_v2_offsets::RESERVED),
     ];
     let entry: [(&str, usize); 3] = [
@@ -175,7 +176,7 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("CHUNKS", slot_stream_offsets::CHUNKS),
         ("LAST_TS", slot_stream_offsets::LAST_TS),
         ("ENTRY_COUNT", slot_stream_offsets::ENTRY_COUNT),
-        ("DROP_COUNT", slot_stream_offsets::DROP_COUNT),
+        ("EVENTS_LOST", slot_stream_offsets::EVENTS_LOST),
         ("SM", slot_stream_offsets::SM),
         ("SLOT", slot_stream_offsets::SLOT),
         ("CLUSTER_RANK", slot_stream_offsets::CLUSTER_RANK),

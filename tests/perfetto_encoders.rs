@@ -101,7 +101,7 @@ fn check(trace: &Path, slices: &Path, device_events: u64, kernels: u64) -> Optio
         ],
     )?;
     assert!(s["lanes"] > s["warp_tracks"], "overlapping launches: {s:?}");
-    assert!(s["drop_marks"] > 0, "{s:?}");
+    assert!(s["lost_marks"] > 0, "{s:?}");
     Some(())
 }
 
@@ -148,12 +148,12 @@ fn several_encoders_write_the_same_slices_as_one() {
     let dir = tempfile::tempdir().unwrap();
     let batches = launches();
     let events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
-    let dropped: u64 = batches.iter().map(|b| b.buffer.drop_count()).sum();
-    assert!(dropped > 0);
+    let lost: u64 = batches.iter().map(|b| b.buffer.events_lost()).sum();
+    assert!(lost > 0);
     let (one_path, one) = write(dir.path(), 1, &batches);
     assert_eq!(one.device_events, events);
     assert_eq!(one.kernels, batches.len() as u64);
-    assert_eq!(one.dropped, dropped);
+    assert_eq!(one.events_lost, lost);
     let one_slices = dir.path().join("1.slices");
     check(&one_path, &one_slices, events, one.kernels);
     for threads in [2, 3, 4] {

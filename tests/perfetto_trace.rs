@@ -197,8 +197,8 @@ fn host_and_device(compress: Option<u32>, encoders: usize) {
     assert!(others(&path).is_empty(), "no temporary file is left");
 
     let device_events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
-    let dropped: u64 = batches.iter().map(|b| b.buffer.drop_count()).sum();
-    assert_eq!(dropped, 4, "two launches on GPU 0 drop 2 records each");
+    let lost: u64 = batches.iter().map(|b| b.buffer.events_lost()).sum();
+    assert_eq!(lost, 4, "two launches on GPU 0 lose 2 events each");
     assert_eq!(stats.device_events, device_events);
     assert_eq!(stats.kernels, 4);
     assert_eq!(stats.flows, 4);
@@ -220,10 +220,10 @@ fn host_and_device(compress: Option<u32>, encoders: usize) {
         "2",
         "--expect-flows",
         "4",
-        "--expect-dropped",
+        "--expect-events-lost",
         "4",
         // Each overflowing warp (one per overflowing batch) is marked where it lost them.
-        "--expect-drop-marks",
+        "--expect-lost-marks",
         "2",
     ];
     args.extend(PAYLOADS);
@@ -328,9 +328,9 @@ fn overlapping(path: &Path, compress: Option<u32>, encoders: Option<usize>) {
             "3",
             "--expect-flows",
             "0",
-            "--expect-dropped",
+            "--expect-events-lost",
             "2",
-            "--expect-drop-marks",
+            "--expect-lost-marks",
             "1",
         ],
     ) else {
@@ -495,9 +495,9 @@ fn a_launch_in_three_parts_draws_the_slices_of_the_whole_and_one_kernel_slice() 
                     &events.to_string(),
                     "--expect-kernels",
                     "1",
-                    "--expect-dropped",
+                    "--expect-events-lost",
                     "2",
-                    "--expect-drop-marks",
+                    "--expect-lost-marks",
                     "1",
                     "--slices-out",
                     slices.to_str().unwrap(),

@@ -130,7 +130,7 @@ fn pick_place(
         (so::WARP, "warp"),
         (so::CLUSTER_RANK, "cluster rank"),
         (so::RECORD_COUNT, "record count"),
-        (so::DROP_COUNT, "drop count"),
+        (so::EVENTS_LOST, "events lost"),
     ];
     const RECORD_FIELDS: [(usize, &str); 4] = [
         (ro::END_LO, "record end"),
@@ -220,7 +220,7 @@ fn every_header_field_takes_every_boundary_value() {
             so::BLOCK_LINEAR,
             so::WARP,
             so::RECORD_COUNT,
-            so::DROP_COUNT,
+            so::EVENTS_LOST,
             SLOT_HEADER_SIZE + ro::EVENT_ID,
         ]
         .map(|o| slot + o),

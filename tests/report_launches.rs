@@ -84,7 +84,7 @@ fn the_default_svg_draws_the_busiest_launch_and_says_so() {
     let (o, text, picture) = report(QUICKSTART, &svg, &[]);
     // The text covers every launch, and says what its times are.
     assert!(
-        summary(&text).starts_with("4 launches, 211200 events, 0 dropped"),
+        summary(&text).starts_with("4 launches, 211200 events, 0 events lost"),
         "{text}"
     );
     assert!(

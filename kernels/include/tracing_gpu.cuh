@@ -140,7 +140,7 @@ enum : unsigned int { BLOCK_XYZ = 36u };
 enum : unsigned int { WARP = 48u };
 enum : unsigned int { CLUSTER_RANK = 52u };
 enum : unsigned int { RECORD_COUNT = 56u };
-enum : unsigned int { DROP_COUNT = 60u };
+enum : unsigned int { EVENTS_LOST = 60u };
 }  // namespace slot_offsets
 
 /// Byte offsets in a record.
@@ -161,8 +161,8 @@ static_assert(slot_offsets::LAST_TS == 16 && slot_offsets::SM_FIRST == 24 && slo
 static_assert(slot_offsets::BLOCK_LINEAR == 32 && slot_offsets::BLOCK_XYZ == 36,
               "slot header word 2: block_linear, block x y z");
 static_assert(slot_offsets::WARP == 48 && slot_offsets::CLUSTER_RANK == 52 &&
-                  slot_offsets::RECORD_COUNT == 56 && slot_offsets::DROP_COUNT == 60,
-              "slot header word 3: warp, cluster_rank, record_count, drop_count");
+                  slot_offsets::RECORD_COUNT == 56 && slot_offsets::EVENTS_LOST == 60,
+              "slot header word 3: warp, cluster_rank, record_count, events_lost");
 static_assert(record_offsets::END_LO == 0 && record_offsets::DURATION == 4 && record_offsets::EVENT_ID == 8 &&
                   record_offsets::KIND == 10 && record_offsets::PAYLOAD == 12 && RECORD_SIZE == 16,
               "record: end_lo, duration, event_id | kind << 16, payload");
@@ -191,17 +191,19 @@ enum : unsigned int { ENTRY_PAYLOAD = 4u };
 /// ranges do not nest with themselves.
 enum : unsigned int { MAX_DEPTH = 32u };
 
-/// Byte offsets in a v2 slot header (written by lane 0 at flush; bytes 40-63 stay zero).
+/// Byte offsets in a v2 slot header (written by lane 0 at flush, but EVENTS_LOST, which the
+/// warp adds to where it drops entries; bytes 44-63 stay zero).
 namespace slot_v2_offsets {
 enum : unsigned int { MAGIC = 0u };
 enum : unsigned int { ENTRY_COUNT = 4u };
 enum : unsigned int { LAST_TS = 8u };
 enum : unsigned int { ANCHOR_TS = 16u };
-enum : unsigned int { DROP_COUNT = 24u };
+enum : unsigned int { ENTRIES_LOST = 24u };
 enum : unsigned int { SM = 28u };
 enum : unsigned int { SLOT = 32u };
 enum : unsigned int { CLUSTER_RANK = 36u };
-enum : unsigned int { RESERVED = 40u };
+enum : unsigned int { EVENTS_LOST = 40u };
+enum : unsigned int { RESERVED = 44u };
 }  // namespace slot_v2_offsets
 
 /// Byte offsets in a v2 entry.
@@ -213,10 +215,12 @@ enum : unsigned int { KIND = 6u };
 
 static_assert(slot_v2_offsets::MAGIC == 0 && slot_v2_offsets::ENTRY_COUNT == 4 && slot_v2_offsets::LAST_TS == 8,
               "v2 slot header word 0: magic, entry_count, last_ts");
-static_assert(slot_v2_offsets::ANCHOR_TS == 16 && slot_v2_offsets::DROP_COUNT == 24 && slot_v2_offsets::SM == 28,
-              "v2 slot header word 1: anchor_ts, drop_count, sm");
+static_assert(slot_v2_offsets::ANCHOR_TS == 16 && slot_v2_offsets::ENTRIES_LOST == 24 && slot_v2_offsets::SM == 28,
+              "v2 slot header word 1: anchor_ts, entries_lost, sm");
 static_assert(slot_v2_offsets::SLOT == 32 && slot_v2_offsets::CLUSTER_RANK == 36,
               "v2 slot header: slot, cluster_rank as one 8-byte store");
+static_assert(ENTRY_SWITCH == ENTRY_END + 1 && ENTRY_INSTANT == ENTRY_END + 2 && ENTRY_PAYLOAD == ENTRY_INSTANT + 1,
+              "the kinds that end an event (end, switch, instant) are consecutive: detail::ends_event");
 static_assert(entry_offsets::TIME_LO == 0 && entry_offsets::EVENT_ID == 4 && entry_offsets::KIND == 6 &&
                   ENTRY_SIZE == 8 && 2 * ENTRY_SIZE == RECORD_SIZE,
               "entry: time_lo, event_id | kind << 16; two entries take a record's room");
@@ -255,7 +259,7 @@ enum : unsigned int { MAGIC = 0u };
 enum : unsigned int { CHUNKS = 4u };
 enum : unsigned int { LAST_TS = 8u };
 enum : unsigned int { ENTRY_COUNT = 16u };
-enum : unsigned int { DROP_COUNT = 20u };
+enum : unsigned int { EVENTS_LOST = 20u };
 enum : unsigned int { SM = 24u };
 enum : unsigned int { SLOT = 28u };
 enum : unsigned int { CLUSTER_RANK = 32u };
@@ -273,9 +277,9 @@ enum : unsigned int { INFO = 254u };
 
 static_assert(slot_stream_offsets::MAGIC == 0 && slot_stream_offsets::CHUNKS == 4 && slot_stream_offsets::LAST_TS == 8,
               "stream slot header word 0: magic, chunks, last_ts");
-static_assert(slot_stream_offsets::ENTRY_COUNT == 16 && slot_stream_offsets::DROP_COUNT == 20 &&
+static_assert(slot_stream_offsets::ENTRY_COUNT == 16 && slot_stream_offsets::EVENTS_LOST == 20 &&
                   slot_stream_offsets::SM == 24 && slot_stream_offsets::SLOT == 28,
-              "stream slot header word 1: entry_count, drop_count, sm, slot");
+              "stream slot header word 1: entry_count, events_lost, sm, slot");
 static_assert(slot_stream_offsets::CLUSTER_RANK == 32 && slot_stream_offsets::RESERVED == 36,
               "stream slot header: cluster_rank, the flush's last word");
 static_assert(CHUNK_SIZE == (CHUNK_ENTRIES + 1) * ENTRY_SIZE && chunk_offsets::STAMP_LO == CHUNK_ENTRIES * ENTRY_SIZE &&
@@ -543,6 +547,49 @@ __device__ __forceinline__ void store2_if(bool store, unsigned long long addr, u
       "l"(addr), "r"(a), "r"(b));
 }
 
+// Whether a staged v2 entry (its word: event_id | kind << 16, without STREAM_MARK) ends an
+// event: an end, a switch or an instant (consecutive kinds); a begin or a payload does not.
+// (store_or_count makes the same test in its asm.)
+__device__ __forceinline__ bool ends_event(unsigned int word) {
+  return word - (ENTRY_END << 16) < ((ENTRY_INSTANT - ENTRY_END + 1) << 16);
+}
+
+// If `when`, which every active lane of the warp has alike: the mask of the active lanes
+// whose `p` holds; 0 otherwise (predicated, not branched around).
+__device__ __forceinline__ unsigned int ballot_if(bool when, bool p) {
+  unsigned int active, m = 0u;
+  asm volatile("activemask.b32 %0;" : "=r"(active));
+  asm volatile(
+      "{\n\t.reg .pred w, q;\n\t"
+      "setp.ne.u32 w, %1, 0;\n\t"
+      "setp.ne.u32 q, %2, 0;\n\t"
+      "@w vote.sync.ballot.b32 %0, q, %3;\n\t}"
+      : "+r"(m)
+      : "r"(static_cast<unsigned int>(when)), "r"(static_cast<unsigned int>(p)), "r"(active));
+  return m;
+}
+
+// A fixed slot's entry `i` of `cap` (the slot's header at `h`): stored if it fits; else, if
+// it ends an event, counted lost: 1 added to the header's events_lost (a reduction in device
+// memory, which returns nothing and which nothing waits for). Each lane counts its own
+// entry: no vote, which inside the group store would put a convergence barrier on every
+// event's path (recorder_sass.rs counts it). One asm block, the addresses made in it from
+// `h`, so that the count holds no register and adds no branch to the store's code.
+__device__ __forceinline__ void store_or_count(unsigned long long h, unsigned int i, unsigned int cap,
+                                               unsigned int time, unsigned int word) {
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\t.reg .b32 k;\n\t.reg .b64 a;\n\t"
+      "setp.lt.u32 p, %1, %2;\n\t"
+      "mad.wide.u32 a, %1, %7, %0;\n\t"
+      "@p st.global.v2.u32 [a+%8], {%3, %4};\n\t"
+      "sub.u32 k, %4, %5;\n\t"
+      "setp.lt.u32.and q, k, %6, !p;\n\t"
+      "@q red.global.add.u32 [%0+%9], 1;\n\t}" ::"l"(h),
+      "r"(i), "r"(cap), "r"(time), "r"(word), "n"(ENTRY_END << 16), "n"((ENTRY_INSTANT - ENTRY_END + 1) << 16),
+      "n"(ENTRY_SIZE * 1u), "n"(SLOT_HEADER_SIZE * 1u), "n"(slot_v2_offsets::EVENTS_LOST * 1u)
+      : "memory");
+}
+
 }  // namespace detail
 
 #if TGPU_FORMAT == 1
@@ -788,7 +835,8 @@ class Recorder {
   unsigned int stored_;  // entries of the groups before it; streaming: chunks stored << 16 |
                          // the host's `read` as last loaded, both modulo 2^16
   unsigned int time_;    // this lane's staged entry: the stamp (or a payload); streaming, in
-                         // the first lane: entries dropped << 1 | 1 if since the last chunk
+                         // the first lane: events lost << 1 | 1 if entries were dropped since
+                         // the last chunk
   unsigned int word_;    //   and event_id | kind << 16; streaming, in the first lane: chunks
                          //   stored
 
@@ -879,9 +927,9 @@ class Recorder {
 #endif
 
   // The group is full: every lane stores its entry (those past the slot's end are
-  // dropped). When this store holds the slot's last kept entry, lane 0 writes anchor_ts
-  // now, so that the times of the kept entries unwrap from a stamp just after them.
-  // Streaming: the group is the ring's next chunk, stamped now.
+  // dropped, and those that end an event counted in the header's events_lost). When this store holds the slot's last kept entry,
+  // lane 0 writes anchor_ts now, so that the times of the kept entries unwrap from a stamp
+  // just after them. Streaming: the group is the ring's next chunk, stamped now.
   __device__ __forceinline__ void store_group() {
     unsigned long long h;
     unsigned int capacity, slot;
@@ -889,10 +937,9 @@ class Recorder {
       if (streaming()) {
         store_chunk(h, capacity, group_, globaltimer());
       } else {
-        const unsigned long long entry0 = h + SLOT_HEADER_SIZE;
         const unsigned int cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
         const unsigned int i = stored_ + lane_;
-        if (i < cap) detail::store2(entry0 + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
+        detail::store_or_count(h, i, cap, time_, word_);
         if (lane_ == 0 && stored_ < cap && cap - stored_ <= group_) {
           const unsigned long long t = globaltimer();
           detail::store2(h + slot_v2_offsets::ANCHOR_TS, static_cast<unsigned int>(t),
@@ -907,7 +954,8 @@ class Recorder {
   }
 
   // Streaming: the n staged entries become the ring's next chunk, stamped `stamp`, or are
-  // dropped (and flagged in the next chunk) if the ring is full. Every lane keeps the same
+  // dropped (and flagged in the next chunk) if the ring is full; the first lane counts the
+  // dropped entries that end an event, for the header's events_lost. Every lane keeps the same
   // counters (stored_) and so decides alike; they load the host's `read` again only when
   // the value they have says the ring is full: once per ring's worth of chunks while the
   // host keeps up. A ring's chunks are a power of two, at most 2^15, so that the position
@@ -935,9 +983,14 @@ class Recorder {
                       first ? (static_cast<unsigned int>(stamp >> 32) & 0xFFFFu) | (info << 16)
                             : word_ | (STREAM_MARK << 16));
     stored_ += keep ? 0x10000u : 0u;
+    // The lanes' entries are in their registers only: a vote counts those that end an event.
+    // (Unlike the fixed slots' count, in device memory, mapped host memory takes no atomics
+    // that one could count with lane by lane.) Its cost: ptxas puts a convergence barrier
+    // (BSSY/BSYNC) around each call site's group store in a build with the streaming code.
+    const unsigned int lost = __popc(detail::ballot_if(!keep, lane_ < n && detail::ends_event(word_)));
     if (first) {
       word_ += keep ? 1u : 0u;
-      time_ = keep ? time_ & ~1u : (time_ + (n << 1)) | 1u;
+      time_ = keep ? time_ & ~1u : (time_ + (lost << 1)) | 1u;
     }
   }
 
@@ -1129,9 +1182,7 @@ class Recorder {
       } else {
         const unsigned int cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
         const unsigned int i = stored_ + lane_;
-        if (lane_ < k_ && i < cap) {
-          detail::store2(h + SLOT_HEADER_SIZE + static_cast<unsigned long long>(i) * ENTRY_SIZE, time_, word_);
-        }
+        if (lane_ < k_) detail::store_or_count(h, i, cap, time_, word_);
         if (lane_ == 0) {
           const unsigned int kept = count < cap ? count : cap;
           const unsigned int lo = static_cast<unsigned int>(last), hi = static_cast<unsigned int>(last >> 32);
@@ -1141,7 +1192,7 @@ class Recorder {
             // stored, and the flush's stamp anchors it.
             detail::store4(h + slot_v2_offsets::ANCHOR_TS, lo, hi, count - kept, smid());
           } else {
-            detail::store2(h + slot_v2_offsets::DROP_COUNT, count - kept, smid());
+            detail::store2(h + slot_v2_offsets::ENTRIES_LOST, count - kept, smid());
           }
           detail::store2(h + slot_v2_offsets::SLOT, slot, detail::cluster_rank());
         }

@@ -29,15 +29,18 @@ pub struct ProfilerStats {
     pub failed: u64,
     /// Device events delivered.
     pub events: u64,
-    /// Device events dropped by full slots (streamed launches: entries dropped
-    /// because a ring was full, and events lost with them).
-    pub dropped_events: u64,
+    /// Device events lost: ranges and instants the warps made that no batch
+    /// holds, because a slot or a ring was full (counted per warp as
+    /// `decode::Slot::events_lost`). Per warp, and so in all, `events +
+    /// events_lost` is what the kernels made, for the launches delivered
+    /// (a range still open when its warp flushed is no event).
+    pub events_lost: u64,
     /// Parts of streamed launches delivered (the last part of each included).
     pub parts: u64,
     /// Times a streamed launch's drain thread stopped reading its rings
     /// because 1 GiB of parts waited for the collector (held back by a slow
-    /// sink, or by plain spans for an unfiltered subscriber): the entries the
-    /// warps dropped meanwhile are among `dropped_events`.
+    /// sink, or by plain spans for an unfiltered subscriber): the events the
+    /// warps lost meanwhile are among `events_lost`.
     pub stream_stalls: u64,
     /// Clock checkpoints taken (the first calibration included).
     pub calibrations: u64,

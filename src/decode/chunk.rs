@@ -95,8 +95,12 @@ pub(crate) struct WarpChunks {
     resync: bool,
     /// Entries read so far (what the errors number entries by).
     entries: u64,
-    /// Events lost to gaps: ranges open when entries were dropped, and ends
-    /// whose begin was dropped.
+    /// Events lost to gaps that only the host sees: ranges whose end came
+    /// after a gap that lost their begin (or took the stack it was on). A
+    /// range open at a gap is not counted when it is forgotten: its end is
+    /// either read later (counted here) or was dropped (counted by the warp,
+    /// in the flushed header's `events_lost`), or never came (then it was no
+    /// event). So each event lost is counted once, by one of the two.
     pub lost: u64,
     /// `%smid` of the warp's latest chunk.
     pub sm: u32,
@@ -264,10 +268,9 @@ impl WarpChunks {
     }
 
     /// Entries were dropped: the held event goes out without its payload, and
-    /// the open ranges are forgotten.
+    /// the open ranges are forgotten (not counted: see [`WarpChunks::lost`]).
     fn forget(&mut self, out: &mut Vec<Event>) {
         out.extend(self.held.take());
-        self.lost += self.depth as u64;
         self.depth = 0;
         self.resync = true;
     }
@@ -440,11 +443,46 @@ mod tests {
             0,
         );
         assert!(read(&mut ws, &b).unwrap().is_empty());
-        // Two ranges forgotten at the gap, and their two ends found nothing.
-        assert_eq!(ws.lost, 4);
+        // Two ranges forgotten at the gap, and their two ends found nothing:
+        // two events lost, counted at their ends.
+        assert_eq!(ws.lost, 2);
         let mut out = Vec::new();
         ws.finish(&mut out);
         assert_eq!(out, vec![range(4, t + 120, t + 130, 0)]);
+    }
+
+    /// A `switch_to` chain across a gap (the produced + 1 per gap): the
+    /// range open at the gap is lost once, where its end is read, and the
+    /// events whose entries were dropped are the warp's to count, not the
+    /// reader's.
+    #[test]
+    fn a_switch_chain_across_a_gap_loses_each_range_once() {
+        let t = 10_000u64;
+        let lo = |d: u64| (t + d) as u32;
+        let mut ws = WarpChunks::new(0);
+        let a = chunk(
+            &[word(lo(0), 1, ENTRY_BEGIN), word(lo(10), 2, ENTRY_SWITCH)],
+            t + 11,
+            false,
+            0,
+        );
+        // Dropped by the warp (which counts its one event): switch to 1 at 20.
+        let b = chunk(
+            &[word(lo(30), 2, ENTRY_SWITCH), word(lo(40), 2, ENTRY_END)],
+            t + 41,
+            true,
+            0,
+        );
+        assert!(read(&mut ws, &a).unwrap().is_empty());
+        let got = read(&mut ws, &b).unwrap();
+        let mut out = Vec::new();
+        ws.finish(&mut out);
+        // Made: 1 [0, 10], 2 [10, 20], 1 [20, 30], 2 [30, 40]. Delivered: the
+        // first and the last; lost: 2 [10, 20] (the warp's count) and 1 [20, 30]
+        // (its begin was dropped: the reader's), each once.
+        assert_eq!(got, vec![range(1, t, t + 10, 0)]);
+        assert_eq!(out, vec![range(2, t + 30, t + 40, 0)]);
+        assert_eq!(ws.lost, 1);
     }
 
     #[test]

@@ -127,6 +127,17 @@ pub enum DecodeError {
         /// Offset of the first non-zero reserved byte within the slot header.
         offset: usize,
     },
+    /// A v2 slot that counts more events lost than entries lost: each event lost
+    /// is an entry lost (the one that would have ended it).
+    #[error("slot {slot}: {events} events lost, more than its {entries} entries lost")]
+    EventsLostOverEntries {
+        /// Slot index.
+        slot: u32,
+        /// `events_lost`, as the header says.
+        events: u32,
+        /// `entries_lost`, as the header says.
+        entries: u32,
+    },
     /// A v2 slot whose `anchor_ts` is after its `last_ts`.
     #[error("slot {slot}: anchor_ts {anchor_ts} is after last_ts {last_ts}")]
     AnchorAfterLast {

@@ -53,7 +53,7 @@ struct Index {
     /// A packed buffer's slots' offsets, one per flushed slot; empty otherwise.
     offsets: Vec<usize>,
     events: u64,
-    drops: u64,
+    events_lost: u64,
     /// Smallest `first_ts` and largest `last_ts` of the flushed slots.
     time_range: Option<(u64, u64)>,
 }
@@ -71,7 +71,7 @@ impl fmt::Debug for Buffer<'_> {
             .field("header", &self.index.header)
             .field("flushed_slots", &self.index.flushed.len())
             .field("events", &self.index.events)
-            .field("drops", &self.index.drops)
+            .field("events_lost", &self.index.events_lost)
             .finish()
     }
 }
@@ -209,7 +209,7 @@ impl<'a> Buffer<'a> {
                     rebuilt: Vec::new(),
                     offsets: w.offsets,
                     events: w.events,
-                    drops: w.drops,
+                    events_lost: w.events_lost,
                     time_range: w.time_range,
                 }),
             });
@@ -223,7 +223,7 @@ impl<'a> Buffer<'a> {
             u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
         let mut flushed = Vec::new();
         let mut rebuilt = Vec::new();
-        let (mut events, mut drops) = (0u64, 0u64);
+        let (mut events, mut lost) = (0u64, 0u64);
         let mut time_range: Option<(u64, u64)> = None;
         let body = &bytes[BUFFER_HEADER_SIZE..size];
         for (i, slot) in body.chunks_exact(stride).enumerate() {
@@ -279,7 +279,7 @@ impl<'a> Buffer<'a> {
                 h
             };
             events += h.record_count as u64;
-            drops += h.drop_count as u64;
+            lost += h.events_lost as u64;
             time_range = Some(match time_range {
                 Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
                 None => (h.first_ts, h.last_ts),
@@ -295,7 +295,7 @@ impl<'a> Buffer<'a> {
                 rebuilt,
                 offsets: Vec::new(),
                 events,
-                drops,
+                events_lost: lost,
                 time_range,
             }),
         })
@@ -333,9 +333,10 @@ impl<'a> Buffer<'a> {
         self.index.events
     }
 
-    /// Records dropped in all slots because a slot was full.
-    pub fn drop_count(&self) -> u64 {
-        self.index.drops
+    /// Events lost in all slots: events the warps made that are not here
+    /// (a full slot or ring dropped them; [`Slot::events_lost`]).
+    pub fn events_lost(&self) -> u64 {
+        self.index.events_lost
     }
 
     /// The device time the flushed slots cover: the smallest `first_ts` and the
@@ -529,9 +530,13 @@ impl<'a> Slot<'a> {
         self.header.record_count
     }
 
-    /// Records (v2: entries) dropped because the slot was full.
-    pub fn drop_count(&self) -> u32 {
-        self.header.drop_count
+    /// Events the warp made that are not in the slot: a range or an instant
+    /// whose record (v1) or closing entry (v2) did not fit, and, in a
+    /// streamed launch's part, a range whose begin was lost with entries the
+    /// warp dropped. Events delivered plus events lost are the events the warp
+    /// made (ranges still open at its flush are not events).
+    pub fn events_lost(&self) -> u32 {
+        self.header.events_lost
     }
 
     /// Whether the warp ran on more than one SM.
@@ -664,7 +669,7 @@ impl OwnedBuffer {
                 rebuilt: Vec::new(),
                 offsets: packed.offsets,
                 events: packed.events,
-                drops: packed.drops,
+                events_lost: packed.events_lost,
                 time_range: packed.time_range,
             },
             bytes,
@@ -707,9 +712,9 @@ impl OwnedBuffer {
         self.index.events
     }
 
-    /// Records dropped in all slots.
-    pub fn drop_count(&self) -> u64 {
-        self.index.drops
+    /// Events lost in all slots ([`Buffer::events_lost`]).
+    pub fn events_lost(&self) -> u64 {
+        self.index.events_lost
     }
 
     /// See [`Buffer::time_range`].
@@ -758,7 +763,7 @@ mod tests {
         put(&mut b, s + 48, &1u32.to_le_bytes()); // warp
         put(&mut b, s + 52, &u32::MAX.to_le_bytes()); // cluster_rank
         put(&mut b, s + 56, &2u32.to_le_bytes()); // record_count
-        put(&mut b, s + 60, &3u32.to_le_bytes()); // drop_count
+        put(&mut b, s + 60, &3u32.to_le_bytes()); // events_lost
         let r = s + 64;
         put(&mut b, r, &0xFFFF_FF80u32.to_le_bytes()); // end_lo
         put(&mut b, r + 4, &0x40u32.to_le_bytes()); // duration
@@ -775,7 +780,7 @@ mod tests {
         let cap = Buffer::decode(&b, Some(&reg)).unwrap();
         assert_eq!(cap.header().launch_id, 77);
         assert_eq!(cap.header().grid, [1, 1, 1]);
-        assert_eq!((cap.event_count(), cap.drop_count()), (2, 3));
+        assert_eq!((cap.event_count(), cap.events_lost()), (2, 3));
         assert_eq!(cap.flushed_slot_count(), 1);
         assert!(cap.slot(0).is_none());
         let slot = cap.slot(1).unwrap();
@@ -1133,7 +1138,7 @@ mod tests {
         b.warp(0, 0).unwrap().instant(1, 10, 0).instant(1, 20, 0);
         let bytes = b.finish();
         let cap = Buffer::decode(&bytes, None).unwrap();
-        assert_eq!((cap.event_count(), cap.drop_count()), (0, 2));
+        assert_eq!((cap.event_count(), cap.events_lost()), (0, 2));
         assert_eq!(cap.slots().next().unwrap().header.last_ts, 20);
         // A launch where nothing flushed.
         let bytes = BufferBuilder::new([3, 2, 1], [33, 2, 1], 3).finish();
@@ -1279,9 +1284,9 @@ mod tests {
                     prev = e.end_ns;
                     events += 1;
                 }
-                drops += s.drop_count() as u64;
+                drops += s.events_lost() as u64;
             }
-            assert_eq!((events, drops), (cap.event_count(), cap.drop_count()));
+            assert_eq!((events, drops), (cap.event_count(), cap.events_lost()));
         }
 
         proptest! {
@@ -1301,7 +1306,7 @@ mod tests {
                     .collect();
                 prop_assert_eq!(got, kept);
                 let drops: u64 = want.values().map(|e| e.len().saturating_sub(cap as usize) as u64).sum();
-                prop_assert_eq!(c.drop_count(), drops);
+                prop_assert_eq!(c.events_lost(), drops);
             }
 
             #[test]

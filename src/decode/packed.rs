@@ -25,7 +25,7 @@ pub(super) fn walk(
         flushed: Vec::with_capacity(header.slot_count.min(1 << 16) as usize),
         offsets: Vec::with_capacity(header.slot_count.min(1 << 16) as usize),
         events: 0,
-        drops: 0,
+        events_lost: 0,
         time_range: None,
         size: BUFFER_HEADER_SIZE,
     };
@@ -66,7 +66,7 @@ pub(super) fn walk(
             .ok_or(truncated(start + len))?;
         check_records(index, &h, records, &known)?;
         w.events += h.record_count as u64;
-        w.drops += h.drop_count as u64;
+        w.events_lost += h.events_lost as u64;
         w.time_range = Some(match w.time_range {
             Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
             None => (h.first_ts, h.last_ts),

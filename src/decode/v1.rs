@@ -23,7 +23,7 @@ pub(super) fn read_slot_header(b: &[u8]) -> SlotHeader {
         warp: u32_at(b, so::WARP),
         cluster_rank: u32_at(b, so::CLUSTER_RANK),
         record_count: u32_at(b, so::RECORD_COUNT),
-        drop_count: u32_at(b, so::DROP_COUNT),
+        events_lost: u32_at(b, so::EVENTS_LOST),
     }
 }
 

@@ -40,11 +40,6 @@ pub(super) fn timed(kind: u16) -> bool {
     kind != ENTRY_PAYLOAD
 }
 
-/// Whether an event ends at an entry of this kind (and a payload may follow).
-fn ends_event(kind: u16) -> bool {
-    kind == ENTRY_END || kind == ENTRY_SWITCH || kind == ENTRY_INSTANT
-}
-
 /// Why an entry was refused, as found by the hot loop; made into a [`DecodeError`]
 /// only then ([`refused`]), so that the loop carries no large error.
 #[derive(Debug, Clone, Copy)]
@@ -186,7 +181,7 @@ fn walk(entries: &[u8], known: impl Fn(u16) -> bool) -> Result<Walked, (u32, Ent
             _ => Ok(()),
         }
         .map_err(fail)?;
-        ended = ends_event(e.kind);
+        ended = e.ends_event();
         w.events += u32::from(ended);
     }
     w.depth = open.depth;
@@ -196,8 +191,10 @@ fn walk(entries: &[u8], known: impl Fn(u16) -> bool) -> Result<Walked, (u32, Ent
 /// Checks a flushed v2 slot (its bytes, header first, as long as the stride) and
 /// returns the header a reader sees: `first_ts` is the first entry's time (the
 /// flush's when there is none), `record_count` the events the entries rebuild into,
-/// `drop_count` the entries dropped, and the open-at-flush flag is set when a range
-/// was left open.
+/// `events_lost` the device's count of events whose closing entry did not fit (the
+/// kept entries are a prefix, so an event is rebuilt exactly when its closing entry
+/// was kept: nothing to add), and the open-at-flush flag is set when a range was
+/// left open.
 pub(super) fn check(
     slot: &[u8],
     at: &Place,
@@ -226,6 +223,17 @@ pub(super) fn check(
     let found = u32_at(slot, so::SLOT);
     if found != i {
         return Err(DecodeError::WrongSlot { slot: i, found });
+    }
+    let (events_lost, entries_lost) = (
+        u32_at(slot, so::EVENTS_LOST),
+        u32_at(slot, so::ENTRIES_LOST),
+    );
+    if events_lost > entries_lost {
+        return Err(DecodeError::EventsLostOverEntries {
+            slot: i,
+            events: events_lost,
+            entries: entries_lost,
+        });
     }
     let (last_ts, anchor_ts) = (u64_at(slot, so::LAST_TS), u64_at(slot, so::ANCHOR_TS));
     if anchor_ts > last_ts {
@@ -280,7 +288,7 @@ pub(super) fn check(
         warp: at.warp,
         cluster_rank: u32_at(slot, so::CLUSTER_RANK),
         record_count: events,
-        drop_count: u32_at(slot, so::DROP_COUNT),
+        events_lost,
     })
 }
 
@@ -455,7 +463,7 @@ mod tests {
         assert_eq!(s.events().len(), 6);
         let h = s.header;
         assert_eq!((h.first_ts, h.last_ts), (t0, t0 + 500));
-        assert_eq!((h.record_count, h.drop_count, h.flags), (6, 0, 0));
+        assert_eq!((h.record_count, h.events_lost, h.flags), (6, 0, 0));
         assert_eq!(
             (h.sm_first, h.sm_last, h.block_linear, h.warp),
             (7, 7, 1, 1)
@@ -482,7 +490,7 @@ mod tests {
         let cap = Buffer::decode(&bytes, None).unwrap();
         let s = cap.slot(0).unwrap();
         assert_eq!(s.events().collect::<Vec<_>>(), [range(2, 110, 120, 3)]);
-        assert_eq!((s.drop_count(), s.event_count()), (2, 1));
+        assert_eq!((s.events_lost(), s.event_count()), (2, 1));
         assert!(s.open_at_flush());
         // Kept entries unwrap back from the last kept one, not from the flush.
         assert_eq!(
@@ -603,6 +611,22 @@ mod tests {
         assert_eq!(
             rejected(|b| set32(b, S + so::SLOT, 1)),
             E::WrongSlot { slot: 0, found: 1 }
+        );
+        // An event lost without its closing entry lost: the counts lie.
+        assert_eq!(
+            rejected(|b| set32(b, S + so::EVENTS_LOST, 1)),
+            E::EventsLostOverEntries {
+                slot: 0,
+                events: 1,
+                entries: 0
+            }
+        );
+        assert_eq!(
+            rejected(|b| b[S + so::RESERVED] = 1),
+            E::ReservedNotZero {
+                slot: 0,
+                offset: so::RESERVED
+            }
         );
         assert_eq!(
             rejected(|b| b[S + so::ANCHOR_TS..S + so::ANCHOR_TS + 8]
@@ -786,12 +810,12 @@ mod tests {
     }
 
     /// Writes the ops that keep the stream well nested (the others are skipped) and
-    /// returns the buffer and the events a reader must see.
-    fn build(first: u64, ops: &[(Op, u64, Option<u32>)], cap: u32) -> (Vec<u8>, Vec<Event>) {
+    /// returns the buffer, the events a reader must see and the events made.
+    fn build(first: u64, ops: &[(Op, u64, Option<u32>)], cap: u32) -> (Vec<u8>, Vec<Event>, u64) {
         let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], cap);
         let w = b.warp_v2(0, 0).unwrap();
         let mut open: Vec<(u16, u64)> = Vec::new();
-        let (mut t, mut want, mut written) = (first, Vec::new(), 0usize);
+        let (mut t, mut want, mut written, mut made) = (first, Vec::new(), 0usize, 0u64);
         let kept = 2 * cap as usize;
         for (op, gap, payload) in ops {
             let last = t;
@@ -827,6 +851,7 @@ mod tests {
             };
             written += 1;
             if let Some(mut ev) = ev {
+                made += 1;
                 if let Some(p) = payload {
                     w.payload(*p);
                     written += 1;
@@ -840,7 +865,7 @@ mod tests {
             }
         }
         w.last_ts(t + 7);
-        (b.finish(), want)
+        (b.finish(), want, made)
     }
 
     proptest! {
@@ -852,10 +877,12 @@ mod tests {
             ops in ops(),
             cap in prop_oneof![Just(64u32), 0u32..8],
         ) {
-            let (bytes, want) = build(first, &ops, cap);
+            let (bytes, want, made) = build(first, &ops, cap);
             let c = Buffer::decode(&bytes, None).unwrap();
             let s = c.slot(0).unwrap();
             prop_assert_eq!(s.events().len(), want.len());
+            // Whatever did not fit: delivered + lost = made, in events.
+            prop_assert_eq!(s.events().len() as u64 + u64::from(s.events_lost()), made);
             prop_assert_eq!(s.events().collect::<Vec<_>>(), want);
             for e in s.events() {
                 prop_assert!(s.header.first_ts <= e.start_ns && e.end_ns <= s.header.last_ts);
@@ -867,7 +894,7 @@ mod tests {
             ops in ops(),
             flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
         ) {
-            let (mut bytes, _) = build(1 << 33, &ops, 16);
+            let (mut bytes, _, _) = build(1 << 33, &ops, 16);
             for (at, x) in flips {
                 let i = BUFFER_HEADER_SIZE + at.index(bytes.len() - BUFFER_HEADER_SIZE);
                 bytes[i] ^= x;

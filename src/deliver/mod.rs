@@ -68,9 +68,9 @@
 //! | `gpu.launch_id` | i64 | the launch id (unique in the process) |
 //! | `gpu.thread` | str | the synthetic thread, `"GPU 0 / SM 12 / block 7 warp 3"` (not `thread.name`, which layers such as `tracing-opentelemetry` set to the real thread) |
 //!
-//! A warp whose slot overflowed adds one `TRACE` event (not a span) under the
-//! same target, `"gpu.dropped"`, with `gpu.device`, `gpu.sm`, `gpu.block`,
-//! `gpu.warp`, `gpu.dropped` (the count), `gpu.kernel`, `gpu.launch_id` and
+//! A warp that lost events (`Slot::events_lost`) adds one `TRACE` event (not a span) under the
+//! same target, `"gpu.events_lost"`, with `gpu.device`, `gpu.sm`, `gpu.block`,
+//! `gpu.warp`, `gpu.events_lost` (the count), `gpu.kernel`, `gpu.launch_id` and
 //! `gpu.thread`. A batch with more events than [`FALLBACK_SPAN_LIMIT`] adds
 //! one `"gpu.fallback_truncated"` event with `gpu.events` and `gpu.emitted`.
 //!

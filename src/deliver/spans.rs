@@ -71,9 +71,9 @@ pub(super) fn emit_spans(batch: &Batch) {
             }
             emitted += 1;
         }
-        if h.drop_count > 0 {
+        if h.events_lost > 0 {
             tracing::event!(
-                name: "gpu.dropped",
+                name: "gpu.events_lost",
                 target: DEVICE_TARGET,
                 parent: parent.clone(),
                 tracing::Level::TRACE,
@@ -81,11 +81,11 @@ pub(super) fn emit_spans(batch: &Batch) {
                 gpu.sm = i64::from(h.sm_first),
                 gpu.block = i64::from(h.block_linear),
                 gpu.warp = i64::from(h.warp),
-                gpu.dropped = i64::from(h.drop_count),
+                gpu.events_lost = i64::from(h.events_lost),
                 gpu.kernel = &*launch.kernel,
                 gpu.launch_id = launch_id,
                 gpu.thread = thread.as_str(),
-                "gpu.dropped"
+                "gpu.events_lost"
             );
         }
     }

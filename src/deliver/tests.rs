@@ -62,10 +62,10 @@ fn plain_spans_carry_the_documented_fields() {
     let drops: Vec<_> = seen
         .events
         .iter()
-        .filter(|e| e["name"] == "gpu.dropped")
+        .filter(|e| e["name"] == "gpu.events_lost")
         .collect();
     assert_eq!(drops.len(), 1);
-    assert_eq!(drops[0]["gpu.dropped"], "1");
+    assert_eq!(drops[0]["gpu.events_lost"], "1");
     assert_eq!(drops[0]["gpu.launch_id"], "42");
     assert_eq!(drops[0]["gpu.kernel"], "sim");
     assert_eq!(drops[0]["gpu.thread"], "GPU 0 / SM 3 / block 1 warp 0");
@@ -105,7 +105,7 @@ fn a_filter_on_the_span_name_turns_the_spans_off_not_the_drops() {
     assert_eq!(
         seen.events
             .iter()
-            .filter(|e| e["name"] == "gpu.dropped")
+            .filter(|e| e["name"] == "gpu.events_lost")
             .count(),
         1
     );

@@ -33,8 +33,9 @@ pub struct BufferBuilder {
 }
 
 /// One warp's v2 slot in a [`BufferBuilder`]: the entries in the order the device
-/// writes them, with full times. Those past twice the capacity are counted as
-/// dropped. Unless set, `last_ts` is the latest time pushed; `anchor_ts` is
+/// writes them, with full times. Those past twice the capacity are lost, and
+/// counted as the device counts them: entries lost, and events lost (those of
+/// them that end an event). Unless set, `last_ts` is the latest time pushed; `anchor_ts` is
 /// `last_ts`, or with drops the last kept entry's time, as the device writes it.
 #[derive(Debug, Clone, Default)]
 pub struct EntrySlotBuilder {
@@ -182,7 +183,7 @@ impl BufferBuilder {
                 warp: i % h.warps_per_block,
                 cluster_rank: s.cluster_rank,
                 record_count: kept as u32,
-                drop_count: u32::try_from(s.events.len() - kept).unwrap_or(u32::MAX),
+                events_lost: u32::try_from(s.events.len() - kept).unwrap_or(u32::MAX),
             }
             .write_to(&mut out[off..]);
             for (n, e) in s.events[..kept].iter().enumerate() {
@@ -284,8 +285,11 @@ impl EntrySlotBuilder {
         put(out, v2o::ENTRY_COUNT, &(kept as u32).to_le_bytes());
         put(out, v2o::LAST_TS, &last.to_le_bytes());
         put(out, v2o::ANCHOR_TS, &anchor.to_le_bytes());
-        let dropped = u32::try_from(self.entries.len() - kept).unwrap_or(u32::MAX);
-        put(out, v2o::DROP_COUNT, &dropped.to_le_bytes());
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let lost = &self.entries[kept..];
+        put(out, v2o::ENTRIES_LOST, &count(lost.len()).to_le_bytes());
+        let events = lost.iter().filter(|(e, _)| e.ends_event()).count();
+        put(out, v2o::EVENTS_LOST, &count(events).to_le_bytes());
         put(out, v2o::SM, &self.sm.to_le_bytes());
         put(out, v2o::SLOT, &index.to_le_bytes());
         put(out, v2o::CLUSTER_RANK, &self.cluster_rank.to_le_bytes());
@@ -418,7 +422,7 @@ mod trim_tests {
     fn events(bytes: &[u8]) -> Vec<(u32, Vec<Event>, u32)> {
         let b = Buffer::decode(bytes, None).unwrap();
         b.slots()
-            .map(|s| (s.index, s.events().collect(), s.drop_count()))
+            .map(|s| (s.index, s.events().collect(), s.events_lost()))
             .collect()
     }
 

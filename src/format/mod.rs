@@ -97,8 +97,10 @@ pub struct SlotHeader {
     pub cluster_rank: u32,
     /// Records written.
     pub record_count: u32,
-    /// Records dropped.
-    pub drop_count: u32,
+    /// Events lost: ranges and instants the warp made that are not in the slot
+    /// (v1: records that did not fit; `docs/format.md` says what each slot
+    /// format counts).
+    pub events_lost: u32,
 }
 
 /// One 16-byte record as stored.
@@ -175,7 +177,7 @@ impl SlotHeader {
         put_u32(b, o::WARP, self.warp);
         put_u32(b, o::CLUSTER_RANK, self.cluster_rank);
         put_u32(b, o::RECORD_COUNT, self.record_count);
-        put_u32(b, o::DROP_COUNT, self.drop_count);
+        put_u32(b, o::EVENTS_LOST, self.events_lost);
     }
 }
 
@@ -232,6 +234,14 @@ impl Entry {
         put_u32(b, o::TIME_LO, self.time_lo);
         put_u16(b, o::EVENT_ID, self.event_id);
         put_u16(b, o::KIND, self.kind);
+    }
+
+    /// Whether an event ends at this entry: an end, a switch or an instant (a
+    /// payload entry may follow it). Each event ends at exactly one entry, so
+    /// the entries lost that end an event count the events lost with them.
+    #[inline]
+    pub fn ends_event(&self) -> bool {
+        matches!(self.kind, ENTRY_END | ENTRY_SWITCH | ENTRY_INSTANT)
     }
 
     /// Reads an entry from exactly [`ENTRY_SIZE`] bytes.

@@ -15,7 +15,7 @@ pub(crate) struct PackedIndex {
     /// Each slot's byte offset in the buffer.
     pub offsets: Vec<usize>,
     pub events: u64,
-    pub drops: u64,
+    pub events_lost: u64,
     /// Smallest `first_ts` and largest `last_ts` of the slots.
     pub time_range: Option<(u64, u64)>,
     /// Bytes the buffer occupies.
@@ -73,7 +73,7 @@ mod writer {
                     flushed: Vec::new(),
                     offsets: Vec::new(),
                     events: 0,
-                    drops: 0,
+                    events_lost: 0,
                     time_range: None,
                     size: BUFFER_HEADER_SIZE,
                 },
@@ -127,7 +127,7 @@ mod writer {
             x.flushed.push(index);
             x.offsets.push(at);
             x.events += events.len() as u64;
-            x.drops += h.drop_count as u64;
+            x.events_lost += h.events_lost as u64;
             x.time_range = Some(match x.time_range {
                 Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
                 None => (h.first_ts, h.last_ts),

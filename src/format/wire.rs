@@ -140,12 +140,14 @@ pub mod slot_offsets {
     pub const CLUSTER_RANK: usize = 52;
     /// `u32` records written.
     pub const RECORD_COUNT: usize = 56;
-    /// `u32` records dropped because the slot was full.
-    pub const DROP_COUNT: usize = 60;
+    /// `u32` events lost: records that did not fit, each an event.
+    pub const EVENTS_LOST: usize = 60;
 }
 
 /// Field offsets of a v2 slot header (bytes from [`RESERVED`](slot_v2_offsets::RESERVED)
-/// to the end are zero).
+/// to the end are zero). The warp adds to
+/// [`EVENTS_LOST`](slot_v2_offsets::EVENTS_LOST) where it drops entries; lane 0
+/// writes the rest at flush.
 pub mod slot_v2_offsets {
     /// `u32` [`super::SLOT_MAGIC_V2`].
     pub const MAGIC: usize = 0;
@@ -155,16 +157,19 @@ pub mod slot_v2_offsets {
     pub const LAST_TS: usize = 8;
     /// `u64` `%globaltimer` just after the last written entry: the times unwrap back from it.
     pub const ANCHOR_TS: usize = 16;
-    /// `u32` entries that did not fit and were dropped.
-    pub const DROP_COUNT: usize = 24;
+    /// `u32` entries lost: entries that did not fit (payloads and begins among them).
+    pub const ENTRIES_LOST: usize = 24;
     /// `u32` `%smid` at flush.
     pub const SM: usize = 28;
     /// `u32` the slot's own index, as the warp computed it.
     pub const SLOT: usize = 32;
     /// `u32` `%cluster_ctarank`, or [`super::NO_CLUSTER`].
     pub const CLUSTER_RANK: usize = 36;
+    /// `u32` events lost: the entries that did not fit and ended an event (an end, a
+    /// switch or an instant).
+    pub const EVENTS_LOST: usize = 40;
     /// Zero to the end of the header.
-    pub const RESERVED: usize = 40;
+    pub const RESERVED: usize = 44;
 }
 
 /// Field offsets of a v2 entry.
@@ -189,8 +194,9 @@ pub mod slot_stream_offsets {
     pub const LAST_TS: usize = 8;
     /// `u32` entries stored in chunks, in all.
     pub const ENTRY_COUNT: usize = 16;
-    /// `u32` entries dropped because the ring was full.
-    pub const DROP_COUNT: usize = 20;
+    /// `u32` events lost: entries dropped because the ring was full that ended an
+    /// event (an end, a switch or an instant).
+    pub const EVENTS_LOST: usize = 20;
     /// `u32` `%smid` at flush.
     pub const SM: usize = 24;
     /// `u32` the slot's own index, as the warp computed it.

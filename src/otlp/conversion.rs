@@ -134,7 +134,7 @@ pub(crate) fn emit_batch(
         extent: None,
         bound_ns: None,
         events: capture.event_count(),
-        dropped: capture.drop_count(),
+        events_lost: capture.events_lost(),
         warps: HashSet::new(),
         sms: HashSet::new(),
         by_type: BTreeMap::new(),
@@ -244,7 +244,7 @@ pub(crate) fn emit_batch(
                     KeyValue::new("gpu.block_idx", dims(h.block)),
                     KeyValue::new("gpu.warp", i64::from(h.warp)),
                     KeyValue::new("gpu.events", i64::from(slot.event_count())),
-                    KeyValue::new("gpu.dropped", i64::from(slot.drop_count())),
+                    KeyValue::new("gpu.events_lost", i64::from(slot.events_lost())),
                 ];
                 if h.cluster_rank != NO_CLUSTER {
                     attributes.push(KeyValue::new("gpu.cluster_rank", i64::from(h.cluster_rank)));
@@ -336,7 +336,7 @@ fn kernel_span(
         KeyValue::new("gpu.grid_dim", dims(launch.grid)),
         KeyValue::new("gpu.block_dim", dims(launch.block)),
         KeyValue::new("gpu.events", sum.events as i64),
-        KeyValue::new("gpu.dropped", sum.dropped as i64),
+        KeyValue::new("gpu.events_lost", sum.events_lost as i64),
         KeyValue::new("gpu.warps", warps as i64),
         KeyValue::new("gpu.sms", sum.sms.len() as i64),
         KeyValue::new("gpu.clock.bound_ns", bound_ns),

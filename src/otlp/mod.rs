@@ -59,7 +59,7 @@
 //! with OpenTelemetry's hardware conventions where they exist: `hw.type = "gpu"`,
 //! `hw.id` (the UUID), `hw.name`, `hw.model`, `hw.vendor`, `hw.driver_version`;
 //! and `gpu.sm_count`, `gpu.compute_capability`, `gpu.device` (the ordinal),
-//! `gpu.kernel`, `gpu.launch_id`, `gpu.grid_dim`, `gpu.block_dim`, `gpu.events`, `gpu.dropped`,
+//! `gpu.kernel`, `gpu.launch_id`, `gpu.grid_dim`, `gpu.block_dim`, `gpu.events`, `gpu.events_lost`,
 //! `gpu.clock.bound_ns` (the calibration's error bound). Every device span has
 //! `hw.id` and `thread.name`, the synthetic thread it belongs to
 //! (`GPU 0 / SM 12 / block 7 warp 3`); host spans have the real `thread.name`

@@ -71,7 +71,7 @@ pub(crate) struct KernelSum {
     /// The clock mapping's bound at the launch's first event (ns).
     pub(crate) bound_ns: Option<i64>,
     pub(crate) events: u64,
-    pub(crate) dropped: u64,
+    pub(crate) events_lost: u64,
     /// Warps (block, warp) and SMs that recorded.
     pub(crate) warps: HashSet<(u32, u32)>,
     pub(crate) sms: HashSet<u32>,
@@ -89,7 +89,7 @@ impl KernelSum {
         };
         self.bound_ns = self.bound_ns.or(part.bound_ns);
         self.events += part.events;
-        self.dropped += part.dropped;
+        self.events_lost += part.events_lost;
         self.warps.extend(part.warps);
         self.sms.extend(part.sms);
         for (id, group) in part.by_type {
@@ -149,7 +149,7 @@ impl StreamedKernels {
                     extent: None,
                     bound_ns: None,
                     events: 0,
-                    dropped: 0,
+                    events_lost: 0,
                     warps: HashSet::new(),
                     sms: HashSet::new(),
                     by_type: BTreeMap::new(),
@@ -196,7 +196,7 @@ mod tests {
             extent: None,
             bound_ns: None,
             events: 2,
-            dropped: 0,
+            events_lost: 0,
             warps: [(0, 1)].into(),
             sms: HashSet::new(),
             by_type: BTreeMap::new(),

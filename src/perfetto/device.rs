@@ -22,7 +22,7 @@ use crate::clock::HostClock;
 ///
 /// A batch is encoded in two parts: the part above the warps
 /// ([`DeviceEncoder::head`], [`DeviceEncoder::kernel`]: GPU and SM tracks, the kernel slice, the
-/// drop counter), which this core always writes, and the warps' events
+/// events-lost counter), which this core always writes, and the warps' events
 /// ([`WarpEncoder`]), which it writes itself ([`DeviceEncoder::batch`]) or which
 /// encoder threads share ([`super::parallel`]).
 #[derive(Debug)]
@@ -45,7 +45,7 @@ pub(crate) struct Head {
     /// The device time window of the batch's records (`u64::MAX, 0`: none).
     pub(crate) window: (u64, u64),
     slots: u64,
-    dropped: u64,
+    events_lost: u64,
 }
 
 impl DeviceEncoder {
@@ -117,7 +117,7 @@ impl DeviceEncoder {
     }
 
     /// Declares the batch's GPU and SMs (those not declared yet), before any
-    /// of its warps is written; reads its time window and drop count.
+    /// of its warps is written; reads its time window and its events lost.
     pub(crate) fn head(&mut self, b: &Batch) -> Head {
         let DeviceEncoder {
             ids, enc, tracks, ..
@@ -125,14 +125,14 @@ impl DeviceEncoder {
         let gpu = tracks.gpu(ids, b.device.ordinal, &b.device.name, enc);
         let g = tracks.get(gpu);
         let (mut first, mut last) = (u64::MAX, 0u64);
-        let (mut slots, mut dropped) = (0u64, 0u64);
+        let (mut slots, mut events_lost) = (0u64, 0u64);
         let mut sm = None;
         for slot in b.buffer.view().slots() {
             let h = &slot.header;
             first = first.min(h.first_ts);
             last = last.max(h.last_ts);
             slots += 1;
-            dropped += u64::from(h.drop_count);
+            events_lost += u64::from(h.events_lost);
             // Neighbouring slots are mostly on one SM: look it up once.
             if sm != Some(h.sm_first) {
                 sm = Some(h.sm_first);
@@ -143,11 +143,11 @@ impl DeviceEncoder {
             gpu,
             window: (first, last),
             slots,
-            dropped,
+            events_lost,
         }
     }
 
-    /// Writes the batch's kernel slice and its drops on the GPU's counter; for
+    /// Writes the batch's kernel slice and its events lost on the GPU's counter; for
     /// a launch delivered in parts, once, at its last part, over every part
     /// ([`LaunchParts`]).
     pub(crate) fn kernel(&mut self, b: &Batch, head: &Head) {
@@ -157,7 +157,7 @@ impl DeviceEncoder {
                 .then(|| (map.boottime(head.window.0), map.boottime(head.window.1))),
             events: b.buffer.event_count(),
             warps: head.slots,
-            dropped: head.dropped,
+            events_lost: head.events_lost,
         };
         let sum = match b.launch.part {
             None => sum,
@@ -172,7 +172,7 @@ impl DeviceEncoder {
                 }
             }
         };
-        self.stats.dropped += sum.dropped;
+        self.stats.events_lost += sum.events_lost;
         let (start, end) = sum
             .extent
             .unwrap_or((b.launch.host_launch_ns, b.launch.host_complete_ns));
@@ -195,7 +195,7 @@ impl DeviceEncoder {
         (start, end): (u64, u64),
         flow: Option<u64>,
     ) {
-        let dropped = sum.dropped;
+        let lost = sum.events_lost;
         let DeviceEncoder {
             ids, enc, tracks, ..
         } = self;
@@ -229,8 +229,8 @@ impl DeviceEncoder {
                 ..arg("warps")
             },
             DebugAnnotation {
-                uint_value: Some(dropped),
-                ..arg("dropped")
+                uint_value: Some(lost),
+                ..arg("events_lost")
             },
         ];
         if l.host_launch_ns != 0 && start >= l.host_launch_ns {
@@ -270,12 +270,12 @@ impl DeviceEncoder {
         ));
         self.stats.kernels += 1;
         self.stats.flows += u64::from(flow.is_some());
-        if dropped > 0 {
+        if lost > 0 {
             let g = tracks.get(gpu);
-            let counter = g.dropped_track(ids, enc);
-            let before = g.dropped_total;
-            g.dropped_total += dropped;
-            for (ts, v) in [(start, before), (end, g.dropped_total)] {
+            let counter = g.lost_track(ids, enc);
+            let before = g.lost_total;
+            g.lost_total += lost;
+            for (ts, v) in [(start, before), (end, g.lost_total)] {
                 enc.packet(&packet(
                     ts,
                     TrackEvent {

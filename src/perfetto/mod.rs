@@ -31,14 +31,14 @@
 //! - Flow arrows: a span with a `gpu.launch_id` field (the launch span
 //!   `gpu_profile!` opens) starts a flow; the kernel slice of the batch with
 //!   that launch id ends it.
-//! - Dropped records: where they were lost, a `dropped records` instant on the
-//!   warp's track at its last record (argument `records`: how many); a
-//!   cumulative "dropped events" counter under the GPU; and a `dropped`
-//!   argument on the kernel slice.
+//! - Events lost (made by a warp, not in its slot or ring: `decode::Slot::events_lost`):
+//!   an `events lost` instant on the warp's track at its last record (argument
+//!   `events`: how many); a cumulative "events lost" counter under the GPU; and an
+//!   `events_lost` argument on the kernel slice.
 //! - A streamed launch ([`crate::batch::Part`]): each part's warps are
 //!   written as the part arrives, on the same warp tracks (a range that
 //!   encloses ranges of earlier parts opens after their packets, so it goes
-//!   on a second lane of its warp); its kernel slice, drop counter values and
+//!   on a second lane of its warp); its kernel slice, events-lost counter values and
 //!   flow once, at its last part, over every part.
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.

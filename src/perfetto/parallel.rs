@@ -4,7 +4,7 @@
 //! The layer's writer thread stays the one that writes the file. For each
 //! batch it writes, itself, what lies above the warps
 //! ([`TraceWriter::write_head`]: the GPU and SM descriptors,
-//! the kernel slice, the drop counter), then hands the batch to every encoder
+//! the kernel slice, the events-lost counter), then hands the batch to every encoder
 //! thread. Encoder `i` of `n` writes the warps that [`Shard`] `i` owns: the
 //! same warps, batch after batch, so each warp's lanes and their writer
 //! sequences belong to one encoder, which writes their packets in order, with
@@ -190,7 +190,7 @@ impl Encoders {
         self.handed - self.done.iter().min().copied().unwrap_or(self.handed)
     }
 
-    /// Writes the batch's GPU and SM descriptors, kernel slice and drops, and
+    /// Writes the batch's GPU and SM descriptors, kernel slice and events lost, and
     /// adds the batch to the group for the encoders (handed out when full);
     /// first writes what they have finished.
     pub(crate) fn submit<W: Write>(

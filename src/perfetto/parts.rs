@@ -25,7 +25,7 @@ pub(crate) struct KernelSum {
     pub(crate) extent: Option<(u64, u64)>,
     pub(crate) events: u64,
     pub(crate) warps: u64,
-    pub(crate) dropped: u64,
+    pub(crate) events_lost: u64,
 }
 
 /// One launch arriving in parts: its parts so far.
@@ -76,7 +76,7 @@ impl LaunchParts {
             (a, b) => a.or(b),
         };
         t.events += sum.events;
-        t.dropped += sum.dropped;
+        t.events_lost += sum.events_lost;
         if !part.last {
             return None;
         }
@@ -109,7 +109,7 @@ mod tests {
             extent: Some((a, b)),
             events,
             warps: 0,
-            dropped: 1,
+            events_lost: 1,
         };
         assert!(s
             .add(
@@ -131,7 +131,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(k.extent, Some((100, 400)));
-        assert_eq!((k.events, k.warps, k.dropped), (5, 3, 2));
+        assert_eq!((k.events, k.warps, k.events_lost), (5, 3, 2));
         assert_eq!(s.len(), 0, "the last part frees the launch");
     }
 

@@ -10,8 +10,9 @@ pub struct WriteStats {
     /// Kernel slices written (one per launch: a launch delivered in parts
     /// gets one, at its last part).
     pub kernels: u64,
-    /// Device records the slots had to drop (shown on the counter tracks).
-    pub dropped: u64,
+    /// Device events lost: made by the warps, not in the batches (shown on the
+    /// "events lost" counter tracks; `decode::Slot::events_lost`).
+    pub events_lost: u64,
     /// Host slices written (spans entered, events), by a layer.
     pub host_slices: u64,
     /// Flow arrows from a host launch span to its kernel.

@@ -6,7 +6,7 @@
 //! ```text
 //! GPU 0: NVIDIA H200            process track (synthetic pid)
 //! ├── kernels                   one slice per launch (more lanes if launches overlap)
-//! ├── dropped events            counter: records lost to full slots, cumulative
+//! ├── events lost               counter: events lost to full slots and rings, cumulative
 //! └── SMs                       ordered by rank: SM 2 before SM 10
 //!     └── SM 2
 //!         ├── block 7 warp 3    the warp's events
@@ -391,9 +391,9 @@ pub(crate) struct Gpu {
     /// The SMs declared so far.
     sms: HashSet<u32>,
     kernel_lanes: KernelLanes,
-    pub(crate) dropped: Option<u64>,
-    /// Records dropped so far on this GPU (the counter's value).
-    pub(crate) dropped_total: u64,
+    pub(crate) lost: Option<u64>,
+    /// Events lost so far on this GPU (the counter's value).
+    pub(crate) lost_total: u64,
 }
 
 /// Every device track of a trace above the warps: GPUs, their SMs, kernel
@@ -415,8 +415,8 @@ impl DeviceTracks {
             sms_uuid: ids.uuid(),
             sms: HashSet::new(),
             kernel_lanes: KernelLanes::default(),
-            dropped: None,
-            dropped_total: 0,
+            lost: None,
+            lost_total: 0,
         };
         let title = if name.is_empty() {
             format!("GPU {ordinal}")
@@ -477,23 +477,23 @@ impl Gpu {
         lanes.uuids[lane]
     }
 
-    /// The dropped-events counter track, declared on first use.
-    pub(crate) fn dropped_track(&mut self, ids: &Ids, out: &mut Enc) -> u64 {
-        if let Some(u) = self.dropped {
+    /// The events-lost counter track, declared on first use.
+    pub(crate) fn lost_track(&mut self, ids: &Ids, out: &mut Enc) -> u64 {
+        if let Some(u) = self.lost {
             return u;
         }
         let uuid = ids.uuid();
         out.packet(&descriptor(TrackDescriptor {
             uuid: Some(uuid),
             parent_uuid: Some(self.uuid),
-            name: Some("dropped events".into()),
+            name: Some("events lost".into()),
             counter: Some(CounterDescriptor {
                 unit: Some(UNIT_COUNT),
                 unit_name: None,
             }),
             ..Default::default()
         }));
-        self.dropped = Some(uuid);
+        self.lost = Some(uuid);
         uuid
     }
 

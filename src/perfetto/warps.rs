@@ -66,8 +66,8 @@ pub(crate) struct Names {
     /// registry costs little.
     table: Vec<(u32, u32)>,
     registry: Option<Arc<EventRegistry>>,
-    /// The iids of the instant that marks a warp's dropped records, once used.
-    dropped: Option<(u32, u32)>,
+    /// The iids of the instant that marks a warp's events lost, once used.
+    lost: Option<(u32, u32)>,
 }
 
 impl Default for Names {
@@ -77,19 +77,19 @@ impl Default for Names {
             args: Interned::new(),
             table: Vec::new(),
             registry: None,
-            dropped: None,
+            lost: None,
         }
     }
 }
 
 impl Names {
-    /// The iids of the instant a warp with dropped records gets: name
-    /// `dropped records`, argument `records` (the count).
-    fn dropped(&mut self) -> (u32, u32) {
-        *self.dropped.get_or_insert_with(|| {
+    /// The iids of the instant a warp with events lost gets: name
+    /// `events lost`, argument `events` (the count).
+    fn lost(&mut self) -> (u32, u32) {
+        *self.lost.get_or_insert_with(|| {
             (
-                self.names.iid(&Arc::from("dropped records")),
-                self.args.iid(&Arc::from("records")),
+                self.names.iid(&Arc::from("events lost")),
+                self.args.iid(&Arc::from("events")),
             )
         })
     }
@@ -249,18 +249,18 @@ impl WarpEncoder {
                 });
             }
             let events = scratch.len() as u64;
-            if h.drop_count > 0 {
+            if h.events_lost > 0 {
                 // Where the loss happened: an instant on the warp's own track at
                 // its last record, after every event it kept (so still in order).
                 let at = map.boottime(h.last_ts);
-                let (iid, arg) = names.dropped();
+                let (iid, arg) = names.lost();
                 in_order &= (at, Reverse(at)) >= prev;
                 scratch.push(DevEvent {
                     start: at,
                     end: at,
                     iid,
                     arg,
-                    payload: h.drop_count,
+                    payload: h.events_lost,
                     instant: true,
                 });
             }

@@ -77,7 +77,7 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Writes one batch: the warps' events on their GPU / SM / warp tracks,
-    /// the kernel slice, the drop counter.
+    /// the kernel slice, the events-lost counter.
     pub fn write_batch(&mut self, batch: &Batch) -> Result<(), PerfettoError> {
         let TraceWriter {
             out,
@@ -119,7 +119,7 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Writes what lies above a batch's warps (its GPU and SM descriptors,
-    /// kernel slice and drops), for encoder threads to write the warps
+    /// kernel slice and events lost), for encoder threads to write the warps
     /// ([`super::parallel`]); returns the batch's device time window.
     pub(crate) fn write_head(&mut self, batch: &Batch) -> Result<(u64, u64), PerfettoError> {
         let head = self.core.head(batch);

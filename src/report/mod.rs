@@ -122,7 +122,7 @@ impl SlotRec {
             sm: h.sm_first,
             first_ts: h.first_ts,
             last_ts: h.last_ts,
-            dropped: h.drop_count,
+            dropped: h.events_lost,
             migrated: h.sm_first != h.sm_last,
             at,
             len,
@@ -273,8 +273,9 @@ pub struct Report {
     pub span_ns: u64,
     /// Events recorded.
     pub events: u64,
-    /// Records the device dropped because a slot was full.
-    pub dropped: u64,
+    /// Events lost: made by the warps, not in the buffers (a full slot or
+    /// ring; [`crate::decode::Slot::events_lost`]).
+    pub events_lost: u64,
     /// Warps that ran on more than one SM (counted on their first).
     pub migrated_warps: u64,
     /// Per event type, by id.
@@ -570,7 +571,7 @@ impl Timeline {
             window_ns: t.window_ns,
             span_ns: t.span.map_or(0, |(a, b)| b - a),
             events: t.events,
-            dropped: t.dropped,
+            events_lost: t.dropped,
             migrated_warps: t.migrated,
             types,
             sms,
@@ -731,11 +732,11 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "{} launch{}, {} events, {} dropped, {} migrated warp{}; {}",
+            "{} launch{}, {} events, {} events lost, {} migrated warp{}; {}",
             self.launches,
             if self.launches == 1 { "" } else { "es" },
             self.events,
-            self.dropped,
+            self.events_lost,
             self.migrated_warps,
             if self.migrated_warps == 1 { "" } else { "s" },
             self.time_line(),

@@ -139,7 +139,7 @@ fn decoded_captures_feed_the_report() {
     tl.add_buffer(&capture);
     let r = tl.report();
     assert_eq!(
-        (r.launches, r.events, r.dropped, r.migrated_warps),
+        (r.launches, r.events, r.events_lost, r.migrated_warps),
         (1, 9, 1, 1)
     );
     assert_eq!(r.window_ns, 2_000);

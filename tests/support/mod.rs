@@ -121,7 +121,7 @@ pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
     let mut parts: Vec<Vec<Piece>> = vec![Vec::new(); n];
     for slot in view.slots() {
         let s = slot.header;
-        if s.drop_count > 0 {
+        if s.events_lost > 0 {
             parts[n - 1].push((s, slot.events().collect(), true, true));
             continue;
         }
@@ -162,9 +162,9 @@ pub fn in_parts(whole: &Batch, cuts: &[u64]) -> Vec<Arc<Batch>> {
                 if *last {
                     w.last_ts(s.last_ts);
                 }
-                if s.drop_count > 0 {
+                if s.events_lost > 0 {
                     assert_eq!(events.len() as u32, capacity, "a full slot dropped");
-                    for _ in 0..s.drop_count {
+                    for _ in 0..s.events_lost {
                         w.instant(0, s.last_ts, 0);
                     }
                 }

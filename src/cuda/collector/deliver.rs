@@ -22,7 +22,7 @@ impl Worker {
             ..
         } = h;
         self.held_bytes -= capture.bytes().len();
-        let (events, dropped) = (capture.event_count(), capture.drop_count());
+        let (events, lost) = (capture.event_count(), capture.events_lost());
         let batch = Arc::new(Batch {
             device: self.device.clone(),
             launch,
@@ -40,7 +40,7 @@ impl Worker {
             st.stats.delivered += n;
             st.stats.parts += part;
             st.stats.events += events;
-            st.stats.dropped_events += dropped;
+            st.stats.events_lost += lost;
             for sink in reached.sinks() {
                 if !st.sinks.iter().any(|s| Arc::ptr_eq(s, &sink)) {
                     st.sinks.push(sink);

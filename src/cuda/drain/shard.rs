@@ -40,7 +40,7 @@ struct WarpRing {
     broken: bool,
     /// This part's events.
     events: Vec<Event>,
-    /// Lost events already counted in an earlier part.
+    /// Events lost to gaps (`WarpChunks::lost`) already counted in an earlier part.
     lost_reported: u64,
     /// It has news for this part (events, or lost ones).
     touched: bool,
@@ -160,7 +160,7 @@ impl Drain {
     /// (`OwnedBuffer::from_drain` says why that is safe; `registry` is the one
     /// the events were checked against). For the shard's last part, after the
     /// launch completed and a last [`poll`](Self::poll), `last` gives its
-    /// region: the flushed slot headers' drop counts and times go in, every
+    /// region: the flushed slot headers' events lost and times go in, every
     /// held event goes out, and the ring's counts are checked.
     pub(crate) fn cut(
         &mut self,
@@ -185,11 +185,13 @@ impl Drain {
                 continue;
             }
             ring.touched = false;
+            // Lost: the ends read after a gap that lost their begin, as they are
+            // read, and in the last part the events the warp dropped the ends of.
             let lost = ring.warp.lost - ring.lost_reported;
             ring.lost_reported = ring.warp.lost;
-            let drops = lost + end.as_ref().map_or(0, |f| f.drops);
+            let lost = lost + end.as_ref().map_or(0, |f| f.events_lost);
             let events = &ring.events;
-            if events.is_empty() && drops == 0 {
+            if events.is_empty() && lost == 0 {
                 continue;
             }
             // One pass for both (the events are megabytes, read once more to pack).
@@ -213,7 +215,7 @@ impl Drain {
                 block: [bl % gx, bl / gx % gy, bl / gx / gy],
                 warp: s % wpb,
                 cluster_rank: end.as_ref().map_or(NO_CLUSTER, |f| f.cluster_rank),
-                drop_count: drops.min(u32::MAX as u64) as u32,
+                events_lost: lost.min(u32::MAX as u64) as u32,
                 ..SlotHeader::default()
             };
             w.slot(&h, events);
@@ -233,7 +235,8 @@ impl Drain {
 /// What a flushed slot header says.
 struct Flushed {
     last_ts: u64,
-    drops: u64,
+    /// Events whose ends the warp dropped.
+    events_lost: u64,
     sm: u32,
     cluster_rank: u32,
     /// Ranges still open after the last entry.
@@ -268,7 +271,7 @@ impl Flushed {
         }
         Some(Flushed {
             last_ts: memory.load_u64(slot + so::LAST_TS),
-            drops: memory.load_u32(slot + so::DROP_COUNT) as u64,
+            events_lost: memory.load_u32(slot + so::EVENTS_LOST) as u64,
             sm: memory.load_u32(slot + so::SM),
             cluster_rank: memory.load_u32(slot + so::CLUSTER_RANK),
             open: ring.warp.finish(&mut ring.events),

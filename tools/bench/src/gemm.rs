@@ -818,10 +818,10 @@ impl TraceBuffer {
                 // The strict decoder validates every slot and record on the way.
                 let capture = Buffer::decode(&b, Some(&registry()))
                     .map_err(|e| BenchError::Invalid(format!("the trace does not decode: {e}")))?;
-                if capture.drop_count() != 0 {
+                if capture.events_lost() != 0 {
                     return Err(BenchError::Invalid(format!(
                         "{} records dropped",
-                        capture.drop_count()
+                        capture.events_lost()
                     )));
                 }
                 check_contiguous(&capture)?;

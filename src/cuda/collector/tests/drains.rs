@@ -2,7 +2,7 @@
 //! host memory by the protocol of docs/format.md ("Streaming slots"), from
 //! threads of their own, while the collector reads them; a paced warp loses
 //! nothing across many wraps of a small ring, a warp whose host falls behind
-//! drops its newest entries and counts them exactly, a collector held back
+//! drops its newest entries and counts the events lost exactly, a collector held back
 //! stops the drain (so that the warps drop, not the host pile up parts), and
 //! parts reach the sink while the launch runs.
 use super::*;
@@ -18,7 +18,7 @@ use crate::format::{
 
 /// Every batch delivered, kept whole.
 #[derive(Default, Clone)]
-struct Batches(Arc<Mutex<Vec<Arc<Batch>>>>);
+pub(super) struct Batches(pub(super) Arc<Mutex<Vec<Arc<Batch>>>>);
 
 impl BatchSink for Batches {
     fn on_batch(&self, batch: &Arc<Batch>) {
@@ -28,28 +28,32 @@ impl BatchSink for Batches {
 }
 
 /// One simulated warp writing its ring, as the v2 recorder does in streaming mode.
-struct Warp {
+pub(super) struct Warp {
     memory: Arc<Memory>,
     /// The slot's byte offset in the memory.
     slot: usize,
-    index: u32,
+    pub(super) index: u32,
     chunks: u32,
-    written: u32,
+    pub(super) written: u32,
     read: u32,
     gap: bool,
-    drops: u32,
+    /// Events lost: the entries of dropped chunks that end an event, as the
+    /// recorder counts them.
+    pub(super) lost: u32,
+    /// Chunks dropped.
+    pub(super) gaps: u32,
     stored: u32,
     staged: Vec<u64>,
     /// Wait for room instead of dropping.
     paced: bool,
 }
 
-fn word(t: u64, id: u16, kind: u16) -> u64 {
+pub(super) fn word(t: u64, id: u16, kind: u16) -> u64 {
     (t as u32) as u64 | (id as u64) << 32 | ((kind | STREAM_MARK) as u64) << 48
 }
 
 impl Warp {
-    fn entry(&mut self, w: u64, now: u64) {
+    pub(super) fn entry(&mut self, w: u64, now: u64) {
         self.staged.push(w);
         if self.staged.len() == CHUNK_ENTRIES {
             self.store(now);
@@ -67,7 +71,12 @@ impl Warp {
             std::thread::sleep(Duration::from_micros(50));
         }
         if self.written - self.read >= self.chunks {
-            self.drops += n as u32;
+            let ends = |&&w: &&u64| {
+                let kind = (w >> 48) as u16 & !STREAM_MARK;
+                (ENTRY_END..=ENTRY_INSTANT).contains(&kind)
+            };
+            self.lost += self.staged.iter().filter(ends).count() as u32;
+            self.gaps += 1;
             self.gap = true;
             self.staged.clear();
             return;
@@ -89,7 +98,7 @@ impl Warp {
         self.staged.clear();
     }
 
-    fn flush(&mut self, last_ts: u64) {
+    pub(super) fn flush(&mut self, last_ts: u64) {
         if !self.staged.is_empty() {
             self.store(last_ts);
         }
@@ -105,7 +114,7 @@ impl Warp {
         put32(so::CHUNKS, self.written);
         m.store_u64(self.slot + so::LAST_TS, last_ts);
         put32(so::ENTRY_COUNT, self.stored);
-        put32(so::DROP_COUNT, self.drops);
+        put32(so::EVENTS_LOST, self.lost);
         put32(so::SM, self.index % 100);
         put32(so::SLOT, self.index);
         put32(so::CLUSTER_RANK, u32::MAX);
@@ -116,7 +125,7 @@ impl Warp {
 /// A streamed launch of `blocks` blocks of 2 warps with rings of `chunks`
 /// chunks, handed to `rig`'s collector with an event not yet fired. Returns
 /// the warps to write with, and the event.
-fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>, u64) {
+pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>, u64) {
     let capacity = chunks * CHUNK_RECORDS;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -151,7 +160,8 @@ fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>
             written: 0,
             read: 0,
             gap: false,
-            drops: 0,
+            lost: 0,
+            gaps: 0,
             stored: 0,
             staged: Vec::new(),
             paced,
@@ -210,7 +220,7 @@ fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
     threads.into_iter().for_each(|t| t.join().unwrap());
 }
 
-fn sink_dispatch() -> (Batches, Dispatch) {
+pub(super) fn sink_dispatch() -> (Batches, Dispatch) {
     let sink = Batches::default();
     let layer = SinkLayer::new(sink.clone()).unwrap();
     (
@@ -303,7 +313,7 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
         .windows(2)
         .all(|w| w[0].launch.launch_id == w[1].launch.launch_id));
     for w in &warps {
-        assert_eq!((w.drops, w.written), (0, w.stored.div_ceil(31)));
+        assert_eq!((w.gaps, w.written), (0, w.stored.div_ceil(31)));
         let got = events_of(&batches, w.index / 2, w.index % 2);
         let mut t = T0 + w.index as u64 * 7;
         let mut want = Vec::new();
@@ -330,7 +340,7 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
         assert_eq!(got, want, "warp {}", w.index);
     }
     let st = rig.shared.stats();
-    assert_eq!((st.delivered, st.failed, st.dropped_events), (1, 0, 0));
+    assert_eq!((st.delivered, st.failed, st.events_lost), (1, 0, 0));
     assert_eq!(st.stream_stalls, 0);
     assert_eq!(st.parts, parts.len() as u64);
     assert_eq!(st.events, 2 * BLOCKS as u64 * (2 * PHASES + 1));
@@ -354,7 +364,7 @@ fn a_host_that_falls_behind_makes_the_warp_drop_its_newest_and_count_them() {
     }
     let stored = w.written;
     assert!((2..50).contains(&stored), "{stored} chunks stored");
-    assert_eq!(w.drops, (100 - stored) * CHUNK_ENTRIES as u32);
+    assert_eq!(w.lost, (100 - stored) * CHUNK_ENTRIES as u32);
     // Once the collector has read them, the warp stores again, after a gap.
     let head = w.slot + so::READ;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -379,8 +389,8 @@ fn a_host_that_falls_behind_makes_the_warp_drop_its_newest_and_count_them() {
     assert_eq!(got.len(), kept);
     let st = rig.shared.stats();
     assert_eq!(st.events, kept as u64);
-    assert_eq!(st.dropped_events, u64::from(w.drops));
-    assert_eq!(st.events + st.dropped_events, 101 * CHUNK_ENTRIES as u64);
+    assert_eq!(st.events_lost, u64::from(w.lost));
+    assert_eq!(st.events + st.events_lost, 101 * CHUNK_ENTRIES as u64);
     assert_eq!((st.delivered, st.failed), (1, 0));
     assert_accounted(&st);
     // Both warps' slots come back zero, their region free for the next launch.
@@ -459,7 +469,7 @@ fn a_collector_held_back_stops_the_drain_so_the_warps_drop_instead_of_the_host_p
     // Then a chunk a millisecond: the drain reads them (the collector takes no
     // part) until it has cut one, and from then on reads nothing: the ring
     // fills, and the warp drops.
-    while w.drops == 0 {
+    while w.gaps == 0 {
         assert!(Instant::now() < deadline, "the warp never dropped");
         chunk(&mut w);
         std::thread::sleep(Duration::from_millis(1));
@@ -478,16 +488,16 @@ fn a_collector_held_back_stops_the_drain_so_the_warps_drop_instead_of_the_host_p
         w.memory.load_u32(head) == w.written
     });
     w.read = w.written;
-    let dropped = w.drops;
+    let gaps = w.gaps;
     chunk(&mut w);
-    assert_eq!(w.drops, dropped);
+    assert_eq!(w.gaps, gaps);
     w.flush(t + 10);
     rig.gpu.fire(event);
     rig.collector.flush().unwrap();
     let st = rig.shared.stats();
     let written = t.saturating_sub(T0) / 3;
-    assert!(st.dropped_events >= 100 * CHUNK_ENTRIES as u64 - 2 * CHUNK_ENTRIES as u64);
-    assert_eq!(st.events + st.dropped_events, written);
+    assert!(st.events_lost >= 100 * CHUNK_ENTRIES as u64 - 2 * CHUNK_ENTRIES as u64);
+    assert_eq!(st.events + st.events_lost, written);
     assert_eq!(st.events, u64::from(w.stored));
     assert!(st.stream_stalls >= 1, "{} stalls", st.stream_stalls);
     assert_eq!((st.delivered, st.failed), (1, 0));

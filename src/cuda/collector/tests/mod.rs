@@ -751,4 +751,5 @@ fn two_simulated_devices_make_one_perfetto_trace() {
 
 mod drains;
 mod graphs;
+mod losses;
 mod passes;

@@ -352,7 +352,7 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
     let mut report = String::new();
     let _ = writeln!(
         report,
-        "profiler: launches {} (replays {}) = delivered {} + skipped {} + failed {}: {}; dropped events {}; \
+        "profiler: launches {} (replays {}) = delivered {} + skipped {} + failed {}: {}; events lost {}; \
          clock checkpoints {} (median bound at the anchor {anchor_bound} ns, over the sampling window {window_bound} ns)",
         stats.launches,
         stats.replays,
@@ -360,7 +360,7 @@ fn run(args: &Args) -> Result<u64, ProfilerError> {
         stats.skipped,
         stats.failed,
         if counted { "ok" } else { "MISMATCH" },
-        stats.dropped_events,
+        stats.events_lost,
         stats.calibrations
     );
     let _ = writeln!(report, "events with start > end: {inverted}");

@@ -563,7 +563,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         && stats.replays == made_replays
         && stats.launches == counted
         && stats.failed == 0
-        && stats.dropped_events == 0
+        && stats.events_lost == 0
         && tally.batches == stats.delivered
         && tally.events == stats.events
         && tally.wrong == 0;
@@ -699,7 +699,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             .as_ref()
             .map(|w| format!(", first: {w}"))
             .unwrap_or_default(),
-        stats.dropped_events,
+        stats.events_lost,
         match (identical, same_output) {
             (true, _) => "identical",
             (false, true) => "close",
@@ -712,7 +712,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     );
     write!(
         json,
-        r#""shape":{{"layers":{},"batch":{},"hidden":{},"heads":{},"kv_heads":{},"intermediate":{},"tokens":{},"head_dim":128}},"kernels_per_step":{n},"events_per_step":{},"replays":{},"block":{},"every":{},"capacity":{},"regions":{},"memory":{},"kernels_alone":{{{}}},"sum_of_kernels_alone_us":{},"variants":{{{}}},"stats":{{"launches":{},"launches_made":{launches_made},"replays":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"memory_bytes":{}}},"sink":{{"batches":{},"events":{},"wrong":{}}},"outputs":{{"identical":{identical},"relative_l2":{},"ok":{same_output}}},"perfetto_bytes":{},"counts_ok":{counts_ok},"ok":{ok}}}"#,
+        r#""shape":{{"layers":{},"batch":{},"hidden":{},"heads":{},"kv_heads":{},"intermediate":{},"tokens":{},"head_dim":128}},"kernels_per_step":{n},"events_per_step":{},"replays":{},"block":{},"every":{},"capacity":{},"regions":{},"memory":{},"kernels_alone":{{{}}},"sum_of_kernels_alone_us":{},"variants":{{{}}},"stats":{{"launches":{},"launches_made":{launches_made},"replays":{},"delivered":{},"skipped":{},"failed":{},"events":{},"events_lost":{},"memory_bytes":{}}},"sink":{{"batches":{},"events":{},"wrong":{}}},"outputs":{{"identical":{identical},"relative_l2":{},"ok":{same_output}}},"perfetto_bytes":{},"counts_ok":{counts_ok},"ok":{ok}}}"#,
         s.layers,
         s.batch,
         s.hidden,
@@ -736,7 +736,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stats.skipped,
         stats.failed,
         stats.events,
-        stats.dropped_events,
+        stats.events_lost,
         stats.memory_bytes,
         tally.batches,
         tally.events,

@@ -197,7 +197,7 @@ fn check_trace(b: Build, bytes: &[u8], o: &Options, warps: u32) -> Result<()> {
     for slot in capture.slots() {
         let got: Vec<_> = slot.events().map(|e| (e.id, e.kind, e.payload)).collect();
         ensure(
-            got == want && slot.drop_count() == 0 && !slot.open_at_flush(),
+            got == want && slot.events_lost() == 0 && !slot.open_at_flush(),
             || format!("{} slot {}: {got:?}", b.name(), slot.index),
         )?;
     }

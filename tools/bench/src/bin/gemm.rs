@@ -227,11 +227,11 @@ fn profiled(args: &Args, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let written = guard.finish()?;
     println!(
-        "\ntrace {}: {} launches, {} device events ({} dropped), {} bytes{}",
+        "\ntrace {}: {} launches, {} device events ({} lost), {} bytes{}",
         out.display(),
         stats.delivered,
         stats.events,
-        stats.dropped_events,
+        stats.events_lost,
         written.bytes,
         args.capture
             .as_deref()

@@ -104,14 +104,14 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let counted = stats.delivered + stats.skipped + stats.failed;
     let ok = stats.launches == counted;
     println!(
-        "counts: launches {} = delivered {} + skipped {} + failed {}: {}; events {}, dropped {}",
+        "counts: launches {} = delivered {} + skipped {} + failed {}: {}; events {}, lost {}",
         stats.launches,
         stats.delivered,
         stats.skipped,
         stats.failed,
         if ok { "ok" } else { "MISMATCH" },
         stats.events,
-        stats.dropped_events
+        stats.events_lost
     );
     println!(
         r#"{{"bench":"gemm_loop","m":{},"n":{},"k":{},"launches":{},"rounds":{},"off_us":{:.3},"null_us":{:.3},"profiled_us":{:.3},"delivered":{},"skipped":{},"failed":{},"counts_ok":{ok}}}"#,

@@ -299,7 +299,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     );
     println!(
         "counts: {made} profiled replays made, replays {}; launches {} (= {made} × {nodes}) = delivered {} \
-         + skipped {} + failed {}: {}; events {}, dropped {}; memory {:.1} MB; Perfetto trace {:.1} MB",
+         + skipped {} + failed {}: {}; events {}, lost {}; memory {:.1} MB; Perfetto trace {:.1} MB",
         stats.replays,
         stats.launches,
         stats.delivered,
@@ -307,7 +307,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stats.failed,
         if ok { "ok" } else { "MISMATCH" },
         stats.events,
-        stats.dropped_events,
+        stats.events_lost,
         stats.memory_bytes as f64 / 1e6,
         written.bytes as f64 / 1e6
     );

@@ -346,7 +346,7 @@ impl Build {
         let capture = Buffer::decode(&bytes, None).expect("the writer's buffers decode");
         let slot = capture.slots().next().expect("one slot");
         let shape = slot.events().map(|e| (e.id, e.kind, e.payload)).collect();
-        (shape, slot.drop_count(), slot.open_at_flush())
+        (shape, slot.events_lost(), slot.open_at_flush())
     }
 }
 
@@ -404,7 +404,7 @@ fn check_bench_trace(
         let got: Vec<Event> = slot.events().collect();
         ensure(
             shape(&got) == want
-                && h.drop_count == drops
+                && h.events_lost == drops
                 && slot.open_at_flush() == open
                 && !slot.migrated(),
             || {
@@ -413,7 +413,7 @@ fn check_bench_trace(
                     slot.index,
                     got.len(),
                     want.len(),
-                    h.drop_count,
+                    h.events_lost,
                     slot.open_at_flush(),
                     slot.migrated()
                 )
@@ -791,12 +791,12 @@ fn check_overflow(gpu: &Gpu) -> Result<()> {
             let (want, drops, open) = build.expected(events, capacity);
             ensure(
                 capture.event_count() == slot_count as u64 * want.len() as u64
-                    && capture.drop_count() == slot_count as u64 * drops as u64,
+                    && capture.events_lost() == slot_count as u64 * drops as u64,
                 || {
                     format!(
                         "{what}: {} events, {} drops",
                         capture.event_count(),
-                        capture.drop_count()
+                        capture.events_lost()
                     )
                 },
             )?;
@@ -804,7 +804,7 @@ fn check_overflow(gpu: &Gpu) -> Result<()> {
                 let got: Vec<Event> = slot.events().collect();
                 ensure(
                     shape(&got) == want
-                        && slot.drop_count() == drops
+                        && slot.events_lost() == drops
                         && slot.open_at_flush() == open,
                     || format!("{what}: slot {} header {:?}", slot.index, slot.header),
                 )?;
@@ -890,7 +890,7 @@ fn run_example(
     )?;
     let bytes = trace.read(gpu)?;
     let capture = Buffer::decode(&bytes, Some(reg))?;
-    ensure(capture.drop_count() == 0, || format!("{entry}: drops"))?;
+    ensure(capture.events_lost() == 0, || format!("{entry}: drops"))?;
     let mut warps_events = BTreeMap::new();
     for slot in capture.slots() {
         warps_events.insert(

@@ -763,7 +763,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     );
     println!(
         "counts: {} profiled launch calls made; launches {} = delivered {} + skipped {} + failed {}: {}; \
-         events {}, dropped {}; Perfetto trace {:.1} MB",
+         events {}, lost {}; Perfetto trace {:.1} MB",
         made,
         stats.launches,
         stats.delivered,
@@ -771,7 +771,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stats.failed,
         if ok { "ok" } else { "MISMATCH" },
         stats.events,
-        stats.dropped_events,
+        stats.events_lost,
         written.bytes as f64 / 1e6
     );
     let json_parts = parts
@@ -794,7 +794,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         false => "null".into(),
     };
     println!(
-        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"clock":{},"pinned":{},"bring_back_ms":{},"added_vs_off_p50_us":{},"added_vs_off_p99_us":{},"added_vs_null_p50_us":{},"added_vs_null_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"dropped_events":{},"counts_ok":{ok}}}"#,
+        r#"{{"bench":"storm","launches":{},"block":{},"settle":{},"gap_us":{},"threads":{threads},"stream":"{}","work":{},"blocks":{},"capacity":{},"memory":{},"variants":{{{}}},"parts":{{{json_parts}}},"bisect":{},"fake_collector":{json_fake},"clock":{},"pinned":{},"bring_back_ms":{},"added_vs_off_p50_us":{},"added_vs_off_p99_us":{},"added_vs_null_p50_us":{},"added_vs_null_p99_us":{},"memory_bytes":{},"peak_arena_in_use":{peak},"made":{made},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"events_lost":{},"counts_ok":{ok}}}"#,
         a.launches,
         a.block,
         a.settle,
@@ -824,7 +824,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stats.skipped,
         stats.failed,
         stats.events,
-        stats.dropped_events,
+        stats.events_lost,
     );
     Ok(ok)
 }

@@ -17,7 +17,7 @@
 //! how). Modes, one launch each, in order:
 //! - `off`: the gate off, no profiler: the kernel's own time;
 //! - `fixed`: recorded into fixed slots (`--capacity` records per warp: the first events
-//!   are kept, the rest dropped and counted), delivered to an in-memory sink;
+//!   are kept, the rest lost and counted), delivered to an in-memory sink;
 //! - `memory`: streamed (`Profiler::streamed`), delivered to an in-memory sink that
 //!   counts events, walking every one on `--walkers` threads of its own (4; 0: on the
 //!   collector's thread, which then bounds the rate delivered at about one core's walk);
@@ -26,7 +26,7 @@
 //! Per mode: the kernel's time (CUDA events around the kernel, inside the profiled
 //! call), the launch call's time (the first streamed launch allocates the streaming
 //! memory), the slowdown against `off`, events produced (from the loop) against
-//! delivered and dropped, the drain's stalls for the collector
+//! delivered and lost (events), the drain's stalls for the collector
 //! (`ProfilerStats::stream_stalls`), the parts, the clock checkpoints taken, the
 //! sustained events/s delivered over the kernel's time, how long after the kernel the
 //! last part arrived, how late the parts arrived (from their cut to the sink: median,
@@ -34,7 +34,7 @@
 //! memory, the process's peak resident memory, and the CPU time of the profiler's
 //! threads (the collector, the drain threads, the others). The subscriber filters at
 //! `INFO`, as the README's, so that `deliver` makes no plain spans (`--unfiltered`: no
-//! filter). A mode fails the run if produced ≠ delivered + dropped.
+//! filter). A mode fails the run if produced ≠ delivered + lost (in events).
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
@@ -663,7 +663,7 @@ fn run(o: &Options) -> Result<bool> {
         let slow = |base: Option<f64>| base.map_or(f64::NAN, |b| (f.kernel_s / b - 1.0) * 100.0);
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
-            "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  launch call {:.1} ms  produced {}  delivered {}  dropped {}  \
+            "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  launch call {:.1} ms  produced {}  delivered {}  lost {}  \
              (drain stalls {})  parts {}  checkpoints {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
              (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
@@ -674,7 +674,7 @@ fn run(o: &Options) -> Result<bool> {
             f.call_s * 1e3,
             f.produced,
             st.events,
-            st.dropped_events,
+            st.events_lost,
             st.stream_stalls,
             st.parts,
             st.calibrations,
@@ -695,7 +695,7 @@ fn run(o: &Options) -> Result<bool> {
             f.lag_quarters_ms[3],
         );
         json.push_str(&format!(
-            "{{\"mode\":\"{}\",\"kernel_s\":{},\"launch_call_s\":{},\"produced\":{},\"delivered\":{},\"dropped\":{},\"stream_stalls\":{},\"parts\":{},\"calibrations\":{},\
+            "{{\"mode\":\"{}\",\"kernel_s\":{},\"launch_call_s\":{},\"produced\":{},\"delivered\":{},\"events_lost\":{},\"stream_stalls\":{},\"parts\":{},\"calibrations\":{},\
              \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"peak_rss_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
              \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
@@ -703,7 +703,7 @@ fn run(o: &Options) -> Result<bool> {
             f.call_s,
             f.produced,
             st.events,
-            st.dropped_events,
+            st.events_lost,
             st.stream_stalls,
             st.parts,
             st.calibrations,
@@ -720,14 +720,19 @@ fn run(o: &Options) -> Result<bool> {
                 .as_ref()
                 .map_or(String::new(), |p| format!(",\"probe\":{p}"))
         ));
-        // Streamed, nothing dropped: every event produced is delivered, exactly.
-        // (Drops count entries, which are not events one for one.)
-        let streamed = mode == "memory" || mode == "perfetto";
-        let exact = st.events == f.produced || st.dropped_events > 0 && st.events < f.produced;
-        if streamed && (!exact || st.failed != 0 || st.delivered != 1 || f.seen != st.events) {
+        // Recorded: every event produced is delivered or counted lost, exactly (the
+        // fixed slots lose what does not fit, a stream what outruns the drain).
+        let recorded = mode != "off";
+        let exact = st.events + st.events_lost == f.produced;
+        if recorded && (!exact || st.failed != 0 || st.delivered != 1 || f.seen != st.events) {
             println!(
-                "  FAIL: produced {}, delivered {} (sink saw {}, dropped {}, failed {})",
-                f.produced, st.events, f.seen, st.dropped_events, st.failed
+                "  FAIL: produced {}, delivered {} + lost {} = {} (sink saw {}, failed {})",
+                f.produced,
+                st.events,
+                st.events_lost,
+                st.events + st.events_lost,
+                f.seen,
+                st.failed
             );
             ok = false;
         }

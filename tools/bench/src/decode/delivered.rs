@@ -42,7 +42,7 @@ impl BatchSink for Delivered {
         let warps = u64::from(g[0] * g[1] * g[2]) * u64::from((b[0] * b[1] * b[2]).div_ceil(32));
         let name = &batch.launch.kernel;
         let want = Kind::of_node(name).map(|k| warps * u64::from(k.ranges()));
-        let (got, dropped) = (buffer.event_count(), buffer.drop_count());
+        let (got, dropped) = (buffer.event_count(), buffer.events_lost());
         let mut t = self.0.lock();
         t.batches += 1;
         t.events += got;
