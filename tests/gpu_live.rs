@@ -349,3 +349,114 @@ extern "C" __global__ void mark(unsigned* which TGPU_TRACE_PARAM) {
     // Two warps per block, one event each, twice.
     assert_eq!(st.events, 2 * (blocks * 2) as u64, "{st:?}");
 }
+
+/// Per warp, in events: delivered + lost = produced, for v1 and v2, in fixed slots too
+/// small for what each warp makes (issue #29's check). Every warp makes a different
+/// number of events, of every shape: begin/end with and without payloads, nesting, a
+/// `switch_to` chain, instants; the kernel writes how many it made into `made`.
+#[test]
+fn each_warp_counts_its_lost_events_exactly_in_fixed_slots() {
+    use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tracing_gpu::format::{wire, BufferHeader};
+    use tracing_gpu::{compile, Buffer, KernelArg, KernelBuild};
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    const SOURCE: &str = r#"
+#include "tracing_gpu.cuh"
+TGPU_EVENT(A, 1);
+TGPU_EVENT(B, 2);
+TGPU_EVENT(C, 3);
+extern "C" __global__ void losses(unsigned* made TGPU_TRACE_PARAM) {
+    TGPU_RECORDER(rec, A, B, C);
+    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned rounds = 1 + warp % 13;
+    unsigned n = 0;
+    for (unsigned r = 0; r < rounds; ++r) {
+        rec.begin<A>();
+        rec.begin<B>();
+        rec.end<B>(r);                 // B, with a payload
+        rec.switch_to<A, C>();         // A ends, C opens
+        rec.switch_to<C, A>(r);        // C ends (payload), A opens
+        rec.instant<B>(r);
+        rec.end<A>();
+        n += 5;
+    }
+    if ((threadIdx.x & 31) == 0) made[warp] = n;
+}
+"#;
+    let ctx = tracing_gpu::cuda::cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let arch = match ctx.compute_capability().unwrap() {
+        (9, 0) => "sm_90",
+        (8, 9) => "sm_89",
+        (8, _) => "sm_80",
+        _ => "sm_75",
+    };
+    let (blocks, threads) = (6u32, 128u32);
+    let warps = blocks * threads / 32;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for format in [1, 2] {
+        let build = KernelBuild::new("losses.cu", arch)
+            .define("TGPU_ENABLED=1")
+            .define(format!("TGPU_FORMAT={format}"));
+        let module = ctx.load_module(compile(SOURCE, &build).unwrap()).unwrap();
+        let f = module.load_function("losses").unwrap();
+        for capacity in [0u32, 3, 7, 20, 200] {
+            let size = wire::buffer_size(warps, capacity).unwrap();
+            let buf = stream.alloc_zeros::<u8>(size).unwrap();
+            let mut made = stream.alloc_zeros::<u32>(warps as usize).unwrap();
+            let trace = KernelArg {
+                base: {
+                    use tracing_gpu::cuda::cudarc::driver::DevicePtr;
+                    let (p, _sync) = buf.device_ptr(&stream);
+                    p
+                },
+                capacity,
+                slot_count: warps,
+            };
+            // SAFETY: `made` holds a word per warp; the buffer has a slot per warp.
+            unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&mut made)
+                    .arg(&trace)
+                    .launch(cfg)
+                    .unwrap()
+            };
+            let mut bytes = stream.clone_dtoh(&buf).unwrap();
+            let made = stream.clone_dtoh(&made).unwrap();
+            BufferHeader {
+                version: wire::VERSION,
+                slot_capacity: capacity,
+                slot_count: warps,
+                warps_per_block: threads / 32,
+                launch_id: 1,
+                grid: [blocks, 1, 1],
+                block: [threads, 1, 1],
+                flags: 0,
+            }
+            .write_to(&mut bytes[..wire::BUFFER_HEADER_SIZE]);
+            let decoded = Buffer::decode(&bytes, None)
+                .unwrap_or_else(|e| panic!("v{format}, capacity {capacity}: {e}"));
+            let mut seen = 0;
+            for slot in decoded.slots() {
+                let (got, lost) = (slot.events().count() as u64, u64::from(slot.events_lost()));
+                assert_eq!(
+                    got + lost,
+                    u64::from(made[slot.index as usize]),
+                    "v{format}, capacity {capacity}, warp {}: {got} delivered + {lost} lost",
+                    slot.index
+                );
+                seen += 1;
+            }
+            assert_eq!(seen, warps, "v{format}, capacity {capacity}: slots flushed");
+        }
+    }
+}
