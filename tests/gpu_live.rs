@@ -336,18 +336,30 @@ extern "C" __global__ void mark(unsigned* which TGPU_TRACE_PARAM) {
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     captured.unwrap();
     let graph = profiler.graph(graph.unwrap().expect("a graph")).unwrap();
-    profiler.launch_graph(&graph, &stream, "marks").unwrap();
-    let got = stream.clone_dtoh(&which).unwrap();
-    assert!(
-        got.iter().all(|&w| w == 1),
-        "a graph node: the recorder's build"
-    );
+    let replay = |recorded: bool, want: u32| {
+        match recorded {
+            true => profiler.launch_graph(&graph, &stream, "marks").unwrap(),
+            false => profiler.launch_graph_unrecorded(&graph, &stream).unwrap(),
+        }
+        let got = stream.clone_dtoh(&which).unwrap();
+        assert!(
+            got.iter().all(|&w| w == want),
+            "recorded {recorded}: {got:?}"
+        );
+    };
+    replay(true, 1);
+    // Without the recorder: the production build, no prologue; then recorded again, the
+    // device's replay count still agreeing with the host's.
+    assert!(graph.replays_unrecorded());
+    replay(false, 2);
+    replay(true, 1);
 
     profiler.flush().unwrap();
     let st = profiler.stats();
-    assert_eq!((st.delivered, st.failed), (2, 0), "{st:?}");
-    // Two warps per block, one event each, twice.
-    assert_eq!(st.events, 2 * (blocks * 2) as u64, "{st:?}");
+    assert_eq!((st.replays, st.launches), (3, 4), "{st:?}");
+    assert_eq!((st.delivered, st.skipped, st.failed), (3, 1, 0), "{st:?}");
+    // Two warps per block, one event each, in each recorded launch.
+    assert_eq!(st.events, 3 * (blocks * 2) as u64, "{st:?}");
 }
 
 /// Per warp, in events: delivered + lost = produced, for v1 and v2, in fixed slots too

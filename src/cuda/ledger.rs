@@ -131,6 +131,14 @@ impl Ledger {
         self.launches.fetch_add(nodes, Ordering::AcqRel);
     }
 
+    /// Counts a graph replay of `nodes` profiled kernel nodes made without the recorder:
+    /// each a launch skipped.
+    pub(crate) fn count_unrecorded_replay(&self, nodes: u64) {
+        self.replays.fetch_add(1, Ordering::AcqRel);
+        self.launches.fetch_add(nodes, Ordering::AcqRel);
+        self.skipped.fetch_add(nodes, Ordering::AcqRel);
+    }
+
     /// Keeps an error for the next flush.
     pub(crate) fn push_error(&self, e: ProfilerError) {
         self.state.lock().errors.push(e);

@@ -8,12 +8,13 @@
 //! whichever record format (docs/performance.md). No code in the kernel costs nothing,
 //! so the launch that records nothing does not run the recorder's build at all.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError, LaunchArgs, LaunchConfig,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DriverError, LaunchArgs, LaunchConfig,
     PushKernelArg,
 };
+use parking_lot::Mutex;
 
 use crate::cuda::compile::{compile, KernelBuild};
 use crate::cuda::error::CudaError;
@@ -46,9 +47,26 @@ const GATE: &str = "TGPU_ENABLED";
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
-pub struct TracedKernel {
+pub struct TracedKernel(Arc<Builds>);
+
+#[derive(Debug)]
+struct Builds {
     recording: CudaFunction,
     production: CudaFunction,
+}
+
+/// Every live `TracedKernel`'s builds, by the recording build's function: where a profiled
+/// graph finds the production build of each of its nodes (`profiler/unrecorded.rs`).
+static KERNELS: Mutex<Vec<(usize, Weak<Builds>)>> = Mutex::new(Vec::new());
+
+/// The production build of the `TracedKernel` whose recording build is `f`, if one lives.
+pub(crate) fn production_of(f: sys::CUfunction) -> Option<CudaFunction> {
+    KERNELS
+        .lock()
+        .iter()
+        .find(|(k, _)| *k == f as usize)
+        .and_then(|(_, b)| b.upgrade())
+        .map(|b| b.production.clone())
 }
 
 impl TracedKernel {
@@ -66,20 +84,34 @@ impl TracedKernel {
             let ptx = compile(source, b)?;
             Ok(ctx.load_module(ptx)?.load_function(name)?)
         };
-        Ok(TracedKernel {
-            recording: load(&recording)?,
-            production: load(&production)?,
-        })
+        Ok(TracedKernel::new(load(&recording)?, load(&production)?))
+    }
+
+    /// The pair from builds made elsewhere (nvcc, one module with several kernels): the
+    /// same kernel compiled with `TGPU_ENABLED=1` (`recording`, its last parameter the
+    /// trace) and without (`production`), in one context.
+    pub fn new(recording: CudaFunction, production: CudaFunction) -> TracedKernel {
+        let builds = Arc::new(Builds {
+            recording,
+            production,
+        });
+        let mut known = KERNELS.lock();
+        known.retain(|(_, b)| b.strong_count() > 0);
+        known.push((
+            builds.recording.cu_function() as usize,
+            Arc::downgrade(&builds),
+        ));
+        TracedKernel(builds)
     }
 
     /// The recorder's build: its last parameter is the trace.
     pub fn recording(&self) -> &CudaFunction {
-        &self.recording
+        &self.0.recording
     }
 
     /// The production build, without the recorder.
     pub fn production(&self) -> &CudaFunction {
-        &self.production
+        &self.0.production
     }
 
     /// A launch on `stream` of the build `trace` asks for: the recorder's if the trace
@@ -93,8 +125,8 @@ impl TracedKernel {
     ) -> TracedLaunch<'a> {
         let records = trace.base != 0;
         let function = match records {
-            true => &self.recording,
-            false => &self.production,
+            true => &self.0.recording,
+            false => &self.0.production,
         };
         TracedLaunch {
             args: stream.launch_builder(function),

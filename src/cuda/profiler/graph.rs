@@ -31,6 +31,8 @@ use crate::cuda::error::ProfilerError;
 use crate::cuda::job::{Node, ReplayCount};
 use crate::format::{self, BufferHeader, KernelArg};
 
+use super::unrecorded::Unrecorded;
+
 /// Profiled kernel nodes one graph may hold.
 pub const MAX_GRAPH_NODES: usize = 1024;
 /// Captured graphs (with profiled nodes) a profiler holds state for at once:
@@ -222,7 +224,11 @@ impl Graphs {
             .capturing
             .remove(&(graph.cu_graph() as usize));
         let Some(plan) = plan else {
-            return Ok(ProfiledGraph { graph, ready: None });
+            return Ok(ProfiledGraph {
+                graph,
+                ready: None,
+                unrecorded: None,
+            });
         };
         let k = regions.max(1).next_power_of_two();
         let region = plan.bytes.next_multiple_of(ALIGN);
@@ -264,8 +270,15 @@ impl Graphs {
                 seq: 0,
             },
         };
+        let unrecorded = Unrecorded::build(
+            &self.ctx,
+            graph.cu_graph(),
+            self.prologue.cu_function(),
+            plan.nodes.len(),
+        )?;
         Ok(ProfiledGraph {
             graph,
+            unrecorded,
             ready: Some(Ready {
                 nodes: plan.nodes.into(),
                 ring: Arc::new(ring),
@@ -329,6 +342,8 @@ pub(crate) struct Ready {
 pub struct ProfiledGraph {
     graph: CudaGraph,
     pub(crate) ready: Option<Ready>,
+    /// The graph without the recorder, where every profiled node is a `TracedKernel`'s.
+    pub(crate) unrecorded: Option<Unrecorded>,
 }
 
 impl std::fmt::Debug for ProfiledGraph {
@@ -348,6 +363,14 @@ impl ProfiledGraph {
     /// How many of its kernel nodes are profiled.
     pub fn profiled_nodes(&self) -> usize {
         self.ready.as_ref().map_or(0, |r| r.nodes.len())
+    }
+
+    /// Whether it can replay without the recorder
+    /// ([`Profiler::launch_graph_unrecorded`](super::Profiler::launch_graph_unrecorded)): every
+    /// profiled node was launched through a [`TracedKernel`](crate::cuda::TracedKernel) still
+    /// alive when the graph was adopted (or none is profiled).
+    pub fn replays_unrecorded(&self) -> bool {
+        self.ready.is_none() || self.unrecorded.is_some()
     }
 }
 

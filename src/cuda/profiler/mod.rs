@@ -76,6 +76,7 @@ mod launch;
 mod names;
 mod rings;
 mod streamed;
+mod unrecorded;
 
 pub use builder::{
     ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
@@ -359,6 +360,43 @@ impl Profiler {
             count: ready.count.clone(),
         };
         self.hand_over(stream, span, launch, work);
+        Ok(())
+    }
+
+    /// Replays `graph` on `stream` without recording: the graph built without the recorder
+    /// (its profiled nodes given their `TracedKernel`'s production build, no prologue), so
+    /// that the replay costs what the graph a user ships does. The replay is counted in
+    /// [`ProfilerStats::replays`], its profiled nodes as skipped launches; no span is made
+    /// and nothing reaches the subscriber. For the replays not worth recording, such as all
+    /// but one step in N of a decode loop. An error if some profiled node was not launched
+    /// through a `TracedKernel` ([`ProfiledGraph::replays_unrecorded`]).
+    pub fn launch_graph_unrecorded(
+        &self,
+        graph: &ProfiledGraph,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), ProfilerError> {
+        if **stream.context() != *self.ctx {
+            return Err(ProfilerError::WrongContext {
+                profiler_device: self.ctx.ordinal(),
+                stream_device: stream.context().ordinal(),
+            });
+        }
+        self.ctx.bind_to_thread()?;
+        let (exec, nodes) =
+            match (&graph.ready, &graph.unrecorded) {
+                (None, _) => (graph.graph().cu_graph_exec(), 0),
+                (Some(ready), Some(u)) => (u.exec(), ready.nodes.len() as u64),
+                (Some(_), None) => return Err(ProfilerError::Invalid(
+                    "this graph has no build without the recorder: launch each of its profiled \
+                     kernels through a TracedKernel (alive until the graph is adopted)"
+                        .into(),
+                )),
+            };
+        // SAFETY: a live executable graph and stream of this context.
+        unsafe { sys::cuGraphLaunch(exec, stream.cu_stream()).result()? };
+        if nodes > 0 {
+            self.shared.count_unrecorded_replay(nodes);
+        }
         Ok(())
     }
 

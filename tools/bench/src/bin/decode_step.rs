@@ -33,18 +33,14 @@
 //! - `graph profiled`: the recorder's build through `gpu_profile!`, adopted by
 //!   `Profiler::graph`, every replay through `Profiler::launch_graph`;
 //! - `graph 1 in N` (`--every N`): one replay in N through `Profiler::launch_graph`, the
-//!   others of the null-trace graph. The graph API has no replay of a profiled graph
-//!   that records nothing: its prologue takes a region at every replay, and a replay
-//!   made without `launch_graph` puts the graph out of step. So a user who samples keeps
-//!   two graphs of the same step; the proposal (issue #28) is a `Profiler::launch_graph`
-//!   sibling that numbers the replay and tells the prologue to hand out no region (a
-//!   word of the graph's state, read where the prologue reads the ring), with no event
-//!   and no job: one `cuGraphLaunch` as for an unprofiled graph;
-//! - `graph 1 in N, rest off`: the same, the others of the gate-off graph (a user with
-//!   both builds);
+//!   others of the null-trace graph (a second graph a user would keep);
+//! - `graph 1 in N, rest off`: the same, the others through
+//!   `Profiler::launch_graph_unrecorded`: the profiled graph without the recorder (its
+//!   nodes are `TracedKernel`s), as a user who samples replays does;
 //! - `storm off`, `storm null trace`, `storm profiled`: the step's kernels launched one
 //!   by one on the stream (the gate-off build; the recorder's with a null trace;
-//!   `gpu_profile!` each).
+//!   `gpu_profile!` each, as a `TracedKernel`: a launch that finds no room runs the build
+//!   without the recorder).
 //!
 //! Slowdowns are against the gate-off step of the same kind (graph off for the graphs,
 //! storm off for the storms), the null trace a row of its own; profiled rows also against
@@ -190,7 +186,9 @@ impl Variant {
             Variant::GraphNull => "graph null trace".into(),
             Variant::GraphProfiled => "graph profiled, every replay".into(),
             Variant::GraphSampled => format!("graph profiled 1 in {every}, rest null trace"),
-            Variant::GraphSampledOff => format!("graph profiled 1 in {every}, rest gate off"),
+            Variant::GraphSampledOff => {
+                format!("graph profiled 1 in {every}, rest unrecorded (gate off)")
+            }
             Variant::StormOff => "storm off (gate off)".into(),
             Variant::StormNull => "storm null trace".into(),
             Variant::StormProfiled => "storm gpu_profile!".into(),
@@ -312,7 +310,7 @@ fn one_step(
             Way::Off => step.launch_off(stream, i)?,
             Way::Null => step.launch(stream, i, &KernelArg::default())?,
             Way::Profiled => gpu_profile!(profiler, stream, node.name, node.cfg, |trace| step
-                .launch(stream, i, &trace))?,
+                .launch_traced(stream, i, &trace))?,
         }
     }
     Ok(step.output(stream)?)
@@ -398,7 +396,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let card = profiler.device().name.clone();
     let build = cli::recorder_build(&a.defines);
     println!("decode_step on {card}; recorder build {build}");
-    let mut json = format!(r#"{{"bench":"decode_step","card":"{card}","recorder_build":"{build}","#);
+    let mut json =
+        format!(r#"{{"bench":"decode_step","card":"{card}","recorder_build":"{build}","#);
 
     let builds = Builds::load(&profiler, &a.defines)?;
     let (mut ok, mut direct) = (true, 0u64);
@@ -435,10 +434,13 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let profiled = profiler.graph(capture(&stream, || {
         for (i, node) in nodes.iter().enumerate() {
             gpu_profile!(profiler, &stream, node.name, node.cfg, |trace| step
-                .launch(&stream, i, &trace))?;
+                .launch_traced(&stream, i, &trace))?;
         }
         Ok(())
     })?)?;
+    if !profiled.replays_unrecorded() {
+        return Err("the profiled graph has no build without the recorder".into());
+    }
     if profiled.profiled_nodes() != n {
         return Err(format!(
             "the profiled graph has {} nodes, not {n}",
@@ -487,7 +489,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                             made_replays += 1;
                         }
                         (false, Variant::GraphSampled) => null.launch()?,
-                        (false, _) => off.launch()?,
+                        (false, _) => {
+                            profiler.launch_graph_unrecorded(&profiled, &stream)?;
+                            made_replays += 1;
+                        }
                     }
                     made[k] += 1;
                 }
@@ -498,7 +503,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                 Variant::StormProfiled => {
                     for (i, node) in nodes.iter().enumerate() {
                         gpu_profile!(profiler, &stream, node.name, node.cfg, |trace| step
-                            .launch(&stream, i, &trace))?;
+                            .launch_traced(&stream, i, &trace))?;
                     }
                     made_launches += n as u64;
                 }

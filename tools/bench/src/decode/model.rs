@@ -8,7 +8,7 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
 };
-use tracing_gpu::cuda::{self, KernelBuild, Profiler, ProfilerError};
+use tracing_gpu::cuda::{self, KernelBuild, Profiler, ProfilerError, TracedKernel};
 use tracing_gpu::format::KernelArg;
 
 use super::shape::{Shape, CHUNK, GEMV_ROWS, GEMV_WARPS, HEAD_DIM};
@@ -26,16 +26,27 @@ pub const THETA: f32 = 10_000.0;
 pub struct Builds {
     off: Kernels,
     on: Kernels,
+    /// Each kernel's two builds as one `TracedKernel`, by [`Kind`]: what `gpu_profile!`
+    /// launches, so that a launch that records nothing runs the build without the recorder,
+    /// and a profiled graph can replay without it.
+    traced: Vec<TracedKernel>,
 }
 
 impl Builds {
     /// Compiles and loads both builds; `defines` (`NAME=VALUE`) are added to the one with
     /// the recorder.
     pub fn load(profiler: &Profiler, defines: &[String]) -> Result<Arc<Builds>, ProfilerError> {
-        Ok(Arc::new(Builds {
-            off: Kernels::load(profiler, None)?,
-            on: Kernels::load(profiler, Some(defines))?,
-        }))
+        let (off, on) = (
+            Kernels::load(profiler, None)?,
+            Kernels::load(profiler, Some(defines))?,
+        );
+        let traced = on
+            .step
+            .iter()
+            .zip(&off.step)
+            .map(|(r, p)| TracedKernel::new(r.clone(), p.clone()))
+            .collect();
+        Ok(Arc::new(Builds { off, on, traced }))
     }
 }
 
@@ -98,6 +109,20 @@ impl Node {
     /// Device events the launch records.
     pub fn events(&self) -> u64 {
         self.warps() * u64::from(self.kind.ranges())
+    }
+
+    /// Pushes the kernel's own arguments (the trace apart) onto a launch being built.
+    fn push_args<'a, L>(&'a self, b: &mut L)
+    where
+        L: PushKernelArg<&'a u64> + PushKernelArg<&'a u32> + PushKernelArg<&'a f32>,
+    {
+        for a in &self.args {
+            match a {
+                Arg::Ptr(p) => b.arg(p),
+                Arg::U32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
     }
 }
 
@@ -285,6 +310,22 @@ impl Step {
         self.launch_with(stream, &self.builds.on, i, Some(trace))
     }
 
+    /// Enqueues node `i` as a `TracedKernel` on `stream`: the recorder's build recording
+    /// into `trace`, or, if `trace` records nothing, the build without the recorder.
+    pub fn launch_traced(
+        &self,
+        stream: &CudaStream,
+        i: usize,
+        trace: &KernelArg,
+    ) -> Result<(), DriverError> {
+        let node = &self.nodes[i];
+        let mut b = self.builds.traced[node.kind as usize].launch_builder(stream, trace);
+        node.push_args(&mut b);
+        // SAFETY: as in `launch_with`; the TracedLaunch appends the trace if it records.
+        unsafe { b.launch(node.cfg) }?;
+        Ok(())
+    }
+
     fn launch_with(
         &self,
         stream: &CudaStream,
@@ -294,13 +335,7 @@ impl Step {
     ) -> Result<(), DriverError> {
         let node = &self.nodes[i];
         let mut b = stream.launch_builder(&build.step[node.kind as usize]);
-        for a in &node.args {
-            match a {
-                Arg::Ptr(p) => b.arg(p),
-                Arg::U32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-            };
-        }
+        node.push_args(&mut b);
         if let Some(t) = trace {
             b.arg(t);
         }
