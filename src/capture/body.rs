@@ -237,10 +237,18 @@ impl<R: BufRead> Body<R> {
             return Ok(v);
         }
         let mut v = Vec::with_capacity(CHUNK);
-        match (&mut self.z).take(n).read_to_end(&mut v) {
+        self.append(&mut v, n)?;
+        Ok(v)
+    }
+
+    /// Appends the next `n` bytes to `v` (which the caller may have sized for
+    /// them: pages the stream does not fill are never touched).
+    pub(super) fn append(&mut self, v: &mut Vec<u8>, n: u64) -> Result<(), CaptureError> {
+        self.need(n)?;
+        match (&mut self.z).take(n).read_to_end(v) {
             Ok(got) if got as u64 == n => {
                 self.pos += n;
-                Ok(v)
+                Ok(())
             }
             Ok(got) => Err(self.short(self.pos + got as u64)),
             Err(e) => Err(self.stream_fault(e)),

@@ -48,12 +48,14 @@ pub(super) fn read_trace_buffer<R: BufRead>(
     b.fill(&mut head)?;
     let Some(mut sparse) = Sparse::begin(&head, n)? else {
         let rest = n - head.len() as u64;
-        budget.take(
-            usize::try_from(n).unwrap_or(usize::MAX).saturating_mul(5) / 4,
-            at,
-        )?;
-        head.extend(b.vec(rest)?);
-        return Ok(OwnedBuffer::decode(head, None)?);
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        budget.take(n.saturating_mul(5) / 4, at)?;
+        // Within the budget: sized at once, rather than grown by doubling
+        // (which would take half as much again, copying).
+        let mut bytes = Vec::with_capacity(n);
+        bytes.extend_from_slice(&head);
+        b.append(&mut bytes, rest)?;
+        return Ok(OwnedBuffer::decode(bytes, None)?);
     };
     budget.take(BUFFER_HEADER_SIZE, at)?;
     let stride = sparse.stride() as u64;
@@ -82,6 +84,6 @@ pub(super) fn read_trace_buffer<R: BufRead>(
         b.skip(after_header - held as u64)?;
         sparse.push(i, &slot)?;
     }
-    b.skip(n - sparse.size() as u64)?;
+    b.skip(n - sparse.wire_size() as u64)?;
     Ok(sparse.finish())
 }

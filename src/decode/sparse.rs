@@ -57,7 +57,7 @@ impl Sparse {
     }
 
     /// Bytes the buffer occupies in the field: those after it are not read.
-    pub(crate) fn size(&self) -> usize {
+    pub(crate) fn wire_size(&self) -> usize {
         self.index.wire_size
     }
 

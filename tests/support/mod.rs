@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test file uses its own part of this module
 
 pub mod cli;
+pub mod streamed;
 
 use std::sync::Arc;
 
