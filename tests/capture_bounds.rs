@@ -215,12 +215,12 @@ fn a_streamed_launch_is_read_part_by_part() {
     };
     shape.write(&path);
     let out = path.with_extension("perfetto-trace");
-    let svg = path.with_extension("svg");
     let p = |p: &Path| p.as_os_str().to_owned();
+    // (`report --svg` is bounded in tests/capture_bombs.rs, by peak RSS: under
+    // an address-space cap a debug build's picture needs more than this one.)
     for args in [
         vec!["convert".into(), p(&path), "-o".into(), p(&out)],
         vec!["report".into(), p(&path)],
-        vec!["report".into(), p(&path), "--svg".into(), p(&svg)],
     ] {
         let r = run(&args);
         assert_eq!(r.code, Some(0), "{args:?}: {}", r.stderr);
@@ -229,7 +229,6 @@ fn a_streamed_launch_is_read_part_by_part() {
             assert!(r.stdout.contains(&events), "{events} in {}", r.stdout);
         }
     }
-    assert!(svg.exists());
 }
 
 /// Writes the synthetic captures that docs/performance.md measures into
