@@ -9,7 +9,7 @@ eval "$(scripts/test-env.sh)"
 
 # The most public items rustdoc may list (target/doc/tracing_gpu/all.html);
 # lower it when the API shrinks, raise it only on purpose.
-MAX_PUBLIC_ITEMS=106
+MAX_PUBLIC_ITEMS=107
 # The reference of what it costs stays a reference; the history goes to docs/lab/.
 MAX_PERFORMANCE_LINES=250
 
