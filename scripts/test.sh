@@ -9,9 +9,9 @@ eval "$(scripts/test-env.sh)"
 
 # The most public items rustdoc may list (target/doc/tracing_gpu/all.html);
 # lower it when the API shrinks, raise it only on purpose.
-# 108: TracedKernel and its TracedLaunch (a launch that records nothing runs the
-# production kernel), on purpose.
-MAX_PUBLIC_ITEMS=108
+# 109: TracedKernel and its TracedLaunch (a launch that records nothing runs the
+# production kernel), capture::MAX_NAME_LEN (the names a capture may hold), on purpose.
+MAX_PUBLIC_ITEMS=109
 # The reference of what it costs stays a reference; the history goes to docs/lab/.
 MAX_PERFORMANCE_LINES=250
 

@@ -431,21 +431,26 @@ struct DeviceReport {
     /// The first few kernel names.
     kernels: Vec<String>,
     /// With neither `--launch` nor one launch only: the launch with the most events
-    /// (all its parts, if it was streamed), which the SVG draws: id, events, kernel.
-    busiest: Option<(u64, u64, String)>,
-    /// The events so far of streamed launches whose last part is still to come.
-    streaming: HashMap<u64, (u64, String)>,
+    /// (all its parts, if it was streamed), which the SVG draws: id, events.
+    busiest: Option<(u64, u64)>,
+    /// The events so far of streamed launches whose last part is still to come
+    /// (16 bytes a launch: no name).
+    streaming: HashMap<u64, u64>,
 }
 
 impl DeviceReport {
-    /// Counts a launch added whole, with `events` events (all its parts).
-    fn launch(&mut self, id: u64, events: u64, kernel: String, draw_busiest: bool) {
-        self.launches += 1;
-        if self.kernels.len() < 4 && !self.kernels.contains(&kernel) {
-            self.kernels.push(kernel.clone());
+    /// Notes a kernel's name, among the first few.
+    fn kernel(&mut self, kernel: &str) {
+        if self.kernels.len() < 4 && !self.kernels.iter().any(|k| k == kernel) {
+            self.kernels.push(kernel.to_string());
         }
-        if draw_busiest && self.busiest.as_ref().is_none_or(|b| b.1 < events) {
-            self.busiest = Some((id, events, kernel));
+    }
+
+    /// Counts a launch added whole, with `events` events (all its parts).
+    fn launch(&mut self, id: u64, events: u64, draw_busiest: bool) {
+        self.launches += 1;
+        if draw_busiest && self.busiest.is_none_or(|b| b.1 < events) {
+            self.busiest = Some((id, events));
         }
     }
 }
@@ -464,9 +469,9 @@ fn report(
     launch: Option<LaunchPick>,
     width: u32,
 ) -> Result<(), Failure> {
-    // A launch at a time (CaptureReader): memory does not grow with the number of
-    // launches (a streamed launch's events are kept until its last part); the timelines
-    // keep statistics and binned pictures; the busiest launch is read again to be drawn.
+    // A launch record at a time (CaptureReader): memory does not grow with the number
+    // of launches nor with a streamed launch's parts; the timelines keep statistics and
+    // binned pictures; the busiest launch is read again to be drawn.
     let failure = |e| capture_failure(capture, e);
     let mut reader = CaptureReader::open(capture).map_err(failure)?;
     let count = reader.launch_count();
@@ -513,15 +518,15 @@ fn report(
         };
         let r = &mut devices[d];
         add_launch(&mut r.timeline, &l);
+        r.kernel(&l.kernel);
         let events = l.buffer.event_count();
         match l.part {
-            None => r.launch(l.launch_id, events, l.kernel, draw_busiest),
+            None => r.launch(l.launch_id, events, draw_busiest),
             Some(part) => {
-                let so_far = r.streaming.entry(l.launch_id).or_insert((0, l.kernel));
-                so_far.0 += events;
+                *r.streaming.entry(l.launch_id).or_default() += events;
                 if part.last {
-                    let (events, kernel) = r.streaming.remove(&l.launch_id).unwrap_or_default();
-                    r.launch(l.launch_id, events, kernel, draw_busiest);
+                    let events = r.streaming.remove(&l.launch_id).unwrap_or_default();
+                    r.launch(l.launch_id, events, draw_busiest);
                 }
             }
         }
@@ -532,8 +537,8 @@ fn report(
         r.timeline.end_parts();
         let mut open: Vec<_> = r.streaming.drain().collect();
         open.sort_unstable_by_key(|(id, _)| *id);
-        for (id, (events, kernel)) in open {
-            r.launch(id, events, kernel, draw_busiest);
+        for (id, events) in open {
+            r.launch(id, events, draw_busiest);
         }
     }
     if let Some(LaunchPick::Id(id)) = launch {
@@ -566,13 +571,15 @@ fn report(
         // What the picture shows, when it is not every launch of the text.
         let mut note = String::new();
         let picture = match r.busiest.take() {
-            Some((id, _, kernel)) => {
+            Some((id, _)) => {
                 // Read again: only its statistics were kept.
                 let mut t = new_timeline(device, true);
+                let mut kernel = String::new();
                 for l in reader.launches().map_err(failure)? {
                     let l = l.map_err(failure)?;
                     if l.launch_id == id && l.device == device.info.ordinal {
                         add_launch(&mut t, &l);
+                        kernel = l.kernel;
                     }
                 }
                 t.end_parts();

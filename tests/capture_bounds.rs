@@ -199,6 +199,38 @@ fn fifty_thousand_overlapping_launches_convert_in_seconds() {
     assert!(r.stderr.contains("(50000 launches"), "{}", r.stderr);
 }
 
+#[test]
+fn a_streamed_launch_is_read_part_by_part() {
+    // One launch streamed in 16 parts of 132 × 4 warps × 250 events: 2.1 M
+    // events, 54 MB of parts. Held whole (as report once held a streamed
+    // launch until its last part) its events alone take 68 MB, past the cap
+    // with the binary; a part at a time, each command takes what one part does.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("streamed.tgpu");
+    let shape = support::streamed::Streamed {
+        parts: 16,
+        warps: 4,
+        events: 250,
+        alike: false,
+    };
+    shape.write(&path);
+    let out = path.with_extension("perfetto-trace");
+    let p = |p: &Path| p.as_os_str().to_owned();
+    // (`report --svg` is bounded in tests/capture_bombs.rs, by peak RSS: under
+    // an address-space cap a debug build's picture needs more than this one.)
+    for args in [
+        vec!["convert".into(), p(&path), "-o".into(), p(&out)],
+        vec!["report".into(), p(&path)],
+    ] {
+        let r = run(&args);
+        assert_eq!(r.code, Some(0), "{args:?}: {}", r.stderr);
+        if args[0] == "report" {
+            let events = format!("1 launch, {} events", shape.total());
+            assert!(r.stdout.contains(&events), "{events} in {}", r.stdout);
+        }
+    }
+}
+
 /// Writes the synthetic captures that docs/performance.md measures into
 /// `$TGPU_SYNTHETIC_DIR` (launches of 132 blocks × 4 warps × 200 events:
 /// 105,600 events each), one per event count in `$TGPU_SYNTHETIC_EVENTS`
@@ -218,4 +250,34 @@ fn write_synthetic_captures() {
             .unwrap();
         eprintln!("{}: {launches} launches", path.display());
     }
+}
+
+/// Writes a capture of one streamed launch into `$TGPU_SYNTHETIC_DIR` for the
+/// measurements of issue #29, as `streamed-<count>.tgpu`: parts of 132 blocks
+/// × 4 warps × 200 events (105,600 events a part), `$TGPU_STREAMED_EVENTS`
+/// events in all (default 100,000,000); and `parts-bomb.tgpu`, 3 parts of
+/// 2,112 slots × 4,000 alike records (25 M events in a file of 600 KB).
+#[test]
+#[ignore = "writes large files for measurements; run by hand"]
+fn write_streamed_captures() {
+    let dir = std::env::var("TGPU_SYNTHETIC_DIR").expect("TGPU_SYNTHETIC_DIR");
+    let count: u64 =
+        std::env::var("TGPU_STREAMED_EVENTS").map_or(100_000_000, |c| c.trim().parse().unwrap());
+    let shape = support::streamed::Streamed {
+        parts: count.div_ceil(132 * 4 * 200) as u32,
+        warps: 4,
+        events: 200,
+        alike: false,
+    };
+    shape.write(&Path::new(&dir).join(format!("streamed-{count}.tgpu")));
+    let bomb = support::streamed::Streamed {
+        parts: 3,
+        warps: 16,
+        events: 4_000,
+        alike: true,
+    };
+    bomb.write_with(
+        &Path::new(&dir).join("parts-bomb.tgpu"),
+        Compression::best(),
+    );
 }

@@ -7,7 +7,7 @@ use std::mem::size_of;
 
 use flate2::bufread::ZlibDecoder;
 
-use super::{CaptureError, CAPTURE_MEMORY_LIMIT};
+use super::{CaptureError, CAPTURE_MEMORY_LIMIT, MAX_NAME_LEN};
 
 /// Inflated bytes buffered at a time; small fields are copied out of them.
 const CHUNK: usize = 64 << 10;
@@ -98,7 +98,7 @@ impl<R: BufRead> Body<R> {
     }
 
     /// Reads exactly `buf.len()` bytes.
-    fn fill(&mut self, buf: &mut [u8]) -> Result<(), CaptureError> {
+    pub(super) fn fill(&mut self, buf: &mut [u8]) -> Result<(), CaptureError> {
         self.need(buf.len() as u64)?;
         // Most fields are already inflated: copied straight out.
         if let Some(b) = self.z.buffer().get(..buf.len()) {
@@ -187,11 +187,36 @@ impl<R: BufRead> Body<R> {
     /// `str`, its bytes charged to `budget` before they are read.
     pub(super) fn str(&mut self, budget: &mut Budget) -> Result<String, CaptureError> {
         let n = self.u32()?;
+        self.str_after(n, budget)
+    }
+
+    /// The bytes of a `str` whose length `n` was just read.
+    fn str_after(&mut self, n: u32, budget: &mut Budget) -> Result<String, CaptureError> {
         self.need(n.into())?;
         budget.take(heap(n as usize), self.pos - 4)?;
         let at = self.pos;
         String::from_utf8(self.vec(n.into())?)
             .map_err(|_| Self::corrupt_at(at, "string is not UTF-8"))
+    }
+
+    /// A `str` that names something (`what`: a kernel, a thread, an event
+    /// type...): refused past [`MAX_NAME_LEN`] bytes before they are read, so
+    /// that no name read costs more than that wherever it is used.
+    pub(super) fn name(
+        &mut self,
+        budget: &mut Budget,
+        what: &'static str,
+    ) -> Result<String, CaptureError> {
+        let at = self.pos;
+        let len = self.u32()?;
+        if len as usize > MAX_NAME_LEN {
+            return Err(CaptureError::LongName {
+                offset: Self::offset(at),
+                what,
+                len,
+            });
+        }
+        self.str_after(len, budget)
     }
 
     /// The length of a `bytes` field.
@@ -212,14 +237,48 @@ impl<R: BufRead> Body<R> {
             return Ok(v);
         }
         let mut v = Vec::with_capacity(CHUNK);
-        match (&mut self.z).take(n).read_to_end(&mut v) {
+        self.append(&mut v, n)?;
+        Ok(v)
+    }
+
+    /// Appends the next `n` bytes to `v` (which the caller may have sized for
+    /// them: pages the stream does not fill are never touched).
+    pub(super) fn append(&mut self, v: &mut Vec<u8>, n: u64) -> Result<(), CaptureError> {
+        self.need(n)?;
+        match (&mut self.z).take(n).read_to_end(v) {
             Ok(got) if got as u64 == n => {
                 self.pos += n;
-                Ok(v)
+                Ok(())
             }
             Ok(got) => Err(self.short(self.pos + got as u64)),
             Err(e) => Err(self.stream_fault(e)),
         }
+    }
+
+    /// Passes over the next `n` bytes, which must be zero: the offset among
+    /// them of the first that is not, if one is not.
+    pub(super) fn zeros(&mut self, n: u64) -> Result<Option<u64>, CaptureError> {
+        self.need(n)?;
+        let mut done = 0;
+        while done < n {
+            let buf = match self.z.fill_buf() {
+                Ok([]) => return Err(self.short(self.pos)),
+                Ok(buf) => buf,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.stream_fault(e)),
+            };
+            let take = buf
+                .len()
+                .min(usize::try_from(n - done).unwrap_or(usize::MAX));
+            let nonzero = first_nonzero(&buf[..take]);
+            self.z.consume(take);
+            self.pos += take as u64;
+            if let Some(k) = nonzero {
+                return Ok(Some(done + k as u64));
+            }
+            done += take as u64;
+        }
+        Ok(None)
     }
 
     /// Passes over the next `n` bytes.
@@ -287,7 +346,20 @@ impl<R: BufRead> Body<R> {
     }
 }
 
+/// The offset of the first byte of `b` that is not zero: 16 bytes compared at a
+/// time, since a trace buffer's empty slots can be gigabytes of zeros.
+fn first_nonzero(b: &[u8]) -> Option<usize> {
+    let words = b.chunks_exact(16);
+    let tail = b.len() - words.remainder().len();
+    let word = words
+        .map(|w| u128::from_ne_bytes(w.try_into().unwrap_or_default()))
+        .position(|w| w != 0)
+        .map_or(tail, |i| i * 16);
+    b[word..].iter().position(|&x| x != 0).map(|k| word + k)
+}
+
 /// What a reader may still keep ([`CAPTURE_MEMORY_LIMIT`]).
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Budget {
     left: usize,
 }

@@ -123,7 +123,7 @@ impl Capture {
                 }
                 None => e.u8(0),
             }
-            e.bytes(l.buffer.bytes());
+            e.bytes(&l.buffer.wire());
         }
         e.len(self.host_spans.len());
         for s in &self.host_spans {

@@ -78,13 +78,23 @@ pub enum CaptureError {
         what: &'static str,
     },
     /// What the reader keeps of the capture would pass [`CAPTURE_MEMORY_LIMIT`](super::CAPTURE_MEMORY_LIMIT).
-    #[error("capture body byte {offset}: what the reader keeps besides the trace buffers would need more than {limit} bytes of memory (the reader's limit)")]
+    #[error("capture body byte {offset}: what the reader keeps would need more than {limit} bytes of memory (the reader's limit)")]
     OverLimit {
-        /// Offset within the uncompressed body of the count or string that
-        /// passed the limit.
+        /// Offset within the uncompressed body of the count, string or
+        /// trace buffer slot that passed the limit.
         offset: usize,
         /// The limit, [`CAPTURE_MEMORY_LIMIT`](super::CAPTURE_MEMORY_LIMIT).
         limit: usize,
+    },
+    /// A name longer than [`MAX_NAME_LEN`](super::MAX_NAME_LEN) bytes.
+    #[error("capture body byte {offset}: a {what} of {len} bytes (a name has at most {max} bytes)", max = super::MAX_NAME_LEN)]
+    LongName {
+        /// Offset within the uncompressed body of the name's length.
+        offset: usize,
+        /// What it names: `kernel name`, `thread name`, `event name`...
+        what: &'static str,
+        /// Its length.
+        len: u32,
     },
     /// A launch on a device the file does not describe.
     #[error("launch {launch}: device ordinal {ordinal} is not in the capture")]

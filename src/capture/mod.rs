@@ -33,6 +33,7 @@ mod reader;
 mod replay;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 pub use error::CaptureError;
 pub use reader::{Batches, CaptureReader, Launches};
@@ -59,15 +60,21 @@ pub const CAPTURE_OLDEST_VERSION: u32 = 1;
 /// Bytes before the compressed body: magic, version, body length.
 #[doc(hidden)]
 pub const CAPTURE_HEADER_SIZE: usize = 20;
-/// The most memory a reader gives to what it keeps of a capture besides the
-/// launches: the metadata, the devices with their calibration samples, the
-/// registry and the host spans, each item counted at its in-memory size as it
-/// is read ([`CaptureError::OverLimit`] past it). Each launch's names (kernel,
-/// host thread) count against a limit of the same size of their own; its trace
-/// buffer takes what its bytes take, one launch at a time in a
+/// The most memory a reader gives to what it keeps of a capture: the metadata,
+/// the devices with their calibration samples, the registry, the host spans and
+/// the launches, each item counted at its in-memory size as it is read
+/// ([`CaptureError::OverLimit`] past it). A trace buffer counts what its
+/// flushed slots hold (an empty slot costs nothing, however many the buffer
+/// declares): all of them in [`Capture::read`], one launch at a time in a
 /// [`CaptureReader`]. A zlib body inflates about 1000 to 1, so without such a
 /// bound a file of a few hundred kilobytes could ask for gigabytes.
 pub const CAPTURE_MEMORY_LIMIT: usize = 256 << 20;
+
+/// The longest name a capture may hold, in bytes: kernel, thread and event
+/// names, among others (`docs/capture.md`, "Reading in bounded memory"). A
+/// reader refuses a longer one ([`CaptureError::LongName`]) before reading it,
+/// so that no output copies more than this of a name, however often it uses it.
+pub const MAX_NAME_LEN: usize = 4 << 10;
 
 /// One calibration of a device: the raw samples, on the trace clock
 /// ([`crate::clock::HostClock::Boottime`]), and the other host clocks' offsets

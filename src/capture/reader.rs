@@ -12,13 +12,13 @@ use std::sync::Arc;
 use super::body::{Body, Budget};
 use super::codec::{check_launch, check_launch_ids, check_span, LaunchKey};
 use super::replay::Replay;
+use super::trace::{read_trace_buffer, TraceError};
 use super::{
     CalibrationRound, Capture, CaptureDevice, CaptureError, CaptureLaunch, CAPTURE_HEADER_SIZE,
     CAPTURE_MAGIC, CAPTURE_OLDEST_VERSION, CAPTURE_VERSION,
 };
 use crate::batch::{Batch, DeviceInfo, HostSpan, Part};
 use crate::clock::Sample;
-use crate::decode::OwnedBuffer;
 use crate::registry::{EventInfo, EventRegistry};
 
 /// Reads the file header: the version and the declared body length.
@@ -76,7 +76,7 @@ fn read_head<R: BufRead>(
     for _ in 0..n {
         let info = DeviceInfo {
             ordinal: b.u32()?,
-            name: b.str(budget)?,
+            name: b.name(budget, "device name")?,
             uuid: b.str(budget)?,
             sm_count: b.u32()?,
             driver_version: b.str(budget)?,
@@ -115,11 +115,11 @@ fn read_head<R: BufRead>(
     budget.take(n.saturating_mul(size_of::<(u16, EventInfo)>()), b.pos() - 4)?;
     for _ in 0..n {
         let id = b.u16()?;
-        let name = b.str(budget)?;
-        let category = b.opt(|b| b.str(budget))?;
+        let name = b.name(budget, "event name")?;
+        let category = b.opt(|b| b.name(budget, "event category"))?;
         let description = b.opt(|b| b.str(budget))?;
         let payload = if version >= 2 {
-            b.opt(|b| b.str(budget))?
+            b.opt(|b| b.name(budget, "payload name"))?
         } else {
             None
         };
@@ -161,12 +161,13 @@ struct Fields {
 }
 
 /// Reads a launch's [`Fields`] (of a file of version `version`: parts since
-/// 3); its names count against a budget of their own.
+/// 3), its names charged to `budget`.
 fn read_launch_fields<R: BufRead>(
     b: &mut Body<R>,
     version: u32,
     index: usize,
     ordinals: &HashSet<u32>,
+    budget: &mut Budget,
 ) -> Result<Fields, CaptureError> {
     let device = b.u32()?;
     if !ordinals.contains(&device) {
@@ -175,16 +176,15 @@ fn read_launch_fields<R: BufRead>(
             ordinal: device,
         });
     }
-    let mut names = Budget::new();
     Ok(Fields {
         device,
         launch_id: b.u64()?,
-        kernel: b.str(&mut names)?,
+        kernel: b.name(budget, "kernel name")?,
         host_launch_ns: b.u64()?,
         host_complete_ns: b.u64()?,
         grid: b.xyz()?,
         block: b.xyz()?,
-        host_thread: b.str(&mut names)?,
+        host_thread: b.name(budget, "thread name")?,
         part: match version >= 3 {
             true => b.opt(read_part)?,
             false => None,
@@ -205,18 +205,23 @@ fn read_part<R: BufRead>(b: &mut Body<R>) -> Result<Part, CaptureError> {
 
 /// A launch, its trace buffer decoded (structure only: the registry names ids,
 /// it does not filter them, so a run that registered no names still replays,
-/// as "event 3") and checked against the launch.
+/// as "event 3") and checked against the launch; what it keeps charged to
+/// `budget`.
 fn read_launch<R: BufRead>(
     b: &mut Body<R>,
     version: u32,
     index: usize,
     ordinals: &HashSet<u32>,
+    budget: &mut Budget,
 ) -> Result<CaptureLaunch, CaptureError> {
-    let f = read_launch_fields(b, version, index, ordinals)?;
+    let f = read_launch_fields(b, version, index, ordinals, budget)?;
     let n = b.bytes_len()?;
-    let buffer = OwnedBuffer::decode(b.vec(n)?, None).map_err(|source| CaptureError::Decode {
-        launch: index,
-        source,
+    let buffer = read_trace_buffer(b, n, budget).map_err(|e| match e {
+        TraceError::Capture(e) => e,
+        TraceError::Decode(source) => CaptureError::Decode {
+            launch: index,
+            source,
+        },
     })?;
     let launch = CaptureLaunch {
         device: f.device,
@@ -241,7 +246,7 @@ fn skip_launch<R: BufRead>(
     index: usize,
     ordinals: &HashSet<u32>,
 ) -> Result<LaunchKey, CaptureError> {
-    let f = read_launch_fields(b, version, index, ordinals)?;
+    let f = read_launch_fields(b, version, index, ordinals, &mut Budget::new())?;
     let n = b.bytes_len()?;
     b.skip(n)?;
     Ok(LaunchKey::new(f.launch_id, f.part))
@@ -255,9 +260,9 @@ fn read_spans<R: BufRead>(
     let (n, mut spans) = b.list(42, budget)?;
     for index in 0..n {
         let s = HostSpan {
-            name: b.str(budget)?,
-            target: b.str(budget)?,
-            thread_name: b.str(budget)?,
+            name: b.name(budget, "span name")?,
+            target: b.name(budget, "span target")?,
+            thread_name: b.name(budget, "thread name")?,
             thread_id: b.u64()?,
             start_ns: b.u64()?,
             end_ns: b.u64()?,
@@ -277,9 +282,8 @@ fn read_whole<R: BufRead>(b: &mut Body<R>, version: u32) -> Result<Capture, Capt
     let mut capture = read_head(b, version, &mut budget)?;
     let ordinals = ordinals(&capture);
     for index in 0..read_launch_count(b)? {
-        capture
-            .launches
-            .push(read_launch(b, version, index, &ordinals)?);
+        let launch = read_launch(b, version, index, &ordinals, &mut budget)?;
+        capture.launches.push(launch);
     }
     capture.host_spans = read_spans(b, &mut budget)?;
     b.end()?;
@@ -357,6 +361,8 @@ pub struct CaptureReader<R = File> {
     launches_at: u64,
     /// The body's length.
     len: u64,
+    /// What each launch may keep: the memory limit less what `head` keeps.
+    budget: Budget,
 }
 
 impl<R> fmt::Debug for CaptureReader<R> {
@@ -429,9 +435,9 @@ impl<R: Read + Seek> CaptureReader<R> {
             }
             head.host_spans = read_spans(&mut body, &mut budget)?;
             body.end()?;
-            Ok((head, ordinals, count, launches_at, ids))
+            Ok((head, ordinals, count, launches_at, ids, budget))
         };
-        let (head, ordinals, launch_count, launches_at, ids) =
+        let (head, ordinals, launch_count, launches_at, ids, budget) =
             pass().map_err(|e| body.settle(e))?;
         check_launch_ids(ids)?;
         Ok(CaptureReader {
@@ -443,6 +449,7 @@ impl<R: Read + Seek> CaptureReader<R> {
             launch_count,
             launches_at,
             len,
+            budget,
         })
     }
 
@@ -470,6 +477,7 @@ impl<R: Read + Seek> CaptureReader<R> {
             launch_count,
             launches_at,
             len,
+            budget,
         } = self;
         source.seek(SeekFrom::Start(*start))?;
         let mut r = BufReader::new(source);
@@ -486,6 +494,7 @@ impl<R: Read + Seek> CaptureReader<R> {
             ordinals,
             next: 0,
             count: *launch_count,
+            budget: *budget,
         })
     }
 
@@ -510,6 +519,8 @@ pub struct Launches<'a, R> {
     /// Index of the next launch; `count` after an error.
     next: usize,
     count: usize,
+    /// What each launch may keep.
+    budget: Budget,
 }
 
 impl<R> fmt::Debug for Launches<'_, R> {
@@ -537,7 +548,14 @@ impl<R: Read> Iterator for Launches<'_, R> {
         if index >= self.count {
             return None;
         }
-        let launch = read_launch(&mut self.body, self.version, index, self.ordinals);
+        let mut budget = self.budget;
+        let launch = read_launch(
+            &mut self.body,
+            self.version,
+            index,
+            self.ordinals,
+            &mut budget,
+        );
         self.next = if launch.is_ok() {
             index + 1
         } else {

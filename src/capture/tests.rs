@@ -680,6 +680,142 @@ fn what_a_reader_keeps_is_bounded() {
     assert_eq!(c.metadata[0].0.len(), 8 << 20);
 }
 
+/// [`sample`] with launch 1's trace buffer replaced by `buffer` (the same
+/// launch id, grid and block): the capture's file.
+fn with_buffer(buffer: &[u8]) -> Vec<u8> {
+    let d = sample();
+    let mut body = d.encode_body().unwrap();
+    let wire = d.launches[0].buffer.wire();
+    let at = body
+        .windows(wire.len())
+        .position(|w| w == &wire[..])
+        .unwrap();
+    let mut new = body[..at - 8].to_vec();
+    new.extend_from_slice(&(buffer.len() as u64).to_le_bytes());
+    new.extend_from_slice(buffer);
+    new.extend_from_slice(&body.split_off(at + wire.len()));
+    wrap(&new)
+}
+
+#[test]
+fn a_trace_buffer_costs_what_its_slots_hold() {
+    // Launch 1 (grid 1, block 128: 4 warps) declares 4096 slots of 256 records:
+    // 17 MB of slots, of which the first 4 are flushed. Read, it keeps the 4
+    // slots' records, not the declared room (tests/capture_bounds.rs reads a
+    // gigabyte of it from the CLI).
+    let mut b = BufferBuilder::new([1, 1, 1], [128, 1, 1], 256);
+    b.launch_id(1).slot_count(4096);
+    for warp in 0..4 {
+        b.warp(0, warp)
+            .unwrap()
+            .range(0, 1_000, 1_100 + u64::from(warp), 7);
+    }
+    let mut wire = b.finish();
+    // The builder cuts nothing: bytes past the flushed slots are the empty ones.
+    assert_eq!(wire.len(), 64 + 4096 * (64 + 256 * 16));
+    let kept = |file: &[u8]| {
+        let c = Capture::from_reader(file).unwrap();
+        assert_eq!(c, streamed(file).unwrap());
+        let buffer = c.launches[0].buffer.clone();
+        assert_eq!(buffer.event_count(), 4);
+        assert_eq!(buffer.view().slots().len(), 4);
+        assert_eq!(&buffer.wire()[..], &wire[..], "written back as it was");
+        buffer.bytes().len()
+    };
+    assert_eq!(kept(&with_buffer(&wire)), 64 + 4 * (64 + 16));
+    // An empty slot with a byte in it is refused where the decoder refuses it.
+    let at = 64 + 1000 * (64 + 256 * 16) + 64 + 5 * 16 + 3;
+    wire[at] = 1;
+    let want = OwnedBuffer::decode(wire.clone(), None).unwrap_err();
+    assert_eq!(
+        want,
+        DecodeError::UnflushedSlotNotEmpty {
+            slot: 1000,
+            offset: 64 + 5 * 16
+        }
+    );
+    for e in [
+        Capture::from_reader(&with_buffer(&wire)[..]).unwrap_err(),
+        streamed(&with_buffer(&wire)).unwrap_err(),
+    ] {
+        assert!(
+            matches!(&e, CaptureError::Decode { launch: 0, source } if *source == want),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn long_names_are_refused_before_they_are_read() {
+    let long = "k".repeat(MAX_NAME_LEN + 1);
+    let mut d = sample();
+    d.launches[1].kernel = long.clone();
+    let mut d2 = sample();
+    d2.launches[0].host_thread = long.clone();
+    let mut d3 = sample();
+    d3.host_spans[1].thread_name = long.clone();
+    let mut d4 = sample();
+    d4.registry.register(9, &long).unwrap();
+    for (d, what) in [
+        (d, "kernel name"),
+        (d2, "thread name"),
+        (d3, "thread name"),
+        (d4, "event name"),
+    ] {
+        let file = bytes_of(&d);
+        for e in [
+            Capture::from_reader(&file[..]).unwrap_err(),
+            streamed(&file).unwrap_err(),
+        ] {
+            assert!(
+                matches!(e, CaptureError::LongName { what: w, len, .. } if w == what && len as usize == long.len()),
+                "{e}"
+            );
+            assert!(
+                e.to_string().contains(&format!(
+                    "a {what} of 4097 bytes (a name has at most 4096 bytes)"
+                )),
+                "{e}"
+            );
+        }
+    }
+    // At the bound, a name reads.
+    let mut d = sample();
+    d.launches[1].kernel = "k".repeat(MAX_NAME_LEN);
+    assert_eq!(Capture::from_reader(&bytes_of(&d)[..]).unwrap(), d);
+}
+
+#[test]
+fn launches_count_against_the_memory_limit() {
+    // Two launches of packed buffers of 110 MB each: one at a time fits the
+    // limit (the reader), both together (the whole capture) do not.
+    use crate::format::PackedWriter;
+    let mut d = sample_with_parts();
+    let big = {
+        let h = *d.launches[0].buffer.header();
+        let mut w = PackedWriter::new(&h);
+        let view = d.launches[0].buffer.view();
+        let slot = view.slots().next().unwrap();
+        let events: Vec<_> = (0..(110 << 20) / 24)
+            .map(|_| slot.events().next().unwrap())
+            .collect();
+        let mut header = slot.header;
+        header.record_count = events.len() as u32;
+        w.slot(&header, &events);
+        Arc::new(OwnedBuffer::decode(w.finish(), None).unwrap())
+    };
+    d.launches[0].buffer = big.clone();
+    d.launches[1].buffer = big;
+    let file = bytes_of(&d);
+    assert!(file.len() < 2 << 20, "{}", file.len());
+    assert!(matches!(
+        Capture::from_reader(&file[..]).unwrap_err(),
+        CaptureError::OverLimit { .. }
+    ));
+    let mut reader = CaptureReader::new(Cursor::new(&file)).unwrap();
+    assert_eq!(reader.launches().unwrap().filter(Result::is_ok).count(), 4);
+}
+
 mod props {
     use super::*;
     use proptest::prelude::*;
@@ -817,6 +953,63 @@ mod props {
                 file.truncate(c.index(file.len() + 1));
             }
             same_both_ways(&file)?;
+        }
+    }
+
+    /// Launch 1's trace buffer of [`sample`] (grid 1, block 128), its four warps
+    /// flushed as `v2` says (a v2 slot, a v1 slot, or none), in `extra` more
+    /// slots than the grid has.
+    fn launch_1_buffer(v2: &[Option<bool>], extra: u32) -> Vec<u8> {
+        let mut b = BufferBuilder::new([1, 1, 1], [128, 1, 1], 4);
+        b.launch_id(1).slot_count(4 + extra);
+        for (warp, v2) in v2.iter().enumerate() {
+            let t = 1_000 + warp as u64;
+            match v2 {
+                Some(true) => {
+                    let w = b.warp_v2(0, warp as u32).unwrap();
+                    w.begin(1, t).switch(2, t + 5).payload(9).end(2, t + 9);
+                }
+                Some(false) => {
+                    b.warp(0, warp as u32).unwrap().range(0, t, t + 7, 3);
+                }
+                None => {}
+            }
+        }
+        b.finish()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// A trace buffer read from a capture, slot by slot, is what the
+        /// decoder makes of the same bytes: the same slots, or the same error.
+        #[test]
+        fn trace_buffers_read_as_they_decode(
+            v2 in prop::collection::vec(prop::option::of(any::<bool>()), 4),
+            extra in 0u32..3,
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+            cut in prop::option::weighted(0.1, any::<prop::sample::Index>()),
+        ) {
+            let mut wire = launch_1_buffer(&v2, extra);
+            for (at, x) in &edits {
+                let i = at.index(wire.len());
+                wire[i] ^= x;
+            }
+            if let Some(c) = cut {
+                wire.truncate(c.index(wire.len() + 1));
+            }
+            let file = with_buffer(&wire);
+            let read = Capture::from_reader(&file[..]);
+            same_both_ways(&file)?;
+            match (OwnedBuffer::decode(wire, None), read) {
+                (Ok(want), Ok(c)) => prop_assert_eq!(&*c.launches[0].buffer, &want),
+                (Err(want), Err(CaptureError::Decode { launch: 0, source })) => {
+                    prop_assert_eq!(source, want)
+                }
+                // A header edit the decoder takes, which the launch then refuses.
+                (Ok(_), Err(CaptureError::LaunchMismatch { launch: 0, .. })) => {}
+                (want, got) => prop_assert!(false, "decoded: {:?}, read: {:?}", want.err(), got.err()),
+            }
         }
     }
 

@@ -33,6 +33,7 @@ mod bytes;
 pub(crate) mod chunk;
 mod error;
 mod packed;
+pub(crate) mod sparse;
 mod v1;
 mod v2;
 use bytes::{u16_at, u32_at, u64_at};
@@ -44,18 +45,110 @@ use v1::{check_v1_slot, read_slot_header, xyz_at};
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Index {
     header: BufferHeader,
-    /// Bytes the buffer occupies (`64 + slot_count × stride`).
+    /// Bytes the buffer occupies (`64 + slot_count × stride`; of a packed buffer,
+    /// its slots' sizes; of a sparse one, its header and its flushed slots cut
+    /// after what they hold).
     size: usize,
+    /// Bytes the buffer occupies in the wire format: `size` but for a sparse
+    /// buffer, whose empty slots and unused slot bytes come back as zeros.
+    wire_size: usize,
     /// Indices of the flushed slots, increasing.
     flushed: Vec<u32>,
     /// The v2 slots among them, with the headers their checks rebuilt, increasing.
     rebuilt: Vec<(u32, SlotHeader)>,
-    /// A packed buffer's slots' offsets, one per flushed slot; empty otherwise.
+    /// A packed or sparse buffer's slots' offsets, one per flushed slot; empty
+    /// otherwise (each slot is then at its index's stride).
     offsets: Vec<usize>,
     events: u64,
     events_lost: u64,
     /// Smallest `first_ts` and largest `last_ts` of the flushed slots.
     time_range: Option<(u64, u64)>,
+}
+
+impl Index {
+    /// The index of an unpacked buffer of `size` bytes before its slots are added.
+    fn empty(header: BufferHeader, size: usize) -> Index {
+        Index {
+            header,
+            size,
+            wire_size: size,
+            flushed: Vec::new(),
+            rebuilt: Vec::new(),
+            offsets: Vec::new(),
+            events: 0,
+            events_lost: 0,
+            time_range: None,
+        }
+    }
+
+    /// Checks flushed slot `i` of an unpacked buffer and adds it: `slot` is its
+    /// bytes from its header on, at least as many as its header says it holds
+    /// (a whole stride, or cut after them: [`sparse`]).
+    fn add_slot(
+        &mut self,
+        i: u32,
+        slot: &[u8],
+        registry: Option<&EventRegistry>,
+    ) -> Result<(), DecodeError> {
+        let header = &self.header;
+        let capacity = header.slot_capacity;
+        let wpb = header.warps_per_block;
+        let [gx, gy, gz] = header.grid;
+        // Up to 2¹²⁸ warps in principle; slot indices are u32, so saturate.
+        let warps =
+            u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
+        let magic = u32_at(slot, so::MAGIC);
+        if magic != SLOT_MAGIC && magic != SLOT_MAGIC_V2 {
+            return Err(DecodeError::BadSlotMagic {
+                slot: i,
+                found: magic,
+            });
+        }
+        // wpb ≥ 1 and gx, gy ≥ 1: read_buffer_header refused empty launches.
+        let bl = i / wpb;
+        let xyz = [bl % gx, bl / gx % gy, bl / gx / gy];
+        let h = if magic == SLOT_MAGIC_V2 {
+            if i as u64 >= warps {
+                return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
+            }
+            let at = v2::Place {
+                index: i,
+                capacity,
+                block_linear: bl,
+                block: xyz,
+                warp: i % wpb,
+            };
+            let h = match registry {
+                Some(reg) => v2::check(slot, &at, |id| reg.contains(id))?,
+                None => v2::check(slot, &at, |_| true)?,
+            };
+            self.rebuilt.push((i, h));
+            h
+        } else {
+            let h = read_slot_header(slot);
+            check_v1_slot(
+                i,
+                &h,
+                capacity,
+                warps,
+                [bl, xyz[0], xyz[1], xyz[2], i % wpb],
+            )?;
+            let records = &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + h.record_count as usize * 16];
+            match registry {
+                Some(reg) => check_records(i, &h, records, |id| reg.contains(id))?,
+                None => check_records(i, &h, records, |_| true)?,
+            }
+            h
+        };
+        self.events += h.record_count as u64;
+        self.events_lost += h.events_lost as u64;
+        self.time_range = Some(match self.time_range {
+            Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
+            None => (h.first_ts, h.last_ts),
+        });
+        self.flushed.push(i);
+        Ok(())
+    }
 }
 
 /// A validated trace buffer, borrowed: zero-copy over the bytes it was decoded from.
@@ -82,8 +175,10 @@ fn record_array(c: &[u8]) -> [u8; RECORD_SIZE] {
     a
 }
 
-/// Reads and checks the buffer header; returns it and the buffer's size.
-fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError> {
+/// Reads and checks the buffer header at the start of `bytes`, of a buffer read
+/// from `len` bytes (`bytes.len()`, or more when only its header is at hand:
+/// [`sparse`]); returns it and the buffer's size.
+fn read_buffer_header(bytes: &[u8], len: usize) -> Result<(BufferHeader, usize), DecodeError> {
     if bytes.len() < BUFFER_HEADER_SIZE {
         return Err(DecodeError::Truncated {
             len: bytes.len(),
@@ -170,9 +265,9 @@ fn read_buffer_header(bytes: &[u8]) -> Result<(BufferHeader, usize), DecodeError
             capacity: header.slot_capacity,
         },
     )?;
-    if bytes.len() < size {
+    if len < size {
         return Err(DecodeError::Truncated {
-            len: bytes.len(),
+            len,
             needed: size as u64,
         });
     }
@@ -194,7 +289,7 @@ impl<'a> Buffer<'a> {
         bytes: &'a [u8],
         registry: Option<&EventRegistry>,
     ) -> Result<Buffer<'a>, DecodeError> {
-        let (header, size) = read_buffer_header(bytes)?;
+        let (header, size) = read_buffer_header(bytes, bytes.len())?;
         if header.flags == BUFFER_FLAG_PACKED {
             let w = match registry {
                 Some(reg) => packed::walk(bytes, &header, |id| reg.contains(id))?,
@@ -205,6 +300,7 @@ impl<'a> Buffer<'a> {
                 index: Cow::Owned(Index {
                     header,
                     size: w.size,
+                    wire_size: w.size,
                     flushed: w.flushed,
                     rebuilt: Vec::new(),
                     offsets: w.offsets,
@@ -214,90 +310,22 @@ impl<'a> Buffer<'a> {
                 }),
             });
         }
-        let capacity = header.slot_capacity;
-        let stride = format::slot_stride(capacity);
-        let wpb = header.warps_per_block;
-        let [gx, gy, gz] = header.grid;
-        // Up to 2¹²⁸ warps in principle; slot indices are u32, so saturate.
-        let warps =
-            u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
-        let mut flushed = Vec::new();
-        let mut rebuilt = Vec::new();
-        let (mut events, mut lost) = (0u64, 0u64);
-        let mut time_range: Option<(u64, u64)> = None;
+        let stride = format::slot_stride(header.slot_capacity);
+        let mut index = Index::empty(header, size);
         let body = &bytes[BUFFER_HEADER_SIZE..size];
         for (i, slot) in body.chunks_exact(stride).enumerate() {
             let i = i as u32;
-            let magic = u32_at(slot, so::MAGIC);
-            if magic == 0 {
+            if u32_at(slot, so::MAGIC) == 0 {
                 if let Some(offset) = first_nonzero(slot) {
                     return Err(DecodeError::UnflushedSlotNotEmpty { slot: i, offset });
                 }
                 continue;
             }
-            if magic != SLOT_MAGIC && magic != SLOT_MAGIC_V2 {
-                return Err(DecodeError::BadSlotMagic {
-                    slot: i,
-                    found: magic,
-                });
-            }
-            // wpb ≥ 1 and gx, gy ≥ 1: read_buffer_header refused empty launches.
-            let bl = i / wpb;
-            let xyz = [bl % gx, bl / gx % gy, bl / gx / gy];
-            let h = if magic == SLOT_MAGIC_V2 {
-                if i as u64 >= warps {
-                    return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
-                }
-                let at = v2::Place {
-                    index: i,
-                    capacity,
-                    block_linear: bl,
-                    block: xyz,
-                    warp: i % wpb,
-                };
-                let h = match registry {
-                    Some(reg) => v2::check(slot, &at, |id| reg.contains(id))?,
-                    None => v2::check(slot, &at, |_| true)?,
-                };
-                rebuilt.push((i, h));
-                h
-            } else {
-                let h = read_slot_header(slot);
-                check_v1_slot(
-                    i,
-                    &h,
-                    capacity,
-                    warps,
-                    [bl, xyz[0], xyz[1], xyz[2], i % wpb],
-                )?;
-                let records =
-                    &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + h.record_count as usize * 16];
-                match registry {
-                    Some(reg) => check_records(i, &h, records, |id| reg.contains(id))?,
-                    None => check_records(i, &h, records, |_| true)?,
-                }
-                h
-            };
-            events += h.record_count as u64;
-            lost += h.events_lost as u64;
-            time_range = Some(match time_range {
-                Some((lo, hi)) => (lo.min(h.first_ts), hi.max(h.last_ts)),
-                None => (h.first_ts, h.last_ts),
-            });
-            flushed.push(i);
+            index.add_slot(i, slot, registry)?;
         }
         Ok(Buffer {
             bytes: &bytes[..size],
-            index: Cow::Owned(Index {
-                header,
-                size,
-                flushed,
-                rebuilt,
-                offsets: Vec::new(),
-                events,
-                events_lost: lost,
-                time_range,
-            }),
+            index: Cow::Owned(index),
         })
     }
 
@@ -359,7 +387,13 @@ impl<'a> Buffer<'a> {
 /// stored, a v2 slot's as its check rebuilt it.
 fn slot_at<'a>(bytes: &'a [u8], at: &Index, k: usize) -> Slot<'a> {
     let index = at.flushed[k];
-    if let Some(&off) = at.offsets.get(k) {
+    // A packed buffer's slots, and a sparse one's, are where its offsets say.
+    let stride = format::slot_stride(at.header.slot_capacity);
+    let off = match at.offsets.get(k) {
+        Some(&off) => off,
+        None => BUFFER_HEADER_SIZE + index as usize * stride,
+    };
+    if at.header.flags == BUFFER_FLAG_PACKED {
         let header = read_slot_header(&bytes[off..]);
         let start = off + SLOT_HEADER_SIZE;
         return Slot {
@@ -369,7 +403,6 @@ fn slot_at<'a>(bytes: &'a [u8], at: &Index, k: usize) -> Slot<'a> {
             records: &bytes[start..start + header.record_count as usize * PACKED_RECORD_SIZE],
         };
     }
-    let off = BUFFER_HEADER_SIZE + index as usize * format::slot_stride(at.header.slot_capacity);
     let start = off + SLOT_HEADER_SIZE;
     let v2 = at
         .rebuilt
@@ -620,11 +653,30 @@ impl ExactSizeIterator for Events<'_> {}
 
 /// A validated capture that owns its bytes: `Send + Sync`, what crosses threads
 /// (inside [`crate::batch::Batch`]).
-#[derive(Clone, PartialEq, Eq)]
+///
+/// Two buffers are equal when they hold the same header and the same flushed
+/// slots, whatever bytes they keep of them: one read from a capture file keeps
+/// only its flushed slots ([`OwnedBuffer::bytes`]).
+#[derive(Clone)]
 pub struct OwnedBuffer {
     bytes: Vec<u8>,
     index: Index,
 }
+
+impl PartialEq for OwnedBuffer {
+    fn eq(&self, other: &OwnedBuffer) -> bool {
+        let (a, b) = (self.view(), other.view());
+        let same_slot = |(x, y): (Slot<'_>, Slot<'_>)| {
+            x.index == y.index && x.header == y.header && x.form == y.form && x.records == y.records
+        };
+        a.index.header == b.index.header
+            && a.index.wire_size == b.index.wire_size
+            && a.slots().len() == b.slots().len()
+            && a.slots().zip(b.slots()).all(same_slot)
+    }
+}
+
+impl Eq for OwnedBuffer {}
 
 impl fmt::Debug for OwnedBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -665,6 +717,7 @@ impl OwnedBuffer {
             index: Index {
                 header,
                 size: packed.size,
+                wire_size: packed.size,
                 flushed: packed.flushed,
                 rebuilt: Vec::new(),
                 offsets: packed.offsets,
@@ -697,9 +750,29 @@ impl OwnedBuffer {
         &self.index.header
     }
 
-    /// The buffer's bytes.
+    /// The bytes kept: the buffer as decoded, or, for one read from a capture
+    /// file (`docs/capture.md`), its header and its flushed slots only, each cut
+    /// after what it holds ([`OwnedBuffer::wire`] gives the wire format back).
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
+    }
+
+    /// The buffer in the wire format (`docs/format.md`): its bytes, or, when
+    /// they were kept without its empty slots, with those put back as zeros.
+    pub fn wire(&self) -> Cow<'_, [u8]> {
+        let index = &self.index;
+        if index.wire_size == index.size {
+            return Cow::Borrowed(&self.bytes);
+        }
+        let stride = format::slot_stride(index.header.slot_capacity);
+        let mut wire = vec![0; index.wire_size];
+        wire[..BUFFER_HEADER_SIZE].copy_from_slice(&self.bytes[..BUFFER_HEADER_SIZE]);
+        let ends = index.offsets.iter().skip(1).copied().chain([index.size]);
+        for ((&slot, &from), to) in index.flushed.iter().zip(&index.offsets).zip(ends) {
+            let at = BUFFER_HEADER_SIZE + slot as usize * stride;
+            wire[at..at + (to - from)].copy_from_slice(&self.bytes[from..to]);
+        }
+        Cow::Owned(wire)
     }
 
     /// Gives the bytes back.

@@ -33,12 +33,15 @@ use crate::format::SlotHeader;
 use crate::format::{Event, EventKind};
 use crate::registry::{unknown_event_name, EventRegistry};
 
+mod launch;
+mod open;
 mod picture;
 mod svg;
 #[cfg(test)]
 mod tests;
 
-use picture::{Mark, Picture, Piece, FULL};
+use open::{Open, MAX_OPEN, NO_LANE};
+use picture::Picture;
 pub use picture::{SvgOptions, MAX_SVG_WIDTH, MIN_SVG_WIDTH};
 
 /// The most SMs a device may declare: [`Timeline::set_sm_count`] caps its
@@ -78,7 +81,9 @@ pub struct Timeline {
     pending: Pending,
     /// The streamed launches whose last part is still to come
     /// ([`Timeline::add_part`]), by launch id.
-    streaming: BTreeMap<u64, Pending>,
+    streaming: BTreeMap<u64, Open>,
+    /// Parts added so far.
+    parts: u64,
     picture: Option<Picture>,
 }
 
@@ -101,7 +106,7 @@ impl Pending {
 
 /// One slot (warp) of the launch being added.
 #[derive(Debug, Clone, Copy)]
-struct SlotRec {
+pub(crate) struct SlotRec {
     /// Its warp: (linear block index, warp in the block).
     warp: (u32, u32),
     sm: u32,
@@ -113,6 +118,8 @@ struct SlotRec {
     /// first event in [`Pending::events`].
     at: usize,
     len: usize,
+    /// Its lane in the picture, once a part of its launch drew it.
+    lane: u32,
 }
 
 impl SlotRec {
@@ -126,6 +133,7 @@ impl SlotRec {
             migrated: h.sm_first != h.sm_last,
             at,
             len,
+            lane: NO_LANE,
         }
     }
 }
@@ -316,15 +324,23 @@ impl Timeline {
     /// Adds a decoded buffer (one launch): all its flushed slots and events.
     /// Nothing of it is kept but its statistics (and its binned picture).
     pub fn add_buffer(&mut self, buffer: &Buffer<'_>) {
-        self.begin_capture();
-        self.pending.open = false;
+        self.close_pending();
+        let mut open = Open::default();
+        self.fold_buffer(&mut open, buffer, false);
+        self.close_open(open);
+    }
+
+    /// Folds a buffer's slots into `open`.
+    fn fold_buffer(&mut self, open: &mut Open, buffer: &Buffer<'_>, streamed: bool) {
         let slots: Vec<_> = buffer.slots().collect();
         let mut recs: Vec<SlotRec> = slots
             .iter()
             .enumerate()
             .map(|(i, s)| SlotRec::new(&s.header, i, s.event_count() as usize))
             .collect();
-        self.close_launch(&mut recs, |r, out| out.extend(slots[r.at].events()));
+        self.fold_slots(open, &mut recs, streamed, |r, out| {
+            out.extend(slots[r.at].events())
+        });
     }
 
     /// Sets the GPU's SM count, so that SMs that recorded nothing still show
@@ -346,7 +362,6 @@ impl Timeline {
     pub fn begin_capture(&mut self) {
         self.close_pending();
         self.pending.open = true;
-        self.launches += 1;
     }
 
     /// Adds one flushed slot (one warp) and its events, in the order the
@@ -374,153 +389,71 @@ impl Timeline {
 
     /// Adds a part of streamed launch `launch_id` (a long-running kernel
     /// drained while it ran, in parts), as it comes; the parts of several
-    /// launches may come interleaved. Its events are kept (as
-    /// [`Timeline::push_slot`] keeps them) until its last part (`last`), which
-    /// adds the launch: all its parts as one launch, a warp in several parts
-    /// one warp, the launch window over every part.
+    /// launches may come interleaved. The part is folded in at once and none
+    /// of its events is kept: its last part (`last`) adds the launch, all its
+    /// parts as one launch, a warp in several parts one warp (counted on its
+    /// first part's SM), the launch window over every part. What a launch
+    /// keeps between its parts is bounded whatever its length (its warps, up
+    /// to 2²⁰ of them, and per SM the union of its ranges, up to 2²⁰ intervals
+    /// in all, past which the oldest are summed); at most 1024 launches are
+    /// followed at once (past that, the one updated longest ago is added as
+    /// it stands).
     pub fn add_part(&mut self, launch_id: u64, buffer: &Buffer<'_>, last: bool) {
-        let pending = self.streaming.entry(launch_id).or_default();
-        for slot in buffer.slots() {
-            pending.push(&slot.header, slot.events());
-        }
+        self.close_pending();
+        self.parts += 1;
+        let mut open = match self.streaming.remove(&launch_id) {
+            Some(open) => open,
+            None => {
+                if self.streaming.len() >= MAX_OPEN {
+                    let stalest = self.streaming.iter().min_by_key(|(_, o)| o.touched);
+                    if let Some(id) = stalest.map(|(&id, _)| id) {
+                        let open = self.streaming.remove(&id).unwrap_or_default();
+                        self.close_open(open);
+                    }
+                }
+                Open::default()
+            }
+        };
+        open.touched = self.parts;
+        self.fold_buffer(&mut open, buffer, true);
         if last {
-            let pending = self.streaming.remove(&launch_id).unwrap_or_default();
-            self.launches += 1;
-            self.fold(pending, true);
+            self.close_open(open);
+        } else {
+            self.streaming.insert(launch_id, open);
         }
     }
 
     /// Adds the streamed launches whose last part has not come (the run ended
     /// while they ran) with what their parts hold.
     pub fn end_parts(&mut self) {
-        for (_, pending) in std::mem::take(&mut self.streaming) {
-            self.launches += 1;
-            self.fold(pending, true);
+        for (_, open) in std::mem::take(&mut self.streaming) {
+            self.close_open(open);
         }
     }
 
     /// Folds the launch given slot by slot into the statistics.
     fn close_pending(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
-        self.fold(pending, false);
-    }
-
-    /// Folds a launch given slot by slot (or part by part: `parts`, its
-    /// warps' slots then merged) into the statistics.
-    fn fold(&mut self, pending: Pending, parts: bool) {
-        let Pending {
-            mut slots,
-            mut events,
-            ..
-        } = pending;
-        if parts {
-            merge_warps(&mut slots, &mut events);
+        if !self.pending.open {
+            return;
         }
-        self.close_launch(&mut slots, |r, out| {
+        let Pending {
+            mut slots, events, ..
+        } = std::mem::take(&mut self.pending);
+        let mut open = Open::default();
+        self.fold_slots(&mut open, &mut slots, false, |r, out| {
             out.extend_from_slice(&events[r.at..r.at + r.len])
         });
+        self.close_open(open);
     }
 
     /// The timeline with the launch given slot by slot folded in.
     fn closed(&self) -> Cow<'_, Timeline> {
-        if self.pending.slots.is_empty() {
+        if !self.pending.open {
             Cow::Borrowed(self)
         } else {
             let mut t = self.clone();
             t.close_pending();
             Cow::Owned(t)
-        }
-    }
-
-    /// Folds one launch into the statistics and the picture: one pass over
-    /// its slots, SM by SM (`events_of` gives a slot's events); per SM, the
-    /// union of its ranges, and, for the picture, its warps' lanes and
-    /// flattened phases. The work space (one SM's ranges, the launch's
-    /// pieces for the picture) is dropped at the end.
-    fn close_launch(
-        &mut self,
-        slots: &mut [SlotRec],
-        events_of: impl Fn(&SlotRec, &mut Vec<Event>),
-    ) {
-        let Some(t0) = slots.iter().map(|s| s.first_ts).min() else {
-            return;
-        };
-        let t1 = slots.iter().map(|s| s.last_ts).max().unwrap_or(t0).max(t0);
-        self.window_ns = self.window_ns.saturating_add(t1 - t0);
-        self.span = Some(match self.span {
-            Some((a, b)) => (a.min(t0), b.max(t1)),
-            None => (t0, t1),
-        });
-        // Ties in start go by slot order, so that lanes do not depend on the sort.
-        slots.sort_unstable_by_key(|s| (s.sm, s.first_ts, s.at));
-        let (mut events, mut intervals) = (Vec::new(), Vec::new());
-        let (mut pieces, mut marks) = (Vec::new(), Vec::new());
-        let (mut sorted, mut segments) = (Vec::new(), Vec::new());
-        let mut order: Vec<(u32, usize)> = Vec::new();
-        for group in slots.chunk_by(|a, b| a.sm == b.sm) {
-            let sm = group[0].sm;
-            let acc = self.sms.entry(sm).or_default();
-            // The picture's lanes, given in start order; then the warps go lane
-            // by lane, so that each lane's pieces come together.
-            order.clear();
-            match &mut self.picture {
-                Some(picture) => order.extend(
-                    group
-                        .iter()
-                        .enumerate()
-                        .map(|(i, s)| (picture.assign_lane(sm, s.first_ts, s.last_ts), i)),
-                ),
-                None => order.extend((0..group.len()).map(|i| (0, i))),
-            }
-            order.sort_by_key(|&(lane, _)| lane);
-            intervals.clear();
-            for &(lane, i) in &order {
-                let s = &group[i];
-                events.clear();
-                events_of(s, &mut events);
-                acc.warps += 1;
-                acc.events += events.len() as u64;
-                self.warps += 1;
-                self.events += events.len() as u64;
-                self.dropped += u64::from(s.dropped);
-                self.migrated += u64::from(s.migrated);
-                for e in &events {
-                    self.types.entry(e.id).or_default().add(e);
-                }
-                intervals.extend(
-                    events
-                        .iter()
-                        .filter(|e| e.kind == EventKind::Range && e.end_ns > e.start_ns)
-                        .map(|e| (e.start_ns, e.end_ns)),
-                );
-                if self.picture.is_some() {
-                    segments.clear();
-                    flatten(&events, &mut sorted, &mut segments);
-                    pieces.extend(segments.iter().map(|&(a, b, k)| Piece {
-                        sm,
-                        lane,
-                        a: a.saturating_sub(t0) as f64,
-                        b: b.saturating_sub(t0) as f64,
-                        k: u32::from(k),
-                        w: FULL,
-                    }));
-                    marks.extend(
-                        events
-                            .iter()
-                            .filter(|e| e.kind == EventKind::Instant)
-                            .map(|e| Mark {
-                                sm,
-                                lane,
-                                t: e.start_ns,
-                                k: e.id,
-                            }),
-                    );
-                }
-            }
-            acc.busy_ns = acc.busy_ns.saturating_add(union_length(&mut intervals));
-        }
-        if let Some(picture) = &mut self.picture {
-            picture.add_launch(t0, t1, pieces, marks);
         }
     }
 
@@ -581,41 +514,6 @@ impl Timeline {
 
 /// Nearest-rank percentile of sorted values (zero when empty). Shared with the
 /// OTLP phase summaries, so both outputs report the same p50 and p99.
-/// Makes the slots of one warp given more than once (the parts of a
-/// streamed launch, [`Timeline::add_part`]) one slot, its events together:
-/// from its first part's SM, over all its parts' time, its drops summed.
-fn merge_warps(slots: &mut Vec<SlotRec>, events: &mut Vec<Event>) {
-    let mut order: Vec<usize> = (0..slots.len()).collect();
-    order.sort_unstable_by_key(|&i| (slots[i].warp, slots[i].at));
-    if order
-        .windows(2)
-        .all(|w| slots[w[0]].warp != slots[w[1]].warp)
-    {
-        return; // One slot per warp: a launch given whole.
-    }
-    let mut merged: Vec<SlotRec> = Vec::with_capacity(slots.len());
-    let mut together = Vec::with_capacity(events.len());
-    for i in order {
-        let s = slots[i];
-        match merged.last_mut() {
-            Some(m) if m.warp == s.warp => {
-                m.first_ts = m.first_ts.min(s.first_ts);
-                m.last_ts = m.last_ts.max(s.last_ts);
-                m.dropped = m.dropped.saturating_add(s.dropped);
-                m.migrated |= s.migrated || s.sm != m.sm;
-                m.len += s.len;
-            }
-            _ => merged.push(SlotRec {
-                at: together.len(),
-                ..s
-            }),
-        }
-        together.extend_from_slice(&events[s.at..s.at + s.len]);
-    }
-    *slots = merged;
-    *events = together;
-}
-
 pub(crate) fn nearest_rank(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;

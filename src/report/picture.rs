@@ -137,8 +137,12 @@ pub(super) struct Mark {
 /// instants.
 #[derive(Debug, Clone)]
 struct Layer {
+    /// The axis its bins divide.
     t0: u64,
     t1: u64,
+    /// The time its launch (or part) covers, within the axis: what the picture's
+    /// window spans.
+    extent: (u64, u64),
     bins: u32,
     runs: Vec<Run>,
     marks: Vec<Mark>,
@@ -219,8 +223,8 @@ impl Picture {
 
     /// The window over all launches: earliest warp start, latest flush.
     pub(super) fn window(&self) -> Option<(u64, u64)> {
-        let t0 = self.layers.iter().map(|l| l.t0).min()?;
-        let t1 = self.layers.iter().map(|l| l.t1).max()?;
+        let t0 = self.layers.iter().map(|l| l.extent.0).min()?;
+        let t1 = self.layers.iter().map(|l| l.extent.1).max()?;
         Some((t0, t1.max(t0)))
     }
 
@@ -251,13 +255,28 @@ impl Picture {
         lane as u32
     }
 
-    /// Bins one launch over its window `[t0, t1]`: its pieces (types by event
-    /// id, `a`/`b` from `t0`) and its instants. Keeps at most `KEEP × max_rects`
+    /// Keeps lane `lane` of SM `sm` for a warp that had it in an earlier part of
+    /// its launch and runs until `last_ts` now; returns it.
+    pub(super) fn keep_lane(&mut self, sm: u32, lane: u32, last_ts: u64) -> u32 {
+        let ends = self.lane_end.entry(sm).or_default();
+        let at = lane as usize;
+        if ends.len() <= at {
+            ends.resize(at + 1, 0);
+        }
+        ends[at] = ends[at].max(last_ts);
+        self.lanes_per_sm = self.lanes_per_sm.max(ends.len() as u32);
+        lane
+    }
+
+    /// Bins one launch (or a part of one) that covers `extent` over the axis
+    /// `[t0, t1]` (its window, or, for a part, a longer one: a part binned on
+    /// its launch's axis adds few runs): its pieces (types by event id,
+    /// `a`/`b` from `t0`) and its instants. Keeps at most `KEEP × max_rects`
     /// runs (unless even 64 bins a lane hold more) and `max_rects` instants.
     pub(super) fn add_launch(
         &mut self,
-        t0: u64,
-        t1: u64,
+        (t0, t1): (u64, u64),
+        extent: (u64, u64),
         mut pieces: Vec<Piece>,
         marks: Vec<Mark>,
     ) {
@@ -276,6 +295,7 @@ impl Picture {
         self.layers.push(Layer {
             t0,
             t1,
+            extent,
             bins,
             runs,
             marks,
@@ -319,6 +339,7 @@ impl Picture {
         self.layers.push(Layer {
             t0,
             t1,
+            extent: (t0, t1),
             bins,
             runs,
             marks,

@@ -707,3 +707,138 @@ fn types_past_the_palette_share_a_colour() {
         [0, 1, 2, 3]
     );
 }
+
+/// `bytes` (a v1 buffer) as the `n` packed parts a drain would deliver: each
+/// warp's events, in the order they end, cut into `n` runs, each slot's times
+/// those of its events (its first and last part's, the warp's own).
+fn in_parts(bytes: &[u8], n: usize) -> Vec<Vec<u8>> {
+    use crate::format::PackedWriter;
+    let whole = Buffer::decode(bytes, None).unwrap();
+    (0..n)
+        .map(|p| {
+            let mut w = PackedWriter::new(whole.header());
+            for slot in whole.slots() {
+                let events: Vec<Event> = slot.events().collect();
+                let per = events.len().div_ceil(n);
+                let mine = &events[(p * per).min(events.len())..((p + 1) * per).min(events.len())];
+                if mine.is_empty() {
+                    continue;
+                }
+                let mut h = slot.header;
+                if p > 0 {
+                    h.first_ts = mine.iter().map(|e| e.start_ns).min().unwrap();
+                }
+                if p + 1 < n {
+                    h.last_ts = mine.iter().map(|e| e.end_ns).max().unwrap();
+                    h.events_lost = 0;
+                }
+                w.slot(&h, mine);
+            }
+            w.finish()
+        })
+        .collect()
+}
+
+#[test]
+fn a_launch_in_parts_reports_as_whole() {
+    use crate::format::BufferBuilder;
+    // 16 warps on 4 SMs, nested ranges (an outer one per warp, which ends in
+    // the last part but starts in the first), instants, a migrated warp, drops.
+    let mut b = BufferBuilder::new([8, 1, 1], [64, 1, 1], 64);
+    for block in 0..8u32 {
+        for warp in 0..2 {
+            let t0 = 1_000 * u64::from(block) + 37 * u64::from(warp);
+            let s = b.warp(block, warp).unwrap();
+            s.sm(block % 4, if block == 5 { 9 } else { block % 4 });
+            for k in 0..60u64 {
+                let t = t0 + 10 + k * 50;
+                s.range(1 + (k % 3) as u16, t, t + 30 + k % 7, 0);
+                if k % 11 == 0 {
+                    s.instant(4, t + 40, 0);
+                }
+            }
+            s.range(0, t0 + 5, t0 + 10 + 60 * 50, 0);
+        }
+    }
+    let bytes = b.finish();
+    let whole = {
+        let mut tl = Timeline::with_svg(SvgOptions::default());
+        tl.set_sm_count(6);
+        tl.add_buffer(&Buffer::decode(&bytes, None).unwrap());
+        tl
+    };
+    let r = whole.report();
+    assert_eq!((r.events, r.migrated_warps), (16 * 64, 2));
+    assert!(r.events_lost > 0);
+    for n in [1, 2, 3, 7] {
+        let parts = in_parts(&bytes, n);
+        let mut tl = Timeline::with_svg(SvgOptions::default());
+        tl.set_sm_count(6);
+        for (p, part) in parts.iter().enumerate() {
+            tl.add_part(7, &Buffer::decode(part, None).unwrap(), p + 1 == n);
+            assert_eq!(tl.streaming.len(), usize::from(p + 1 < n));
+        }
+        assert_eq!(tl.report(), r, "{n} parts");
+        let svg = tl.to_svg().unwrap();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        assert!(!svg_events(&doc).is_empty());
+        // A launch whose last part never came is added as it stands.
+        let mut open = Timeline::new();
+        open.set_sm_count(6);
+        for part in &parts[..n.max(2) - 1] {
+            open.add_part(7, &Buffer::decode(part, None).unwrap(), false);
+        }
+        open.end_parts();
+        assert_eq!(open.report().launches, 1);
+    }
+}
+
+#[test]
+fn a_streamed_launch_keeps_no_events() {
+    use crate::format::PackedWriter;
+    // One launch of 100 parts, each 64 warps × 100 ranges, one after the
+    // other: what it keeps between parts stays as small after the last part
+    // as after the first (its warps, and per SM the union of its ranges).
+    let header = *Buffer::decode(
+        &crate::format::BufferBuilder::new([32, 1, 1], [64, 1, 1], 1).finish(),
+        None,
+    )
+    .unwrap()
+    .header();
+    let part = |p: u64| {
+        let mut w = PackedWriter::new(&header);
+        let t0 = p * 20_000;
+        for block in 0..32u32 {
+            for warp in 0..2 {
+                let events: Vec<Event> = (0..100)
+                    .map(|k| {
+                        range(
+                            1 + (k % 3) as u16,
+                            t0 + k * 200,
+                            t0 + k * 200 + 150 + 50 * warp as u64,
+                        )
+                    })
+                    .collect();
+                let mut h = slot(block, t0, t0 + 100 * 200);
+                (h.block_linear, h.warp, h.block) = (block, warp, [block, 0, 0]);
+                w.slot(&h, &events);
+            }
+        }
+        w.finish()
+    };
+    let mut tl = Timeline::with_svg(SvgOptions::default());
+    let mut kept = Vec::new();
+    for p in 0..100 {
+        tl.add_part(1, &Buffer::decode(&part(p), None).unwrap(), p == 99);
+        if let Some(open) = tl.streaming.get(&1) {
+            kept.push(open.kept());
+        }
+    }
+    assert!(kept.iter().all(|&k| k == (64, 32)), "{kept:?}");
+    let r = tl.report();
+    assert_eq!((r.launches, r.events, r.sms.len()), (1, 100 * 64 * 100, 32));
+    assert_eq!(r.sms[0].warps, 2);
+    // Each SM's second warp keeps it busy throughout.
+    assert_eq!(r.sms[0].busy_ns, 100 * 20_000);
+    assert!(tl.to_svg().is_some());
+}

@@ -4,6 +4,7 @@
 
 pub mod backends;
 pub mod cli;
+pub mod streamed;
 
 use std::sync::Arc;
 
