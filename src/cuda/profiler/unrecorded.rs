@@ -51,28 +51,39 @@ impl Unrecorded {
             _builds: Vec::with_capacity(profiled),
         };
         let mut prologues = Vec::new();
-        for node in this.nodes()? {
+        // The captured graph's nodes, read there: a node's arguments live in its own
+        // storage, which setting its parameters replaces, so the clone's nodes are set from
+        // the original's (set from their own, a node's arguments came back as zeros).
+        for original in nodes(captured)? {
             let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            // SAFETY: a node of the clone; an out-pointer.
-            unsafe { sys::cuGraphNodeGetType(node, &mut kind).result()? };
+            // SAFETY: a node of the captured graph; an out-pointer.
+            unsafe { sys::cuGraphNodeGetType(original, &mut kind).result()? };
             if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
                 continue;
             }
-            // SAFETY: a kernel node of the clone; the parameters are plain data and
-            // pointers the driver owns while the node lives.
+            // SAFETY: a kernel node; the parameters are plain data and pointers the driver
+            // owns while the node lives and keeps its parameters.
             let mut params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-            unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut params).result()? };
-            if params.func == prologue {
+            unsafe { sys::cuGraphKernelNodeGetParams_v2(original, &mut params).result()? };
+            let production = match params.func == prologue {
+                true => None,
+                false => match production_of(params.func) {
+                    Some(p) => Some(p),
+                    None => continue,
+                },
+            };
+            let mut node = std::ptr::null_mut();
+            // SAFETY: `original` is a node of the graph `graph` was cloned from.
+            unsafe { sys::cuGraphNodeFindInClone(&mut node, original, graph).result()? };
+            let Some(production) = production else {
                 prologues.push(node);
-                continue;
-            }
-            let Some(production) = production_of(params.func) else {
                 continue;
             };
             // The same arguments: the production build takes them all but the last, the
             // trace, and reads only as many as it has.
             params.func = production.cu_function();
-            // SAFETY: as above; the new kernel belongs to the same context.
+            // SAFETY: a kernel node of the clone; the new kernel belongs to the same context,
+            // and the arguments are the original node's, alive across the call.
             unsafe { sys::cuGraphKernelNodeSetParams_v2(node, &params).result()? };
             this._builds.push(production);
         }
@@ -86,21 +97,22 @@ impl Unrecorded {
         Ok(Some(this))
     }
 
-    fn nodes(&self) -> Result<Vec<sys::CUgraphNode>, DriverError> {
-        let mut n = 0usize;
-        // SAFETY: a live graph; with a null array the driver writes the count alone.
-        unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n).result()? };
-        let mut nodes = vec![std::ptr::null_mut(); n];
-        // SAFETY: room for `n` nodes.
-        unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n).result()? };
-        nodes.truncate(n);
-        Ok(nodes)
-    }
-
     /// The instantiated graph, to launch.
     pub(crate) fn exec(&self) -> sys::CUgraphExec {
         self.exec
     }
+}
+
+/// The nodes of `graph`.
+fn nodes(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>, DriverError> {
+    let mut n = 0usize;
+    // SAFETY: a live graph; with a null array the driver writes the count alone.
+    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n).result()? };
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    // SAFETY: room for `n` nodes.
+    unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n).result()? };
+    nodes.truncate(n);
+    Ok(nodes)
 }
 
 impl Drop for Unrecorded {

@@ -255,7 +255,11 @@ fn recorder_sass_per_range_event() {
         assert!(at("v1: switch_to") <= 12.0, "v1: {}", at("v1: switch_to"));
         // (Built without TGPU_STREAM, v2 has no streaming code: these hold as before.)
         assert!(at("v2: switch_to") <= 6.5, "v2: {}", at("v2: switch_to"));
-        assert!(at("v2: begin/end") <= 12.5, "v2: {}", at("v2: begin/end"));
+        // 13.5 at unroll 4 since losses are counted in events (issue #29): two register
+        // moves per range from ptxas's allocation around the group store, no more stall
+        // cycles; on an H100 the dense kernel and the GEMM cost less than before it
+        // (docs/lab/performance-history.md, session 16).
+        assert!(at("v2: begin/end") <= 13.5, "v2: {}", at("v2: begin/end"));
         // Keeping the slot changes the group store only, not the events' path.
         for call in ["begin/end", "switch_to", "switch_to + payload"] {
             let (kept, v2) = (at(&format!("v2 kept: {call}")), at(&format!("v2: {call}")));
@@ -268,7 +272,7 @@ fn recorder_sass_per_range_event() {
         // A payload, staged with its event: the next lane's compare, its two moves, and
         // the wider group test.
         assert!(
-            at("v2: switch_to + payload") - at("v2: switch_to") <= 5.0,
+            at("v2: switch_to + payload") - at("v2: switch_to") <= 5.5,
             "a payload entry costs {}",
             at("v2: switch_to + payload") - at("v2: switch_to")
         );
