@@ -48,7 +48,10 @@ pub(crate) fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
             emit_batch(&inner, &mut streams, &batch, &parent);
         }
         inner.shared.log_pending();
-        inner.progress.lock().done += 1;
+        let mut p = inner.progress.lock();
+        p.done += 1;
+        p.bytes -= super::layer::batch_bytes(&batch);
+        drop(p);
         inner.progress_cv.notify_all();
     }
     inner.progress.lock().exited = true;

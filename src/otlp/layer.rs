@@ -64,6 +64,8 @@ pub(crate) struct Inner {
 pub(crate) struct Progress {
     pub(crate) submitted: u64,
     pub(crate) done: u64,
+    /// Bytes of the decoded buffers submitted and not yet done.
+    pub(crate) bytes: u64,
     pub(crate) exited: bool,
 }
 
@@ -437,7 +439,10 @@ impl BatchSink for Inner {
         let parent = inner.launch_context(batch);
         let mut p = inner.progress.lock();
         match inner.jobs.try_send(Job::Batch(batch.clone(), parent)) {
-            Ok(()) => p.submitted += 1,
+            Ok(()) => {
+                p.submitted += 1;
+                p.bytes += batch_bytes(batch);
+            }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 drop(p);
                 inner.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
@@ -480,4 +485,10 @@ mod tests {
         }
         assert!(ignored_target("tracing_gpu::device"));
     }
+}
+
+/// The bytes a batch holds in memory while it waits for the conversion thread: its
+/// decoded buffer.
+pub(crate) fn batch_bytes(batch: &Batch) -> u64 {
+    batch.buffer.bytes().len() as u64
 }

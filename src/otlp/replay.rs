@@ -14,7 +14,7 @@ use opentelemetry::{Context as OtelContext, KeyValue, Value};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 
 use super::conversion::launch_end;
-use super::layer::{Inner, Job, OtlpLayer};
+use super::layer::{Inner, Job, OtlpLayer, Progress};
 use super::state::Patient;
 use super::streamed::PresetIds;
 use crate::batch::{Batch, HostSpan};
@@ -23,6 +23,9 @@ use crate::batch::{Batch, HostSpan};
 /// be converted: one being converted and one ready, while the caller reads
 /// the next. A replay holds a few launches, whatever their number.
 const IN_FLIGHT: u64 = 2;
+/// And their decoded buffers' bytes: past this, one batch at a time (a part of
+/// a streamed launch may decode to hundreds of MB from a capture of a few).
+const IN_FLIGHT_BYTES: u64 = 64 << 20;
 
 impl OtlpLayer {
     /// Ships a recorded run (a capture file's: [`crate::capture::CaptureReader`]
@@ -59,7 +62,12 @@ impl OtlpLayer {
         let inner = &*self.inner;
         let _patient = Patient::new();
         let mut host = HostReplay::new(inner, spans, realtime_offset_ns);
-        for batch in batches {
+        let mut batches = batches.into_iter();
+        // The next batch is read (decoded) only once what is in flight is small.
+        while let Some(batch) = {
+            drop(inner.wait_for(|p| p.bytes < IN_FLIGHT_BYTES));
+            batches.next()
+        } {
             let parent = host.launch(&batch);
             inner.hand_over(batch, parent);
         }
@@ -252,8 +260,32 @@ impl Inner {
     /// [`IN_FLIGHT`] wait there (until the give-up); dropped and counted
     /// after the give-up or the shutdown.
     fn hand_over(&self, batch: Arc<Batch>, parent: OtelContext) {
+        let bytes = super::layer::batch_bytes(&batch);
+        let mut p = self.wait_for(|p| {
+            let waiting = p.submitted - p.done;
+            waiting < IN_FLIGHT && (waiting == 0 || p.bytes + bytes <= IN_FLIGHT_BYTES)
+        });
+        if self.gave_up() {
+            drop(p);
+            self.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        p.submitted += 1;
+        p.bytes += bytes;
+        drop(p);
+        if self.jobs.send(Job::Batch(batch, parent)).is_err() {
+            let mut p = self.progress.lock();
+            p.submitted -= 1;
+            p.bytes -= bytes;
+            self.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Waits until `room` holds of the batches in flight (or none is, or the conversion
+    /// thread has exited, or the export has given up), and returns them locked.
+    fn wait_for(&self, room: impl Fn(&Progress) -> bool) -> parking_lot::MutexGuard<'_, Progress> {
         let mut p = self.progress.lock();
-        while p.submitted - p.done >= IN_FLIGHT && !p.exited && !self.gave_up() {
+        while !room(&p) && p.submitted > p.done && !p.exited && !self.gave_up() {
             // The conversion thread notifies at each batch done; a give-up
             // in the future is waited for.
             match self.shared.give_up() {
@@ -263,17 +295,7 @@ impl Inner {
                 None => self.progress_cv.wait(&mut p),
             }
         }
-        if self.gave_up() {
-            drop(p);
-            self.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        p.submitted += 1;
-        drop(p);
-        if self.jobs.send(Job::Batch(batch, parent)).is_err() {
-            self.progress.lock().submitted -= 1;
-            self.shared.batches_dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        p
     }
 
     fn gave_up(&self) -> bool {
