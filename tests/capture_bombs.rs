@@ -78,10 +78,15 @@ fn every_command(capture: &Path, refusal: Option<&str>) {
 
 #[test]
 fn a_gigabyte_of_declared_empty_slots_costs_nothing() {
-    // One launch whose buffer declares 2¹⁸ slots of 256 records (1.1 GB), of
-    // which the first 4 are flushed: it once took 1.1 GB in every command.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("empty-slots.tgpu");
+    write_empty_slots(&path);
+    every_command(&path, None);
+}
+
+/// One launch whose buffer declares 2¹⁸ slots of 256 records (1.1 GB), of which the
+/// first 4 are flushed: it once took 1.1 GB in every command.
+fn write_empty_slots(path: &Path) {
     let (grid, block) = ([1, 1, 1], [128, 1, 1]);
     let mut b = BufferBuilder::new(grid, block, 256);
     b.launch_id(1).slot_count(4);
@@ -97,22 +102,26 @@ fn a_gigabyte_of_declared_empty_slots_costs_nothing() {
     let stride = (SLOT_HEADER_SIZE + 256 * 16) as u64;
     let len = 64 + u64::from(slots) * stride;
     let span = launch_span(999_000_000, 1_001_000_000);
-    let mut w = BodyWriter::create(&path, &[span], 1, Compression::best());
+    let mut w = BodyWriter::create(path, &[span], 1, Compression::best());
     w.launch(&Launch::new(grid, block), len);
     w.put(&flushed);
     w.fill(0, len - flushed.len() as u64);
     w.finish();
-    every_command(&path, None);
 }
 
 #[test]
 fn names_of_200_mb_are_refused_before_they_are_read() {
-    // A 200 MiB kernel name (under the old 256 MiB limit): report once took
-    // 1.2 GB and printed 209 MB.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kernel-name.tgpu");
+    write_long_name(&path);
+    every_command(&path, Some("a kernel name of 209715200 bytes"));
+}
+
+/// A 200 MiB kernel name (under the old 256 MiB limit): report once took 1.2 GB and
+/// printed 209 MB.
+fn write_long_name(path: &Path) {
     let name = 200u32 << 20;
-    let mut w = BodyWriter::create(&path, &[], 1, Compression::best());
+    let mut w = BodyWriter::create(path, &[], 1, Compression::best());
     let mut rec = 0u32.to_le_bytes().to_vec(); // device
     rec.extend_from_slice(&1u64.to_le_bytes());
     rec.extend_from_slice(&name.to_le_bytes());
@@ -120,7 +129,6 @@ fn names_of_200_mb_are_refused_before_they_are_read() {
     w.fill(b'k', u64::from(name));
     w.put(&[0; 8 + 8 + 24 + 4 + 1 + 8]); // the rest of the launch, no buffer
     w.finish();
-    every_command(&path, Some("a kernel name of 209715200 bytes"));
 }
 
 #[test]
@@ -132,25 +140,35 @@ fn three_large_parts_are_read_one_at_a_time() {
     // took 1.36 GB).
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("parts.tgpu");
+    write_parts(&path, 500);
+    every_command(&path, None);
+}
+
+/// 3 packed parts × 2,112 slots × `events` records, all alike.
+fn write_parts(path: &Path, events: u32) {
     Streamed {
         parts: 3,
         warps: 16,
-        events: 500,
+        events,
         alike: true,
     }
-    .write_with(&path, Compression::best());
-    every_command(&path, None);
+    .write_with(path, Compression::best());
 }
 
 #[test]
 fn many_streamed_launches_left_open_are_bounded() {
-    // 50,000 streamed launches of one part each, none the last (their run
-    // ended first): what a command follows of them at once is bounded.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("open.tgpu");
+    write_open_launches(&path);
+    every_command(&path, None);
+}
+
+/// 50,000 streamed launches of one part each, none the last (their run ended first):
+/// what a command follows of them at once is bounded.
+fn write_open_launches(path: &Path) {
     let (grid, block) = ([1, 1, 1], [32, 1, 1]);
     let n = 50_000u32;
-    let mut w = BodyWriter::create(&path, &[], n, Compression::best());
+    let mut w = BodyWriter::create(path, &[], n, Compression::best());
     for id in 1..=u64::from(n) {
         let mut b = BufferBuilder::new(grid, block, 1);
         b.launch_id(id);
@@ -166,5 +184,22 @@ fn many_streamed_launches_left_open_are_bounded() {
         w.put(&buffer);
     }
     w.finish();
-    every_command(&path, None);
+}
+
+/// The bombs above as seeds for the fuzz targets `capture` and `pipeline` (fuzz/README.md),
+/// written into `$TGPU_FUZZ_SEEDS`; the parts at the release build's size.
+#[test]
+#[ignore = "writes fuzz seeds: TGPU_FUZZ_SEEDS=DIR"]
+fn write_fuzz_seeds() {
+    let dir =
+        std::path::PathBuf::from(std::env::var_os("TGPU_FUZZ_SEEDS").expect("TGPU_FUZZ_SEEDS"));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_empty_slots(&dir.join("empty-slots.tgpu"));
+    write_long_name(&dir.join("kernel-name.tgpu"));
+    write_parts(&dir.join("parts.tgpu"), 4000);
+    write_open_launches(&dir.join("open.tgpu"));
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let len = f.unwrap().metadata().unwrap().len();
+        assert!(len <= FILE_LIMIT, "a seed of {len} bytes");
+    }
 }
