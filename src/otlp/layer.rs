@@ -460,6 +460,12 @@ impl BatchSink for Inner {
     }
 }
 
+/// The bytes a batch holds in memory while it waits for the conversion thread: its
+/// decoded buffer.
+pub(crate) fn batch_bytes(batch: &Batch) -> u64 {
+    batch.buffer.bytes().len() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,10 +491,4 @@ mod tests {
         }
         assert!(ignored_target("tracing_gpu::device"));
     }
-}
-
-/// The bytes a batch holds in memory while it waits for the conversion thread: its
-/// decoded buffer.
-pub(crate) fn batch_bytes(batch: &Batch) -> u64 {
-    batch.buffer.bytes().len() as u64
 }

@@ -5,6 +5,22 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::capture::MAX_NAME_LEN;
+
+/// `name`, cut to [`MAX_NAME_LEN`] bytes at a character's boundary: a capture refuses
+/// longer names (docs/capture.md), so a live run's names are bounded where they are made,
+/// and its capture reads back.
+fn bounded(name: &str) -> &str {
+    if name.len() <= MAX_NAME_LEN {
+        return name;
+    }
+    let mut end = MAX_NAME_LEN;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
 /// The launching thread's name (its `ThreadId` if it has none).
 pub(crate) fn thread_name() -> Arc<str> {
     thread_local! {
@@ -12,7 +28,7 @@ pub(crate) fn thread_name() -> Arc<str> {
         static NAME: Arc<str> = {
             let t = std::thread::current();
             match t.name() {
-                Some(n) => n.into(),
+                Some(n) => bounded(n).into(),
                 None => format!("{:?}", t.id()).into(),
             }
         };
@@ -29,6 +45,7 @@ const NAMES_PER_THREAD: usize = 4096;
 /// about what a small allocation does; the allocation would be freed on the
 /// collector thread, which is dearer).
 pub(crate) fn kernel_name(kernel: &str) -> Arc<str> {
+    let kernel = bounded(kernel);
     thread_local! {
         static NAMES: RefCell<HashSet<Arc<str>>> = RefCell::new(HashSet::new());
     }
@@ -65,6 +82,20 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn names_are_cut_to_what_a_capture_holds() {
+        let long = format!("{}é", "k".repeat(MAX_NAME_LEN - 1));
+        let cut = kernel_name(&long);
+        assert_eq!(
+            cut.len(),
+            MAX_NAME_LEN - 1,
+            "cut before the two-byte character"
+        );
+        assert!(long.starts_with(&*cut));
+        let exact = "k".repeat(MAX_NAME_LEN);
+        assert_eq!(&*kernel_name(&exact), exact);
     }
 
     #[test]
