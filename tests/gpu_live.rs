@@ -472,3 +472,119 @@ extern "C" __global__ void losses(unsigned* made TGPU_TRACE_PARAM) {
         }
     }
 }
+
+/// Per warp, in events, streamed: delivered + lost = produced, for a kernel whose warps
+/// outrun their rings (issue #29's check). Each warp makes a different number of events
+/// (a `switch_to` chain, payloads on some) as fast as it can into rings of 32 records,
+/// which the drain reads every millisecond; the kernel writes how many it made.
+#[test]
+fn each_warp_counts_its_lost_events_exactly_when_streamed() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use tracing_gpu::batch::{Batch, BatchSink};
+    use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tracing_gpu::deliver::SinkLayer;
+    use tracing_gpu::{compile, gpu_profile, KernelBuild};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    const SOURCE: &str = r#"
+#include "tracing_gpu.cuh"
+TGPU_EVENT(A, 1);
+TGPU_EVENT(B, 2);
+extern "C" __global__ void outrun(unsigned* made TGPU_TRACE_PARAM) {
+    TGPU_RECORDER(rec, A, B);
+    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned n = 3000 + 37 * warp;
+    rec.begin<A>();
+    for (unsigned i = 0; i < n; ++i) {
+        if (i % 2 == 0) {
+            if (i % 7 == 0) rec.switch_to<A, B>(i); else rec.switch_to<A, B>();
+        } else {
+            rec.switch_to<B, A>();
+        }
+    }
+    if (n % 2 == 0) rec.end<A>(); else rec.end<B>();
+    if ((threadIdx.x & 31) == 0) made[warp] = n + 1;
+}
+"#;
+    /// Per warp slot: events delivered and events lost, over every part.
+    #[derive(Clone, Default)]
+    struct Tally(Arc<Mutex<HashMap<u32, (u64, u64)>>>);
+    impl BatchSink for Tally {
+        fn on_batch(&self, batch: &Arc<Batch>) {
+            let mut t = self.0.lock().unwrap();
+            for slot in batch.buffer.view().slots() {
+                let e = t.entry(slot.index).or_default();
+                e.0 += slot.events().count() as u64;
+                e.1 += u64::from(slot.events_lost());
+            }
+        }
+        fn flush(&self) {}
+    }
+    let tally = Tally::default();
+    let subscriber =
+        tracing_subscriber::registry().with(SinkLayer::new(tally.clone()).expect("a sink slot"));
+    let _default = tracing::subscriber::set_default(subscriber);
+    let profiler = tracing_gpu::cuda::Profiler::builder()
+        .device(0)
+        .events([(1, "a"), (2, "b")])
+        .stream_capacity(32)
+        .build()
+        .unwrap();
+    let build = KernelBuild::new("outrun.cu", profiler.arch())
+        .define("TGPU_ENABLED=1")
+        .define("TGPU_STREAM=1");
+    let module = profiler
+        .context()
+        .load_module(compile(SOURCE, &build).unwrap())
+        .unwrap();
+    let f = module.load_function("outrun").unwrap();
+    let stream = profiler.context().new_stream().unwrap();
+    let (blocks, threads) = (8u32, 128u32);
+    let warps = blocks * threads / 32;
+    let mut made = stream.alloc_zeros::<u32>(warps as usize).unwrap();
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `made` holds a word per warp.
+    gpu_profile!(
+        profiler.streamed(),
+        &stream,
+        "outrun",
+        cfg,
+        |trace| unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&mut made)
+                .arg(&trace)
+                .launch(cfg)
+        }
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    profiler.flush().unwrap();
+    let made = stream.clone_dtoh(&made).unwrap();
+    let t = tally.0.lock().unwrap();
+    assert_eq!(t.len(), warps as usize, "every warp delivered a part");
+    let mut lost = 0;
+    for (warp, &(got, gone)) in t.iter() {
+        assert_eq!(
+            got + gone,
+            u64::from(made[*warp as usize]),
+            "warp {warp}: {got} delivered + {gone} lost"
+        );
+        lost += gone;
+    }
+    assert!(lost > 0, "the warps outran their rings");
+    let st = profiler.stats();
+    assert_eq!(
+        st.events + st.events_lost,
+        made.iter().map(|&m| u64::from(m)).sum::<u64>()
+    );
+}
