@@ -214,12 +214,7 @@ impl Profiler {
         F: FnOnce(KernelArg) -> Result<T, E>,
         E: Into<ProfilerError>,
     {
-        if **stream.context() != *self.ctx {
-            return Err(ProfilerError::WrongContext {
-                profiler_device: self.ctx.ordinal(),
-                stream_device: stream.context().ordinal(),
-            });
-        }
+        self.check_stream(stream)?;
         let shape = Shape::of(&cfg, self.capacity, self.arena.capacity())?;
         let header = BufferHeader {
             version: format::VERSION,
@@ -297,12 +292,7 @@ impl Profiler {
         stream: &Arc<CudaStream>,
         name: &str,
     ) -> Result<(), ProfilerError> {
-        if **stream.context() != *self.ctx {
-            return Err(ProfilerError::WrongContext {
-                profiler_device: self.ctx.ordinal(),
-                stream_device: stream.context().ordinal(),
-            });
-        }
+        self.check_stream(stream)?;
         self.ctx.bind_to_thread()?;
         let exec = graph.graph().cu_graph_exec();
         let Some(ready) = &graph.ready else {
@@ -375,12 +365,7 @@ impl Profiler {
         graph: &ProfiledGraph,
         stream: &Arc<CudaStream>,
     ) -> Result<(), ProfilerError> {
-        if **stream.context() != *self.ctx {
-            return Err(ProfilerError::WrongContext {
-                profiler_device: self.ctx.ordinal(),
-                stream_device: stream.context().ordinal(),
-            });
-        }
+        self.check_stream(stream)?;
         self.ctx.bind_to_thread()?;
         let (exec, nodes) =
             match (&graph.ready, &graph.unrecorded) {
@@ -396,6 +381,17 @@ impl Profiler {
         unsafe { sys::cuGraphLaunch(exec, stream.cu_stream()).result()? };
         if nodes > 0 {
             self.shared.count_unrecorded_replay(nodes);
+        }
+        Ok(())
+    }
+
+    /// `stream` belongs to this profiler's context, or the error that says it does not.
+    pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<(), ProfilerError> {
+        if **stream.context() != *self.ctx {
+            return Err(ProfilerError::WrongContext {
+                profiler_device: self.ctx.ordinal(),
+                stream_device: stream.context().ordinal(),
+            });
         }
         Ok(())
     }

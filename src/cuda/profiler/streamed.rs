@@ -122,12 +122,7 @@ impl Streaming<'_> {
         E: Into<ProfilerError>,
     {
         let p = self.profiler;
-        if **stream.context() != *p.ctx {
-            return Err(ProfilerError::WrongContext {
-                profiler_device: p.ctx.ordinal(),
-                stream_device: stream.context().ordinal(),
-            });
-        }
+        p.check_stream(stream)?;
         let settings = p.stream_settings;
         let warps = Shape::of(&cfg, MIN_RING, usize::MAX)?.slots;
         let capacity = settings.capacity_for(warps as u64);

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, LaunchConfig,
+    sys, CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DriverError, LaunchConfig,
 };
-use tracing_gpu::cuda::ensure_libraries;
+use tracing_gpu::cuda::{ensure_libraries, ProfilerError};
 use tracing_gpu::format::{self, BufferHeader};
 
 use crate::{BenchError, Result};
@@ -126,4 +126,16 @@ impl Timer {
         }
         Ok(crate::stats::median(&mut ms))
     }
+}
+
+/// The graph `f` captures on `stream`; the capture ends whatever `f` returns.
+pub fn capture(
+    stream: &Arc<CudaStream>,
+    f: impl FnOnce() -> std::result::Result<(), ProfilerError>,
+) -> std::result::Result<CudaGraph, ProfilerError> {
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
+    let made = f();
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    made?;
+    graph?.ok_or_else(|| ProfilerError::Invalid("the capture made no graph".into()))
 }

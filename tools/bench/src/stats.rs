@@ -116,3 +116,8 @@ mod tests {
         assert_eq!(Calls::default().us(0.5), 0.0);
     }
 }
+
+/// `x` against `base`, in percent (+ slower).
+pub fn percent(base: f64, x: f64) -> f64 {
+    (x / base - 1.0) * 100.0
+}

@@ -67,7 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tracing_gpu::cuda::cudarc::driver::{sys, CudaGraph, CudaStream};
+use tracing_gpu::cuda::cudarc::driver::CudaStream;
 use tracing_gpu::cuda::{
     gpu_profile, Profiler, ProfilerError, ProfilerStats, DEFAULT_GRAPH_REGIONS,
     DEFAULT_MEMORY_LIMIT,
@@ -75,8 +75,8 @@ use tracing_gpu::cuda::{
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli;
 use tracing_gpu_bench::decode::{reference, Builds, Delivered, Node, Shape, Step, EVENTS};
-use tracing_gpu_bench::device::Timer;
-use tracing_gpu_bench::stats::{quantile, Calls};
+use tracing_gpu_bench::device::{capture, Timer};
+use tracing_gpu_bench::stats::{percent, quantile, Calls};
 use tracing_gpu_bench::trace::PerfettoTrace;
 
 /// One decode step as a graph and as a storm, gate off against null trace against profiled.
@@ -272,22 +272,6 @@ impl Side {
     fn recorded_pct(&self) -> f64 {
         100.0 * self.delivered as f64 / self.launches.max(1) as f64
     }
-}
-
-/// The graph `f` captures on `stream`; the capture ends whatever `f` returns.
-fn capture(
-    stream: &Arc<CudaStream>,
-    f: impl FnOnce() -> Result<(), ProfilerError>,
-) -> Result<CudaGraph, ProfilerError> {
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
-    let made = f();
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-    made?;
-    graph?.ok_or_else(|| ProfilerError::Invalid("the capture made no graph".into()))
-}
-
-fn percent(base: f64, x: f64) -> f64 {
-    (x / base - 1.0) * 100.0
 }
 
 /// How one step is launched in the check.

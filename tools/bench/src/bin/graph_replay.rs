@@ -39,20 +39,19 @@
 
 use std::error::Error;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tracing_gpu::cuda::cudarc::driver::{sys, CudaGraph, CudaStream};
+
 use tracing_gpu::cuda::{
     gpu_profile, Profiler, ProfilerError, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
 };
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli::{self, recorder_build};
-use tracing_gpu_bench::device::Timer;
+use tracing_gpu_bench::device::{capture, Timer};
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::Short;
-use tracing_gpu_bench::stats::Calls;
+use tracing_gpu_bench::stats::{percent, Calls};
 use tracing_gpu_bench::trace::PerfettoTrace;
 
 /// A graph of short kernels replayed, gate off against null trace against profiled.
@@ -113,22 +112,6 @@ impl Side {
     fn gpu_us(&self) -> f64 {
         self.gpu_ms * 1e3 / self.replays as f64
     }
-}
-
-/// The graph `f` captures on `stream`; the capture ends whatever `f` returns.
-fn capture(
-    stream: &Arc<CudaStream>,
-    f: impl FnOnce() -> Result<(), ProfilerError>,
-) -> Result<CudaGraph, ProfilerError> {
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
-    let made = f();
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-    made?;
-    graph?.ok_or_else(|| ProfilerError::Invalid("the capture made no graph".into()))
-}
-
-fn percent(base: f64, x: f64) -> f64 {
-    (x / base - 1.0) * 100.0
 }
 
 /// The variants, in their table's order (the index of their `Side`).
