@@ -73,6 +73,11 @@ pub fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.get(i).copied().unwrap_or(f64::NAN)
 }
 
+/// `x` against `base`, in percent (+ slower).
+pub fn percent(base: f64, x: f64) -> f64 {
+    (x / base - 1.0) * 100.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,9 +120,4 @@ mod tests {
         assert!(b.us(1.0) >= 3.59e9, "{}", b.us(1.0));
         assert_eq!(Calls::default().us(0.5), 0.0);
     }
-}
-
-/// `x` against `base`, in percent (+ slower).
-pub fn percent(base: f64, x: f64) -> f64 {
-    (x / base - 1.0) * 100.0
 }
