@@ -122,7 +122,8 @@ fn with_sm_first(capture: &Capture, nth: usize, sm: u32) -> Capture {
     let view = launch.buffer.view();
     let stride = wire::slot_stride(view.header().slot_capacity);
     let index = view.slots().nth(nth).expect("a flushed slot").index as usize;
-    let mut bytes = view.bytes().to_vec();
+    // The wire format: a buffer read from a capture keeps only its flushed slots.
+    let mut bytes = launch.buffer.wire().into_owned();
     let at = wire::BUFFER_HEADER_SIZE + index * stride + wire::slot_offsets::SM_FIRST;
     bytes[at..at + 4].copy_from_slice(&sm.to_le_bytes());
     launch.buffer = Arc::new(OwnedBuffer::decode(bytes, Some(&capture.registry)).unwrap());
