@@ -94,10 +94,10 @@ fn an_outside_sink_gets_every_batch_beside_perfetto_and_otlp() {
     perfetto_check::check(&trace, &["--expect-kernels", "3", "--expect-flows", "3"]);
     otlp_guard.flush().unwrap();
     // Kernel detail: a launch span and a kernel span (named after the
-    // kernel) per batch.
+    // kernel and its GPU) per batch.
     let spans = rx.wait_spans(6);
     let named = |n: &str| spans.iter().filter(|s| s.span.name == n).count();
-    assert_eq!((named("launch"), named("k")), (3, 3), "{spans:#?}");
+    assert_eq!((named("launch"), named("k on GPU 0")), (3, 3), "{spans:#?}");
 }
 
 /// Layer shapes users write: each must hand every batch to the sink once,
@@ -202,7 +202,12 @@ fn the_crate_sinks_obey_global_and_per_layer_filters() {
             2,
             &["launch", "launch"],
         ),
-        ("info", Some("info"), 2, &["k", "k", "launch", "launch"]),
+        (
+            "info",
+            Some("info"),
+            2,
+            &["k on GPU 0", "k on GPU 0", "launch", "launch"],
+        ),
     ];
     for (global, own, kernels, names) in cases {
         let dir = tempfile::tempdir().unwrap();
