@@ -37,7 +37,7 @@ mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 if [ ! -x "$out/jaeger" ] || [ ! -x "$out/otelcol" ]; then
-  echo "backends: building Jaeger and the Collector into $out (once; about 20 minutes on 2 cores)" >&2
+  echo "backends: building Jaeger and the Collector into $out (once; about 8 minutes on 2 cores)" >&2
   start=$(date +%s)
   tmp=$(mktemp -d "$cache/.build.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT

@@ -58,7 +58,7 @@ fi
 cargo clippy --locked --workspace --all-targets --all-features -- -D warnings -D clippy::incompatible_msrv
 # The real backends the OTLP tests export to (tests/jaeger.rs, tests/collector.rs): Jaeger
 # and an OpenTelemetry Collector, built once into a cache outside the repository (about
-# 12 minutes the first time on 2 cores). Without Go this fails, on CI as anywhere;
+# 8 minutes the first time on 2 cores: 453 s from empty caches). Without Go this fails, on CI as anywhere;
 # TGPU_NO_BACKENDS=1 skips those tests instead, saying so.
 TGPU_BACKENDS=$(scripts/backends.sh)
 export TGPU_BACKENDS
