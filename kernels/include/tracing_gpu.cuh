@@ -958,16 +958,24 @@ class Recorder {
   // dropped entries that end an event, for the header's events_lost. Every lane keeps the same
   // counters (stored_) and so decides alike; they load the host's `read` again only when
   // the value they have says the ring is full: once per ring's worth of chunks while the
-  // host keeps up. A ring's chunks are a power of two, at most 2^15, so that the position
-  // is the count's low bits and `written - read` is exact modulo 2^16. No fence: the host
-  // takes a chunk as complete when its meta and its n entries all carry STREAM_MARK.
+  // host keeps up. When the host falls behind, a load across PCIe at every chunk would
+  // slow the warp most exactly when its chunks are dropped anyway: so each dropped chunk
+  // moves the kept `read` one back, and the warp loads it again only after `backoff`
+  // more drops (a ring's worth, at most 2^14), dropping whole stretches of chunks in
+  // between, each counted. A ring's chunks are a power of two, at most 2^15, so that the
+  // position is the count's low bits and `written - read` (at most chunks + backoff) is
+  // exact modulo 2^16. No fence: the host takes a chunk as complete when its meta and its
+  // n entries all carry STREAM_MARK.
   // Straight-line code (the load and the store predicated, not branched around) with few
   // values live at once, so that the events' code around it keeps its registers.
   __device__ __forceinline__ void store_chunk(unsigned long long h, unsigned int capacity, unsigned int n,
                                               unsigned long long stamp) {
     const unsigned int chunks = capacity / (CHUNK_SIZE / RECORD_SIZE);
+    const unsigned int backoff = (chunks - 1u) & 0x3FFFu;  // a ring's worth, at most 2^14, less one
+    const unsigned int ahead = ((stored_ >> 16) - stored_) & 0xFFFFu;
     unsigned int read = stored_;
-    detail::load_volatile_if((((stored_ >> 16) - stored_) & 0xFFFFu) >= chunks, h + slot_stream_offsets::READ, read);
+    detail::load_volatile_if(ahead >= chunks && ((ahead - chunks) & backoff) == 0u, h + slot_stream_offsets::READ,
+                             read);
     stored_ = (stored_ & 0xFFFF0000u) | (read & 0xFFFFu);
     // n is 0 only in a warp of one lane (group_ 0), which has no lane to stage.
     const bool keep = n != 0 && (((stored_ >> 16) - stored_) & 0xFFFFu) < chunks;
@@ -982,7 +990,7 @@ class Recorder {
     detail::store2_if(keep && (first || lane_ < n), h + at, first ? static_cast<unsigned int>(stamp) : time_,
                       first ? (static_cast<unsigned int>(stamp >> 32) & 0xFFFFu) | (info << 16)
                             : word_ | (STREAM_MARK << 16));
-    stored_ += keep ? 0x10000u : 0u;
+    stored_ = keep ? stored_ + 0x10000u : (stored_ & 0xFFFF0000u) | ((stored_ - 1u) & 0xFFFFu);
     // The lanes' entries are in their registers only: a vote counts those that end an event.
     // (Unlike the fixed slots' count, in device memory, mapped host memory takes no atomics
     // that one could count with lane by lane.) Its cost: ptxas puts a convergence barrier
