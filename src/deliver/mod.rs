@@ -118,10 +118,9 @@ use std::sync::Arc;
 
 use tracing::Dispatch;
 
-use crate::batch::{Batch, DEVICE_TARGET};
+use crate::batch::Batch;
 
 pub use error::TooManySinks;
-use gate::GATE_EVENT;
 pub use handle::{SinkHandle, SinkLayer};
 #[cfg(feature = "otlp")]
 pub(crate) use slots::holds;
@@ -146,18 +145,7 @@ pub use spans::FALLBACK_SPAN_LIMIT;
 #[doc(hidden)]
 pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) -> Reached {
     tracing::dispatcher::with_default(dispatch, || {
-        let launch = &batch.launch;
-        let reached = gate::pass(|| {
-            tracing::event!(
-                name: GATE_EVENT,
-                target: DEVICE_TARGET,
-                parent: launch.parent.clone(),
-                tracing::Level::INFO,
-                gpu.launch_id = launch.launch_id as i64,
-                gpu.kernel = &*launch.kernel,
-                gpu.device = i64::from(batch.device.ordinal),
-            );
-        });
+        let reached = gate::pass(dispatch, &batch);
         for sink in reached.sinks() {
             sink.on_batch(&batch);
         }

@@ -88,7 +88,10 @@ fn no_plain_spans_unless_the_target_is_enabled() {
     );
     assert!(rec.0.lock().spans.is_empty());
     let events = &rec.0.lock().events;
-    assert!(events.iter().all(|e| e["name"] == GATE_EVENT), "{events:?}");
+    assert!(
+        events.iter().all(|e| e["name"] == gate::GATE_EVENT),
+        "{events:?}"
+    );
 }
 
 #[test]
