@@ -28,13 +28,24 @@
 //!
 //! | level | what it lets through |
 //! |---|---|
-//! | `INFO` | whole batches to the sinks: each batch first emits one event, `"gpu.batch"` (parented to the launch span, with `gpu.launch_id`, `gpu.kernel`, `gpu.device`), and a sink gets the batch only if that event reached it |
+//! | `INFO` | whole batches to the sinks: a sink gets a batch if the filters let the gate event `"gpu.batch"` (parented to the launch span, with `gpu.launch_id`, `gpu.kernel`, `gpu.device`) through to it. The event is emitted only where the filters decide per event or per layer; see below |
 //! | `TRACE` | also the plain spans, one per device event |
 //!
 //! So `RUST_LOG=warn` sends no device data anywhere; `info` (the usual setting)
 //! sends whole batches to the sinks and no plain spans; a per-layer filter
 //! that disables `tracing_gpu::device` keeps batches from that one sink;
-//! `info,tracing_gpu::device=trace` adds the plain spans. An *unfiltered*
+//! `info,tracing_gpu::device=trace` adds the plain spans.
+//!
+//! Filters that decide once per callsite (`EnvFilter` without span or field
+//! directives, `Targets`, `LevelFilter`, per layer or global) let `tracing`
+//! cache the gate's interest. Where it is *always* and the subscriber holds
+//! every sink of the process, every sink gets the batch and no event is
+//! emitted: a `fmt` layer at `info` prints nothing per launch. Otherwise (a
+//! per-layer filter that keeps the device target from some layer, a
+//! `filter_fn`, a sink this subscriber cannot find, a second subscriber with
+//! sinks) the gate event is emitted for each batch, and `fmt` prints it.
+//!
+//! An *unfiltered*
 //! subscriber enables everything, plain spans included: give it a filter
 //! (`EnvFilter::new("info")`, or `"trace,tracing_gpu::device=info"` to keep
 //! your own `TRACE` spans).
@@ -94,12 +105,14 @@
 //! `downcast_raw`. Delivery itself needs no downcast: each sink that sees
 //! the batch's gate event hands itself over then, through any layer that
 //! forwards events, `tracing_subscriber::reload` included, by marking its
-//! slot; delivery returns those slots, so that a caller that flushes later
+//! slot (where the gate's interest decides alone, delivery takes the slots
+//! found by downcast and behind `reload`); delivery returns those slots, so that a caller that flushes later
 //! (the profiler) keeps them instead of looking again. Flushing asks by
 //! downcast, and for a sink behind `reload` (which does not forward
 //! `downcast_raw`) by what the sink learnt in `Layer::on_register_dispatch`
 //! ([`SinkHandle::on_register_dispatch`]): the subscriber's
-//! `tracing_subscriber::Registry`. The cost is one event (the gate) per batch.
+//! `tracing_subscriber::Registry`. The cost is a downcast per sink per batch,
+//! or one event (the gate) per batch.
 //!
 //! # Where each part lives
 //!

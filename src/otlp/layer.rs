@@ -146,8 +146,9 @@ impl Inner {
                  they may duplicate tracing-opentelemetry's spans, and device spans may not \
                  hang under their launch span (OtlpStats::unjoined). tracing-subscriber \
                  passes neither on_register_dispatch nor downcast_raw through `reload` \
-                 around an `Option` or `Vec`: put the OtlpLayer in the reload handle \
-                 unwrapped, or choose HostSpans::Export or Skip (docs/subscriber.md)"
+                 around an `Option` or `Vec`, or an `Option` or `Vec` around `reload`: \
+                 put the OtlpLayer in the reload handle unwrapped, or choose \
+                 HostSpans::Export or Skip (docs/subscriber.md)"
             )
         });
     }
