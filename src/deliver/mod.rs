@@ -16,8 +16,8 @@
 //!   already, holds a [`SinkHandle`]). This module names no sink.
 //! - **As plain spans, to any other layer**, if the subscriber enables target
 //!   [`DEVICE_TARGET`] at `TRACE`: every device event becomes one ordinary span,
-//!   so that `fmt`, `tracing-opentelemetry`, or a layer of your own sees it (at
-//!   most [`FALLBACK_SPAN_LIMIT`] per batch). This path costs one `tracing` span
+//!   so that `fmt`, `tracing-opentelemetry`, or a layer of your own sees it
+//!   (within [`FALLBACK_SPAN_BUDGET`], per 5 s for the whole process). This path costs one `tracing` span
 //!   per event, several times the bulk path, and its spans are made on the
 //!   delivering thread after the kernel has finished (see below).
 //!
@@ -82,8 +82,8 @@
 //! A warp that lost events (`Slot::events_lost`) adds one `TRACE` event (not a span) under the
 //! same target, `"gpu.events_lost"`, with `gpu.device`, `gpu.sm`, `gpu.block`,
 //! `gpu.warp`, `gpu.events_lost` (the count), `gpu.kernel`, `gpu.launch_id` and
-//! `gpu.thread`. A batch with more events than [`FALLBACK_SPAN_LIMIT`] adds
-//! one `"gpu.fallback_truncated"` event with `gpu.events` and `gpu.emitted`.
+//! `gpu.thread`. A batch that the budget ([`FALLBACK_SPAN_BUDGET`]) cut short
+//! adds one `"gpu.fallback_truncated"` event with `gpu.events` and `gpu.emitted`.
 //!
 //! # The launch span
 //!
@@ -140,7 +140,7 @@ pub(crate) use slots::holds;
 #[doc(hidden)]
 pub use slots::Reached;
 pub use slots::MAX_SINKS;
-pub use spans::FALLBACK_SPAN_LIMIT;
+pub use spans::FALLBACK_SPAN_BUDGET;
 
 /// Hands `batch` to every sink in `dispatch` that the subscriber's filters let
 /// it reach (see [the module docs](self#filters)), then, if the subscriber asks
