@@ -15,7 +15,7 @@
 //!   once it is in the subscriber as a [`SinkLayer`] (or, if it is a layer
 //!   already, holds a [`SinkHandle`]). This module names no sink.
 //! - **As plain spans, to any other layer**, if the subscriber enables target
-//!   [`DEVICE_TARGET`] at `TRACE`: every device event becomes one ordinary span,
+//!   [`DEVICE_TARGET`](crate::batch::DEVICE_TARGET) at `TRACE`: every device event becomes one ordinary span,
 //!   so that `fmt`, `tracing-opentelemetry`, or a layer of your own sees it
 //!   (within [`FALLBACK_SPAN_BUDGET`], per 5 s for the whole process). This path costs one `tracing` span
 //!   per event, several times the bulk path, and its spans are made on the
@@ -24,7 +24,7 @@
 //! # Filters
 //!
 //! Device data obeys the subscriber's filters, global and per layer, at two
-//! levels of target [`DEVICE_TARGET`] (`"tracing_gpu::device"`):
+//! levels of target [`DEVICE_TARGET`](crate::batch::DEVICE_TARGET) (`"tracing_gpu::device"`):
 //!
 //! | level | what it lets through |
 //! |---|---|
