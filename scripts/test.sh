@@ -64,8 +64,9 @@ TGPU_BACKENDS=$(scripts/backends.sh)
 export TGPU_BACKENDS
 cargo test --locked --workspace --all-features
 cargo test --locked --no-default-features --lib
-# The README's example as a user builds it: its own crate, the README's Cargo.toml lines.
-scripts/check-readme-build.sh
+# Every Rust block of README.md and docs/*.md as a user builds it: a crate per ```toml
+# block, with exactly those lines.
+scripts/check-doc-builds.sh
 # The API docs as docs.rs builds them (every feature), broken links refused.
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --all-features --no-deps
 python3 scripts/check_api.py --max "$MAX_PUBLIC_ITEMS" target/doc/tracing_gpu/all.html

@@ -82,3 +82,13 @@ pub struct ReadmeDoctests;
 #[cfg(all(doctest, feature = "otlp"))]
 #[doc = include_str!("../docs/subscriber.md")]
 pub struct SubscriberDoctests;
+
+/// docs/otlp.md's Rust code block, compiled as a doctest.
+#[cfg(all(doctest, feature = "otlp"))]
+#[doc = include_str!("../docs/otlp.md")]
+pub struct OtlpDoctests;
+
+/// docs/calibration.md's Rust code block, compiled as a doctest.
+#[cfg(all(doctest, feature = "cuda"))]
+#[doc = include_str!("../docs/calibration.md")]
+pub struct CalibrationDoctests;

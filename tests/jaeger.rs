@@ -314,3 +314,107 @@ fn the_layers_replay_reads_right_in_jaeger() {
         check(&jaeger, service, &expected(&capture, Detail::Phase));
     }
 }
+
+/// The rows of Jaeger's trace view for `trace` (one trace of `/api/traces`), as
+/// its UI lays them out: depth first from the root, a span's children by start
+/// time (then by name, where they start in the same µs, as the UI leaves them
+/// in no set order); each row its depth, its start from the trace's start and
+/// its duration (µs), and its name.
+fn rows(trace: &Value) -> Vec<(usize, i64, i64, String)> {
+    let spans = trace["spans"].as_array().unwrap();
+    let parent = |s: &Value| {
+        s["references"]
+            .as_array()
+            .and_then(|r| r.first())
+            .map(|r| r["spanID"].as_str().unwrap().to_string())
+    };
+    let mut children: HashMap<Option<String>, Vec<&Value>> = HashMap::new();
+    for s in spans {
+        children.entry(parent(s)).or_default().push(s);
+    }
+    for list in children.values_mut() {
+        list.sort_by_key(|s| {
+            (
+                s["startTime"].as_i64().unwrap(),
+                s["operationName"].as_str().unwrap().to_string(),
+            )
+        });
+    }
+    let roots = &children[&None];
+    assert_eq!(roots.len(), 1, "one root");
+    let t0 = roots[0]["startTime"].as_i64().unwrap();
+    let mut rows = Vec::new();
+    let mut stack = vec![(0, roots[0])];
+    while let Some((depth, s)) = stack.pop() {
+        rows.push((
+            depth,
+            s["startTime"].as_i64().unwrap() - t0,
+            s["duration"].as_i64().unwrap(),
+            s["operationName"].as_str().unwrap().to_string(),
+        ));
+        let id = Some(s["spanID"].as_str().unwrap().to_string());
+        for c in children.get(&id).into_iter().flatten().rev() {
+            stack.push((depth + 1, c));
+        }
+    }
+    rows
+}
+
+/// The rows docs/otlp.md shows ("How a GEMM trace reads in Jaeger"), from
+/// its text block: start and duration (µs), then the name indented two spaces
+/// per level.
+fn documented_rows() -> Vec<(usize, i64, i64, String)> {
+    let doc = include_str!("../docs/otlp.md");
+    let Some(block) = doc
+        .split("<!-- jaeger-rows: checked by tests/jaeger.rs -->\n```text\n")
+        .nth(1)
+    else {
+        return Vec::new();
+    };
+    block
+        .split("\n```")
+        .next()
+        .unwrap()
+        .lines()
+        .skip(1) // the heading
+        .map(|line| {
+            let mut words = line.split_whitespace();
+            let start = words.next().unwrap().parse().unwrap();
+            let duration = words.next().unwrap().parse().unwrap();
+            let name_at = line.find(char::is_alphabetic).unwrap();
+            let depth = (name_at - 25) / 2;
+            (depth, start, duration, line[name_at..].to_string())
+        })
+        .collect()
+}
+
+/// How docs/otlp.md says the GEMM capture reads in Jaeger's trace view, row by
+/// row, is how the real Jaeger's query API gives it.
+#[test]
+fn the_gemm_trace_reads_in_jaeger_as_docs_otlp_md_shows() {
+    let Some(bin) = backends::binaries() else {
+        return;
+    };
+    let jaeger = Jaeger::start(&bin);
+    let gemm = Capture::read(GEMM).unwrap();
+    convert(&jaeger, GEMM, false, "phase", "gemm-rows");
+    let n = expected(&gemm, Detail::Phase).spans.len();
+    let traces = jaeger.traces("gemm-rows", n, STORED);
+    assert_eq!(traces.len(), 1, "one trace");
+    let got = rows(&traces[0]);
+    let shown: Vec<String> = got
+        .iter()
+        .map(|(depth, start, duration, name)| {
+            format!(
+                "{start:>10} {duration:>10}    {}{name}",
+                "  ".repeat(*depth)
+            )
+        })
+        .collect();
+    assert_eq!(
+        documented_rows(),
+        got,
+        "docs/otlp.md's rows; Jaeger's:\n  start µs   lasts µs    span\n{}",
+        shown.join("\n")
+    );
+}

@@ -180,7 +180,9 @@ fn calibration() -> Calibration {
 /// Runs one launch under a host span "launch" (calling `inside` in it) and
 /// delivers its batch to the layer, as the profiler does; returns the batch.
 fn launch_and_deliver(inside: impl FnOnce()) -> Arc<Batch> {
-    let launch = tracing::info_span!("launch", kernel = "gemm");
+    // As `gpu_profile!` opens it: the launch id an `i64`, which
+    // tracing-opentelemetry keeps as an integer (a `u64` it sends as a string).
+    let launch = tracing::info_span!("launch", kernel = "gemm", gpu.launch_id = 7i64);
     let _entered = launch.enter();
     inside();
     let mut batch = test_batch();
@@ -450,7 +452,9 @@ fn whole_and_parts(
     let (layer, guard) = layer(&rx, detail);
     let subscriber = tracing_subscriber::registry().with(layer);
     tracing::subscriber::with_default(subscriber, || {
-        let launch = tracing::info_span!("launch", kernel = "gemm");
+        // As `gpu_profile!` opens it: the launch id an `i64`, which
+        // tracing-opentelemetry keeps as an integer (a `u64` it sends as a string).
+        let launch = tracing::info_span!("launch", kernel = "gemm", gpu.launch_id = 7i64);
         let dispatch = tracing::dispatcher::get_default(|d| d.clone());
         for (i, part) in parts.iter().enumerate() {
             let mut part = (**part).clone();
@@ -560,6 +564,14 @@ fn check_joined(rx: &Receiver, guard: OtlpGuard, app: opentelemetry_sdk::trace::
         is_child_of(kernel, launch),
         "the kernel span joins the application's trace, under its launch span"
     );
+    // The join key, one type on both sides of the join.
+    assert_eq!(
+        launch.int_attr("gpu.launch_id"),
+        Some(7),
+        "{:?}",
+        launch.attr("gpu.launch_id")
+    );
+    assert_eq!(kernel.int_attr("gpu.launch_id"), Some(7));
     assert_eq!(spans.iter().filter(|s| s.scope == "tracing-gpu").count(), 7);
     assert!(
         spans
@@ -685,13 +697,22 @@ fn joins_through_reload() {
 /// in one warning at the flush, rather than duplicating in silence.
 #[test]
 fn option_inside_reload_fails_loudly() {
+    fails_loudly_in(|otlp| reload::Layer::new(Some(otlp)).0.boxed());
+}
+
+/// `reload` inside `Option`: the same.
+#[test]
+fn reload_inside_option_fails_loudly() {
+    fails_loudly_in(|otlp| Some(reload::Layer::new(otlp).0).boxed());
+}
+
+fn fails_loudly_in(shape: impl FnOnce(OtlpLayer) -> AppLayer) {
     let rx = Receiver::start(Transport::Http);
     let app = app_provider(&rx);
     let (layer, guard) = layer(&rx, Detail::Phase);
-    let (otlp, _handle) = reload::Layer::new(Some(layer));
     let subscriber = tracing_subscriber::registry()
+        .with(shape(layer))
         .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")))
-        .with(otlp)
         .with(LevelFilter::INFO);
     let warnings = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let dispatch = tracing::Dispatch::new(subscriber);

@@ -176,6 +176,56 @@ mod nvrtc {
         }
     }
 
+    /// The one fenced block of `lang` in `doc` (a file of the repository).
+    fn doc_block(doc: &str, lang: &str) -> String {
+        let text =
+            std::fs::read_to_string(format!("{}/{doc}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let open = format!("\n```{lang}\n");
+        let mut blocks = text.split(&open).skip(1);
+        let block = blocks
+            .next()
+            .unwrap_or_else(|| panic!("{doc}: no {lang} block"));
+        assert!(blocks.next().is_none(), "{doc}: more than one {lang} block");
+        block.split("\n```").next().unwrap().to_string()
+    }
+
+    /// The README's instrumented kernel, as shown, built both ways.
+    #[test]
+    fn the_readmes_kernel_compiles() {
+        if !available() {
+            return;
+        }
+        let src = doc_block("README.md", "cuda");
+        for arch in ARCHS {
+            check_ptx(
+                "gemm",
+                arch,
+                2,
+                &ptx("gemm", arch, &src, &["TGPU_ENABLED=1"]),
+            );
+            check_ptx("gemm", arch, 0, &ptx("gemm", arch, &src, &[]));
+        }
+    }
+
+    /// docs/format.md's kernel argument, as shown: 16 bytes, the header's
+    /// `tgpu::Trace` field for field.
+    #[test]
+    fn the_documented_kernel_argument_is_the_headers() {
+        if !available() {
+            return;
+        }
+        let shown = doc_block("docs/format.md", "c");
+        let src = format!(
+            "#include \"tracing_gpu.cuh\"\n{shown}\n\
+             static_assert(sizeof(Trace) == 16, \"16 bytes\");\n\
+             static_assert(sizeof(Trace) == sizeof(tgpu::Trace), \"the header's size\");\n\
+             static_assert(__builtin_offsetof(Trace, capacity) == __builtin_offsetof(tgpu::Trace, capacity), \"\");\n\
+             static_assert(__builtin_offsetof(Trace, slot_count) == __builtin_offsetof(tgpu::Trace, slot_count), \"\");\n\
+             extern \"C\" __global__ void k() {{}}\n"
+        );
+        ptx("k", "sm_90", &src, &[]);
+    }
+
     #[test]
     fn the_trace_forwards_to_a_device_function() {
         if !available() {

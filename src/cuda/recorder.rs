@@ -234,6 +234,14 @@ impl Visit for Fields<'_> {
         }
         self.0.fields.push((f.name().to_string(), v.to_string()));
     }
+    // `gpu_profile!` records the launch id as an `i64`, which every layer keeps
+    // as an integer (tracing-opentelemetry turns a `u64` into a string).
+    fn record_i64(&mut self, f: &Field, v: i64) {
+        if f.name() == "gpu.launch_id" {
+            self.0.launch_id = u64::try_from(v).ok();
+        }
+        self.0.fields.push((f.name().to_string(), v.to_string()));
+    }
     fn record_str(&mut self, f: &Field, v: &str) {
         self.0.fields.push((f.name().to_string(), v.to_string()));
     }
@@ -357,7 +365,7 @@ mod tests {
         let launch_span = tracing::dispatcher::with_default(&dispatch, || {
             let outer = tracing::info_span!("step", i = 3u64);
             let _g = outer.enter();
-            let l = tracing::info_span!("sim", gpu.launch_id = 7u64);
+            let l = tracing::info_span!("sim", gpu.launch_id = 7i64);
             l.in_scope(|| std::thread::sleep(std::time::Duration::from_millis(1)));
             let _device = tracing::trace_span!(target: DEVICE_TARGET, "gpu.event");
             l

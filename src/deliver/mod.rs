@@ -15,26 +15,37 @@
 //!   once it is in the subscriber as a [`SinkLayer`] (or, if it is a layer
 //!   already, holds a [`SinkHandle`]). This module names no sink.
 //! - **As plain spans, to any other layer**, if the subscriber enables target
-//!   [`DEVICE_TARGET`] at `TRACE`: every device event becomes one ordinary span,
-//!   so that `fmt`, `tracing-opentelemetry`, or a layer of your own sees it (at
-//!   most [`FALLBACK_SPAN_LIMIT`] per batch). This path costs one `tracing` span
+//!   [`DEVICE_TARGET`](crate::batch::DEVICE_TARGET) at `TRACE`: every device event becomes one ordinary span,
+//!   so that `fmt`, `tracing-opentelemetry`, or a layer of your own sees it
+//!   (within [`FALLBACK_SPAN_BUDGET`], per 5 s for the whole process). This path costs one `tracing` span
 //!   per event, several times the bulk path, and its spans are made on the
 //!   delivering thread after the kernel has finished (see below).
 //!
 //! # Filters
 //!
 //! Device data obeys the subscriber's filters, global and per layer, at two
-//! levels of target [`DEVICE_TARGET`] (`"tracing_gpu::device"`):
+//! levels of target [`DEVICE_TARGET`](crate::batch::DEVICE_TARGET) (`"tracing_gpu::device"`):
 //!
 //! | level | what it lets through |
 //! |---|---|
-//! | `INFO` | whole batches to the sinks: each batch first emits one event, `"gpu.batch"` (parented to the launch span, with `gpu.launch_id`, `gpu.kernel`, `gpu.device`), and a sink gets the batch only if that event reached it |
+//! | `INFO` | whole batches to the sinks: a sink gets a batch if the filters let the gate event `"gpu.batch"` (parented to the launch span, with `gpu.launch_id`, `gpu.kernel`, `gpu.device`) through to it. The event is emitted only where the filters decide per event or per layer; see below |
 //! | `TRACE` | also the plain spans, one per device event |
 //!
 //! So `RUST_LOG=warn` sends no device data anywhere; `info` (the usual setting)
 //! sends whole batches to the sinks and no plain spans; a per-layer filter
 //! that disables `tracing_gpu::device` keeps batches from that one sink;
-//! `info,tracing_gpu::device=trace` adds the plain spans. An *unfiltered*
+//! `info,tracing_gpu::device=trace` adds the plain spans.
+//!
+//! Filters that decide once per callsite (`EnvFilter` without span or field
+//! directives, `Targets`, `LevelFilter`, per layer or global) let `tracing`
+//! cache the gate's interest. Where it is *always* and the subscriber holds
+//! every sink of the process, every sink gets the batch and no event is
+//! emitted: a `fmt` layer at `info` prints nothing per launch. Otherwise (a
+//! per-layer filter that keeps the device target from some layer, a
+//! `filter_fn`, a sink this subscriber cannot find, a second subscriber with
+//! sinks) the gate event is emitted for each batch, and `fmt` prints it.
+//!
+//! An *unfiltered*
 //! subscriber enables everything, plain spans included: give it a filter
 //! (`EnvFilter::new("info")`, or `"trace,tracing_gpu::device=info"` to keep
 //! your own `TRACE` spans).
@@ -71,8 +82,8 @@
 //! A warp that lost events (`Slot::events_lost`) adds one `TRACE` event (not a span) under the
 //! same target, `"gpu.events_lost"`, with `gpu.device`, `gpu.sm`, `gpu.block`,
 //! `gpu.warp`, `gpu.events_lost` (the count), `gpu.kernel`, `gpu.launch_id` and
-//! `gpu.thread`. A batch with more events than [`FALLBACK_SPAN_LIMIT`] adds
-//! one `"gpu.fallback_truncated"` event with `gpu.events` and `gpu.emitted`.
+//! `gpu.thread`. A batch that the budget ([`FALLBACK_SPAN_BUDGET`]) cut short
+//! adds one `"gpu.fallback_truncated"` event with `gpu.events` and `gpu.emitted`.
 //!
 //! # The launch span
 //!
@@ -94,12 +105,14 @@
 //! `downcast_raw`. Delivery itself needs no downcast: each sink that sees
 //! the batch's gate event hands itself over then, through any layer that
 //! forwards events, `tracing_subscriber::reload` included, by marking its
-//! slot; delivery returns those slots, so that a caller that flushes later
+//! slot (where the gate's interest decides alone, delivery takes the slots
+//! found by downcast and behind `reload`); delivery returns those slots, so that a caller that flushes later
 //! (the profiler) keeps them instead of looking again. Flushing asks by
 //! downcast, and for a sink behind `reload` (which does not forward
 //! `downcast_raw`) by what the sink learnt in `Layer::on_register_dispatch`
 //! ([`SinkHandle::on_register_dispatch`]): the subscriber's
-//! `tracing_subscriber::Registry`. The cost is one event (the gate) per batch.
+//! `tracing_subscriber::Registry`. The cost is a downcast per sink per batch,
+//! or one event (the gate) per batch.
 //!
 //! # Where each part lives
 //!
@@ -118,17 +131,16 @@ use std::sync::Arc;
 
 use tracing::Dispatch;
 
-use crate::batch::{Batch, DEVICE_TARGET};
+use crate::batch::Batch;
 
 pub use error::TooManySinks;
-use gate::GATE_EVENT;
 pub use handle::{SinkHandle, SinkLayer};
 #[cfg(feature = "otlp")]
 pub(crate) use slots::holds;
 #[doc(hidden)]
 pub use slots::Reached;
 pub use slots::MAX_SINKS;
-pub use spans::FALLBACK_SPAN_LIMIT;
+pub use spans::FALLBACK_SPAN_BUDGET;
 
 /// Hands `batch` to every sink in `dispatch` that the subscriber's filters let
 /// it reach (see [the module docs](self#filters)), then, if the subscriber asks
@@ -146,18 +158,7 @@ pub use spans::FALLBACK_SPAN_LIMIT;
 #[doc(hidden)]
 pub fn deliver(dispatch: &Dispatch, batch: Arc<Batch>) -> Reached {
     tracing::dispatcher::with_default(dispatch, || {
-        let launch = &batch.launch;
-        let reached = gate::pass(|| {
-            tracing::event!(
-                name: GATE_EVENT,
-                target: DEVICE_TARGET,
-                parent: launch.parent.clone(),
-                tracing::Level::INFO,
-                gpu.launch_id = launch.launch_id as i64,
-                gpu.kernel = &*launch.kernel,
-                gpu.device = i64::from(batch.device.ordinal),
-            );
-        });
+        let reached = gate::pass(dispatch, &batch);
         for sink in reached.sinks() {
             sink.on_batch(&batch);
         }

@@ -66,3 +66,15 @@ pub(super) fn hidden_in(
         .filter_map(|h| h.sink.upgrade())
         .collect()
 }
+
+/// Calls `f` with the slot of every live sink remembered for `dispatch`.
+pub(super) fn hidden_slots_in(dispatch: &Dispatch, mut f: impl FnMut(usize)) {
+    let Some(registry) = registry_of(dispatch) else {
+        return;
+    };
+    for h in HIDDEN.lock().iter() {
+        if h.registry == registry && h.sink.strong_count() > 0 {
+            f(h.slot);
+        }
+    }
+}

@@ -159,6 +159,25 @@ fn in_use() -> Reached {
     Reached(std::array::from_fn(|w| IN_USE[w].load(Ordering::Acquire)))
 }
 
+/// The slots of every sink in use, if `dispatch` holds them all (by downcast,
+/// or behind `reload`); `None` if some sink of the process is not there
+/// (in another subscriber, or where this one cannot find it).
+pub(super) fn every_sink_in(dispatch: &Dispatch) -> Option<Reached> {
+    let used = in_use();
+    let mut found = Reached::EMPTY;
+    for slot in used.slots() {
+        if PROBES[slot](dispatch).is_some() {
+            found.add(slot);
+        }
+    }
+    if found != used {
+        reload::hidden_slots_in(dispatch, |slot| {
+            found.add(slot);
+        });
+    }
+    (found == used).then_some(found)
+}
+
 /// Whether `dispatch` finds, by downcast, the sink in `slot` at address `sink`.
 pub(crate) fn holds(dispatch: &Dispatch, slot: usize, sink: *const ()) -> bool {
     PROBES[slot](dispatch).is_some_and(|s| Arc::as_ptr(s) as *const () == sink)

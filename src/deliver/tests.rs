@@ -88,7 +88,10 @@ fn no_plain_spans_unless_the_target_is_enabled() {
     );
     assert!(rec.0.lock().spans.is_empty());
     let events = &rec.0.lock().events;
-    assert!(events.iter().all(|e| e["name"] == GATE_EVENT), "{events:?}");
+    assert!(
+        events.iter().all(|e| e["name"] == gate::GATE_EVENT),
+        "{events:?}"
+    );
 }
 
 #[test]
@@ -190,7 +193,7 @@ fn filters_decide_which_sinks_get_batches() {
 fn the_plain_spans_of_a_batch_are_bounded() {
     let rec = Recorder::default();
     let dispatch = Dispatch::new(tracing_subscriber::registry().with(rec.clone()));
-    // More events than the limit: 40 warps of 128 records.
+    // More events than the budget: 40 warps of 128 records.
     let mut b = BufferBuilder::new([10, 1, 1], [128, 1, 1], 128);
     for block in 0..10 {
         for warp in 0..4 {
@@ -204,7 +207,7 @@ fn the_plain_spans_of_a_batch_are_bounded() {
     big.buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
     deliver(&dispatch, Arc::new(big));
     let seen = rec.0.lock();
-    assert_eq!(seen.spans.len(), FALLBACK_SPAN_LIMIT);
+    assert_eq!(seen.spans.len(), FALLBACK_SPAN_BUDGET);
     let cut: Vec<_> = seen
         .events
         .iter()
@@ -212,7 +215,7 @@ fn the_plain_spans_of_a_batch_are_bounded() {
         .collect();
     assert_eq!(cut.len(), 1);
     assert_eq!(cut[0]["gpu.events"], "5120");
-    assert_eq!(cut[0]["gpu.emitted"], FALLBACK_SPAN_LIMIT.to_string());
+    assert_eq!(cut[0]["gpu.emitted"], FALLBACK_SPAN_BUDGET.to_string());
 }
 
 /// A streamed launch's parts are ordinary batches: each reaches the sinks

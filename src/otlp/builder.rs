@@ -1,7 +1,7 @@
 //! [`OtlpLayerBuilder`]: configuration, from code and from the standard `OTEL_*`
 //! variables; `build` starts the exporter.
 
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicBool, AtomicU8};
 use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -297,6 +297,7 @@ impl OtlpLayerBuilder {
             mode: AtomicU8::new(MODE_UNKNOWN),
             materialize: ReentrantMutex::new(()),
             lookup: OnceLock::new(),
+            otel_below: AtomicBool::new(false),
             slot: OnceLock::new(),
             jobs: tx,
             progress: Mutex::new(Progress::default()),

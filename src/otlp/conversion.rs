@@ -48,6 +48,7 @@ pub(crate) fn worker(inner: Arc<Inner>, jobs: Receiver<Job>) {
             emit_batch(&inner, &mut streams, &batch, &parent);
         }
         inner.shared.log_pending();
+        inner.log_foreign_otel();
         let mut p = inner.progress.lock();
         p.done += 1;
         p.bytes -= super::layer::batch_bytes(&batch);

@@ -86,6 +86,7 @@ impl OtlpGuard {
         let result = inner.provider.shutdown_with_timeout(left);
         inner.shared.log_pending();
         inner.log_unjoined();
+        inner.log_foreign_otel();
         match (drained, result) {
             (true, Ok(())) => Ok(()),
             (false, _) => Err(OtlpError::Unfinished("finish")),
@@ -126,6 +127,7 @@ impl Inner {
         let drained = self.drain(deadline);
         self.shared.log_pending();
         self.log_unjoined();
+        self.log_foreign_otel();
         if !drained {
             return Err(OtlpError::Unfinished(what));
         }

@@ -2,7 +2,7 @@
 
 use std::any::TypeId;
 use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// emit tracing events).
     pub(crate) materialize: ReentrantMutex<()>,
     pub(crate) lookup: OnceLock<Lookup>,
+    /// A `tracing_opentelemetry` layer sits below this one, by the name of
+    /// its type ([`Layer::on_layer`]): of any release, ours or another.
+    pub(crate) otel_below: AtomicBool,
     /// The slot of the layer's [`SinkHandle`]: how a dispatcher is checked to
     /// be ours ([`Inner::learn_dispatch`]).
     pub(crate) slot: OnceLock<usize>,
@@ -146,8 +149,31 @@ impl Inner {
                  they may duplicate tracing-opentelemetry's spans, and device spans may not \
                  hang under their launch span (OtlpStats::unjoined). tracing-subscriber \
                  passes neither on_register_dispatch nor downcast_raw through `reload` \
-                 around an `Option` or `Vec`: put the OtlpLayer in the reload handle \
-                 unwrapped, or choose HostSpans::Export or Skip (docs/subscriber.md)"
+                 around an `Option` or `Vec`, or an `Option` or `Vec` around `reload`: \
+                 put the OtlpLayer in the reload handle unwrapped, or choose \
+                 HostSpans::Export or Skip (docs/subscriber.md)"
+            )
+        });
+    }
+
+    /// Warns once per process if host spans were exported beside a
+    /// `tracing-opentelemetry` of another release ([`OtlpStats::foreign_otel`]).
+    pub(crate) fn log_foreign_otel(&self) {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        let n = self.shared.foreign_otel.load(Ordering::Relaxed);
+        if n == 0 || WARNED.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.emit(|| {
+            tracing::warn!(
+                target: super::state::LOG_TARGET,
+                foreign_otel = n,
+                "a tracing-opentelemetry layer is in the subscriber, but not the release \
+                 the OTLP layer joins (tracing-opentelemetry {JOINS_TRACING_OPENTELEMETRY} \
+                 with opentelemetry {JOINS_OPENTELEMETRY}): it cannot read that layer's \
+                 spans, so it exports the host spans too, in a trace of their own \
+                 ({n} so far, OtlpStats::foreign_otel). Use those releases to join, or \
+                 choose HostSpans::Skip (docs/subscriber.md)"
             )
         });
     }
@@ -210,6 +236,14 @@ impl Inner {
         } else if self.exports_host_spans() {
             if self.host_spans == HostSpans::Auto && self.shared.dispatch.get().is_none() {
                 self.unjoined();
+            }
+            // A tracing-opentelemetry layer below, and no span of it joined:
+            // another release, whose host spans we cannot read.
+            if self.host_spans == HostSpans::Auto
+                && self.otel_below.load(Ordering::Relaxed)
+                && self.mode.load(Ordering::Acquire) == MODE_STANDALONE
+            {
+                self.shared.foreign_otel.fetch_add(1, Ordering::Relaxed);
             }
             let parent = parent.unwrap_or_default();
             let builder = SpanBuilder::from_name(span.name())
@@ -300,6 +334,11 @@ impl Visit for HostSpan {
     }
 }
 
+/// The releases joined mode reads host spans from: the `tracing-opentelemetry`
+/// and `opentelemetry` this crate is built with (Cargo.toml).
+pub(crate) const JOINS_TRACING_OPENTELEMETRY: &str = "0.34";
+pub(crate) const JOINS_OPENTELEMETRY: &str = "0.33";
+
 /// Crates whose spans are never exported: the exporter's own, whose spans
 /// would feed it its own traffic, and the per-event fallback.
 pub(crate) fn ignored_target(target: &str) -> bool {
@@ -344,6 +383,13 @@ where
 
     fn on_layer(&mut self, _subscriber: &mut S) {
         let _ = self.inner.lookup.set(lookup_launch::<S>);
+        // Two releases of tracing-opentelemetry (one the application's, one
+        // ours) have types of the same name, and a layer of the other one is
+        // found by no downcast of ours: its type's name is what tells that
+        // one sits below.
+        if std::any::type_name::<S>().contains("tracing_opentelemetry::") {
+            self.inner.otel_below.store(true, Ordering::Relaxed);
+        }
     }
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
@@ -490,5 +536,17 @@ mod tests {
             assert!(!ignored_target(t), "{t}");
         }
         assert!(ignored_target("tracing_gpu::device"));
+    }
+
+    #[test]
+    fn the_joined_releases_named_are_those_built_with() {
+        let manifest = include_str!("../../Cargo.toml");
+        for (krate, release) in [
+            ("tracing-opentelemetry", JOINS_TRACING_OPENTELEMETRY),
+            ("opentelemetry", JOINS_OPENTELEMETRY),
+        ] {
+            let line = format!("\n{krate} = {{ version = \"{release}\"");
+            assert!(manifest.contains(&line), "{krate} {release}");
+        }
     }
 }

@@ -72,6 +72,8 @@ pub(crate) struct ExportState {
     /// [`OtlpStats::unjoined`](super::OtlpStats::unjoined), and whether it was warned about.
     pub(crate) unjoined: AtomicU64,
     pub(crate) unjoined_warned: AtomicBool,
+    /// [`OtlpStats::foreign_otel`](super::OtlpStats::foreign_otel).
+    pub(crate) foreign_otel: AtomicU64,
     /// Set when the guard shuts down: conversion stops waiting for room.
     pub(crate) stopped: AtomicBool,
     /// The warning of [`ExportState::warn_once`], until a thread of ours logs it.
@@ -126,6 +128,7 @@ impl ExportState {
             dispatch: OnceLock::new(),
             unjoined: AtomicU64::new(0),
             unjoined_warned: AtomicBool::new(false),
+            foreign_otel: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
             pending_warning: Mutex::new(None),
             cut: Mutex::new(Cut::default()),
@@ -317,6 +320,7 @@ impl ExportState {
             queue_peak: self.queue_peak.load(Ordering::Relaxed),
             queue_capacity: self.max_queue,
             unjoined: self.unjoined.load(Ordering::Relaxed),
+            foreign_otel: self.foreign_otel.load(Ordering::Relaxed),
         }
     }
 }
@@ -363,6 +367,11 @@ pub struct OtlpStats {
     /// launch span. Stays 0 in every shape tracing-subscriber lets the layer
     /// see its subscriber through (docs/subscriber.md); warned about once.
     pub unjoined: u64,
+    /// Host spans exported beside a `tracing-opentelemetry` layer of another
+    /// release than the one joined mode reads (0.34, with opentelemetry 0.33):
+    /// that layer exports them too, in another trace. Warned about once per
+    /// process (docs/subscriber.md, "Versions").
+    pub foreign_otel: u64,
 }
 
 #[cfg(test)]

@@ -311,10 +311,10 @@ impl Profiler {
         let span = tracing::info_span!(
             "gpu.graph",
             gpu.graph = name,
-            gpu.replay = replay,
-            gpu.launch_id = first_id,
-            gpu.nodes = n,
-            gpu.device = self.device.ordinal as u64,
+            gpu.replay = replay as i64,
+            gpu.launch_id = first_id as i64,
+            gpu.nodes = n as i64,
+            gpu.device = self.device.ordinal as i64,
         );
         let entered = span.enter();
         let host_launch_ns = HostClock::Boottime.now_ns();
@@ -461,8 +461,8 @@ macro_rules! gpu_profile {
         let __tgpu_id = $crate::cuda::__private::next_launch_id();
         let __tgpu_span = $crate::cuda::__private::tracing::info_span!(
             $name,
-            gpu.launch_id = __tgpu_id,
-            gpu.device = __tgpu_profiler.device().ordinal as u64,
+            gpu.launch_id = __tgpu_id as i64,
+            gpu.device = __tgpu_profiler.device().ordinal as i64,
         );
         __tgpu_profiler.launch($stream, $name, $cfg, __tgpu_id, __tgpu_span, $launch)
     }};
@@ -473,8 +473,8 @@ macro_rules! gpu_profile {
         let __tgpu_span = $crate::cuda::__private::tracing::info_span!(
             "gpu.launch",
             gpu.kernel = __tgpu_name,
-            gpu.launch_id = __tgpu_id,
-            gpu.device = __tgpu_profiler.device().ordinal as u64,
+            gpu.launch_id = __tgpu_id as i64,
+            gpu.device = __tgpu_profiler.device().ordinal as i64,
         );
         __tgpu_profiler.launch($stream, __tgpu_name, $cfg, __tgpu_id, __tgpu_span, $launch)
     }};
