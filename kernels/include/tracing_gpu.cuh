@@ -294,6 +294,54 @@ static_assert(((CHUNK_SM_MASK << CHUNK_SM_SHIFT) & (STREAM_MARK | CHUNK_GAP | CH
 static_assert(((0xFFFFFFFFu * ENTRY_SIZE) & (CHUNK_SIZE - 1u)) == chunk_offsets::STAMP_LO,
               "the recorder's first lane (rank ~0) stores at the meta's place");
 
+// Watch mode (v2 streaming built with TGPU_WATCH=1; docs/format.md, "Watch cells"): each
+// warp keeps what it is doing now in a cell of the streamed buffer, after the slots, which
+// the host reads while the kernel runs: a head (started or done, the SM) and one record
+// per nesting depth, written at the stamp of each entry by the lane that stamps it.
+
+/// "WTCH" as a little-endian u32: a watch cell's head once its warp has started.
+enum : unsigned int { WATCH_MAGIC = 0x48435457u };
+/// "WEND" as a little-endian u32: a watch cell's head once its warp has flushed.
+enum : unsigned int { WATCH_MAGIC_DONE = 0x444E4557u };
+/// Size of a watch cell's head and of each of its records.
+enum : unsigned int { WATCH_RECORD_SIZE = 16u };
+/// Records per watch cell, one per depth: MAX_DEPTH open ranges and the record above them.
+enum : unsigned int { WATCH_RECORDS = 33u };
+/// Size of one warp's watch cell: the head, then WATCH_RECORDS records.
+enum : unsigned int { WATCH_CELL_SIZE = 544u };
+/// Set in every watch record's flags, so that a written record is never zero.
+enum : unsigned int { WATCH_MARK = 0x8000u };
+/// Watch record flag: the record carries the payload of the range it closed.
+enum : unsigned int { WATCH_PAYLOAD = 0x10u };
+/// Watch record flags bits that hold the entry's kind (ENTRY_BEGIN to ENTRY_INSTANT).
+enum : unsigned int { WATCH_KIND_MASK = 0x7u };
+
+/// Byte offsets in a watch cell's head (its warp's first lane writes it at construction
+/// and at flush).
+namespace watch_head_offsets {
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { SM = 4u };
+enum : unsigned int { TIME = 8u };
+}  // namespace watch_head_offsets
+
+/// Byte offsets in a watch record (one 16-byte store by the lane that stamped the entry).
+namespace watch_offsets {
+enum : unsigned int { TIME_LO = 0u };
+enum : unsigned int { TIME_MID = 4u };
+enum : unsigned int { FLAGS = 6u };
+enum : unsigned int { EVENT_ID = 8u };
+enum : unsigned int { CLOSED_ID = 10u };
+enum : unsigned int { PAYLOAD = 12u };
+}  // namespace watch_offsets
+
+static_assert(WATCH_CELL_SIZE == WATCH_RECORD_SIZE * (WATCH_RECORDS + 1) && WATCH_RECORDS == MAX_DEPTH + 1,
+              "a watch cell: the head, a record per depth of open ranges, and one above the deepest");
+static_assert(watch_offsets::TIME_MID == 4 && watch_offsets::FLAGS == 6 && watch_offsets::EVENT_ID == 8 &&
+                  watch_offsets::CLOSED_ID == 10 && watch_offsets::PAYLOAD == 12,
+              "watch record: time_lo, time_mid | flags << 16, event_id | closed_id << 16, payload");
+static_assert((WATCH_KIND_MASK & (WATCH_MARK | WATCH_PAYLOAD)) == 0 && ENTRY_INSTANT <= WATCH_KIND_MASK,
+              "watch flags: the kind, the payload flag and the mark do not overlap");
+
 /// The kernel argument: passed by value, so the device reads it from the parameter bank.
 /// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
 struct Trace {
@@ -445,6 +493,26 @@ __device__ __forceinline__ void stamp_if(bool p, unsigned int& time, unsigned in
 // when its argument says so, and records into fixed slots otherwise). Without it, the
 // v2 recorder has no streaming code, so its fixed-slot path pays nothing for it, and a
 // streaming argument records nothing.
+// TGPU_WATCH=1 (v2, streaming): watch mode. Each warp of a streamed launch also keeps
+// what it is doing now in its watch cell, in the mapped buffer after the rings, so that
+// the host sees where every warp is while the kernel runs, or hangs: the lane that stamps
+// an entry stores it there at once (one 16-byte store per entry, into host memory). It
+// implies TGPU_STREAM=1. Without it the recorder has no watch code: the PTX is the same
+// as before watch mode existed (tests/recorder_watch.rs).
+#ifndef TGPU_WATCH
+#define TGPU_WATCH 0
+#endif
+#if TGPU_WATCH
+#if TGPU_FORMAT != 2
+#error "TGPU_WATCH=1 needs the v2 recorder (TGPU_FORMAT=2)"
+#endif
+#ifndef TGPU_STREAM
+#define TGPU_STREAM 1
+#elif !TGPU_STREAM
+#error "TGPU_WATCH=1 needs TGPU_STREAM=1: the watch cells live in the streamed buffer"
+#endif
+#endif
+
 #ifndef TGPU_STREAM
 #define TGPU_STREAM 0
 #endif
@@ -589,6 +657,42 @@ __device__ __forceinline__ void store_or_count(unsigned long long h, unsigned in
       "n"(ENTRY_SIZE * 1u), "n"(SLOT_HEADER_SIZE * 1u), "n"(slot_v2_offsets::EVENTS_LOST * 1u)
       : "memory");
 }
+
+#if TGPU_WATCH
+// Watch mode's stamp, in place of stamp_if (and of stage_with's stamp): if `p`, the
+// timer's 64 bits read once, its low half into `time` and `Word` into `word`, as the stamp
+// does, and the entry published at once as the watch record `at` of the cell at `cell`
+// (record 0's address; `at` above MAX_DEPTH stores nothing: a warp that does not watch
+// holds a depth far above it). The record: time_lo, time bits 32-47 | `Flags` << 16,
+// `Ids` (the event | the range closed << 16), `payload`. One asm block, so that the store
+// stays with the stamp and the stamp stays a predicated read (see stamp_if). If `q`, the
+// payload entry of stage_with goes into `time` and `word` of the next lane.
+template <unsigned int Word, unsigned int Flags, unsigned int Ids>
+__device__ __forceinline__ void watch_stamp_if(bool p, bool q, unsigned int& time, unsigned int& word,
+                                               unsigned long long cell, unsigned int at, unsigned int payload) {
+  asm volatile(
+      "{\n\t.reg .pred p, q, s;\n\t.reg .b64 t, a;\n\t.reg .b32 lo, hi;\n\t"
+      "setp.ne.u32 p, %2, 0;\n\t"
+      "setp.ne.u32 q, %3, 0;\n\t"
+      "setp.le.u32.and s, %5, %7, p;\n\t"
+      "mov.u64 t, 0;\n\t"
+      "@p mov.u64 t, %%globaltimer;\n\t"
+      "mov.b64 {lo, hi}, t;\n\t"
+      "@p mov.u32 %0, lo;\n\t"
+      "@p mov.u32 %1, %8;\n\t"
+      "@q mov.u32 %0, %6;\n\t"
+      "@q mov.u32 %1, %9;\n\t"
+      "and.b32 hi, hi, 0xFFFF;\n\t"
+      "or.b32 hi, hi, %10;\n\t"
+      "mad.wide.u32 a, %5, %12, %4;\n\t"
+      "@s st.global.v4.u32 [a], {lo, hi, %11, %6};\n\t}"
+      : "+r"(time), "+r"(word)
+      : "r"(static_cast<unsigned int>(p)), "r"(static_cast<unsigned int>(q)), "l"(cell), "r"(at), "r"(payload),
+        "n"(MAX_DEPTH * 1u), "n"(Word), "n"(ENTRY_PAYLOAD << 16), "r"(Flags << 16), "r"(Ids),
+        "n"(WATCH_RECORD_SIZE * 1u)
+      : "memory");
+}
+#endif  // TGPU_WATCH
 
 }  // namespace detail
 
@@ -839,6 +943,45 @@ class Recorder {
                          // the last chunk
   unsigned int word_;    //   and event_id | kind << 16; streaming, in the first lane: chunks
                          //   stored
+#if TGPU_WATCH
+  unsigned long long cell_;  // watch mode: the address of record 0 of this warp's watch cell; 0
+                             // if it does not watch
+  unsigned int depth_;       // the ranges open now, in every lane; WATCH_OFF if it does not watch
+  enum : unsigned int { WATCH_OFF = 0x80000000u };  // a depth that no call brings to MAX_DEPTH
+
+  // The watch record an entry of kind `Word >> 16` writes, and the depth after it: a begin
+  // writes at the depth and opens one more, an end closes the innermost and writes where
+  // it was, a switch rewrites the innermost, an instant writes above the open ones.
+  template <unsigned int Word>
+  __device__ __forceinline__ unsigned int watch_at() {
+    constexpr unsigned int kind = Word >> 16;
+    if (kind == ENTRY_BEGIN) return depth_++;
+    if (kind == ENTRY_END) return --depth_;
+    return kind == ENTRY_SWITCH ? depth_ - 1u : depth_;
+  }
+
+  // The start of a streamed launch's warp: its watch cell found (after the slots) and its
+  // head written by the warp's first lane; nothing for a launch that does not stream.
+  __device__ __forceinline__ void watch_start(const Trace& trace, bool first) {
+    cell_ = 0ull;
+    depth_ = WATCH_OFF;
+    if (trace.base == 0 || !(trace.capacity & TRACE_STREAM)) return;
+    const unsigned int slot = detail::warp_slot_here();
+    if (slot >= trace.slot_count) return;
+    const unsigned int capacity = trace.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
+    cell_ = header_of(trace.base, capacity, trace.slot_count) +
+            static_cast<unsigned long long>(slot) * WATCH_CELL_SIZE + WATCH_RECORD_SIZE;
+    depth_ = 0u;
+    if (first) watch_head(WATCH_MAGIC);
+  }
+
+  // The first lane: the head, started or done, with the SM and the time.
+  __device__ __forceinline__ void watch_head(unsigned int magic) {
+    const unsigned long long t = globaltimer();
+    detail::store4(cell_ - WATCH_RECORD_SIZE, magic, smid(), static_cast<unsigned int>(t),
+                   static_cast<unsigned int>(t >> 32));
+  }
+#endif
 
   template <class T, unsigned int Kind>
   __host__ __device__ static constexpr unsigned int word() {
@@ -1007,10 +1150,15 @@ class Recorder {
   // past the join, where it waits again). stage_with still compares its own turn where
   // it is made (its payload's compare is there anyway) and sets turn_ for a stage() after
   // it; where none follows, that compare is dead code and goes.
-  template <unsigned int Word>
+  template <unsigned int Word, unsigned int Closed = Word & 0xFFFFu>
   __device__ __forceinline__ void stage() {
     const bool fills = k_ == last_;
+#if TGPU_WATCH
+    detail::watch_stamp_if<Word, WATCH_MARK | (Word >> 16), (Word & 0xFFFFu) | Closed << 16>(
+        turn_, false, time_, word_, cell_, watch_at<Word>(), 0u);
+#else
     detail::stamp_if<Word>(turn_, time_, word_);
+#endif
     turn_ = k_ == prev_;
     asm volatile("" ::"r"(static_cast<unsigned int>(turn_)));
     ++k_;
@@ -1020,9 +1168,13 @@ class Recorder {
   // An entry and its payload entry, staged together: the next lane takes the payload,
   // at the cost of one more compare and two moves, not of a second entry's count and
   // group test. When the entry fills the group, the payload starts the next one.
-  template <unsigned int Word>
+  template <unsigned int Word, unsigned int Closed = Word & 0xFFFFu>
   __device__ __forceinline__ void stage_with(unsigned int payload) {
     const bool fills = k_ >= last2_;
+#if TGPU_WATCH
+    detail::watch_stamp_if<Word, WATCH_MARK | WATCH_PAYLOAD | (Word >> 16), (Word & 0xFFFFu) | Closed << 16>(
+        k_ == lane_, k_ == before_, time_, word_, cell_, watch_at<Word>(), payload);
+#else
     asm volatile(
         "{\n\t.reg .pred p, q;\n\t"
         "setp.eq.u32 p, %2, %3;\n\t"
@@ -1034,6 +1186,7 @@ class Recorder {
         : "+r"(time_), "+r"(word_)
         : "r"(k_), "r"(lane_), "r"(before_), "r"(payload), "n"(Word), "n"(ENTRY_PAYLOAD << 16)
         : "memory");
+#endif
     turn_ = k_ == prev2_;
     asm volatile("" ::"r"(static_cast<unsigned int>(turn_)));
     k_ += 2;
@@ -1096,6 +1249,9 @@ class Recorder {
     prev_ = lane_ == 0u ? group_ - 1u : before_;  // (last_ there: a silent warp's path +1)
     prev2_ = lane_ >= 2u ? lane_ - 2u : group_ > 1u ? lane_ + group_ - 2u : 0u;
     turn_ = lane_ == 0u;
+#if TGPU_WATCH
+    watch_start(trace, (active & below) == 0u);
+#endif
 #if !TGPU_STREAM
     // A graph node: where its buffer is (the word its replay's prologue wrote), loaded now
     // and used at the first store, long after. Loaded there instead, the load waited on
@@ -1145,14 +1301,14 @@ class Recorder {
   template <class A, class B>
   __device__ __forceinline__ void switch_to() {
     static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
-    stage<word<B, ENTRY_SWITCH>()>();
+    stage<word<B, ENTRY_SWITCH>(), A::id>();
   }
 
   /// Closes A's range with a payload and opens B's.
   template <class A, class B>
   __device__ __forceinline__ void switch_to(unsigned int payload) {
     static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
-    stage_with<word<B, ENTRY_SWITCH>()>(payload);
+    stage_with<word<B, ENTRY_SWITCH>(), A::id>(payload);
   }
 
   /// Records an instant of type T.
@@ -1171,6 +1327,12 @@ class Recorder {
   /// that recorded nothing writes nothing. Later calls, the destructor's included, do
   /// nothing.
   __device__ __forceinline__ void flush() {
+#if TGPU_WATCH
+    // The warp's first lane marks its watch cell done (its lane_ is ~0 while streaming).
+    if (cell_ != 0ull && lane_ == 0xFFFFFFFFu) watch_head(WATCH_MAGIC_DONE);
+    cell_ = 0ull;
+    depth_ = WATCH_OFF;
+#endif
     const unsigned int count = stored_ + k_;
     unsigned long long h;
     unsigned int capacity, slot;
