@@ -91,7 +91,7 @@ fn format_rs_names() -> Vec<String> {
 
 /// The Rust values, by the header's names.
 fn rust_constants() -> BTreeMap<String, u64> {
-    let top: [(&str, u64); 37] = [
+    let top: [(&str, u64); 40] = [
         ("BUFFER_MAGIC", wire::BUFFER_MAGIC.into()),
         ("SLOT_MAGIC", wire::SLOT_MAGIC.into()),
         ("VERSION", wire::VERSION.into()),
@@ -130,8 +130,11 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("WATCH_RECORDS", wire::WATCH_RECORDS as u64),
         ("WATCH_CELL_SIZE", wire::WATCH_CELL_SIZE as u64),
         ("WATCH_MARK", wire::WATCH_MARK.into()),
-        ("WATCH_PAYLOAD", wire::WATCH_PAYLOAD.into()),
         ("WATCH_KIND_MASK", wire::WATCH_KIND_MASK.into()),
+        ("WATCH_CLOSED", wire::WATCH_CLOSED.into()),
+        ("WATCH_PAYLOAD", wire::WATCH_PAYLOAD.into()),
+        ("WATCH_SEQ_SHIFT", wire::WATCH_SEQ_SHIFT.into()),
+        ("WATCH_SEQ_MASK", wire::WATCH_SEQ_MASK.into()),
     ];
     let buffer: [(&str, usize); 13] = [
         ("MAGIC", buffer_offsets::MAGIC),

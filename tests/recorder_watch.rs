@@ -49,7 +49,14 @@ fn without_watch(header: &str) -> String {
 fn the_watch_blocks_are_found_and_only_they_go() {
     let stripped = without_watch(HEADER);
     assert!(HEADER.contains("#if TGPU_WATCH"));
-    for code in ["watch_stamp_if", "watch_start", "watch_at", "cell_", "depth_", "#if TGPU_WATCH"] {
+    for code in [
+        "watch_stamp_if",
+        "watch_start",
+        "watch_at",
+        "cell_",
+        "depth_",
+        "#if TGPU_WATCH",
+    ] {
         assert!(!stripped.contains(code), "{code} is left");
     }
     // The recorder's own stamp and staging stay.
@@ -135,12 +142,21 @@ mod nvrtc {
         for (name, src) in KERNELS {
             for arch in ["sm_80", "sm_90"] {
                 let watch = ptx(name, arch, src, HEADER, &["TGPU_ENABLED=1", "TGPU_WATCH=1"]);
-                let stream = ptx(name, arch, src, HEADER, &["TGPU_ENABLED=1", "TGPU_STREAM=1"]);
+                let stream = ptx(
+                    name,
+                    arch,
+                    src,
+                    HEADER,
+                    &["TGPU_ENABLED=1", "TGPU_STREAM=1"],
+                );
                 // TGPU_WATCH=1 is a streaming build (it implies TGPU_STREAM=1).
                 assert!(watch.contains("ld.volatile.global.u32"), "{name} {arch}");
                 // The watch record: one v4 store per call site, predicated, with the
                 // 64-bit timer read beside it; streaming alone has neither.
-                let calls = src.lines().filter(|l| l.trim_start().starts_with("rec.")).count();
+                let calls = src
+                    .lines()
+                    .filter(|l| l.trim_start().starts_with("rec."))
+                    .count();
                 let stores = watch.matches("st.global.v4.u32 [a]").count();
                 assert!(
                     stores >= calls,
@@ -151,7 +167,10 @@ mod nvrtc {
                 assert_ne!(watch, stream, "{name} {arch}");
                 // The head, written at the start and at the flush: "WTCH" and "WEND".
                 for magic in [0x4843_5457u32, 0x444E_4557] {
-                    assert!(watch.contains(&magic.to_string()), "{name} {arch}: {magic:#x}");
+                    assert!(
+                        watch.contains(&magic.to_string()),
+                        "{name} {arch}: {magic:#x}"
+                    );
                 }
             }
         }

@@ -295,9 +295,12 @@ static_assert(((0xFFFFFFFFu * ENTRY_SIZE) & (CHUNK_SIZE - 1u)) == chunk_offsets:
               "the recorder's first lane (rank ~0) stores at the meta's place");
 
 // Watch mode (v2 streaming built with TGPU_WATCH=1; docs/format.md, "Watch cells"): each
-// warp keeps what it is doing now in a cell of the streamed buffer, after the slots, which
-// the host reads while the kernel runs: a head (started or done, the SM) and one record
-// per nesting depth, written at the stamp of each entry by the lane that stamps it.
+// warp keeps what it is doing now in a cell of the streamed buffer, after the rings, which
+// the host reads while the kernel runs: a head (started or done, the SM), then one record
+// per nesting depth, written when an entry is stamped, by the lane that stamps it. A begin
+// writes its depth's record, an end the record where its range was (so the records above
+// the open ranges never hold an open one), a switch rewrites the innermost, an instant
+// writes above the open ones; each record also carries what the warp closed last.
 
 /// "WTCH" as a little-endian u32: a watch cell's head once its warp has started.
 enum : unsigned int { WATCH_MAGIC = 0x48435457u };
@@ -309,12 +312,20 @@ enum : unsigned int { WATCH_RECORD_SIZE = 16u };
 enum : unsigned int { WATCH_RECORDS = 33u };
 /// Size of one warp's watch cell: the head, then WATCH_RECORDS records.
 enum : unsigned int { WATCH_CELL_SIZE = 544u };
-/// Set in every watch record's flags, so that a written record is never zero.
+/// Watch record flags: set in every record, so that a written record is never zero.
 enum : unsigned int { WATCH_MARK = 0x8000u };
-/// Watch record flag: the record carries the payload of the range it closed.
-enum : unsigned int { WATCH_PAYLOAD = 0x10u };
 /// Watch record flags bits that hold the entry's kind (ENTRY_BEGIN to ENTRY_INSTANT).
 enum : unsigned int { WATCH_KIND_MASK = 0x7u };
+/// Watch record flag: the warp had closed a range (or made an instant) by this entry; the
+/// record's CLOSED_ID says which, the latest.
+enum : unsigned int { WATCH_CLOSED = 0x8u };
+/// Watch record flag: that range was closed with a payload, the record's PAYLOAD.
+enum : unsigned int { WATCH_PAYLOAD = 0x10u };
+/// Watch record flags bits 5-14: the warp's entry count, modulo 1024 (orders two records
+/// stamped at one timer value).
+enum : unsigned int { WATCH_SEQ_SHIFT = 5u };
+/// The entry count's bits, shifted down.
+enum : unsigned int { WATCH_SEQ_MASK = 0x3FFu };
 
 /// Byte offsets in a watch cell's head (its warp's first lane writes it at construction
 /// and at flush).
@@ -339,8 +350,10 @@ static_assert(WATCH_CELL_SIZE == WATCH_RECORD_SIZE * (WATCH_RECORDS + 1) && WATC
 static_assert(watch_offsets::TIME_MID == 4 && watch_offsets::FLAGS == 6 && watch_offsets::EVENT_ID == 8 &&
                   watch_offsets::CLOSED_ID == 10 && watch_offsets::PAYLOAD == 12,
               "watch record: time_lo, time_mid | flags << 16, event_id | closed_id << 16, payload");
-static_assert((WATCH_KIND_MASK & (WATCH_MARK | WATCH_PAYLOAD)) == 0 && ENTRY_INSTANT <= WATCH_KIND_MASK,
-              "watch flags: the kind, the payload flag and the mark do not overlap");
+static_assert(ENTRY_INSTANT <= WATCH_KIND_MASK && (WATCH_KIND_MASK & (WATCH_CLOSED | WATCH_PAYLOAD)) == 0 &&
+                  WATCH_CLOSED << 1 == WATCH_PAYLOAD && WATCH_PAYLOAD << 1 == 1u << WATCH_SEQ_SHIFT &&
+                  (WATCH_SEQ_MASK << WATCH_SEQ_SHIFT) + (1u << WATCH_SEQ_SHIFT) == WATCH_MARK,
+              "watch flags: the kind, closed, payload, the entry count and the mark, in that order");
 
 /// The kernel argument: passed by value, so the device reads it from the parameter bank.
 /// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
@@ -661,35 +674,44 @@ __device__ __forceinline__ void store_or_count(unsigned long long h, unsigned in
 #if TGPU_WATCH
 // Watch mode's stamp, in place of stamp_if (and of stage_with's stamp): if `p`, the
 // timer's 64 bits read once, its low half into `time` and `Word` into `word`, as the stamp
-// does, and the entry published at once as the watch record `at` of the cell at `cell`
-// (record 0's address; `at` above MAX_DEPTH stores nothing: a warp that does not watch
-// holds a depth far above it). The record: time_lo, time bits 32-47 | `Flags` << 16,
-// `Ids` (the event | the range closed << 16), `payload`. One asm block, so that the store
-// stays with the stamp and the stamp stays a predicated read (see stamp_if). If `q`, the
-// payload entry of stage_with goes into `time` and `word` of the next lane.
-template <unsigned int Word, unsigned int Flags, unsigned int Ids>
+// does, and the entry published at once in the watch cell whose record 0 is at `cell`:
+// record `at` (the low byte of `rec`; above MAX_DEPTH it stores nothing, which is how a
+// warp that does not watch stores nothing), {time_lo, time bits 32-47 | flags << 16,
+// event_id | closed id << 16, payload}. `last` holds the closed id << 16 | the WATCH_CLOSED
+// and WATCH_PAYLOAD flags, `payload` its payload; `rec` >> 8 the entry count. If `q`, the
+// payload entry of stage_with (its payload is `payload`) goes into `time` and `word`. One
+// asm block, so that the store stays with the stamp, and the stamp a predicated read.
+template <unsigned int Word>
 __device__ __forceinline__ void watch_stamp_if(bool p, bool q, unsigned int& time, unsigned int& word,
-                                               unsigned long long cell, unsigned int at, unsigned int payload) {
+                                               unsigned long long cell, unsigned int rec, unsigned int last,
+                                               unsigned int payload) {
   asm volatile(
-      "{\n\t.reg .pred p, q, s;\n\t.reg .b64 t, a;\n\t.reg .b32 lo, hi;\n\t"
+      "{\n\t.reg .pred p, q, s;\n\t.reg .b64 t, a;\n\t.reg .b32 lo, hi, at, f, g;\n\t"
       "setp.ne.u32 p, %2, 0;\n\t"
       "setp.ne.u32 q, %3, 0;\n\t"
-      "setp.le.u32.and s, %5, %7, p;\n\t"
+      "and.b32 at, %5, 0xFF;\n\t"
+      "setp.le.u32.and s, at, %9, p;\n\t"
       "mov.u64 t, 0;\n\t"
       "@p mov.u64 t, %%globaltimer;\n\t"
       "mov.b64 {lo, hi}, t;\n\t"
       "@p mov.u32 %0, lo;\n\t"
-      "@p mov.u32 %1, %8;\n\t"
-      "@q mov.u32 %0, %6;\n\t"
-      "@q mov.u32 %1, %9;\n\t"
+      "@p mov.u32 %1, %10;\n\t"
+      "@q mov.u32 %0, %7;\n\t"
+      "@q mov.u32 %1, %11;\n\t"
+      "shr.b32 f, %5, 8;\n\t"
+      "bfi.b32 f, f, %6, %13, 10;\n\t"
+      "shl.b32 f, f, 16;\n\t"
       "and.b32 hi, hi, 0xFFFF;\n\t"
-      "or.b32 hi, hi, %10;\n\t"
-      "mad.wide.u32 a, %5, %12, %4;\n\t"
-      "@s st.global.v4.u32 [a], {lo, hi, %11, %6};\n\t}"
+      "or.b32 hi, hi, f;\n\t"
+      "or.b32 hi, hi, %8;\n\t"
+      "and.b32 g, %6, 0xFFFF0000;\n\t"
+      "or.b32 g, g, %12;\n\t"
+      "mad.wide.u32 a, at, %14, %4;\n\t"
+      "@s st.global.v4.u32 [a], {lo, hi, g, %7};\n\t}"
       : "+r"(time), "+r"(word)
-      : "r"(static_cast<unsigned int>(p)), "r"(static_cast<unsigned int>(q)), "l"(cell), "r"(at), "r"(payload),
-        "n"(MAX_DEPTH * 1u), "n"(Word), "n"(ENTRY_PAYLOAD << 16), "r"(Flags << 16), "r"(Ids),
-        "n"(WATCH_RECORD_SIZE * 1u)
+      : "r"(static_cast<unsigned int>(p)), "r"(static_cast<unsigned int>(q)), "l"(cell), "r"(rec), "r"(last),
+        "r"(payload), "r"((WATCH_MARK | (Word >> 16)) << 16), "n"(MAX_DEPTH * 1u), "n"(Word),
+        "n"(ENTRY_PAYLOAD << 16), "n"(Word & 0xFFFFu), "n"(WATCH_SEQ_SHIFT * 1u), "n"(WATCH_RECORD_SIZE * 1u)
       : "memory");
 }
 #endif  // TGPU_WATCH
@@ -944,34 +966,45 @@ class Recorder {
   unsigned int word_;    //   and event_id | kind << 16; streaming, in the first lane: chunks
                          //   stored
 #if TGPU_WATCH
-  unsigned long long cell_;  // watch mode: the address of record 0 of this warp's watch cell; 0
-                             // if it does not watch
-  unsigned int depth_;       // the ranges open now, in every lane; WATCH_OFF if it does not watch
-  enum : unsigned int { WATCH_OFF = 0x80000000u };  // a depth that no call brings to MAX_DEPTH
+  unsigned long long cell_;    // watch mode: the address of record 0 of this warp's watch cell
+  unsigned int rec_;           // the entry count << 8 | the ranges open now, in every lane;
+                               // WATCH_OFF in the depth's byte if the warp does not watch
+  unsigned int watch_last_;    // what the warp closed last: its id << 16 | WATCH_CLOSED
+                               // (| WATCH_PAYLOAD), in every lane; 0 before anything closed
+  unsigned int watch_payload_;  // and its payload
+  enum : unsigned int { WATCH_OFF = 0x80u };  // a depth byte that no call brings to MAX_DEPTH
 
-  // The watch record an entry of kind `Word >> 16` writes, and the depth after it: a begin
-  // writes at the depth and opens one more, an end closes the innermost and writes where
-  // it was, a switch rewrites the innermost, an instant writes above the open ones.
-  template <unsigned int Word>
-  __device__ __forceinline__ unsigned int watch_at() {
+  // The entry count and the record an entry of kind `Word >> 16` writes (as rec_ holds
+  // them), and rec_ after it: a begin writes at its depth and opens one more, an end
+  // closes the innermost and writes where it was, a switch rewrites the innermost, an
+  // instant writes above the open ones. A closing entry is what the warp closed last,
+  // `Closed` with `payload` (if `Paid`), from its own record on.
+  template <unsigned int Word, unsigned int Closed, bool Paid>
+  __device__ __forceinline__ unsigned int watch_next(unsigned int payload) {
     constexpr unsigned int kind = Word >> 16;
-    if (kind == ENTRY_BEGIN) return depth_++;
-    if (kind == ENTRY_END) return --depth_;
-    return kind == ENTRY_SWITCH ? depth_ - 1u : depth_;
+    const unsigned int rec = kind == ENTRY_END || kind == ENTRY_SWITCH ? rec_ - 1u : rec_;
+    rec_ += kind == ENTRY_BEGIN ? 0x101u : kind == ENTRY_END ? 0xFFu : 0x100u;
+    if (kind != ENTRY_BEGIN) {
+      watch_last_ = Closed << 16 | WATCH_CLOSED | (Paid ? WATCH_PAYLOAD : 0u);
+      watch_payload_ = Paid ? payload : 0u;
+    }
+    return rec;
   }
 
   // The start of a streamed launch's warp: its watch cell found (after the slots) and its
   // head written by the warp's first lane; nothing for a launch that does not stream.
   __device__ __forceinline__ void watch_start(const Trace& trace, bool first) {
     cell_ = 0ull;
-    depth_ = WATCH_OFF;
+    rec_ = WATCH_OFF;
+    watch_last_ = 0u;
+    watch_payload_ = 0u;
     if (trace.base == 0 || !(trace.capacity & TRACE_STREAM)) return;
     const unsigned int slot = detail::warp_slot_here();
     if (slot >= trace.slot_count) return;
     const unsigned int capacity = trace.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
     cell_ = header_of(trace.base, capacity, trace.slot_count) +
             static_cast<unsigned long long>(slot) * WATCH_CELL_SIZE + WATCH_RECORD_SIZE;
-    depth_ = 0u;
+    rec_ = 0u;
     if (first) watch_head(WATCH_MAGIC);
   }
 
@@ -1154,8 +1187,8 @@ class Recorder {
   __device__ __forceinline__ void stage() {
     const bool fills = k_ == last_;
 #if TGPU_WATCH
-    detail::watch_stamp_if<Word, WATCH_MARK | (Word >> 16), (Word & 0xFFFFu) | Closed << 16>(
-        turn_, false, time_, word_, cell_, watch_at<Word>(), 0u);
+    const unsigned int rec = watch_next<Word, Closed, false>(0u);
+    detail::watch_stamp_if<Word>(turn_, false, time_, word_, cell_, rec, watch_last_, watch_payload_);
 #else
     detail::stamp_if<Word>(turn_, time_, word_);
 #endif
@@ -1172,8 +1205,8 @@ class Recorder {
   __device__ __forceinline__ void stage_with(unsigned int payload) {
     const bool fills = k_ >= last2_;
 #if TGPU_WATCH
-    detail::watch_stamp_if<Word, WATCH_MARK | WATCH_PAYLOAD | (Word >> 16), (Word & 0xFFFFu) | Closed << 16>(
-        k_ == lane_, k_ == before_, time_, word_, cell_, watch_at<Word>(), payload);
+    const unsigned int rec = watch_next<Word, Closed, true>(payload);
+    detail::watch_stamp_if<Word>(k_ == lane_, k_ == before_, time_, word_, cell_, rec, watch_last_, payload);
 #else
     asm volatile(
         "{\n\t.reg .pred p, q;\n\t"
@@ -1331,7 +1364,7 @@ class Recorder {
     // The warp's first lane marks its watch cell done (its lane_ is ~0 while streaming).
     if (cell_ != 0ull && lane_ == 0xFFFFFFFFu) watch_head(WATCH_MAGIC_DONE);
     cell_ = 0ull;
-    depth_ = WATCH_OFF;
+    rec_ = WATCH_OFF;
 #endif
     const unsigned int count = stored_ + k_;
     unsigned long long h;

@@ -97,12 +97,20 @@ pub const WATCH_RECORD_SIZE: usize = 16;
 pub const WATCH_RECORDS: usize = MAX_DEPTH + 1;
 /// Size of one warp's watch cell: the head, then [`WATCH_RECORDS`] records.
 pub const WATCH_CELL_SIZE: usize = WATCH_RECORD_SIZE * (WATCH_RECORDS + 1);
-/// Set in every watch record's flags: a written record is never zero.
+/// Watch record flags: set in every record, so that a written record is never zero.
 pub const WATCH_MARK: u16 = 0x8000;
-/// Watch record flag: the record carries the payload of the range it closed.
-pub const WATCH_PAYLOAD: u16 = 0x10;
 /// The watch record flags' bits that hold the entry's kind (`ENTRY_BEGIN` to `ENTRY_INSTANT`).
 pub const WATCH_KIND_MASK: u16 = 0x7;
+/// Watch record flag: the warp had closed a range (or made an instant) by this entry;
+/// [`watch_offsets::CLOSED_ID`] says which, the latest.
+pub const WATCH_CLOSED: u16 = 0x8;
+/// Watch record flag: that range was closed with a payload, [`watch_offsets::PAYLOAD`].
+pub const WATCH_PAYLOAD: u16 = 0x10;
+/// Where the watch record flags hold the warp's entry count modulo 1024, which orders
+/// two records stamped at one timer value.
+pub const WATCH_SEQ_SHIFT: u16 = 5;
+/// The entry count's bits of the flags, shifted down.
+pub const WATCH_SEQ_MASK: u16 = 0x3FF;
 
 /// Bytes of a streamed launch's buffer of `slot_count` rings of `capacity` records and,
 /// after them, its watch cells (read only by a kernel built with `TGPU_WATCH=1`), or `None`
@@ -264,13 +272,14 @@ pub mod watch_offsets {
     pub const TIME_LO: usize = 0;
     /// `u16` bits 32-47 of the same stamp.
     pub const TIME_MID: usize = 4;
-    /// `u16` [`super::WATCH_MARK`] | [`super::WATCH_PAYLOAD`] if set | the entry's kind.
+    /// `u16` [`super::WATCH_MARK`] | the entry count << [`super::WATCH_SEQ_SHIFT`] |
+    /// [`super::WATCH_PAYLOAD`] | [`super::WATCH_CLOSED`] | the entry's kind.
     pub const FLAGS: usize = 6;
     /// `u16` the event the entry opens (a begin, a switch), closes (an end) or marks (an instant).
     pub const EVENT_ID: usize = 8;
-    /// `u16` the event a switch closed (an end's own `EVENT_ID`).
+    /// `u16` the event the warp closed last, this entry included (with [`super::WATCH_CLOSED`]).
     pub const CLOSED_ID: usize = 10;
-    /// `u32` the payload of the range closed (or of the instant), with [`super::WATCH_PAYLOAD`].
+    /// `u32` its payload (with [`super::WATCH_PAYLOAD`]).
     pub const PAYLOAD: usize = 12;
 }
 

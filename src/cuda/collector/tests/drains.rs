@@ -192,6 +192,7 @@ pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) ->
             place: Place { memory, region },
             arena,
             drain: None,
+            watch: None,
         },
     });
     (warps, event)
