@@ -753,3 +753,4 @@ mod drains;
 mod graphs;
 mod losses;
 mod passes;
+mod watchdog;
