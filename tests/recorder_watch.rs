@@ -78,8 +78,9 @@ mod nvrtc {
     use crate::nvrtc_tools::available;
     use tracing_gpu::cuda::{compile, CudaError, KernelBuild};
 
-    const KERNELS: [(&str, &str); 3] = [
+    const KERNELS: [(&str, &str); 4] = [
         ("phases", include_str!("../kernels/examples/phases.cu")),
+        ("deadlock", include_str!("../kernels/examples/deadlock.cu")),
         (
             "warp_specialized",
             include_str!("../kernels/examples/warp_specialized.cu"),
