@@ -2,11 +2,11 @@
 //! (docs/format.md, "Watch cells"): the head, then the records from depth 0 up
 //! to the first that is not an open range.
 
-use super::{Last, State};
+use super::snapshot::{Last, Open, State, Warp};
 use crate::format::{
-    watch_head_offsets, ENTRY_BEGIN, ENTRY_SWITCH, WATCH_CLOSED, WATCH_KIND_MASK, WATCH_MAGIC,
-    WATCH_MAGIC_DONE, WATCH_MARK, WATCH_PAYLOAD, WATCH_RECORDS, WATCH_RECORD_SIZE, WATCH_SEQ_MASK,
-    WATCH_SEQ_SHIFT,
+    watch_head_offsets, ENTRY_BEGIN, ENTRY_SWITCH, WATCH_CELL_SIZE, WATCH_CLOSED, WATCH_KIND_MASK,
+    WATCH_MAGIC, WATCH_MAGIC_DONE, WATCH_MARK, WATCH_PAYLOAD, WATCH_RECORDS, WATCH_RECORD_SIZE,
+    WATCH_SEQ_MASK, WATCH_SEQ_SHIFT,
 };
 
 /// Reads of the memory that holds the cells: one aligned `u64` at a byte offset, read
@@ -75,7 +75,7 @@ impl Record {
 }
 
 /// The SM and state of the warp whose cell starts at `at`.
-pub(crate) fn read_cell(mem: &(impl Words + ?Sized), at: usize) -> (u32, State) {
+fn read_cell(mem: &(impl Words + ?Sized), at: usize) -> (u32, State) {
     let head = record(mem, at + watch_head_offsets::MAGIC);
     let (magic, sm, started) = (head.0 as u32, (head.0 >> 32) as u32, head.1);
     match magic {
@@ -104,7 +104,7 @@ pub(crate) fn read_cell(mem: &(impl Words + ?Sized), at: usize) -> (u32, State) 
         };
         let opens = r.kind == ENTRY_BEGIN || r.kind == ENTRY_SWITCH;
         if opens {
-            open.push(super::Open {
+            open.push(Open {
                 id: r.event,
                 since_ns: r.time,
             });
@@ -126,6 +126,25 @@ pub(crate) fn read_cell(mem: &(impl Words + ?Sized), at: usize) -> (u32, State) 
             started_ns: started,
         },
     )
+}
+
+/// Where a launch's watch cells are: `slots` cells from byte `at` of a memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cells {
+    pub(crate) at: usize,
+    pub(crate) slots: u32,
+}
+
+impl Cells {
+    /// Every warp's cell, read now.
+    pub(crate) fn read(&self, mem: &(impl Words + ?Sized)) -> Vec<Warp> {
+        (0..self.slots)
+            .map(|slot| {
+                let (sm, state) = read_cell(mem, self.at + slot as usize * WATCH_CELL_SIZE);
+                Warp { slot, sm, state }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

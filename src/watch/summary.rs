@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use super::{Last, Snapshot, State};
+use super::snapshot::{Last, Snapshot, State};
 use crate::registry::EventRegistry;
 
 /// At most this many groups are told one by one; the rest are counted.

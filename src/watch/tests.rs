@@ -1,11 +1,12 @@
 //! The watch cells as the device writes them (`WarpSim`, which the collector's
 //! simulated device uses too), read back and told.
 
+use super::snapshot::{Last, Open, State};
 use super::summary::MAX_GROUPS;
-use super::*;
+use super::{Cells, Snapshot};
 use crate::format::{
-    ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_SWITCH, WATCH_CLOSED, WATCH_MAGIC,
-    WATCH_MAGIC_DONE, WATCH_MARK, WATCH_PAYLOAD, WATCH_RECORD_SIZE, WATCH_SEQ_MASK,
+    ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_SWITCH, WATCH_CELL_SIZE, WATCH_CLOSED,
+    WATCH_MAGIC, WATCH_MAGIC_DONE, WATCH_MARK, WATCH_PAYLOAD, WATCH_RECORD_SIZE, WATCH_SEQ_MASK,
     WATCH_SEQ_SHIFT,
 };
 use crate::registry::EventRegistry;

@@ -8,10 +8,7 @@ use crate::clock::HostClock;
 use crate::cuda::device::Memory;
 use crate::cuda::job::{Job, Work};
 use crate::format::buffer_size;
-use crate::watch::{Cells, Snapshot, Words};
-
-/// The target of the watchdog's events.
-pub(crate) const TARGET: &str = "tracing_gpu::watchdog";
+use crate::watch::{Cells, Snapshot, Words, TARGET};
 
 impl Words for Memory {
     fn word(&self, offset: usize) -> u64 {

@@ -3,9 +3,9 @@
 //! ERROR event, and again every period while it runs; none after it completes.
 use super::drains::watched_launch;
 use super::*;
-use crate::cuda::collector::watch::TARGET;
 use crate::cuda::job::Watchdog;
 use crate::watch::tests::WarpSim;
+use crate::watch::TARGET;
 
 /// The watchdog's events: their message and `gpu.snapshot`, and when they came.
 #[derive(Default, Clone)]
