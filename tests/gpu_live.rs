@@ -638,10 +638,13 @@ fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
         .and_then(|r| r.with_payload(3, "k_tile"))
         .unwrap();
     let deadline = Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("deadlock.tgpu");
     let profiler = tracing_gpu::cuda::Profiler::builder()
         .device(0)
         .registry(registry)
         .watchdog(deadline)
+        .capture_to(&capture)
         .build()
         .unwrap();
     let build = KernelBuild::new("deadlock.cu", profiler.arch())
@@ -730,4 +733,12 @@ fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
     }
     assert_eq!(lines.last(), Some(&"63 blocks done"), "{text}");
     assert_eq!(profiler.stats().snapshots, 1);
+    // The capture keeps it, for `tracing-gpu report`.
+    drop(profiler);
+    let back = tracing_gpu::Capture::read(&capture).unwrap();
+    let kept: Vec<_> = back
+        .snapshots()
+        .map(|(_, n, t)| (n, t.to_string()))
+        .collect();
+    assert_eq!(kept, [(0, text.clone())]);
 }

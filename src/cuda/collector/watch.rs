@@ -53,6 +53,9 @@ impl Worker {
         *taken += 1;
         self.shared.state.lock().stats.snapshots += 1;
         let text = snapshot.text(&self.registry);
+        if let Some(a) = self.archive.as_mut() {
+            a.snapshot(snapshot.launch_id, snapshot.index, &text);
+        }
         let running = snapshot
             .warps
             .iter()
