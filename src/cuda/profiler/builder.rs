@@ -347,7 +347,7 @@ impl ProfilerBuilder {
 impl ProfilerBuilder {
     /// The watchdog: the builder's, with what it did not set taken from the
     /// environment (`var`); refused if it has a period but no deadline.
-    fn watchdog_setting(
+    pub(super) fn watchdog_setting(
         &self,
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Watchdog>, ProfilerError> {
