@@ -44,6 +44,9 @@ pub mod output;
 pub mod perfetto;
 pub mod registry;
 pub mod report;
+// The profiler's watchdog reads it; the model is CUDA-free and tested without a GPU.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
+pub(crate) mod watch;
 
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]

@@ -611,6 +611,15 @@ fn report(
             ),
         }
     }
+    // The watchdog's snapshots of the launches shown (issue #32), as the run told them.
+    for (id, index, text) in head.snapshots() {
+        if launch.is_none_or(|p| p == LaunchPick::All || p == LaunchPick::Id(id)) {
+            print_out(&format!(
+                "watchdog, snapshot {} of launch {id}:\n{text}\n",
+                index + 1
+            ))?;
+        }
+    }
     Ok(())
 }
 

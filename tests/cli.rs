@@ -217,6 +217,36 @@ fn report_prints_statistics_and_draws_the_timeline() {
     assert_exit(&o, 2, "neither a launch id");
 }
 
+/// A capture holds the watchdog's snapshots (issue #32) as notes; `report` shows those
+/// of the launches it shows.
+#[test]
+fn report_shows_the_watchdogs_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut capture = sample_dump();
+    let text = "launch 2 (gemm, grid 8x1x1, 4 warps per block) still running after 1.0 s:\n  \
+                3 warps in wait for 1.0 s, after mma (k_tile 16)";
+    capture.metadata.push(("watchdog 2.0".into(), text.into()));
+    capture
+        .metadata
+        .push(("watchdog 2.x".into(), "not a snapshot".into()));
+    assert_eq!(capture.snapshots().collect::<Vec<_>>(), [(2, 0, text)]);
+    let path = dir.path().join("watched.tgpu");
+    capture.write(&path).unwrap();
+    let o = run(&["report", path.to_str().unwrap()]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(
+        o.stdout
+            .contains(&format!("watchdog, snapshot 1 of launch 2:\n{text}\n")),
+        "{}",
+        o.stdout
+    );
+    assert!(!o.stdout.contains("not a snapshot"), "{}", o.stdout);
+    // Another launch alone: not its snapshot.
+    let o = run(&["report", path.to_str().unwrap(), "--launch", "1"]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(!o.stdout.contains("watchdog"), "{}", o.stdout);
+}
+
 /// A capture recorded without `CaptureRecorder::layer()` says so, and
 /// `convert` repeats it: no launch spans, and how to get them.
 #[test]

@@ -588,3 +588,157 @@ extern "C" __global__ void outrun(unsigned* made TGPU_TRACE_PARAM) {
         made.iter().map(|&m| u64::from(m)).sum::<u64>()
     );
 }
+
+/// Issue #32: a pipeline that deadlocks on purpose (`kernels/examples/deadlock.cu`, built
+/// with `TGPU_WATCH=1`) in one block of 64; its waits give up after 4 s. The watchdog's
+/// snapshot, 1 s after the launch, comes within a second of that and names each stuck
+/// warp's phase and the payload it closed last, as the kernel reports them when it gives
+/// up; the other 63 blocks are done.
+#[test]
+fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tracing_gpu::registry::EventRegistry;
+    use tracing_gpu::{compile, gpu_profile, KernelBuild};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    /// The watchdog's ERROR events: their message and when they came.
+    #[derive(Clone, Default)]
+    struct Alarms(Arc<Mutex<Vec<(String, Instant)>>>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Alarms {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            struct Message(String);
+            impl tracing::field::Visit for Message {
+                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    if f.name() == "message" {
+                        self.0 = format!("{v:?}");
+                    }
+                }
+            }
+            if e.metadata().target() == "tracing_gpu::watchdog" {
+                assert_eq!(*e.metadata().level(), tracing::Level::ERROR);
+                let mut m = Message(String::new());
+                e.record(&mut m);
+                self.0.lock().unwrap().push((m.0, Instant::now()));
+            }
+        }
+    }
+    let alarms = Alarms::default();
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(alarms.clone()));
+    let names = [(1, "load"), (2, "wait"), (3, "compute")];
+    let registry = EventRegistry::from_pairs(names)
+        .and_then(|r| r.with_payload(1, "k_tile"))
+        .and_then(|r| r.with_payload(3, "k_tile"))
+        .unwrap();
+    let deadline = Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("deadlock.tgpu");
+    let profiler = tracing_gpu::cuda::Profiler::builder()
+        .device(0)
+        .registry(registry)
+        .watchdog(deadline)
+        .capture_to(&capture)
+        .build()
+        .unwrap();
+    let build = KernelBuild::new("deadlock.cu", profiler.arch())
+        .define("TGPU_ENABLED=1")
+        .define("TGPU_WATCH=1");
+    let source = include_str!("../kernels/examples/deadlock.cu");
+    let module = profiler
+        .context()
+        .load_module(compile(source, &build).unwrap())
+        .unwrap();
+    let f = module.load_function("deadlock").unwrap();
+    let stream = profiler.context().new_stream().unwrap();
+    let (blocks, threads, tiles) = (64u32, 128u32, 64u32);
+    let (bad_block, bad_tile, limit_ns) = (5u32, 17u32, 4_000_000_000u64);
+    let warps = blocks * threads / 32;
+    let mut report = stream.alloc_zeros::<u32>(3 * warps as usize).unwrap();
+    let mut out = stream
+        .alloc_zeros::<f32>((blocks * (threads - 32)) as usize)
+        .unwrap();
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let launched = Instant::now();
+    // SAFETY: `report` holds 3 words per warp, `out` a float per consumer thread.
+    gpu_profile!(
+        profiler.streamed(),
+        &stream,
+        "deadlock",
+        cfg,
+        |trace| unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&mut out)
+                .arg(&mut report)
+                .arg(&tiles)
+                .arg(&bad_block)
+                .arg(&bad_tile)
+                .arg(&limit_ns)
+                .arg(&trace)
+                .launch(cfg)
+        }
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    let ran = launched.elapsed();
+    profiler.flush().unwrap();
+    assert!(
+        ran >= Duration::from_secs(4),
+        "the kernel gave up after {ran:?}"
+    );
+    // What the kernel knows: per stuck warp, its phase and what it closed last.
+    let report = stream.clone_dtoh(&report).unwrap();
+    let mut stuck: BTreeMap<(u32, u32, u32), u32> = BTreeMap::new();
+    for w in report.chunks(3).filter(|w| w[0] != 0) {
+        *stuck.entry((w[0], w[1], w[2])).or_default() += 1;
+    }
+    let consumers = threads / 32 - 1;
+    assert_eq!(
+        stuck,
+        BTreeMap::from([((1, 1, bad_tile + 1), 1), ((2, 3, bad_tile - 1), consumers)]),
+        "the kernel's own report"
+    );
+    let got = alarms.0.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "one snapshot (no period set): {got:?}");
+    let (text, at) = &got[0];
+    let after = at.duration_since(launched);
+    assert!(
+        after >= deadline && after < deadline + Duration::from_secs(1),
+        "the snapshot came {after:?} after the launch:\n{text}"
+    );
+    let name = |id: u32| names.iter().find(|n| n.0 == id as u16).unwrap().1;
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    assert_eq!(lines.len(), 2 + stuck.len(), "{text}");
+    for ((phase, closed, payload), n) in &stuck {
+        let warps = if *n == 1 { "warp" } else { "warps" };
+        let head = format!("{n} {warps} in {} for ", name(*phase));
+        let tail = format!(", after {} (k_tile {payload})", name(*closed));
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&head) && l.ends_with(&tail)),
+            "no line \"{head}... {tail}\" in:\n{text}"
+        );
+    }
+    assert_eq!(lines.last(), Some(&"63 blocks done"), "{text}");
+    assert_eq!(profiler.stats().snapshots, 1);
+    // The capture keeps it, for `tracing-gpu report`.
+    drop(profiler);
+    let back = tracing_gpu::Capture::read(&capture).unwrap();
+    let kept: Vec<_> = back
+        .snapshots()
+        .map(|(_, n, t)| (n, t.to_string()))
+        .collect();
+    assert_eq!(kept, [(0, text.clone())]);
+}

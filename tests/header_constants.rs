@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use tracing_gpu::format::wire::{
     self, buffer_offsets, chunk_offsets, entry_offsets, record_offsets, slot_offsets,
-    slot_stream_offsets, slot_v2_offsets,
+    slot_stream_offsets, slot_v2_offsets, watch_head_offsets, watch_offsets,
 };
 use tracing_gpu::format::KernelArg;
 
@@ -91,7 +91,7 @@ fn format_rs_names() -> Vec<String> {
 
 /// The Rust values, by the header's names.
 fn rust_constants() -> BTreeMap<String, u64> {
-    let top: [(&str, u64); 29] = [
+    let top: [(&str, u64); 40] = [
         ("BUFFER_MAGIC", wire::BUFFER_MAGIC.into()),
         ("SLOT_MAGIC", wire::SLOT_MAGIC.into()),
         ("VERSION", wire::VERSION.into()),
@@ -124,6 +124,17 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("CHUNK_COUNT_MASK", wire::CHUNK_COUNT_MASK.into()),
         ("CHUNK_SM_SHIFT", wire::CHUNK_SM_SHIFT.into()),
         ("CHUNK_SM_MASK", wire::CHUNK_SM_MASK.into()),
+        ("WATCH_MAGIC", wire::WATCH_MAGIC.into()),
+        ("WATCH_MAGIC_DONE", wire::WATCH_MAGIC_DONE.into()),
+        ("WATCH_RECORD_SIZE", wire::WATCH_RECORD_SIZE as u64),
+        ("WATCH_RECORDS", wire::WATCH_RECORDS as u64),
+        ("WATCH_CELL_SIZE", wire::WATCH_CELL_SIZE as u64),
+        ("WATCH_MARK", wire::WATCH_MARK.into()),
+        ("WATCH_KIND_MASK", wire::WATCH_KIND_MASK.into()),
+        ("WATCH_CLOSED", wire::WATCH_CLOSED.into()),
+        ("WATCH_PAYLOAD", wire::WATCH_PAYLOAD.into()),
+        ("WATCH_SEQ_SHIFT", wire::WATCH_SEQ_SHIFT.into()),
+        ("WATCH_SEQ_MASK", wire::WATCH_SEQ_MASK.into()),
     ];
     let buffer: [(&str, usize); 13] = [
         ("MAGIC", buffer_offsets::MAGIC),
@@ -199,6 +210,19 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("KIND", record_offsets::KIND),
         ("PAYLOAD", record_offsets::PAYLOAD),
     ];
+    let watch_head: [(&str, usize); 3] = [
+        ("MAGIC", watch_head_offsets::MAGIC),
+        ("SM", watch_head_offsets::SM),
+        ("TIME", watch_head_offsets::TIME),
+    ];
+    let watch: [(&str, usize); 6] = [
+        ("TIME_LO", watch_offsets::TIME_LO),
+        ("TIME_MID", watch_offsets::TIME_MID),
+        ("FLAGS", watch_offsets::FLAGS),
+        ("EVENT_ID", watch_offsets::EVENT_ID),
+        ("CLOSED_ID", watch_offsets::CLOSED_ID),
+        ("PAYLOAD", watch_offsets::PAYLOAD),
+    ];
     let mut out: BTreeMap<String, u64> = top.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     for (module, table) in [
         ("buffer_offsets", &buffer[..]),
@@ -208,6 +232,8 @@ fn rust_constants() -> BTreeMap<String, u64> {
         ("entry_offsets", &entry[..]),
         ("slot_stream_offsets", &slot_stream[..]),
         ("chunk_offsets", &chunk[..]),
+        ("watch_head_offsets", &watch_head[..]),
+        ("watch_offsets", &watch[..]),
     ] {
         for (k, v) in table {
             out.insert(format!("{module}::{k}"), *v as u64);

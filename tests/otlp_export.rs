@@ -1070,3 +1070,28 @@ fn warp_of_thread(name: &str) -> (u32, u32, u32) {
         _ => panic!("unexpected thread name {name:?}"),
     }
 }
+
+/// A watchdog's snapshot (issue #32: an ERROR event of target `tracing_gpu::watchdog`
+/// under a launch span) marks the launch span unfinished, with the latest snapshot's text.
+#[test]
+fn a_watchdog_snapshot_marks_its_launch_span_unfinished() {
+    let rx = Receiver::start(Transport::Http);
+    let (layer, guard) = layer(&rx, Detail::Phase);
+    let subscriber = tracing_subscriber::registry().with(layer);
+    tracing::subscriber::with_default(subscriber, || {
+        let launch = tracing::info_span!("gpu.launch", gpu.launch_id = 7u64);
+        let other = tracing::info_span!("other");
+        for text in ["first snapshot", "second snapshot"] {
+            tracing::error!(target: "tracing_gpu::watchdog", parent: &launch, { gpu.snapshot = 0u64 }, "{}", text);
+        }
+        // An ERROR event of another target marks nothing.
+        tracing::error!(parent: &other, "not a snapshot");
+    });
+    guard.flush().expect("flush");
+    let spans = rx.wait_spans(2);
+    let launch = one(&spans, "gpu.launch");
+    assert_eq!(launch.attr("gpu.unfinished"), Some(&bool_value(true)));
+    assert_eq!(launch.str_attr("gpu.watchdog"), Some("second snapshot"));
+    let other = one(&spans, "other");
+    assert_eq!(other.attr("gpu.unfinished"), None);
+}

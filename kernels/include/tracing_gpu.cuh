@@ -294,6 +294,67 @@ static_assert(((CHUNK_SM_MASK << CHUNK_SM_SHIFT) & (STREAM_MARK | CHUNK_GAP | CH
 static_assert(((0xFFFFFFFFu * ENTRY_SIZE) & (CHUNK_SIZE - 1u)) == chunk_offsets::STAMP_LO,
               "the recorder's first lane (rank ~0) stores at the meta's place");
 
+// Watch mode (v2 streaming built with TGPU_WATCH=1; docs/format.md, "Watch cells"): each
+// warp keeps what it is doing now in a cell of the streamed buffer, after the rings, which
+// the host reads while the kernel runs: a head (started or done, the SM), then one record
+// per nesting depth, written when an entry is stamped, by the lane that stamps it. A begin
+// writes its depth's record, an end the record where its range was (so the records above
+// the open ranges never hold an open one), a switch rewrites the innermost, an instant
+// writes above the open ones; each record also carries what the warp closed last.
+
+/// "WTCH" as a little-endian u32: a watch cell's head once its warp has started.
+enum : unsigned int { WATCH_MAGIC = 0x48435457u };
+/// "WEND" as a little-endian u32: a watch cell's head once its warp has flushed.
+enum : unsigned int { WATCH_MAGIC_DONE = 0x444E4557u };
+/// Size of a watch cell's head and of each of its records.
+enum : unsigned int { WATCH_RECORD_SIZE = 16u };
+/// Records per watch cell, one per depth: MAX_DEPTH open ranges and the record above them.
+enum : unsigned int { WATCH_RECORDS = 33u };
+/// Size of one warp's watch cell: the head, then WATCH_RECORDS records.
+enum : unsigned int { WATCH_CELL_SIZE = 544u };
+/// Watch record flags: set in every record, so that a written record is never zero.
+enum : unsigned int { WATCH_MARK = 0x8000u };
+/// Watch record flags bits that hold the entry's kind (ENTRY_BEGIN to ENTRY_INSTANT).
+enum : unsigned int { WATCH_KIND_MASK = 0x7u };
+/// Watch record flag: the warp had closed a range (or made an instant) by this entry; the
+/// record's CLOSED_ID says which, the latest.
+enum : unsigned int { WATCH_CLOSED = 0x8u };
+/// Watch record flag: that range was closed with a payload, the record's PAYLOAD.
+enum : unsigned int { WATCH_PAYLOAD = 0x10u };
+/// Watch record flags bits 5-14: the warp's entry count, modulo 1024 (orders two records
+/// stamped at one timer value).
+enum : unsigned int { WATCH_SEQ_SHIFT = 5u };
+/// The entry count's bits, shifted down.
+enum : unsigned int { WATCH_SEQ_MASK = 0x3FFu };
+
+/// Byte offsets in a watch cell's head (its warp's first lane writes it at construction
+/// and at flush).
+namespace watch_head_offsets {
+enum : unsigned int { MAGIC = 0u };
+enum : unsigned int { SM = 4u };
+enum : unsigned int { TIME = 8u };
+}  // namespace watch_head_offsets
+
+/// Byte offsets in a watch record (one 16-byte store by the lane that stamped the entry).
+namespace watch_offsets {
+enum : unsigned int { TIME_LO = 0u };
+enum : unsigned int { TIME_MID = 4u };
+enum : unsigned int { FLAGS = 6u };
+enum : unsigned int { EVENT_ID = 8u };
+enum : unsigned int { CLOSED_ID = 10u };
+enum : unsigned int { PAYLOAD = 12u };
+}  // namespace watch_offsets
+
+static_assert(WATCH_CELL_SIZE == WATCH_RECORD_SIZE * (WATCH_RECORDS + 1) && WATCH_RECORDS == MAX_DEPTH + 1,
+              "a watch cell: the head, a record per depth of open ranges, and one above the deepest");
+static_assert(watch_offsets::TIME_MID == 4 && watch_offsets::FLAGS == 6 && watch_offsets::EVENT_ID == 8 &&
+                  watch_offsets::CLOSED_ID == 10 && watch_offsets::PAYLOAD == 12,
+              "watch record: time_lo, time_mid | flags << 16, event_id | closed_id << 16, payload");
+static_assert(ENTRY_INSTANT <= WATCH_KIND_MASK && (WATCH_KIND_MASK & (WATCH_CLOSED | WATCH_PAYLOAD)) == 0 &&
+                  WATCH_CLOSED << 1 == WATCH_PAYLOAD && WATCH_PAYLOAD << 1 == 1u << WATCH_SEQ_SHIFT &&
+                  (WATCH_SEQ_MASK << WATCH_SEQ_SHIFT) + (1u << WATCH_SEQ_SHIFT) == WATCH_MARK,
+              "watch flags: the kind, closed, payload, the entry count and the mark, in that order");
+
 /// The kernel argument: passed by value, so the device reads it from the parameter bank.
 /// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
 struct Trace {
@@ -445,6 +506,26 @@ __device__ __forceinline__ void stamp_if(bool p, unsigned int& time, unsigned in
 // when its argument says so, and records into fixed slots otherwise). Without it, the
 // v2 recorder has no streaming code, so its fixed-slot path pays nothing for it, and a
 // streaming argument records nothing.
+// TGPU_WATCH=1 (v2, streaming): watch mode. Each warp of a streamed launch also keeps
+// what it is doing now in its watch cell, in the mapped buffer after the rings, so that
+// the host sees where every warp is while the kernel runs, or hangs: the lane that stamps
+// an entry stores it there at once (one 16-byte store per entry, into host memory). It
+// implies TGPU_STREAM=1. Without it the recorder has no watch code: the PTX is the same
+// as before watch mode existed (tests/recorder_watch.rs).
+#ifndef TGPU_WATCH
+#define TGPU_WATCH 0
+#endif
+#if TGPU_WATCH
+#if TGPU_FORMAT != 2
+#error "TGPU_WATCH=1 needs the v2 recorder (TGPU_FORMAT=2)"
+#endif
+#ifndef TGPU_STREAM
+#define TGPU_STREAM 1
+#elif !TGPU_STREAM
+#error "TGPU_WATCH=1 needs TGPU_STREAM=1: the watch cells live in the streamed buffer"
+#endif
+#endif
+
 #ifndef TGPU_STREAM
 #define TGPU_STREAM 0
 #endif
@@ -589,6 +670,51 @@ __device__ __forceinline__ void store_or_count(unsigned long long h, unsigned in
       "n"(ENTRY_SIZE * 1u), "n"(SLOT_HEADER_SIZE * 1u), "n"(slot_v2_offsets::EVENTS_LOST * 1u)
       : "memory");
 }
+
+#if TGPU_WATCH
+// Watch mode's stamp, in place of stamp_if (and of stage_with's stamp): if `p`, the
+// timer's 64 bits read once, its low half into `time` and `Word` into `word`, as the stamp
+// does, and the entry published at once in the watch cell whose record 0 is at `cell`:
+// record `at` (the low byte of `rec`; above MAX_DEPTH it stores nothing, which is how a
+// warp that does not watch stores nothing), {time_lo, time bits 32-47 | flags << 16,
+// event_id | closed id << 16, payload}. `last` holds the closed id << 16 | the WATCH_CLOSED
+// and WATCH_PAYLOAD flags, `payload` its payload; `rec` >> 8 the entry count. If `q`, the
+// payload entry of stage_with (its payload is `payload`) goes into `time` and `word`. One
+// asm block, so that the store stays with the stamp, and the stamp a predicated read.
+template <unsigned int Word>
+__device__ __forceinline__ void watch_stamp_if(bool p, bool q, unsigned int& time, unsigned int& word,
+                                               unsigned long long cell, unsigned int rec, unsigned int last,
+                                               unsigned int payload) {
+  asm volatile(
+      "{\n\t.reg .pred p, q, s;\n\t.reg .b64 t, a;\n\t.reg .b32 lo, hi, at, f, g;\n\t"
+      "setp.ne.u32 p, %2, 0;\n\t"
+      "setp.ne.u32 q, %3, 0;\n\t"
+      "and.b32 at, %5, 0xFF;\n\t"
+      "setp.le.u32.and s, at, %9, p;\n\t"
+      "mov.u64 t, 0;\n\t"
+      "@p mov.u64 t, %%globaltimer;\n\t"
+      "mov.b64 {lo, hi}, t;\n\t"
+      "@p mov.u32 %0, lo;\n\t"
+      "@p mov.u32 %1, %10;\n\t"
+      "@q mov.u32 %0, %7;\n\t"
+      "@q mov.u32 %1, %11;\n\t"
+      "shr.b32 f, %5, 8;\n\t"
+      "bfi.b32 f, f, %6, %13, 10;\n\t"
+      "shl.b32 f, f, 16;\n\t"
+      "and.b32 hi, hi, 0xFFFF;\n\t"
+      "or.b32 hi, hi, f;\n\t"
+      "or.b32 hi, hi, %8;\n\t"
+      "and.b32 g, %6, 0xFFFF0000;\n\t"
+      "or.b32 g, g, %12;\n\t"
+      "mad.wide.u32 a, at, %14, %4;\n\t"
+      "@s st.global.v4.u32 [a], {lo, hi, g, %7};\n\t}"
+      : "+r"(time), "+r"(word)
+      : "r"(static_cast<unsigned int>(p)), "r"(static_cast<unsigned int>(q)), "l"(cell), "r"(rec), "r"(last),
+        "r"(payload), "r"((WATCH_MARK | (Word >> 16)) << 16), "n"(MAX_DEPTH * 1u), "n"(Word),
+        "n"(ENTRY_PAYLOAD << 16), "n"(Word & 0xFFFFu), "n"(WATCH_SEQ_SHIFT * 1u), "n"(WATCH_RECORD_SIZE * 1u)
+      : "memory");
+}
+#endif  // TGPU_WATCH
 
 }  // namespace detail
 
@@ -839,6 +965,56 @@ class Recorder {
                          // the last chunk
   unsigned int word_;    //   and event_id | kind << 16; streaming, in the first lane: chunks
                          //   stored
+#if TGPU_WATCH
+  unsigned long long cell_;    // watch mode: the address of record 0 of this warp's watch cell
+  unsigned int rec_;           // the entry count << 8 | the ranges open now, in every lane;
+                               // WATCH_OFF in the depth's byte if the warp does not watch
+  unsigned int watch_last_;    // what the warp closed last: its id << 16 | WATCH_CLOSED
+                               // (| WATCH_PAYLOAD), in every lane; 0 before anything closed
+  unsigned int watch_payload_;  // and its payload
+  enum : unsigned int { WATCH_OFF = 0x80u };  // a depth byte that no call brings to MAX_DEPTH
+
+  // The entry count and the record an entry of kind `Word >> 16` writes (as rec_ holds
+  // them), and rec_ after it: a begin writes at its depth and opens one more, an end
+  // closes the innermost and writes where it was, a switch rewrites the innermost, an
+  // instant writes above the open ones. A closing entry is what the warp closed last,
+  // `Closed` with `payload` (if `Paid`), from its own record on.
+  template <unsigned int Word, unsigned int Closed, bool Paid>
+  __device__ __forceinline__ unsigned int watch_next(unsigned int payload) {
+    constexpr unsigned int kind = Word >> 16;
+    const unsigned int rec = kind == ENTRY_END || kind == ENTRY_SWITCH ? rec_ - 1u : rec_;
+    rec_ += kind == ENTRY_BEGIN ? 0x101u : kind == ENTRY_END ? 0xFFu : 0x100u;
+    if (kind != ENTRY_BEGIN) {
+      watch_last_ = Closed << 16 | WATCH_CLOSED | (Paid ? WATCH_PAYLOAD : 0u);
+      watch_payload_ = Paid ? payload : 0u;
+    }
+    return rec;
+  }
+
+  // The start of a streamed launch's warp: its watch cell found (after the slots) and its
+  // head written by the warp's first lane; nothing for a launch that does not stream.
+  __device__ __forceinline__ void watch_start(const Trace& trace, bool first) {
+    cell_ = 0ull;
+    rec_ = WATCH_OFF;
+    watch_last_ = 0u;
+    watch_payload_ = 0u;
+    if (trace.base == 0 || !(trace.capacity & TRACE_STREAM)) return;
+    const unsigned int slot = detail::warp_slot_here();
+    if (slot >= trace.slot_count) return;
+    const unsigned int capacity = trace.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
+    cell_ = header_of(trace.base, capacity, trace.slot_count) +
+            static_cast<unsigned long long>(slot) * WATCH_CELL_SIZE + WATCH_RECORD_SIZE;
+    rec_ = 0u;
+    if (first) watch_head(WATCH_MAGIC);
+  }
+
+  // The first lane: the head, started or done, with the SM and the time.
+  __device__ __forceinline__ void watch_head(unsigned int magic) {
+    const unsigned long long t = globaltimer();
+    detail::store4(cell_ - WATCH_RECORD_SIZE, magic, smid(), static_cast<unsigned int>(t),
+                   static_cast<unsigned int>(t >> 32));
+  }
+#endif
 
   template <class T, unsigned int Kind>
   __host__ __device__ static constexpr unsigned int word() {
@@ -1015,10 +1191,15 @@ class Recorder {
   // past the join, where it waits again). stage_with still compares its own turn where
   // it is made (its payload's compare is there anyway) and sets turn_ for a stage() after
   // it; where none follows, that compare is dead code and goes.
-  template <unsigned int Word>
+  template <unsigned int Word, unsigned int Closed = Word & 0xFFFFu>
   __device__ __forceinline__ void stage() {
     const bool fills = k_ == last_;
+#if TGPU_WATCH
+    const unsigned int rec = watch_next<Word, Closed, false>(0u);
+    detail::watch_stamp_if<Word>(turn_, false, time_, word_, cell_, rec, watch_last_, watch_payload_);
+#else
     detail::stamp_if<Word>(turn_, time_, word_);
+#endif
     turn_ = k_ == prev_;
     asm volatile("" ::"r"(static_cast<unsigned int>(turn_)));
     ++k_;
@@ -1028,9 +1209,13 @@ class Recorder {
   // An entry and its payload entry, staged together: the next lane takes the payload,
   // at the cost of one more compare and two moves, not of a second entry's count and
   // group test. When the entry fills the group, the payload starts the next one.
-  template <unsigned int Word>
+  template <unsigned int Word, unsigned int Closed = Word & 0xFFFFu>
   __device__ __forceinline__ void stage_with(unsigned int payload) {
     const bool fills = k_ >= last2_;
+#if TGPU_WATCH
+    const unsigned int rec = watch_next<Word, Closed, true>(payload);
+    detail::watch_stamp_if<Word>(k_ == lane_, k_ == before_, time_, word_, cell_, rec, watch_last_, payload);
+#else
     asm volatile(
         "{\n\t.reg .pred p, q;\n\t"
         "setp.eq.u32 p, %2, %3;\n\t"
@@ -1042,6 +1227,7 @@ class Recorder {
         : "+r"(time_), "+r"(word_)
         : "r"(k_), "r"(lane_), "r"(before_), "r"(payload), "n"(Word), "n"(ENTRY_PAYLOAD << 16)
         : "memory");
+#endif
     turn_ = k_ == prev2_;
     asm volatile("" ::"r"(static_cast<unsigned int>(turn_)));
     k_ += 2;
@@ -1104,6 +1290,9 @@ class Recorder {
     prev_ = lane_ == 0u ? group_ - 1u : before_;  // (last_ there: a silent warp's path +1)
     prev2_ = lane_ >= 2u ? lane_ - 2u : group_ > 1u ? lane_ + group_ - 2u : 0u;
     turn_ = lane_ == 0u;
+#if TGPU_WATCH
+    watch_start(trace, (active & below) == 0u);
+#endif
 #if !TGPU_STREAM
     // A graph node: where its buffer is (the word its replay's prologue wrote), loaded now
     // and used at the first store, long after. Loaded there instead, the load waited on
@@ -1153,14 +1342,14 @@ class Recorder {
   template <class A, class B>
   __device__ __forceinline__ void switch_to() {
     static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
-    stage<word<B, ENTRY_SWITCH>()>();
+    stage<word<B, ENTRY_SWITCH>(), A::id>();
   }
 
   /// Closes A's range with a payload and opens B's.
   template <class A, class B>
   __device__ __forceinline__ void switch_to(unsigned int payload) {
     static_assert(Checks::template has<A>(), "event type not in this Recorder's list");
-    stage_with<word<B, ENTRY_SWITCH>()>(payload);
+    stage_with<word<B, ENTRY_SWITCH>(), A::id>(payload);
   }
 
   /// Records an instant of type T.
@@ -1179,6 +1368,12 @@ class Recorder {
   /// that recorded nothing writes nothing. Later calls, the destructor's included, do
   /// nothing.
   __device__ __forceinline__ void flush() {
+#if TGPU_WATCH
+    // The warp's first lane marks its watch cell done (its lane_ is ~0 while streaming).
+    if (cell_ != 0ull && lane_ == 0xFFFFFFFFu) watch_head(WATCH_MAGIC_DONE);
+    cell_ = 0ull;
+    rec_ = WATCH_OFF;
+#endif
     const unsigned int count = stored_ + k_;
     unsigned long long h;
     unsigned int capacity, slot;

@@ -74,7 +74,57 @@ pub(crate) enum Work {
         /// The threads that read the rings, started by the collector at its
         /// first look (not on the launching thread).
         drain: Option<Drainers>,
+        /// Its watchdog, if any, and the snapshots it has taken.
+        watch: Option<(Watchdog, u32)>,
     },
+}
+
+/// A streamed launch's watchdog (issue #32): once the launch has run `deadline`
+/// without finishing, the collector takes a snapshot of every warp's watch cell
+/// (a kernel built with `TGPU_WATCH=1`), and again every `every` if set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Watchdog {
+    pub deadline: std::time::Duration,
+    pub every: Option<std::time::Duration>,
+}
+
+impl Watchdog {
+    /// The variables that set a profiler's watchdog when its builder does not:
+    /// seconds, fractions allowed.
+    pub(crate) const ENV: &str = "TGPU_WATCHDOG";
+    pub(crate) const ENV_EVERY: &str = "TGPU_WATCHDOG_EVERY";
+
+    /// The watchdog the environment asks for: [`Watchdog::ENV`] and
+    /// [`Watchdog::ENV_EVERY`] read through `var`; an error names a bad value.
+    pub(crate) fn from_env(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Watchdog>, ProfilerError> {
+        let seconds = |name: &str| -> Result<Option<std::time::Duration>, ProfilerError> {
+            let Some(v) = var(name) else { return Ok(None) };
+            v.trim()
+                .parse::<f64>()
+                .ok()
+                .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                .filter(|d| !d.is_zero())
+                .map(Some)
+                .ok_or_else(|| {
+                    ProfilerError::Invalid(format!("{name}={v:?}: expected seconds above zero"))
+                })
+        };
+        let every = seconds(Self::ENV_EVERY)?;
+        Ok(seconds(Self::ENV)?.map(|deadline| Watchdog { deadline, every }))
+    }
+
+    /// The host time (trace clock, ns) of snapshot `n` of a launch made at `launch_ns`;
+    /// `None` once the last one is taken.
+    pub(crate) fn due_ns(&self, launch_ns: u64, n: u32) -> Option<u64> {
+        let first = launch_ns.saturating_add(self.deadline.as_nanos() as u64);
+        match (n, self.every) {
+            (0, _) => Some(first),
+            (_, None) => None,
+            (n, Some(e)) => Some(first.saturating_add(e.as_nanos() as u64 * n as u64)),
+        }
+    }
 }
 
 impl Work {

@@ -42,6 +42,9 @@ pub struct ProfilerStats {
     /// sink, or by plain spans for an unfiltered subscriber): the events the
     /// warps lost meanwhile are among `events_lost`.
     pub stream_stalls: u64,
+    /// Watchdog snapshots taken of streamed launches still running past their
+    /// deadline ([`ProfilerBuilder::watchdog`](crate::cuda::ProfilerBuilder::watchdog)).
+    pub snapshots: u64,
     /// Clock checkpoints taken (the first calibration included).
     pub calibrations: u64,
     /// Recalibrations that failed while a streamed launch ran, after which

@@ -36,7 +36,9 @@ use super::collector::{Archive, Round};
 use super::error::ProfilerError;
 use crate::batch::HostSpan;
 use crate::batch::{Batch, DeviceInfo, DEVICE_TARGET};
-use crate::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch, HOST_SPANS_NOTE};
+use crate::capture::{
+    snapshot_note, CalibrationRound, Capture, CaptureDevice, CaptureLaunch, HOST_SPANS_NOTE,
+};
 use crate::clock::HostClock;
 use crate::registry::EventRegistry;
 
@@ -175,6 +177,10 @@ impl Archive for RecorderArchive {
             // has its launch slices and arrows): from what the launch knows.
             capture.host_spans.push(launch_span(&batch.launch));
         }
+    }
+
+    fn snapshot(&mut self, launch_id: u64, index: u32, text: &str) {
+        self.0.note(snapshot_note(launch_id, index), text);
     }
 
     fn finish(&mut self) -> Result<(), ProfilerError> {

@@ -86,6 +86,40 @@ pub const CHUNK_SM_SHIFT: u16 = 6;
 /// The `%smid` bits of a meta's `info`, shifted down.
 pub const CHUNK_SM_MASK: u16 = 0x1FF;
 
+/// `"WTCH"` read as a little-endian `u32`: a watch cell's head once its warp has started
+/// (`docs/format.md`, "Watch cells").
+pub const WATCH_MAGIC: u32 = u32::from_le_bytes(*b"WTCH");
+/// `"WEND"` read as a little-endian `u32`: a watch cell's head once its warp has flushed.
+pub const WATCH_MAGIC_DONE: u32 = u32::from_le_bytes(*b"WEND");
+/// Size of a watch cell's head and of each of its records.
+pub const WATCH_RECORD_SIZE: usize = 16;
+/// Records per watch cell: one per depth of open ranges, and one above the deepest.
+pub const WATCH_RECORDS: usize = MAX_DEPTH + 1;
+/// Size of one warp's watch cell: the head, then [`WATCH_RECORDS`] records.
+pub const WATCH_CELL_SIZE: usize = WATCH_RECORD_SIZE * (WATCH_RECORDS + 1);
+/// Watch record flags: set in every record, so that a written record is never zero.
+pub const WATCH_MARK: u16 = 0x8000;
+/// The watch record flags' bits that hold the entry's kind (`ENTRY_BEGIN` to `ENTRY_INSTANT`).
+pub const WATCH_KIND_MASK: u16 = 0x7;
+/// Watch record flag: the warp had closed a range (or made an instant) by this entry;
+/// [`watch_offsets::CLOSED_ID`] says which, the latest.
+pub const WATCH_CLOSED: u16 = 0x8;
+/// Watch record flag: that range was closed with a payload, [`watch_offsets::PAYLOAD`].
+pub const WATCH_PAYLOAD: u16 = 0x10;
+/// Where the watch record flags hold the warp's entry count modulo 1024, which orders
+/// two records stamped at one timer value.
+pub const WATCH_SEQ_SHIFT: u16 = 5;
+/// The entry count's bits of the flags, shifted down.
+pub const WATCH_SEQ_MASK: u16 = 0x3FF;
+
+/// Bytes of a streamed launch's buffer of `slot_count` rings of `capacity` records and,
+/// after them, its watch cells (read only by a kernel built with `TGPU_WATCH=1`), or `None`
+/// on overflow.
+pub fn streamed_buffer_size(slot_count: u32, capacity: u32) -> Option<usize> {
+    buffer_size(slot_count, capacity)?
+        .checked_add((slot_count as usize).checked_mul(WATCH_CELL_SIZE)?)
+}
+
 /// Field offsets of the buffer header, as the header file and `docs/format.md` give them.
 pub mod buffer_offsets {
     /// `u32` magic, [`super::BUFFER_MAGIC`].
@@ -219,6 +253,34 @@ pub mod chunk_offsets {
     pub const STAMP_MID: usize = 252;
     /// `u16` [`super::STREAM_MARK`] | [`super::CHUNK_GAP`] if set | the entry count.
     pub const INFO: usize = 254;
+}
+
+/// Field offsets of a watch cell's head (written by the warp's first lane when it starts
+/// and when it flushes).
+pub mod watch_head_offsets {
+    /// `u32` [`super::WATCH_MAGIC`], [`super::WATCH_MAGIC_DONE`], or zero before the warp starts.
+    pub const MAGIC: usize = 0;
+    /// `u32` `%smid` when written.
+    pub const SM: usize = 4;
+    /// `u64` `%globaltimer` when written.
+    pub const TIME: usize = 8;
+}
+
+/// Field offsets of a watch record (one 16-byte store by the lane that stamped the entry).
+pub mod watch_offsets {
+    /// `u32` bits 0-31 of the entry's `%globaltimer` stamp.
+    pub const TIME_LO: usize = 0;
+    /// `u16` bits 32-47 of the same stamp.
+    pub const TIME_MID: usize = 4;
+    /// `u16` [`super::WATCH_MARK`] | the entry count << [`super::WATCH_SEQ_SHIFT`] |
+    /// [`super::WATCH_PAYLOAD`] | [`super::WATCH_CLOSED`] | the entry's kind.
+    pub const FLAGS: usize = 6;
+    /// `u16` the event the entry opens (a begin, a switch), closes (an end) or marks (an instant).
+    pub const EVENT_ID: usize = 8;
+    /// `u16` the event the warp closed last, this entry included (with [`super::WATCH_CLOSED`]).
+    pub const CLOSED_ID: usize = 10;
+    /// `u32` its payload (with [`super::WATCH_PAYLOAD`]).
+    pub const PAYLOAD: usize = 12;
 }
 
 /// Field offsets of a record.

@@ -339,6 +339,33 @@ impl Visit for HostSpan {
 pub(crate) const JOINS_TRACING_OPENTELEMETRY: &str = "0.34";
 pub(crate) const JOINS_OPENTELEMETRY: &str = "0.33";
 
+/// A watchdog's snapshot of a launch still running (issue #32) marks its launch span,
+/// the event's parent: `gpu.unfinished = true` and the snapshot's text as
+/// `gpu.watchdog`, the latest one if several came.
+fn mark_unfinished<S>(event: &tracing::Event<'_>, ctx: &Context<'_, S>)
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    struct Message(Option<String>);
+    impl Visit for Message {
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+    let Some(span) = event.parent().and_then(|id| ctx.span(id)) else {
+        return;
+    };
+    let mut message = Message(None);
+    event.record(&mut message);
+    let mut extensions = span.extensions_mut();
+    if let Some(host) = extensions.get_mut::<HostSpan>() {
+        host.set(KeyValue::new("gpu.unfinished", true));
+        host.set(KeyValue::new("gpu.watchdog", message.0.unwrap_or_default()));
+    }
+}
+
 /// Crates whose spans are never exported: the exporter's own, whose spans
 /// would feed it its own traffic, and the per-event fallback.
 pub(crate) fn ignored_target(target: &str) -> bool {
@@ -371,7 +398,10 @@ where
         unsafe { self.sink.downcast_raw(self, id) }
     }
 
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        if event.metadata().target() == crate::watch::TARGET {
+            mark_unfinished(event, &ctx);
+        }
         // The batch's gate (deliver.rs): our filters let it through.
         self.sink.on_event(event);
     }

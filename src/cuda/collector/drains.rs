@@ -97,6 +97,7 @@ impl Worker {
             place,
             arena,
             drain,
+            ..
         } = work
         else {
             unreachable!("only streamed launches come here")

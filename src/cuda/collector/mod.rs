@@ -46,6 +46,7 @@ mod pass;
 mod ports;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 pub(crate) use ports::{Archive, Recalibrate, Recalibration, Round};
 

@@ -67,6 +67,7 @@ impl Worker {
         for (job, o) in pending.iter_mut().zip(outcome.iter().chain(unknown)) {
             if o.is_none() && matches!(job.work, Work::Streamed { .. }) {
                 read |= self.drain_running(job);
+                self.watch_running(job);
             }
         }
         if outcome.iter().all(Option::is_none) {

@@ -36,6 +36,8 @@ pub(crate) trait Archive: Send {
     fn calibration(&mut self, device: &DeviceInfo, round: &Round);
     /// Takes one batch.
     fn record(&mut self, batch: &Batch);
+    /// Takes the text of a watchdog's snapshot `index` of launch `launch_id`.
+    fn snapshot(&mut self, launch_id: u64, index: u32, text: &str);
     /// Writes everything out.
     fn finish(&mut self) -> Result<(), ProfilerError>;
 }

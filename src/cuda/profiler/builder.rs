@@ -14,6 +14,7 @@ use crate::cuda::compile::ensure_libraries;
 use crate::cuda::device::{allocate, device_info, Arena, CudaDevice, Events, Kind};
 use crate::cuda::drain::{DrainConfig, DrainThreads, BACKLOG_BYTES};
 use crate::cuda::error::ProfilerError;
+use crate::cuda::job::Watchdog;
 use crate::cuda::ledger::Ledger;
 use crate::cuda::recorder::CaptureRecorder;
 use crate::format;
@@ -203,6 +204,34 @@ impl ProfilerBuilder {
         self
     }
 
+    /// A watchdog for streamed launches (issue #32): a streamed launch still running
+    /// `deadline` after its launch call gets a snapshot of every warp of its grid, what
+    /// each is in, with the payload it closed last, and since when, grouped so that the
+    /// stuck ones stand out, as one ERROR event (target `tracing_gpu::watchdog`) under
+    /// its launch span. The kernel must be built with `TGPU_WATCH=1`, which publishes
+    /// each entry as it is stamped; a kernel built without it shows every block as not
+    /// started. Off by default; the variable `TGPU_WATCHDOG` (seconds) sets it when
+    /// this is not called, and [`Streaming::watchdog`](super::Streaming::watchdog) per
+    /// launch. The collector thread reads the mapped watch cells: no driver call, and
+    /// nothing on the launch path.
+    pub fn watchdog(mut self, deadline: Duration) -> Self {
+        let every = self.stream.watchdog.and_then(|w| w.every);
+        self.stream.watchdog = Some(Watchdog { deadline, every });
+        self
+    }
+
+    /// After the watchdog's first snapshot, another every `every` while the launch
+    /// runs: a live view of a persistent kernel (`TGPU_WATCHDOG_EVERY`, seconds, when
+    /// not called). Needs [`ProfilerBuilder::watchdog`] (or `TGPU_WATCHDOG`).
+    pub fn watchdog_every(mut self, every: Duration) -> Self {
+        let deadline = self.stream.watchdog.map(|w| w.deadline);
+        self.stream.watchdog = Some(Watchdog {
+            deadline: deadline.unwrap_or(Duration::ZERO),
+            every: Some(every),
+        });
+        self
+    }
+
     /// Checks the libraries and the device, calibrates the clock, and starts the
     /// collector thread.
     pub fn build(mut self) -> Result<Profiler, ProfilerError> {
@@ -224,6 +253,7 @@ impl ProfilerBuilder {
                 format::TRACE_INDIRECT - 1
             )));
         }
+        self.stream.watchdog = self.watchdog_setting(|name| std::env::var(name).ok())?;
         self.stream.check()?;
         let mut registry = EventRegistry::new();
         for r in &self.registries {
@@ -311,6 +341,31 @@ impl ProfilerBuilder {
             stream_settings: self.stream,
             streaming: MappedArena::default(),
         })
+    }
+}
+
+impl ProfilerBuilder {
+    /// The watchdog: the builder's, with what it did not set taken from the
+    /// environment (`var`); refused if it has a period but no deadline.
+    pub(super) fn watchdog_setting(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Watchdog>, ProfilerError> {
+        let env = Watchdog::from_env(&var)?;
+        let set = self.stream.watchdog;
+        let every = set.and_then(|w| w.every).or(env.and_then(|w| w.every));
+        let deadline = set
+            .map(|w| w.deadline)
+            .filter(|d| !d.is_zero())
+            .or(env.map(|w| w.deadline));
+        match (deadline, every) {
+            (Some(deadline), every) => Ok(Some(Watchdog { deadline, every })),
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ProfilerError::Invalid(
+                "watchdog_every needs a watchdog deadline (ProfilerBuilder::watchdog or TGPU_WATCHDOG)"
+                    .into(),
+            )),
+        }
     }
 }
 

@@ -11,6 +11,8 @@ use parking_lot::Mutex;
 use crate::cuda::device::{Arena, Memory};
 use crate::cuda::drain::CHUNK_RECORDS;
 use crate::cuda::error::ProfilerError;
+use crate::cuda::job::Watchdog;
+use crate::format::WATCH_CELL_SIZE;
 
 /// Default size of the streaming arena: 256 MiB of pinned host memory, mapped
 /// into the device (no device memory), allocated at the first streamed launch.
@@ -35,6 +37,8 @@ pub(crate) struct RingSettings {
     pub(crate) interval: Duration,
     /// Threads reading a launch's rings; `None`: [`DrainThreads::by_cores`].
     pub(crate) drain_threads: Option<usize>,
+    /// The launches' watchdog, unless a launch sets its own.
+    pub(crate) watchdog: Option<Watchdog>,
 }
 
 impl Default for RingSettings {
@@ -44,6 +48,7 @@ impl Default for RingSettings {
             capacity: None,
             interval: DEFAULT_STREAM_INTERVAL,
             drain_threads: None,
+            watchdog: None,
         }
     }
 }
@@ -69,7 +74,8 @@ impl RingSettings {
     pub(crate) fn capacity_for(&self, slots: u64) -> u32 {
         self.capacity.unwrap_or_else(|| {
             let per_warp = (self.memory as u64 / 2).saturating_sub(64) / slots.max(1);
-            let records = per_warp.saturating_sub(64) / 16;
+            // A ring's slot header and the warp's watch cell, then its records.
+            let records = per_warp.saturating_sub(64 + WATCH_CELL_SIZE as u64) / 16;
             let fit = if records == 0 {
                 1
             } else {

@@ -35,7 +35,7 @@ use crate::cuda::device::allocate_mapped;
 use crate::cuda::device::Arena;
 use crate::cuda::device::{Place, Shape};
 use crate::cuda::error::ProfilerError;
-use crate::cuda::job::Work;
+use crate::cuda::job::{Watchdog, Work};
 use crate::cuda::profiler::{Profiler, ProfilerBuilder};
 use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 
@@ -88,7 +88,10 @@ impl Profiler {
     /// makes the launch as `gpu_profile!(profiler, ..)` does, but its records
     /// reach the subscriber while it runs, in parts (see the module docs).
     pub fn streamed(&self) -> Streaming<'_> {
-        Streaming { profiler: self }
+        Streaming {
+            profiler: self,
+            watchdog: self.stream_settings.watchdog,
+        }
     }
 }
 
@@ -96,9 +99,25 @@ impl Profiler {
 #[derive(Debug, Clone, Copy)]
 pub struct Streaming<'a> {
     profiler: &'a Profiler,
+    watchdog: Option<Watchdog>,
 }
 
 impl Streaming<'_> {
+    /// This launch's watchdog deadline, in place of the profiler's
+    /// ([`ProfilerBuilder::watchdog`]; its period stays): a snapshot of every warp if
+    /// the launch is still running `deadline` after its launch call.
+    pub fn watchdog(mut self, deadline: Duration) -> Self {
+        let every = self.watchdog.and_then(|w| w.every);
+        self.watchdog = Some(Watchdog { deadline, every });
+        self
+    }
+
+    /// No watchdog for this launch.
+    pub fn without_watchdog(mut self) -> Self {
+        self.watchdog = None;
+        self
+    }
+
     /// The profiled GPU.
     pub fn device(&self) -> &Arc<DeviceInfo> {
         self.profiler.device()
@@ -126,7 +145,16 @@ impl Streaming<'_> {
         let settings = p.stream_settings;
         let warps = Shape::of(&cfg, MIN_RING, usize::MAX)?.slots;
         let capacity = settings.capacity_for(warps as u64);
-        let shape = Shape::of(&cfg, capacity, settings.memory)?;
+        let mut shape = Shape::of(&cfg, capacity, settings.memory)?;
+        // The warps' watch cells follow the rings (read only by a TGPU_WATCH=1 kernel).
+        shape.bytes = format::streamed_buffer_size(shape.slots, capacity)
+            .filter(|&b| b <= settings.memory)
+            .ok_or(ProfilerError::BufferTooLarge {
+                needed: shape.bytes as u128 + shape.slots as u128 * format::WATCH_CELL_SIZE as u128,
+                slots: shape.slots as u64,
+                capacity,
+                limit: settings.memory,
+            })?;
         p.ctx.bind_to_thread()?;
         if !stream.cu_stream().is_null() {
             // SAFETY: the stream is live (borrowed) and its context is bound.
@@ -176,6 +204,7 @@ impl Streaming<'_> {
                 place: Place { memory, region },
                 arena,
                 drain: None,
+                watch: self.watchdog.map(|w| (w, 0)),
             },
         )
     }

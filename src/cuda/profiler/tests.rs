@@ -45,3 +45,62 @@ fn launch_ids_are_unique_across_threads() {
     let set: std::collections::HashSet<_> = ids.iter().collect();
     assert_eq!(set.len(), ids.len());
 }
+
+#[test]
+fn the_watchdog_takes_from_the_environment_what_the_builder_left_unset() {
+    use crate::cuda::job::Watchdog;
+    use std::time::Duration;
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let s = Duration::from_secs;
+    let none = env(&[]);
+    assert_eq!(Profiler::builder().watchdog_setting(none).unwrap(), None);
+    let set = Profiler::builder().watchdog(s(3));
+    assert_eq!(
+        set.clone().watchdog_setting(none).unwrap(),
+        Some(Watchdog {
+            deadline: s(3),
+            every: None
+        })
+    );
+    // The builder's deadline wins; the period comes from the environment.
+    let both = env(&[(Watchdog::ENV, "9"), (Watchdog::ENV_EVERY, "1")]);
+    assert_eq!(
+        set.clone().watchdog_setting(both).unwrap(),
+        Some(Watchdog {
+            deadline: s(3),
+            every: Some(s(1))
+        })
+    );
+    // Either order of the two calls.
+    let every_first = Profiler::builder().watchdog_every(s(2)).watchdog(s(5));
+    assert_eq!(
+        every_first.watchdog_setting(none).unwrap(),
+        Some(Watchdog {
+            deadline: s(5),
+            every: Some(s(2))
+        })
+    );
+    // A period alone, with no deadline anywhere, is refused.
+    let e = Profiler::builder()
+        .watchdog_every(s(1))
+        .watchdog_setting(none)
+        .unwrap_err();
+    assert!(e.to_string().contains("needs a watchdog deadline"), "{e}");
+    assert_eq!(
+        Profiler::builder()
+            .watchdog_every(s(1))
+            .watchdog_setting(env(&[(Watchdog::ENV, "2")]))
+            .unwrap(),
+        Some(Watchdog {
+            deadline: s(2),
+            every: Some(s(1))
+        })
+    );
+}

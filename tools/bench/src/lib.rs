@@ -13,6 +13,7 @@
 //! | `graph_replay` | a CUDA graph of 100 short kernels replayed 1,000 times, gate off, null trace and `Profiler::launch_graph` |
 //! | `user_kernel` | a kernel from a user's own folder, compiled and profiled as the README shows (`scripts/ncu-check.sh`) |
 //! | `causality` | every device event between its launch call (or graph replay) and the synchronize after it |
+//! | `stream` | a persistent kernel streamed while it runs, against fixed slots and the gate off; `watch`: with watch mode and a snapshot every second |
 
 pub mod cli;
 pub mod decode;
@@ -26,6 +27,7 @@ pub mod kernels;
 pub mod probe;
 pub mod quickstart_off;
 pub mod short;
+pub mod snapshots;
 pub mod stats;
 pub mod trace;
 

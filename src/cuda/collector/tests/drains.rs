@@ -9,6 +9,7 @@ use super::*;
 use crate::batch::Part;
 use crate::cuda::device::Shape;
 use crate::cuda::drain::CHUNK_RECORDS;
+use crate::cuda::job::Watchdog;
 use crate::deliver::SinkLayer;
 use crate::format::{
     slot_stream_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
@@ -126,6 +127,19 @@ impl Warp {
 /// chunks, handed to `rig`'s collector with an event not yet fired. Returns
 /// the warps to write with, and the event.
 pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>, u64) {
+    let (warps, event, _) = watched_launch(rig, blocks, chunks, paced, None);
+    (warps, event)
+}
+
+/// `stream_launch` with a watchdog; also returns the memory and the byte offset of
+/// the launch's watch cells.
+pub(super) fn watched_launch(
+    rig: &Rig,
+    blocks: u32,
+    chunks: u32,
+    paced: bool,
+    watch: Option<Watchdog>,
+) -> (Vec<Warp>, u64, (Arc<Memory>, usize)) {
     let capacity = chunks * CHUNK_RECORDS;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -133,11 +147,14 @@ pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) ->
         shared_mem_bytes: 0,
     };
     let shape = Shape::of(&cfg, capacity, 1 << 30).unwrap();
+    // The rings and the watch cells, as the profiler sizes them.
+    let bytes = crate::format::streamed_buffer_size(shape.slots, capacity).unwrap();
     // Room for the region, rounded up to the arena's alignment.
-    let len = shape.bytes.next_multiple_of(ALIGN);
+    let len = bytes.next_multiple_of(ALIGN);
     let memory = rig.gpu.allocate(Kind::Mapped, len);
     let arena = Arc::new(Arena::new(len));
-    let region = arena.alloc(shape.bytes, None).unwrap();
+    let region = arena.alloc(bytes, None).unwrap();
+    let cells = (memory.clone(), region.offset + shape.bytes);
     rig.shared.count_launch(false);
     let launch_id = crate::cuda::__private::next_launch_id();
     let header = crate::format::BufferHeader {
@@ -177,6 +194,7 @@ pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) ->
             block: header.block,
             parent: span.id(),
             host_thread: "main".into(),
+            host_launch_ns: HostClock::Boottime.now_ns(),
             ..Default::default()
         },
         dispatch: tracing::dispatcher::get_default(|d| d.clone()),
@@ -192,9 +210,10 @@ pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) ->
             place: Place { memory, region },
             arena,
             drain: None,
+            watch: watch.map(|w| (w, 0)),
         },
     });
-    (warps, event)
+    (warps, event, cells)
 }
 
 /// Each warp, on a thread of its own, writes 120 ranges from `t0` (pausing

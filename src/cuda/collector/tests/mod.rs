@@ -764,3 +764,4 @@ mod drains;
 mod graphs;
 mod losses;
 mod passes;
+mod watchdog;

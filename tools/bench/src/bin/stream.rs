@@ -5,7 +5,8 @@
 //! ```sh
 //! cargo build --release -p tracing-gpu-bench --bin stream
 //! target/release/stream [--seconds 10] [--every 8] [--work 64] [--warps 4]
-//!                       [--modes off,fixed,memory,perfetto] [--json PATH]
+//!                       [--modes off,fixed,memory,watch,perfetto] [--json PATH]
+//!                       [--watch-every 1.0]
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
 //!                       [--drain-threads N] [--unfiltered] [--capacity R --memory-limit B]
 //!                       [--walkers N]
@@ -21,6 +22,13 @@
 //! - `memory`: streamed (`Profiler::streamed`), delivered to an in-memory sink that
 //!   counts events, walking every one on `--walkers` threads of its own (4; 0: on the
 //!   collector's thread, which then bounds the rate delivered at about one core's walk);
+//! - `watch`: as `memory`, the kernel built with `TGPU_WATCH=1` (issue #32) and the
+//!   profiler's watchdog taking a snapshot every `--watch-every` seconds from the
+//!   first: the run fails unless a snapshot came each period, and each names only the
+//!   phases the kernel can be in (a producer in load or between ranges, after load or
+//!   issue; a consumer in wait, after mma or nothing yet, or in mma, after wait), for at
+//!   most every warp of the grid; its slowdown against `memory` is what watch mode costs
+//!   beyond recording;
 //! - `perfetto`: streamed into a Perfetto file on local disk (a temporary folder).
 //!
 //! Per mode: the kernel's time (CUDA events around the kernel, inside the profiled
@@ -75,6 +83,7 @@ use tracing_gpu::format::KernelArg;
 use tracing_gpu::perfetto::PerfettoLayer;
 use tracing_gpu_bench::kernels::STREAM;
 use tracing_gpu_bench::probe::{self, Probe};
+use tracing_gpu_bench::snapshots::{self, Snapshots};
 use tracing_gpu_bench::{cli, device, device::Timer};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -122,13 +131,16 @@ struct Options {
     /// Milliseconds between two parts.
     #[arg(long, default_value_t = 100)]
     interval_ms: u64,
-    /// Modes to run, in order: off, fixed, memory, perfetto.
+    /// Modes to run, in order: off, fixed, memory, watch, perfetto.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "off,fixed,memory,perfetto"
+        default_value = "off,fixed,memory,watch,perfetto"
     )]
     modes: Vec<String>,
+    /// Seconds between the watchdog's snapshots in `watch` (the first at this deadline).
+    #[arg(long, default_value_t = 1.0)]
+    watch_every: f64,
     /// Also write every figure as JSON lines here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -368,8 +380,11 @@ impl Kernel {
         }
         // Only the streamed modes carry the streaming code: fixed slots are timed with
         // the recorder a kernel gets by default.
-        if mode == "memory" || mode == "perfetto" {
+        if mode == "memory" || mode == "perfetto" || mode == "watch" {
             build = build.define("TGPU_STREAM=1");
+        }
+        if mode == "watch" {
+            build = build.define("TGPU_WATCH=1");
         }
         let module = ctx.load_module(compile(STREAM, &build)?)?;
         let sms = device::sm_count(ctx)?;
@@ -436,6 +451,8 @@ struct Figures {
     peak_rss: Option<u64>,
     /// `--probe`'s JSON object.
     probe: Option<String>,
+    /// The watchdog's snapshots (`watch`): their text, and seconds after the launch.
+    snapshots: Vec<(String, f64)>,
 }
 
 /// `--probe`: the probes, `--probe-at` after the launch; prints them, returns the JSON.
@@ -482,6 +499,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             cpu: Cpu::default(),
             peak_rss: peak_rss(),
             probe,
+            snapshots: Vec::new(),
         });
     }
     let count = Arc::new(Count::default());
@@ -495,7 +513,9 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         }
         _ => (None, None),
     };
+    let snapshots = Snapshots::default();
     let layers = tracing_subscriber::registry()
+        .with(snapshots.clone())
         .with(perfetto)
         .with(SinkLayer::new(CountSink::new(count.clone(), o.walkers)?)?);
     let dispatch = match o.unfiltered {
@@ -509,6 +529,10 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
     }
     if let Some(n) = o.drain_threads {
         builder = builder.stream_drain_threads(n);
+    }
+    if mode == "watch" {
+        let every = Duration::from_secs_f64(o.watch_every);
+        builder = builder.watchdog(every).watchdog_every(every);
     }
     let profiler = builder
         .context(ctx.clone())
@@ -528,8 +552,8 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         true => Some(Probe::prepare(ctx)?),
         false => None,
     };
+    let launched = Instant::now();
     let (ran, cpu) = profiler_cpu(|| -> Result<(f64, f64, u64, u64, Option<String>, _)> {
-        let launched = Instant::now();
         let launched_ns = now_ns();
         // The timer starts inside the profiled call, right before the kernel: the
         // first streamed launch's setup (its arena of pinned memory, allocated and
@@ -593,6 +617,12 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
     }
     let last = count.last_ns.load(Ordering::Relaxed);
     let (lag_quarters_ms, lag_ms) = count.lags(launched_ns, done_ns);
+    let snapshots: Vec<(String, f64)> = snapshots
+        .0
+        .lock()
+        .iter()
+        .map(|(t, at)| (t.clone(), at.duration_since(launched).as_secs_f64()))
+        .collect();
     Ok(Figures {
         mode: mode.into(),
         seen: count.events.load(Ordering::Relaxed),
@@ -606,7 +636,56 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
         cpu,
         peak_rss: peak_rss(),
         probe,
+        snapshots,
     })
+}
+
+/// `watch`: whether a snapshot came each period of the kernel's run and each names only
+/// the phases stream.cu's warps can be in, for at most `warps` warps; prints what fails.
+fn snapshots_hold(f: &Figures, o: &Options, warps: u64) -> bool {
+    let due = (f.kernel_s / o.watch_every).floor() as usize;
+    // (A snapshot taken as the kernel ends may find every warp done.)
+    let running = f
+        .snapshots
+        .iter()
+        .any(|(t, _)| !snapshots::groups(t).0.is_empty());
+    let mut ok = f.snapshots.len() + 1 >= due && running;
+    if !ok {
+        println!(
+            "  FAIL: {} snapshots in {:.1} s, one each {} s",
+            f.snapshots.len(),
+            f.kernel_s,
+            o.watch_every
+        );
+    }
+    for (text, at) in &f.snapshots {
+        let (lines, more) = snapshots::groups(text);
+        let seen = lines.iter().map(|l| l.warps).sum::<u64>() + more;
+        fn last(l: &snapshots::GroupLine) -> Option<&str> {
+            l.last.as_ref().map(|(n, _)| n.as_str())
+        }
+        let bad: Vec<_> = lines
+            .iter()
+            .filter(|l| {
+                let open: Vec<&str> = l.open.iter().map(String::as_str).collect();
+                !matches!(
+                    (open.as_slice(), last(l)),
+                    ([] | ["load"], Some("load" | "issue"))
+                        | (["load"], None)
+                        | (["wait"], Some("mma") | None)
+                        | (["mma"], Some("wait"))
+                )
+            })
+            .collect();
+        if seen > warps || !bad.is_empty() {
+            println!("  FAIL: the snapshot at {at:.2} s ({seen} warps of {warps}; not the kernel's: {bad:?}):\n{text}");
+            ok = false;
+        }
+    }
+    if let Some((text, at)) = f.snapshots.first() {
+        println!("  first snapshot, {at:.2} s after the launch:\n{text}");
+    }
+    ok
 }
 
 /// The process's peak resident memory since the mode began (`VmHWM`), in bytes.
@@ -646,10 +725,11 @@ fn run(o: &Options) -> Result<bool> {
     );
     let mut off_s = None;
     let mut fixed_s = None;
+    let mut memory_s = None;
     let mut ok = true;
     let mut json = String::new();
     for mode in &o.modes {
-        if !["off", "fixed", "memory", "perfetto"].contains(&mode.as_str()) {
+        if !["off", "fixed", "memory", "watch", "perfetto"].contains(&mode.as_str()) {
             return Err(format!("unknown mode {mode}").into());
         }
         let f = run_mode(mode, &ctx, iters, o)?;
@@ -660,10 +740,13 @@ fn run(o: &Options) -> Result<bool> {
         if mode == "fixed" {
             fixed_s = Some(f.kernel_s);
         }
+        if mode == "memory" {
+            memory_s = Some(f.kernel_s);
+        }
         let slow = |base: Option<f64>| base.map_or(f64::NAN, |b| (f.kernel_s / b - 1.0) * 100.0);
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
-            "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed)  launch call {:.1} ms  produced {}  delivered {}  lost {}  \
+            "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed, {:+.2}% vs memory)  launch call {:.1} ms  produced {}  delivered {}  lost {}  \
              (drain stalls {})  parts {}  checkpoints {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
              (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
@@ -671,6 +754,7 @@ fn run(o: &Options) -> Result<bool> {
             f.kernel_s,
             slow(off_s),
             slow(fixed_s),
+            slow(memory_s),
             f.call_s * 1e3,
             f.produced,
             st.events,
@@ -735,6 +819,10 @@ fn run(o: &Options) -> Result<bool> {
                 st.failed
             );
             ok = false;
+        }
+        if mode == "watch" {
+            let grid = device::sm_count(&ctx)? as u64 * o.warps as u64;
+            ok &= snapshots_hold(&f, o, grid);
         }
     }
     if let Some(p) = &o.json {

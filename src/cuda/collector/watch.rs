@@ -1,0 +1,84 @@
+//! The watchdog's step (issue #32): a running streamed launch past its deadline
+//! gets a snapshot of its warps' watch cells, read in place in mapped memory
+//! (no driver call), told as one ERROR event under its launch span; again every
+//! period if one is set.
+
+use super::Worker;
+use crate::clock::HostClock;
+use crate::cuda::device::Memory;
+use crate::cuda::job::{Job, Work};
+use crate::format::buffer_size;
+use crate::watch::{Cells, Snapshot, Words, TARGET};
+
+impl Words for Memory {
+    fn word(&self, offset: usize) -> u64 {
+        self.load_u64(offset)
+    }
+}
+
+impl Worker {
+    /// Takes the snapshot a running streamed launch is due, if any.
+    pub(super) fn watch_running(&mut self, job: &mut Job) {
+        let launch_ns = job.launch.host_launch_ns;
+        let Work::Streamed {
+            header,
+            place,
+            watch: Some((dog, taken)),
+            ..
+        } = &mut job.work
+        else {
+            return;
+        };
+        let now = HostClock::Boottime.now_ns();
+        if dog.due_ns(launch_ns, *taken).is_none_or(|due| now < due) {
+            return;
+        }
+        let Some(rings) = buffer_size(header.slot_count, header.slot_capacity) else {
+            return;
+        };
+        let cells = Cells {
+            at: place.region.offset + rings,
+            slots: header.slot_count,
+        };
+        let snapshot = Snapshot {
+            launch_id: job.launch.launch_id,
+            kernel: job.launch.kernel.to_string(),
+            grid: job.launch.grid,
+            warps_per_block: header.warps_per_block,
+            now_ns: self.device_now(now),
+            running_ns: now.saturating_sub(launch_ns),
+            index: *taken,
+            warps: cells.read(&*place.memory),
+        };
+        *taken += 1;
+        self.shared.state.lock().stats.snapshots += 1;
+        let text = snapshot.text(&self.registry);
+        if let Some(a) = self.archive.as_mut() {
+            a.snapshot(snapshot.launch_id, snapshot.index, &text);
+        }
+        let running = snapshot
+            .warps
+            .iter()
+            .filter(|w| w.since_ns().is_some())
+            .count();
+        let (id, kernel, index) = (snapshot.launch_id, &snapshot.kernel, snapshot.index);
+        let parent = job.span.id();
+        tracing::dispatcher::with_default(&job.dispatch, || {
+            tracing::error!(
+                target: TARGET,
+                parent: parent,
+                { gpu.launch_id = id, gpu.kernel = %kernel, gpu.snapshot = index, gpu.warps_running = running },
+                "{}",
+                text
+            );
+        });
+    }
+
+    /// The device time at host time `host_ns` (trace clock): the latest
+    /// checkpoint's mapping, run backwards (its drift over a watchdog's seconds
+    /// is far below what a snapshot tells).
+    fn device_now(&self, host_ns: u64) -> u64 {
+        let (device, host) = self.calibration.latest().map.anchor();
+        (device as i128 + host_ns as i128 - host as i128).max(0) as u64
+    }
+}

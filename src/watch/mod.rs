@@ -1,0 +1,19 @@
+//! Where every warp of a running launch is: the watch cells of a streamed launch
+//! whose kernel was built with `TGPU_WATCH=1` (docs/format.md, "Watch cells"),
+//! read while it runs (`cell.rs`) into a [`Snapshot`] (`snapshot.rs`), grouped by what the
+//! warps are doing, so that the stuck ones stand out, and told as text
+//! (`summary.rs`). Nothing here knows CUDA: the profiler's watchdog reads mapped
+//! memory through [`Words`], the tests a byte buffer.
+
+mod cell;
+mod snapshot;
+mod summary;
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub(crate) use cell::{Cells, Words};
+pub(crate) use snapshot::Snapshot;
+
+/// The target of the watchdog's events (an ERROR event per snapshot, under the
+/// launch span); the OTLP layer marks that span unfinished when it sees one.
+pub(crate) const TARGET: &str = "tracing_gpu::watchdog";
