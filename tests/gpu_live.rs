@@ -432,6 +432,7 @@ extern "C" __global__ void losses(unsigned* made TGPU_TRACE_PARAM) {
                 },
                 capacity,
                 slot_count: warps,
+                ..KernelArg::default()
             };
             // SAFETY: `made` holds a word per warp; the buffer has a slot per warp.
             unsafe {
@@ -453,6 +454,7 @@ extern "C" __global__ void losses(unsigned* made TGPU_TRACE_PARAM) {
                 grid: [blocks, 1, 1],
                 block: [threads, 1, 1],
                 flags: 0,
+                sampling: Default::default(),
             }
             .write_to(&mut bytes[..wire::BUFFER_HEADER_SIZE]);
             let decoded = Buffer::decode(&bytes, None)

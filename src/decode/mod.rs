@@ -23,8 +23,9 @@ use std::fmt;
 
 use crate::format::{
     self, buffer_offsets as bo, slot_offsets as so, BufferHeader, Event, EventKind, Record,
-    SlotHeader, BUFFER_FLAG_PACKED, BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE,
-    PACKED_RECORD_SIZE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION,
+    Sampling, SlotHeader, BUFFER_FLAG_PACKED, BUFFER_FLAG_SAMPLED, BUFFER_HEADER_SIZE,
+    BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE, PACKED_RECORD_SIZE, RECORD_SIZE, SAMPLED_HEADER_SIZE,
+    SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION,
 };
 use crate::registry::EventRegistry;
 
@@ -45,7 +46,7 @@ use v1::{check_v1_slot, read_slot_header, xyz_at};
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Index {
     header: BufferHeader,
-    /// Bytes the buffer occupies (`64 + slot_count × stride`; of a packed buffer,
+    /// Bytes the buffer occupies (`header + slot_count × stride`; of a packed buffer,
     /// its slots' sizes; of a sparse one, its header and its flushed slots cut
     /// after what they hold).
     size: usize,
@@ -94,9 +95,10 @@ impl Index {
         let capacity = header.slot_capacity;
         let wpb = header.warps_per_block;
         let [gx, gy, gz] = header.grid;
-        // Up to 2¹²⁸ warps in principle; slot indices are u32, so saturate.
-        let warps =
-            u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
+        // The slots the grid has: one per warp, or per sampled warp. Up to 2¹²⁸
+        // blocks in principle; slot indices are u32, so saturate.
+        let blocks = u64::try_from(gx as u128 * gy as u128 * gz as u128).unwrap_or(u64::MAX);
+        let warps = header.sampling.slots(blocks, wpb);
         let magic = u32_at(slot, so::MAGIC);
         if magic != SLOT_MAGIC && magic != SLOT_MAGIC_V2 {
             return Err(DecodeError::BadSlotMagic {
@@ -104,19 +106,20 @@ impl Index {
                 found: magic,
             });
         }
-        // wpb ≥ 1 and gx, gy ≥ 1: read_buffer_header refused empty launches.
-        let bl = i / wpb;
+        if i as u64 >= warps {
+            return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
+        }
+        // Inside the grid (above), so placed; gx, gy ≥ 1: read_buffer_header refused
+        // empty launches.
+        let (bl, warp) = header.place(i).unwrap_or_default();
         let xyz = [bl % gx, bl / gx % gy, bl / gx / gy];
         let h = if magic == SLOT_MAGIC_V2 {
-            if i as u64 >= warps {
-                return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
-            }
             let at = v2::Place {
                 index: i,
                 capacity,
                 block_linear: bl,
                 block: xyz,
-                warp: i % wpb,
+                warp,
             };
             let h = match registry {
                 Some(reg) => v2::check(slot, &at, |id| reg.contains(id))?,
@@ -126,13 +129,7 @@ impl Index {
             h
         } else {
             let h = read_slot_header(slot);
-            check_v1_slot(
-                i,
-                &h,
-                capacity,
-                warps,
-                [bl, xyz[0], xyz[1], xyz[2], i % wpb],
-            )?;
+            check_v1_slot(i, &h, capacity, [bl, xyz[0], xyz[1], xyz[2], warp])?;
             let records = &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + h.record_count as usize * 16];
             match registry {
                 Some(reg) => check_records(i, &h, records, |id| reg.contains(id))?,
@@ -210,18 +207,28 @@ fn read_buffer_header(bytes: &[u8], len: usize) -> Result<(BufferHeader, usize),
             })
         }
     };
-    exact("header_size", bo::HEADER_SIZE, BUFFER_HEADER_SIZE, false)?;
+    let flags = u32_at(b, bo::FLAGS);
+    let packed = flags & BUFFER_FLAG_PACKED != 0;
+    let sampled = flags & BUFFER_FLAG_SAMPLED != 0;
+    if flags & !(BUFFER_FLAG_PACKED | BUFFER_FLAG_SAMPLED) != 0 {
+        exact(
+            "flags",
+            bo::FLAGS,
+            (flags & BUFFER_FLAG_PACKED) as usize,
+            true,
+        )?;
+    }
+    let header_size = match sampled {
+        true => SAMPLED_HEADER_SIZE,
+        false => BUFFER_HEADER_SIZE,
+    };
+    exact("header_size", bo::HEADER_SIZE, header_size, false)?;
     exact(
         "slot_header_size",
         bo::SLOT_HEADER_SIZE,
         SLOT_HEADER_SIZE,
         false,
     )?;
-    let flags = u32_at(b, bo::FLAGS);
-    let packed = flags == BUFFER_FLAG_PACKED;
-    if !packed {
-        exact("flags", bo::FLAGS, 0, true)?;
-    }
     let record_size = if packed {
         PACKED_RECORD_SIZE
     } else {
@@ -229,6 +236,10 @@ fn read_buffer_header(bytes: &[u8], len: usize) -> Result<(BufferHeader, usize),
     };
     exact("record_size", bo::RECORD_SIZE, record_size, false)?;
     exact("reserved", bo::RESERVED, 0, true)?;
+    let sampling = match sampled {
+        true => read_sampling(bytes)?,
+        false => Sampling::default(),
+    };
     let header = BufferHeader {
         version,
         slot_capacity: u32_at(b, bo::SLOT_CAPACITY),
@@ -237,7 +248,8 @@ fn read_buffer_header(bytes: &[u8], len: usize) -> Result<(BufferHeader, usize),
         launch_id: u64_at(b, bo::LAUNCH_ID),
         grid: xyz_at(b, bo::GRID),
         block: xyz_at(b, bo::BLOCK),
-        flags,
+        flags: flags & !BUFFER_FLAG_SAMPLED,
+        sampling,
     };
     if header.grid.contains(&0) || header.block.contains(&0) {
         return Err(DecodeError::EmptyLaunch {
@@ -257,14 +269,12 @@ fn read_buffer_header(bytes: &[u8], len: usize) -> Result<(BufferHeader, usize),
     }
     if packed {
         // Its slots' sizes are in their headers: packed::walk finds its size.
-        return Ok((header, BUFFER_HEADER_SIZE));
+        return Ok((header, header_size));
     }
-    let size = format::buffer_size(header.slot_count, header.slot_capacity).ok_or(
-        DecodeError::SizeOverflow {
-            slot_count: header.slot_count,
-            capacity: header.slot_capacity,
-        },
-    )?;
+    let size = header.buffer_size().ok_or(DecodeError::SizeOverflow {
+        slot_count: header.slot_count,
+        capacity: header.slot_capacity,
+    })?;
     if len < size {
         return Err(DecodeError::Truncated {
             len,
@@ -272,6 +282,43 @@ fn read_buffer_header(bytes: &[u8], len: usize) -> Result<(BufferHeader, usize),
         });
     }
     Ok((header, size))
+}
+
+/// A sampled buffer's sampling, after its first 64 bytes: what it says must be
+/// sampling (a buffer of every warp is not flagged sampled), and the rest of
+/// its 64 bytes zero.
+fn read_sampling(bytes: &[u8]) -> Result<Sampling, DecodeError> {
+    use format::sampling_offsets as o;
+    if bytes.len() < SAMPLED_HEADER_SIZE {
+        return Err(DecodeError::Truncated {
+            len: bytes.len(),
+            needed: SAMPLED_HEADER_SIZE as u64,
+        });
+    }
+    let sampling = Sampling {
+        warp_mask: u32_at(bytes, o::WARP_MASK),
+        block_stride: u32_at(bytes, o::BLOCK_STRIDE),
+        block_offset: u32_at(bytes, o::BLOCK_OFFSET),
+        launch_every: u32_at(bytes, o::LAUNCH_EVERY),
+    };
+    if sampling.is_all() {
+        return Err(DecodeError::BadHeaderField {
+            field: "sampling",
+            found: 0,
+            expected: 1,
+        });
+    }
+    if let Some(k) = bytes[o::RESERVED..SAMPLED_HEADER_SIZE]
+        .iter()
+        .position(|&x| x != 0)
+    {
+        return Err(DecodeError::BadHeaderField {
+            field: "sampling reserved",
+            found: (o::RESERVED + k) as u64,
+            expected: 0,
+        });
+    }
+    Ok(sampling)
 }
 
 /// Offset of the first non-zero 16-byte group of `b` (a multiple of 16 long).
@@ -312,7 +359,7 @@ impl<'a> Buffer<'a> {
         }
         let stride = format::slot_stride(header.slot_capacity);
         let mut index = Index::empty(header, size);
-        let body = &bytes[BUFFER_HEADER_SIZE..size];
+        let body = &bytes[header.size()..size];
         for (i, slot) in body.chunks_exact(stride).enumerate() {
             let i = i as u32;
             if u32_at(slot, so::MAGIC) == 0 {
@@ -391,7 +438,7 @@ fn slot_at<'a>(bytes: &'a [u8], at: &Index, k: usize) -> Slot<'a> {
     let stride = format::slot_stride(at.header.slot_capacity);
     let off = match at.offsets.get(k) {
         Some(&off) => off,
-        None => BUFFER_HEADER_SIZE + index as usize * stride,
+        None => at.header.size() + index as usize * stride,
     };
     if at.header.flags == BUFFER_FLAG_PACKED {
         let header = read_slot_header(&bytes[off..]);
@@ -766,10 +813,11 @@ impl OwnedBuffer {
         }
         let stride = format::slot_stride(index.header.slot_capacity);
         let mut wire = vec![0; index.wire_size];
-        wire[..BUFFER_HEADER_SIZE].copy_from_slice(&self.bytes[..BUFFER_HEADER_SIZE]);
+        let head = index.header.size();
+        wire[..head].copy_from_slice(&self.bytes[..head]);
         let ends = index.offsets.iter().skip(1).copied().chain([index.size]);
         for ((&slot, &from), to) in index.flushed.iter().zip(&index.offsets).zip(ends) {
-            let at = BUFFER_HEADER_SIZE + slot as usize * stride;
+            let at = head + slot as usize * stride;
             wire[at..at + (to - from)].copy_from_slice(&self.bytes[from..to]);
         }
         Cow::Owned(wire)
@@ -996,8 +1044,17 @@ mod tests {
             }
         ));
         assert!(matches!(
-            with(|b| b[bo::FLAGS] = 2),
+            with(|b| b[bo::FLAGS] = 4),
             E::BadHeaderField { field: "flags", .. }
+        ));
+        // Sampled: a 128-byte header.
+        assert!(matches!(
+            with(|b| b[bo::FLAGS] = 2),
+            E::BadHeaderField {
+                field: "header_size",
+                found: 64,
+                expected: 128
+            }
         ));
         assert!(matches!(
             with(|b| b[bo::RESERVED] = 1),

@@ -8,10 +8,11 @@
 //! [`Buffer`](crate::decode::Buffer).
 //!
 //! Every `pub const` of this file, in a `pub mod` or not, must be in the
-//! header; the packed layout (host-made, not in the header) is re-exported
-//! from `packed.rs`.
+//! header; the packed layout and a sampled buffer's sampling (host-made, not
+//! in the header) are re-exported from `packed.rs` and `sampling.rs`.
 
 pub use super::packed::{packed_offsets, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};
+pub use super::sampling::{sampling_offsets, BUFFER_FLAG_SAMPLED, SAMPLED_HEADER_SIZE};
 
 /// `"TGPU"` read as a little-endian `u32`: the first four bytes of every buffer.
 pub const BUFFER_MAGIC: u32 = u32::from_le_bytes(*b"TGPU");

@@ -75,6 +75,7 @@ mod graph;
 mod launch;
 mod names;
 mod rings;
+mod sampler;
 mod streamed;
 mod unrecorded;
 
@@ -84,6 +85,7 @@ pub use builder::{
 };
 pub use graph::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
 pub use rings::{DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
+pub use sampler::{Sampled, Sampler};
 pub use streamed::Streaming;
 
 use crate::batch::{DeviceInfo, LaunchInfo};
@@ -98,7 +100,7 @@ use graph::Graphs;
 use names::{kernel_name, thread_name};
 use rings::{MappedArena, RingSettings};
 
-// SAFETY: `KernelArg` is `repr(C)`, 16 bytes of plain integers, the layout of
+// SAFETY: `KernelArg` is `repr(C)`, 32 bytes of plain integers, the layout of
 // `tgpu::Trace` in the header: it can be copied into the parameter bank as is.
 unsafe impl DeviceRepr for KernelArg {}
 
@@ -133,6 +135,8 @@ pub struct Profiler {
     pub(super) stream_settings: RingSettings,
     /// The streaming arena, made at the first streamed launch (`streamed.rs`).
     pub(super) streaming: MappedArena,
+    /// Which launches, blocks and warps `launch` records.
+    sampler: Sampler,
 }
 
 impl std::fmt::Debug for Profiler {
@@ -200,7 +204,9 @@ impl Profiler {
     ///
     /// The host time is read just before `launch` runs; the launch's completion
     /// is queued for the collector; the launch's result is returned as it is. A
-    /// launch that fails (returns `Err`) is not traced.
+    /// launch that fails (returns `Err`) is not traced. A launch the profiler's
+    /// [`Sampler`] leaves out gets a null trace and is counted in
+    /// [`ProfilerStats::unsampled`].
     pub fn launch<T, E, F>(
         &self,
         stream: &Arc<CudaStream>,
@@ -214,8 +220,38 @@ impl Profiler {
         F: FnOnce(KernelArg) -> Result<T, E>,
         E: Into<ProfilerError>,
     {
+        self.launch_sampled(
+            &self.sampler,
+            (stream, kernel, cfg, launch_id, span),
+            launch,
+        )
+    }
+
+    /// [`Profiler::launch`], sampled by `sampler`.
+    pub(super) fn launch_sampled<T, E, F>(
+        &self,
+        sampler: &Sampler,
+        (stream, kernel, cfg, launch_id, span): (
+            &Arc<CudaStream>,
+            &str,
+            LaunchConfig,
+            u64,
+            tracing::Span,
+        ),
+        launch: F,
+    ) -> Result<T, ProfilerError>
+    where
+        F: FnOnce(KernelArg) -> Result<T, E>,
+        E: Into<ProfilerError>,
+    {
         self.check_stream(stream)?;
-        let shape = Shape::of(&cfg, self.capacity, self.arena.capacity())?;
+        if !sampler.takes(kernel, &cfg) {
+            self.shared.count_unsampled();
+            let _entered = span.enter();
+            return launch(KernelArg::default()).map_err(Into::into);
+        }
+        let sampling = sampler.sampling();
+        let shape = Shape::sampled(&cfg, self.capacity, self.arena.capacity(), &sampling)?;
         let header = BufferHeader {
             version: format::VERSION,
             slot_capacity: self.capacity,
@@ -225,6 +261,7 @@ impl Profiler {
             grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
             block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
             flags: 0,
+            sampling,
         };
         self.ctx.bind_to_thread()?;
         // The legacy default stream (null) cannot capture: spare it the call.
@@ -235,6 +272,12 @@ impl Profiler {
             unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? }
         };
         if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            if header.is_sampled() {
+                // Not silently recorded whole: a graph's nodes sample nothing yet.
+                return Err(ProfilerError::Invalid(
+                    "a launch captured into a graph cannot be sampled".into(),
+                ));
+            }
             // A node of a graph: it finds its memory at each replay (graph.rs).
             let _entered = span.enter();
             return self
@@ -246,10 +289,12 @@ impl Profiler {
         self.launch_in(
             (stream, kernel, header, span),
             (&self.arena, region),
+            // The device finds slot 0 64 bytes after `base` (docs/format.md).
             |r| KernelArg {
-                base: memory.dptr + r.offset as u64,
+                base: memory.dptr + (r.offset + header.size() - format::BUFFER_HEADER_SIZE) as u64,
                 capacity: self.capacity,
                 slot_count: shape.slots,
+                sampling,
             },
             launch,
             |region| Work::Launch {

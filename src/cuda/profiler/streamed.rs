@@ -37,7 +37,7 @@ use crate::cuda::device::{Place, Shape};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::Work;
 use crate::cuda::profiler::{Profiler, ProfilerBuilder};
-use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
+use crate::format::{self, BufferHeader, KernelArg, Sampling, TRACE_STREAM};
 
 /// Any ring size, to count a launch's warps.
 const MIN_RING: u32 = 32;
@@ -159,6 +159,7 @@ impl Streaming<'_> {
             grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
             block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
             flags: 0,
+            sampling: Sampling::default(),
         };
         let region = arena.alloc(shape.bytes, None);
         let (dptr, ring) = (memory.dptr, arena.clone());
@@ -169,6 +170,7 @@ impl Streaming<'_> {
                 base: dptr + r.offset as u64,
                 capacity: capacity | TRACE_STREAM,
                 slot_count: shape.slots,
+                sampling: Sampling::default(),
             },
             launch,
             |region| Work::Streamed {

@@ -149,6 +149,7 @@ pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) ->
         grid: [blocks, 1, 1],
         block: [64, 1, 1],
         flags: 0,
+        sampling: Default::default(),
     };
     let stride = crate::format::slot_stride(capacity);
     let warps = (0..shape.slots)
