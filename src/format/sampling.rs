@@ -277,4 +277,73 @@ mod tests {
         );
         assert_eq!(Sampling::default().place(0, 0), None);
     }
+
+    #[test]
+    fn a_sampled_buffer_decodes_trims_and_refuses_a_misplaced_slot() {
+        use crate::decode::{Buffer, DecodeError};
+        use crate::format::{slot_stride, trimmed, BufferBuilder, SAMPLED_HEADER_SIZE};
+        // Warp 1 of blocks 2 and 5 of 8 (2 warps a block): 2 slots.
+        let s = Sampling::default().warps(0b10).blocks(3, 2);
+        let mut b = BufferBuilder::new([8, 1, 1], [64, 1, 1], 4);
+        b.sampling(s);
+        assert!(b.warp(2, 0).is_none() && b.warp(3, 1).is_none());
+        b.warp(5, 1).unwrap().range(1, 100, 200, 7);
+        let bytes = b.finish();
+        let stride = slot_stride(4);
+        assert_eq!(bytes.len(), SAMPLED_HEADER_SIZE + 2 * stride);
+        let placed = |bytes: &[u8]| {
+            let buf = Buffer::decode(bytes, None).unwrap();
+            assert_eq!(buf.header().sampling, s);
+            let slots: Vec<_> = buf
+                .slots()
+                .map(|x| {
+                    (
+                        x.index,
+                        x.header.block_linear,
+                        x.header.block,
+                        x.header.warp,
+                    )
+                })
+                .collect();
+            slots
+        };
+        assert_eq!(placed(&bytes), [(1, 5, [5, 0, 0], 1)]);
+        let header = *Buffer::decode(&bytes, None).unwrap().header();
+        assert_eq!(placed(&trimmed(&bytes, &header)), [(1, 5, [5, 0, 0], 1)]);
+        // Block 5's slot where block 2's belongs.
+        let mut bad = bytes.clone();
+        let (first, second) = (SAMPLED_HEADER_SIZE, SAMPLED_HEADER_SIZE + stride);
+        bad.copy_within(second..second + stride, first);
+        bad[second..].fill(0);
+        assert!(matches!(
+            Buffer::decode(&bad, None),
+            Err(DecodeError::Misplaced {
+                slot: 0,
+                expected_block: 2,
+                found_block: 5,
+                ..
+            })
+        ));
+        // Flagged sampled, but sampling nothing out.
+        let mut bad = bytes.clone();
+        bad[sampling_offsets::WARP_MASK..sampling_offsets::RESERVED].fill(0);
+        assert!(matches!(
+            Buffer::decode(&bad, None),
+            Err(DecodeError::BadHeaderField {
+                field: "sampling",
+                ..
+            })
+        ));
+        // More slots than the sampled warps of the grid.
+        let mut b = BufferBuilder::new([8, 1, 1], [64, 1, 1], 4);
+        b.sampling(s).slot_count(3);
+        let mut bytes = b.finish();
+        bytes.resize(SAMPLED_HEADER_SIZE + 3 * stride, 0);
+        let at = SAMPLED_HEADER_SIZE + 2 * stride;
+        bytes[at..at + 4].copy_from_slice(&crate::format::SLOT_MAGIC.to_le_bytes());
+        assert!(matches!(
+            Buffer::decode(&bytes, None),
+            Err(DecodeError::SlotOutsideGrid { slot: 2, warps: 2 })
+        ));
+    }
 }
