@@ -239,6 +239,15 @@ impl DeviceEncoder {
                 ..arg("launch_to_start_ns")
             });
         }
+        // What the slots cover, so that a statistic over them is not read as
+        // the whole kernel's.
+        let h = b.buffer.header();
+        if h.is_sampled() {
+            args.push(DebugAnnotation {
+                string_value: Some(h.sampling.describe(h.warps_per_block)),
+                ..arg("sampled")
+            });
+        }
         let packet = |ts: u64, ev: TrackEvent| TracePacket {
             timestamp: Some(ts),
             trusted_packet_sequence_id: Some(MISC_SEQUENCE),
