@@ -938,7 +938,13 @@ class Recorder {
     const unsigned long long base = buffer_base();
     const unsigned int capacity = slot_capacity();
     if (base == 0) return;
-    trace_.base = header_of(base, capacity, trace_.slot_count) + 1ull;
+    // The slot, found at construction, written back as a new value (opaque to the
+    // compiler): kept as it was, ptxas copied the slot's address on every event's path
+    // of the unrolled switch_to loop (recorder_sass.rs, one instruction more a range).
+    unsigned int slot = trace_.slot_count;
+    asm volatile("" : "+r"(slot));
+    trace_.base = header_of(base, capacity, slot) + 1ull;
+    trace_.slot_count = slot;
   }
 #endif
 
