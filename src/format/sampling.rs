@@ -145,7 +145,7 @@ impl Sampling {
     /// the grid): the rule the device follows.
     pub fn slot_of(&self, block_linear: u32, warp: u32, warps_per_block: u32) -> Option<u64> {
         let from = block_linear.checked_sub(self.block_offset)?;
-        if from % self.stride() != 0 || warp >= warps_per_block {
+        if !from.is_multiple_of(self.stride()) || warp >= warps_per_block {
             return None;
         }
         let below = match self.warp_mask {
@@ -231,7 +231,7 @@ mod tests {
                     }
                     None => {
                         let in_blocks =
-                            b >= s.block_offset && (b - s.block_offset) % s.stride() == 0;
+                            b >= s.block_offset && (b - s.block_offset).is_multiple_of(s.stride());
                         assert!(!in_blocks || s.warp_mask_of(wpb) >> w & 1 == 0);
                     }
                 }

@@ -84,7 +84,10 @@ impl Sampler {
         }
         match self.sampling.launch_every {
             0 | 1 => true,
-            n => self.counted.fetch_add(1, Ordering::Relaxed) % u64::from(n) == 0,
+            n => self
+                .counted
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(u64::from(n)),
         }
     }
 }

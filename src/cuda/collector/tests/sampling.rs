@@ -107,7 +107,7 @@ fn a_sampled_launch_brings_back_exactly_its_sampled_warps() {
             .flat_map(|b| (0..WARPS).map(move |w| (b, w)))
             .filter(|&(b, w)| {
                 b >= sampling.block_offset
-                    && (b - sampling.block_offset) % sampling.block_stride.max(1) == 0
+                    && (b - sampling.block_offset).is_multiple_of(sampling.block_stride.max(1))
                     && (sampling.warp_mask == 0 || sampling.warp_mask >> w & 1 == 1)
             })
             .collect();
