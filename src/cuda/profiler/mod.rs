@@ -75,6 +75,7 @@ mod graph;
 mod launch;
 mod names;
 mod rings;
+mod sampled;
 mod sampler;
 mod streamed;
 mod unrecorded;
@@ -85,7 +86,8 @@ pub use builder::{
 };
 pub use graph::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
 pub use rings::{DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
-pub use sampler::{Sampled, Sampler};
+pub use sampled::Sampled;
+pub use sampler::Sampler;
 pub use streamed::Streaming;
 
 use crate::batch::{DeviceInfo, LaunchInfo};

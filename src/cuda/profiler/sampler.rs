@@ -1,21 +1,18 @@
-//! Sampling chosen at run time (`docs/format.md`, "Sampling"): a [`Sampler`]
-//! says which launches record (one in n, or those a predicate takes), and the
-//! [`Sampling`] it carries which blocks and warps of them; set on the profiler
+//! [`Sampler`]: which launches record (one in n, or those a predicate takes),
+//! and the [`Sampling`] it carries which blocks and warps of them
+//! (`docs/format.md`, "Sampling"); set on the profiler
 //! ([`ProfilerBuilder::sampler`](super::ProfilerBuilder::sampler)) or for some
-//! launches (`gpu_profile!(profiler.sampled(&sampler), ..)`). A launch left out
-//! gets a null trace, the recorder's not-recording path; a warp left out learns
-//! it once, when its recorder is made. No kernel is compiled again.
+//! launches (`sampled.rs`). A launch left out gets a null trace, the
+//! recorder's not-recording path; a warp left out learns it once, when its
+//! recorder is made. No kernel is compiled again.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, LaunchConfig};
+use cudarc::driver::LaunchConfig;
 
-use super::Profiler;
-use crate::batch::DeviceInfo;
-use crate::cuda::error::ProfilerError;
-use crate::format::{KernelArg, Sampling};
+use crate::format::Sampling;
 
 /// Which launches pass, besides one in n.
 type LaunchFilter = Arc<dyn Fn(&str, &LaunchConfig) -> bool + Send + Sync>;
@@ -89,50 +86,6 @@ impl Sampler {
                 .fetch_add(1, Ordering::Relaxed)
                 .is_multiple_of(u64::from(n)),
         }
-    }
-}
-
-impl Profiler {
-    /// Launches sampled by `sampler` instead of the profiler's own sampler:
-    /// `gpu_profile!(profiler.sampled(&sampler), ..)`.
-    pub fn sampled<'a>(&'a self, sampler: &'a Sampler) -> Sampled<'a> {
-        Sampled {
-            profiler: self,
-            sampler,
-        }
-    }
-}
-
-/// A [`Profiler`] that samples its launches with a [`Sampler`] of their own;
-/// made by [`Profiler::sampled`].
-#[derive(Debug, Clone, Copy)]
-pub struct Sampled<'a> {
-    profiler: &'a Profiler,
-    sampler: &'a Sampler,
-}
-
-impl Sampled<'_> {
-    /// The profiled GPU.
-    pub fn device(&self) -> &Arc<DeviceInfo> {
-        self.profiler.device()
-    }
-
-    /// As [`Profiler::launch`], sampled by this sampler.
-    pub fn launch<T, E, F>(
-        &self,
-        stream: &Arc<CudaStream>,
-        kernel: &str,
-        cfg: LaunchConfig,
-        launch_id: u64,
-        span: tracing::Span,
-        launch: F,
-    ) -> Result<T, ProfilerError>
-    where
-        F: FnOnce(KernelArg) -> Result<T, E>,
-        E: Into<ProfilerError>,
-    {
-        self.profiler
-            .launch_sampled(self.sampler, (stream, kernel, cfg, launch_id, span), launch)
     }
 }
 
