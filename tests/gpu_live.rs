@@ -592,9 +592,9 @@ extern "C" __global__ void outrun(unsigned* made TGPU_TRACE_PARAM) {
 }
 
 /// Sampling on the device (issue #31): a kernel recorded with a warp mask and a block
-/// stride, v1 and v2, one launch in two. Every sampled warp arrives with exactly the
-/// events it made (their payloads say which), no other warp arrives at all, and the
-/// launch left out is counted, not delivered.
+/// stride, v1, v2 and v2 streamed, one launch in two. Every sampled warp arrives with
+/// exactly the events it made (their payloads say which), no other warp arrives at all,
+/// and the launch left out is counted, not delivered.
 #[test]
 fn a_sampled_launch_records_its_sampled_warps_exactly_and_no_other() {
     use std::collections::BTreeMap;
@@ -637,11 +637,13 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
             let buffer = batch.buffer.view();
             let sampling = buffer.header().sampling;
             let mut seen = self.0.lock().unwrap();
+            // A streamed warp may come in several parts, in order.
             for slot in buffer.slots() {
-                let payloads = slot.events().map(|e| e.payload).collect();
                 let at = (slot.header.block_linear, slot.header.warp);
-                let old = seen.insert(at, (payloads, slot.events_lost(), sampling));
-                assert!(old.is_none(), "{at:?} delivered twice");
+                let e = seen.entry(at).or_insert((Vec::new(), 0, sampling));
+                e.0.extend(slot.events().map(|e| e.payload));
+                e.1 += slot.events_lost();
+                assert_eq!(e.2, sampling, "{at:?}: another sampling");
             }
         }
         fn flush(&self) {}
@@ -667,10 +669,12 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
         .warps(0b1001_0001)
         .blocks(3, 1)
         .launches(2);
-    for format in [1, 2] {
+    let builds = [("v1", 1, false), ("v2", 2, false), ("v2 streamed", 2, true)];
+    for (name, format, streamed) in builds {
         let build = KernelBuild::new("sampled.cu", profiler.arch())
             .define("TGPU_ENABLED=1")
-            .define(format!("TGPU_FORMAT={format}"));
+            .define(format!("TGPU_FORMAT={format}"))
+            .define(format!("TGPU_STREAM={}", u8::from(streamed)));
         let module = profiler
             .context()
             .load_module(compile(SOURCE, &build).unwrap())
@@ -682,19 +686,18 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
             .unwrap();
         // The first launch records, the second (one in two) is left out.
         for _ in 0..2 {
-            gpu_profile!(
-                profiler.sampled(&sampler),
-                &stream,
-                "sampled",
-                cfg,
-                |trace| unsafe {
-                    stream
-                        .launch_builder(&f)
-                        .arg(&mut made)
-                        .arg(&trace)
-                        .launch(cfg)
-                }
-            )
+            let run = |trace| unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&mut made)
+                    .arg(&trace)
+                    .launch(cfg)
+            };
+            let streaming = profiler.streamed().sampled(&sampler);
+            match streamed {
+                true => gpu_profile!(streaming, &stream, "sampled", cfg, run),
+                false => gpu_profile!(profiler.sampled(&sampler), &stream, "sampled", cfg, run),
+            }
             .unwrap();
         }
         let made = stream.clone_dtoh(&made).unwrap();
@@ -708,12 +711,12 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
                 expected.insert((block, warp), (payloads, 0, sampling));
             }
         }
-        assert_eq!(seen, expected, "v{format}");
+        assert_eq!(seen, expected, "{name}");
     }
     let st = profiler.stats();
     assert_eq!(
         (st.launches, st.delivered, st.unsampled),
-        (4, 2, 2),
+        (6, 3, 3),
         "{st:?}"
     );
     assert_eq!((st.skipped, st.failed, st.events_lost), (0, 0, 0), "{st:?}");

@@ -289,6 +289,7 @@ pub(crate) struct Shape {
 
 impl Shape {
     /// One slot per warp of the grid, `capacity` records each.
+    #[cfg(test)]
     pub(crate) fn of(
         cfg: &LaunchConfig,
         capacity: u32,

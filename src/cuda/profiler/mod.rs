@@ -137,8 +137,8 @@ pub struct Profiler {
     pub(super) stream_settings: RingSettings,
     /// The streaming arena, made at the first streamed launch (`streamed.rs`).
     pub(super) streaming: MappedArena,
-    /// Which launches, blocks and warps `launch` records.
-    sampler: Sampler,
+    /// Which launches, blocks and warps `launch` (and `streamed`) records.
+    pub(super) sampler: Sampler,
 }
 
 impl std::fmt::Debug for Profiler {

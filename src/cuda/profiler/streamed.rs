@@ -37,7 +37,9 @@ use crate::cuda::device::{Place, Shape};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::Work;
 use crate::cuda::profiler::{Profiler, ProfilerBuilder};
-use crate::format::{self, BufferHeader, KernelArg, Sampling, TRACE_STREAM};
+use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
+
+use super::sampler::Sampler;
 
 /// Any ring size, to count a launch's warps.
 const MIN_RING: u32 = 32;
@@ -88,7 +90,10 @@ impl Profiler {
     /// makes the launch as `gpu_profile!(profiler, ..)` does, but its records
     /// reach the subscriber while it runs, in parts (see the module docs).
     pub fn streamed(&self) -> Streaming<'_> {
-        Streaming { profiler: self }
+        Streaming {
+            profiler: self,
+            sampler: &self.sampler,
+        }
     }
 }
 
@@ -96,12 +101,21 @@ impl Profiler {
 #[derive(Debug, Clone, Copy)]
 pub struct Streaming<'a> {
     profiler: &'a Profiler,
+    sampler: &'a Sampler,
 }
 
-impl Streaming<'_> {
+impl<'a> Streaming<'a> {
     /// The profiled GPU.
     pub fn device(&self) -> &Arc<DeviceInfo> {
         self.profiler.device()
+    }
+
+    /// Streamed launches sampled by `sampler` instead of the profiler's own:
+    /// `gpu_profile!(profiler.streamed().sampled(&sampler), ..)`. Only the
+    /// sampled warps get rings, so that each is larger in the same memory and
+    /// the drain reads only what was chosen.
+    pub fn sampled(self, sampler: &'a Sampler) -> Streaming<'a> {
+        Streaming { sampler, ..self }
     }
 
     /// As [`Profiler::launch`], streamed: the kernel gets a [`KernelArg`] whose
@@ -123,10 +137,16 @@ impl Streaming<'_> {
     {
         let p = self.profiler;
         p.check_stream(stream)?;
+        if !self.sampler.takes(kernel, &cfg) {
+            p.shared.count_unsampled();
+            let _entered = span.enter();
+            return launch(KernelArg::default()).map_err(Into::into);
+        }
+        let sampling = self.sampler.sampling();
         let settings = p.stream_settings;
-        let warps = Shape::of(&cfg, MIN_RING, usize::MAX)?.slots;
+        let warps = Shape::sampled(&cfg, MIN_RING, usize::MAX, &sampling)?.slots;
         let capacity = settings.capacity_for(warps as u64);
-        let shape = Shape::of(&cfg, capacity, settings.memory)?;
+        let shape = Shape::sampled(&cfg, capacity, settings.memory, &sampling)?;
         p.ctx.bind_to_thread()?;
         if !stream.cu_stream().is_null() {
             // SAFETY: the stream is live (borrowed) and its context is bound.
@@ -159,18 +179,19 @@ impl Streaming<'_> {
             grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
             block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
             flags: 0,
-            sampling: Sampling::default(),
+            sampling,
         };
         let region = arena.alloc(shape.bytes, None);
         let (dptr, ring) = (memory.dptr, arena.clone());
         p.launch_in(
             (stream, kernel, header, span),
             (&ring, region),
+            // The device finds slot 0 64 bytes after `base` (docs/format.md).
             |r| KernelArg {
-                base: dptr + r.offset as u64,
+                base: dptr + (r.offset + header.size() - format::BUFFER_HEADER_SIZE) as u64,
                 capacity: capacity | TRACE_STREAM,
                 slot_count: shape.slots,
-                sampling: Sampling::default(),
+                sampling,
             },
             launch,
             |region| Work::Streamed {

@@ -10,6 +10,7 @@ use crate::batch::Part;
 use crate::cuda::device::Shape;
 use crate::cuda::drain::CHUNK_RECORDS;
 use crate::deliver::SinkLayer;
+use crate::format::Sampling;
 use crate::format::{
     slot_stream_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
     CHUNK_SIZE, CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SWITCH,
@@ -126,13 +127,25 @@ impl Warp {
 /// chunks, handed to `rig`'s collector with an event not yet fired. Returns
 /// the warps to write with, and the event.
 pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>, u64) {
+    stream_sampled(rig, blocks, chunks, paced, Sampling::default())
+}
+
+/// [`stream_launch`] sampled: rings for the warps `sampling` names only, each
+/// warp's `index` its slot.
+pub(super) fn stream_sampled(
+    rig: &Rig,
+    blocks: u32,
+    chunks: u32,
+    paced: bool,
+    sampling: Sampling,
+) -> (Vec<Warp>, u64) {
     let capacity = chunks * CHUNK_RECORDS;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (64, 1, 1),
         shared_mem_bytes: 0,
     };
-    let shape = Shape::of(&cfg, capacity, 1 << 30).unwrap();
+    let shape = Shape::sampled(&cfg, capacity, 1 << 30, &sampling).unwrap();
     // Room for the region, rounded up to the arena's alignment.
     let len = shape.bytes.next_multiple_of(ALIGN);
     let memory = rig.gpu.allocate(Kind::Mapped, len);
@@ -149,13 +162,13 @@ pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) ->
         grid: [blocks, 1, 1],
         block: [64, 1, 1],
         flags: 0,
-        sampling: Default::default(),
+        sampling,
     };
     let stride = crate::format::slot_stride(capacity);
     let warps = (0..shape.slots)
         .map(|i| Warp {
             memory: memory.clone(),
-            slot: region.offset + BUFFER_HEADER_SIZE + i as usize * stride,
+            slot: region.offset + header.size() + i as usize * stride,
             index: i,
             chunks,
             written: 0,
@@ -200,7 +213,7 @@ pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) ->
 
 /// Each warp, on a thread of its own, writes 120 ranges from `t0` (pausing
 /// `pause` every 30, so that parts are cut while they run) and flushes.
-fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
+pub(super) fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
     let threads: Vec<_> = warps
         .into_iter()
         .map(|mut w| {
@@ -231,7 +244,7 @@ pub(super) fn sink_dispatch() -> (Batches, Dispatch) {
 }
 
 /// The events of `warp` in a batch, by (block, warp).
-fn events_of(batches: &[Arc<Batch>], block: u32, warp: u32) -> Vec<Event> {
+pub(super) fn events_of(batches: &[Arc<Batch>], block: u32, warp: u32) -> Vec<Event> {
     let mut out = Vec::new();
     for b in batches {
         for s in b.buffer.view().slots() {

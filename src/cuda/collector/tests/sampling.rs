@@ -1,9 +1,10 @@
 //! Sampling through the simulated device: a launch sampled by a warp mask, a
 //! block stride, or both has slots only for the warps it names, in the order
 //! the device numbers them, and each comes back as its own block and warp with
-//! every event it made; of launches sampled one in n, the others run with a
-//! null trace and are counted, never delivered.
-use super::drains::sink_dispatch;
+//! every event it made, from fixed slots and from rings alike; of launches
+//! sampled one in n, the others run with a null trace and are counted, never
+//! delivered.
+use super::drains::{events_of, sink_dispatch, stream_sampled, write_ranges};
 use super::*;
 use crate::cuda::Sampler;
 use crate::format::Sampling;
@@ -161,4 +162,47 @@ fn one_launch_in_n_records_and_the_others_are_counted() {
     let st = rig.shared.stats();
     assert_eq!((st.launches, st.delivered, st.unsampled), (8, 2, 6));
     assert_accounted(&st);
+}
+
+#[test]
+fn a_sampled_streamed_launch_drains_exactly_its_sampled_warps() {
+    // 6 blocks of 2 warps; warp 1 of blocks 1, 3 and 5: three rings.
+    let sampling = Sampling::default().warps(0b10).blocks(2, 1);
+    let rig = Rig::new(0, None);
+    let (sink, dispatch) = sink_dispatch();
+    let (warps, event) =
+        tracing::dispatcher::with_default(&dispatch, || stream_sampled(&rig, 6, 2, true, sampling));
+    assert_eq!(warps.len(), 3);
+    let t0 = 1 << 40;
+    write_ranges(warps, t0, Duration::from_millis(2));
+    rig.gpu.fire(event);
+    rig.collector.flush().unwrap();
+    let batches = sink.0.lock().clone();
+    assert!(batches.last().unwrap().launch.part.unwrap().last);
+    assert!(batches
+        .iter()
+        .all(|b| b.buffer.header().sampling == sampling));
+    let mut placed: Vec<(u32, u32)> = batches
+        .iter()
+        .flat_map(|b| {
+            let v: Vec<_> = b
+                .buffer
+                .view()
+                .slots()
+                .map(|s| (s.header.block_linear, s.header.warp))
+                .collect();
+            v
+        })
+        .collect();
+    placed.sort_unstable();
+    placed.dedup();
+    assert_eq!(placed, [(1, 1), (3, 1), (5, 1)]);
+    for (slot, (block, warp)) in placed.into_iter().enumerate() {
+        let got = events_of(&batches, block, warp);
+        let t = t0 + slot as u64 * 7;
+        assert_eq!(got.len(), 120, "block {block} warp {warp}");
+        assert_eq!((got[0].start_ns, got[0].end_ns), (t, t + 30));
+    }
+    let st = rig.shared.stats();
+    assert_eq!((st.events, st.events_lost), (360, 0));
 }
