@@ -1110,7 +1110,7 @@ class Recorder {
     // warp shares: taken from the thread index alone, `records` looked different per lane,
     // and every event's count and group test moved out of the uniform registers (two more
     // instructions per event, recorder_sass.rs).
-    unsigned int slot;
+    unsigned int slot = trace.slot_count;  // past the last: none, unless sampled_slot says
     const bool records =
         trace.base != 0 && (TGPU_STREAM || !stream) && detail::any(detail::sampled_slot(trace, slot));
     trace_.slot_count = slot;

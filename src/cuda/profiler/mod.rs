@@ -97,7 +97,7 @@ use crate::cuda::device::{Arena, Events, Memory, Place, Region, Shape};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::Work;
 use crate::cuda::ledger::{Ledger, ProfilerStats};
-use crate::format::{self, BufferHeader, KernelArg};
+use crate::format::{self, BufferHeader, KernelArg, Sampling};
 use graph::Graphs;
 use names::{kernel_name, thread_name};
 use rings::{MappedArena, RingSettings};
@@ -252,7 +252,26 @@ impl Profiler {
             let _entered = span.enter();
             return launch(KernelArg::default()).map_err(Into::into);
         }
-        let sampling = sampler.sampling();
+        let mut sampling = sampler.sampling();
+        self.ctx.bind_to_thread()?;
+        // The legacy default stream (null) cannot capture: spare it the call.
+        let capture = if stream.cu_stream().is_null() {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        } else {
+            // SAFETY: the stream is live (borrowed) and its context is bound.
+            unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? }
+        };
+        let captured = capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if captured {
+            if !sampling.launches(0).is_all() {
+                // Not silently recorded whole: a graph's nodes sample no warps yet.
+                return Err(ProfilerError::Invalid(
+                    "a launch captured into a graph cannot sample blocks or warps".into(),
+                ));
+            }
+            // A node records at every replay or at none: one in n chose above.
+            sampling = Sampling::default();
+        }
         let shape = Shape::sampled(&cfg, self.capacity, self.arena.capacity(), &sampling)?;
         let header = BufferHeader {
             version: format::VERSION,
@@ -265,21 +284,7 @@ impl Profiler {
             flags: 0,
             sampling,
         };
-        self.ctx.bind_to_thread()?;
-        // The legacy default stream (null) cannot capture: spare it the call.
-        let capture = if stream.cu_stream().is_null() {
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-        } else {
-            // SAFETY: the stream is live (borrowed) and its context is bound.
-            unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? }
-        };
-        if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            if header.is_sampled() {
-                // Not silently recorded whole: a graph's nodes sample nothing yet.
-                return Err(ProfilerError::Invalid(
-                    "a launch captured into a graph cannot be sampled".into(),
-                ));
-            }
+        if captured {
             // A node of a graph: it finds its memory at each replay (graph.rs).
             let _entered = span.enter();
             return self

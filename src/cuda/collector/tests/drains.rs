@@ -12,8 +12,8 @@ use crate::cuda::drain::CHUNK_RECORDS;
 use crate::deliver::SinkLayer;
 use crate::format::Sampling;
 use crate::format::{
-    slot_stream_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
-    CHUNK_SIZE, CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SWITCH,
+    slot_stream_offsets as so, Event, EventKind, CHUNK_ENTRIES, CHUNK_GAP, CHUNK_SIZE,
+    CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SWITCH,
     SLOT_HEADER_SIZE, SLOT_MAGIC_STREAM, STREAM_MARK,
 };
 
