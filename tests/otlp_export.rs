@@ -319,7 +319,7 @@ fn a_sampled_launch_says_so_on_its_kernel_span() {
     let (layer, guard) = layer(&rx, Detail::Kernel);
     let subscriber = tracing_subscriber::registry().with(layer);
     let batch = batch_of_bytes(sampled_buffer(Sampling::default().launches(4)));
-    tracing::subscriber::with_default(subscriber, || deliver_in_launch(batch.clone(), || {}));
+    let batch = tracing::subscriber::with_default(subscriber, || deliver_in_launch(batch, || {}));
     guard.flush().expect("flush");
     let spans = rx.wait_spans(2);
     let kernel = check_kernel(&spans, &batch);
