@@ -11,7 +11,11 @@ eval "$(scripts/test-env.sh)"
 # lower it when the API shrinks, raise it only on purpose.
 # 109: TracedKernel and its TracedLaunch (a launch that records nothing runs the
 # production kernel), capture::MAX_NAME_LEN (the names a capture may hold), on purpose.
-MAX_PUBLIC_ITEMS=109
+# 112: sampling (issue #31): format::Sampling (what the argument, the buffer and every
+# output say was sampled), cuda::Sampler (which launches: a predicate and one in n, a
+# count shared by its clones) and cuda::Sampled (a launch with its own sampler, as
+# Streaming is a streamed one), on purpose.
+MAX_PUBLIC_ITEMS=112
 # The reference of what it costs stays a reference; the history goes to docs/lab/.
 MAX_PERFORMANCE_LINES=250
 

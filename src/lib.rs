@@ -5,7 +5,8 @@
 //!
 //! - **Live capture** (feature `cuda`): a `Profiler` per GPU, `gpu_profile!`
 //!   around each launch, and `compile` with a `KernelBuild` for the kernel.
-//!   The kernel's trace argument is a [`KernelArg`].
+//!   The kernel's trace argument is a [`KernelArg`]; a `Sampler` (a
+//!   [`Sampling`] of blocks and warps, one launch in n) records only some.
 //! - **Sinks**: [`PerfettoLayer`] (and its [`TraceWriter`]), `OtlpLayer`
 //!   (feature `otlp`), or your own [`BatchSink`] as a [`SinkLayer`] (a layer of
 //!   your own holds a [`SinkHandle`]); each receives whole [`Batch`]es, with their
@@ -59,14 +60,14 @@ pub use batch::{Batch, BatchSink, DeviceInfo, HostSpan, LaunchInfo};
 pub use capture::{Capture, CaptureReader};
 pub use decode::Buffer;
 pub use deliver::{SinkHandle, SinkLayer};
-pub use format::KernelArg;
+pub use format::{KernelArg, Sampling};
 pub use perfetto::{PerfettoLayer, TraceWriter};
 pub use registry::EventRegistry;
 pub use report::Timeline;
 
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-pub use cuda::{compile, KernelBuild, Profiler};
+pub use cuda::{compile, KernelBuild, Profiler, Sampler};
 #[cfg(feature = "otlp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "otlp")))]
 pub use otlp::OtlpLayer;

@@ -432,6 +432,7 @@ extern "C" __global__ void losses(unsigned* made TGPU_TRACE_PARAM) {
                 },
                 capacity,
                 slot_count: warps,
+                ..KernelArg::default()
             };
             // SAFETY: `made` holds a word per warp; the buffer has a slot per warp.
             unsafe {
@@ -453,6 +454,7 @@ extern "C" __global__ void losses(unsigned* made TGPU_TRACE_PARAM) {
                 grid: [blocks, 1, 1],
                 block: [threads, 1, 1],
                 flags: 0,
+                sampling: Default::default(),
             }
             .write_to(&mut bytes[..wire::BUFFER_HEADER_SIZE]);
             let decoded = Buffer::decode(&bytes, None)
@@ -744,4 +746,135 @@ fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
         .map(|(_, n, t)| (n, t.to_string()))
         .collect();
     assert_eq!(kept, [(0, text.clone())]);
+}
+
+/// Sampling on the device (issue #31): a kernel recorded with a warp mask and a block
+/// stride, v1, v2 and v2 streamed, one launch in two. Every sampled warp arrives with
+/// exactly the events it made (their payloads say which), no other warp arrives at all,
+/// and the launch left out is counted, not delivered.
+#[test]
+fn a_sampled_launch_records_its_sampled_warps_exactly_and_no_other() {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use tracing_gpu::batch::{Batch, BatchSink};
+    use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tracing_gpu::cuda::Sampler;
+    use tracing_gpu::deliver::SinkLayer;
+    use tracing_gpu::format::Sampling;
+    use tracing_gpu::{compile, gpu_profile, KernelBuild};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    // Every warp makes 2 + (its index mod 5) ranges, payload block * 1000 + warp * 10 + k,
+    // and writes how many it made.
+    const SOURCE: &str = r#"
+#include "tracing_gpu.cuh"
+TGPU_EVENT(A, 1);
+extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
+    TGPU_RECORDER(rec, A);
+    const unsigned warp = threadIdx.x >> 5;
+    const unsigned n = 2 + (blockIdx.x * (blockDim.x >> 5) + warp) % 5;
+    for (unsigned k = 0; k < n; ++k) {
+        rec.begin<A>();
+        rec.end<A>(blockIdx.x * 1000 + warp * 10 + k);
+    }
+    if ((threadIdx.x & 31) == 0) made[blockIdx.x * (blockDim.x >> 5) + warp] = n;
+}
+"#;
+    /// Each delivered slot's (block, warp) → its payloads, events lost, and the
+    /// sampling its batch says.
+    type Seen = BTreeMap<(u32, u32), (Vec<u32>, u32, Sampling)>;
+    #[derive(Clone, Default)]
+    struct Keep(Arc<Mutex<Seen>>);
+    impl BatchSink for Keep {
+        fn on_batch(&self, batch: &Arc<Batch>) {
+            let buffer = batch.buffer.view();
+            let sampling = buffer.header().sampling;
+            let mut seen = self.0.lock().unwrap();
+            // A streamed warp may come in several parts, in order.
+            for slot in buffer.slots() {
+                let at = (slot.header.block_linear, slot.header.warp);
+                let e = seen.entry(at).or_insert((Vec::new(), 0, sampling));
+                e.0.extend(slot.events().map(|e| e.payload));
+                e.1 += slot.events_lost();
+                assert_eq!(e.2, sampling, "{at:?}: another sampling");
+            }
+        }
+        fn flush(&self) {}
+    }
+    let keep = Keep::default();
+    let subscriber =
+        tracing_subscriber::registry().with(SinkLayer::new(keep.clone()).expect("a sink slot"));
+    let _default = tracing::subscriber::set_default(subscriber);
+    let profiler = tracing_gpu::cuda::Profiler::builder()
+        .device(0)
+        .events([(1, "a")])
+        .build()
+        .unwrap();
+    let stream = profiler.context().new_stream().unwrap();
+    let (blocks, warps) = (10u32, 8u32);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (warps * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // Warps 0, 4 and 7 (one per warpgroup, and the last) of blocks 1, 4 and 7.
+    let sampling = Sampling::default()
+        .warps(0b1001_0001)
+        .blocks(3, 1)
+        .launches(2);
+    let builds = [("v1", 1, false), ("v2", 2, false), ("v2 streamed", 2, true)];
+    for (name, format, streamed) in builds {
+        let build = KernelBuild::new("sampled.cu", profiler.arch())
+            .define("TGPU_ENABLED=1")
+            .define(format!("TGPU_FORMAT={format}"))
+            .define(format!("TGPU_STREAM={}", u8::from(streamed)));
+        let module = profiler
+            .context()
+            .load_module(compile(SOURCE, &build).unwrap())
+            .unwrap();
+        let f = module.load_function("sampled").unwrap();
+        let sampler = Sampler::new(sampling);
+        let mut made = stream
+            .alloc_zeros::<u32>((blocks * warps) as usize)
+            .unwrap();
+        // The first launch records, the second (one in two) is left out.
+        for _ in 0..2 {
+            let run = |trace| unsafe {
+                stream
+                    .launch_builder(&f)
+                    .arg(&mut made)
+                    .arg(&trace)
+                    .launch(cfg)
+            };
+            let streaming = profiler.streamed().sampled(&sampler);
+            match streamed {
+                true => gpu_profile!(streaming, &stream, "sampled", cfg, run),
+                false => gpu_profile!(profiler.sampled(&sampler), &stream, "sampled", cfg, run),
+            }
+            .unwrap();
+        }
+        let made = stream.clone_dtoh(&made).unwrap();
+        profiler.flush().unwrap();
+        let seen = std::mem::take(&mut *keep.0.lock().unwrap());
+        let mut expected = Seen::new();
+        for block in [1, 4, 7] {
+            for warp in [0, 4, 7] {
+                let n = made[(block * warps + warp) as usize];
+                let payloads = (0..n).map(|k| block * 1000 + warp * 10 + k).collect();
+                expected.insert((block, warp), (payloads, 0, sampling));
+            }
+        }
+        assert_eq!(seen, expected, "{name}");
+    }
+    let st = profiler.stats();
+    assert_eq!(
+        (st.launches, st.delivered, st.unsampled),
+        (6, 3, 3),
+        "{st:?}"
+    );
+    assert_eq!((st.skipped, st.failed, st.events_lost), (0, 0, 0), "{st:?}");
 }

@@ -8,7 +8,7 @@ use tracing_gpu::format::wire::{
     self, buffer_offsets, chunk_offsets, entry_offsets, record_offsets, slot_offsets,
     slot_stream_offsets, slot_v2_offsets, watch_head_offsets, watch_offsets,
 };
-use tracing_gpu::format::KernelArg;
+use tracing_gpu::format::{KernelArg, Sampling};
 
 const HEADER: &str = include_str!("../kernels/include/tracing_gpu.cuh");
 const FORMAT_RS: &str = include_str!("../src/format/wire.rs");
@@ -276,12 +276,18 @@ fn header_values_match_format_rs() {
 
 #[test]
 fn kernel_arg_layout_matches_the_header_struct() {
-    // The header declares base, capacity, slot_count in this order and asserts size 16 and
-    // alignment 8, which puts them at 0, 8 and 12.
+    // The header declares the fields in this order and asserts size 32 and alignment 8,
+    // which puts them at 0, 8, 12, 16, 20, 24 and 28.
     assert_eq!(std::mem::offset_of!(KernelArg, base), 0);
     assert_eq!(std::mem::offset_of!(KernelArg, capacity), 8);
     assert_eq!(std::mem::offset_of!(KernelArg, slot_count), 12);
-    assert_eq!(std::mem::size_of::<KernelArg>(), 16);
+    let sampling = std::mem::offset_of!(KernelArg, sampling);
+    assert_eq!(sampling, 16);
+    assert_eq!(sampling + std::mem::offset_of!(Sampling, warp_mask), 16);
+    assert_eq!(sampling + std::mem::offset_of!(Sampling, block_stride), 20);
+    assert_eq!(sampling + std::mem::offset_of!(Sampling, block_offset), 24);
+    assert_eq!(sampling + std::mem::offset_of!(Sampling, launch_every), 28);
+    assert_eq!(std::mem::size_of::<KernelArg>(), 32);
     assert_eq!(std::mem::align_of::<KernelArg>(), 8);
     let body = HEADER
         .split_once("struct Trace {")
@@ -298,8 +304,12 @@ fn kernel_arg_layout_matches_the_header_struct() {
         [
             "unsigned long long base;",
             "unsigned int capacity;",
-            "unsigned int slot_count;"
+            "unsigned int slot_count;",
+            "unsigned int warp_mask;",
+            "unsigned int block_stride;",
+            "unsigned int block_offset;",
+            "unsigned int launch_every;"
         ]
     );
-    assert!(HEADER.contains("sizeof(Trace) == 16 && alignof(Trace) == 8"));
+    assert!(HEADER.contains("sizeof(Trace) == 32 && alignof(Trace) == 8"));
 }

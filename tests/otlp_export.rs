@@ -15,7 +15,7 @@ use opentelemetry::trace::TracerProvider as _;
 use otlp_receiver::{Received, Receiver, Transport};
 use tracing_gpu::batch::{Batch, BatchSink, LaunchInfo};
 use tracing_gpu::clock::{Calibration, Checkpoint, ClockMap, HostClock, HostOffsets};
-use tracing_gpu::format::{BufferBuilder, EventKind};
+use tracing_gpu::format::{BufferBuilder, EventKind, Sampling};
 use tracing_gpu::otlp::{Detail, HostSpans, OtlpGuard, OtlpLayer, PhaseGroup, Protocol};
 use tracing_gpu::registry::EventRegistry;
 use tracing_subscriber::filter::LevelFilter;
@@ -140,8 +140,13 @@ const DEVICE_BASE: u64 = 5_000_000_000_000;
 /// A launch of 2 blocks × 2 warps; each warp runs 3 k-tiles of load, mma and
 /// an instant, at times that differ per warp.
 fn buffer() -> Vec<u8> {
+    sampled_buffer(Sampling::default())
+}
+
+/// [`buffer`], its header saying `sampling` (which must keep every warp).
+fn sampled_buffer(sampling: Sampling) -> Vec<u8> {
     let mut b = BufferBuilder::new([2, 1, 1], [64, 1, 1], 16);
-    b.launch_id(7);
+    b.launch_id(7).sampling(sampling);
     for block in 0..2u32 {
         for warp in 0..2u32 {
             let slot = b.warp(block, warp).unwrap();
@@ -180,12 +185,16 @@ fn calibration() -> Calibration {
 /// Runs one launch under a host span "launch" (calling `inside` in it) and
 /// delivers its batch to the layer, as the profiler does; returns the batch.
 fn launch_and_deliver(inside: impl FnOnce()) -> Arc<Batch> {
+    deliver_in_launch(test_batch(), inside)
+}
+
+/// [`launch_and_deliver`] of `batch`.
+fn deliver_in_launch(mut batch: Arc<Batch>, inside: impl FnOnce()) -> Arc<Batch> {
     // As `gpu_profile!` opens it: the launch id an `i64`, which
     // tracing-opentelemetry keeps as an integer (a `u64` it sends as a string).
     let launch = tracing::info_span!("launch", kernel = "gemm", gpu.launch_id = 7i64);
     let _entered = launch.enter();
     inside();
-    let mut batch = test_batch();
     Arc::get_mut(&mut batch).unwrap().launch.parent = launch.id();
     let dispatch = tracing::dispatcher::get_default(|d| d.clone());
     tracing_gpu::deliver::deliver(&dispatch, batch.clone());
@@ -269,6 +278,9 @@ fn check_kernel<'a>(spans: &'a [Received], batch: &Batch) -> &'a Received {
     );
     assert_eq!(kernel.str_attr("thread.name"), Some("GPU 0"));
     assert_eq!(kernel.resource_str("service.name"), Some("otlp-test"));
+    if !cap.header().is_sampled() {
+        assert_eq!(kernel.str_attr("gpu.sampled"), None);
+    }
     kernel
 }
 
@@ -301,6 +313,19 @@ fn kernel_detail_over_http() {
     for (id, name) in [(LOAD, "load"), (MMA, "mma"), (TILE, "tile_done")] {
         check_summary(kernel, &format!("gpu.phase.{name}"), &by_type[&(id, 0)]);
     }
+}
+
+#[test]
+fn a_sampled_launch_says_so_on_its_kernel_span() {
+    let rx = Receiver::start(Transport::Http);
+    let (layer, guard) = layer(&rx, Detail::Kernel);
+    let subscriber = tracing_subscriber::registry().with(layer);
+    let batch = batch_of_bytes(sampled_buffer(Sampling::default().launches(4)));
+    let batch = tracing::subscriber::with_default(subscriber, || deliver_in_launch(batch, || {}));
+    guard.flush().expect("flush");
+    let spans = rx.wait_spans(2);
+    let kernel = check_kernel(&spans, &batch);
+    assert_eq!(kernel.str_attr("gpu.sampled"), Some("1 launch in 4"));
 }
 
 #[test]
@@ -885,9 +910,14 @@ fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
 
 /// The test launch's batch, with no parent span yet.
 fn test_batch() -> Arc<Batch> {
+    batch_of_bytes(buffer())
+}
+
+/// The test launch's batch, holding `bytes`.
+fn batch_of_bytes(bytes: Vec<u8>) -> Arc<Batch> {
     let now = HostClock::Boottime.now_ns();
     support::batch_of(
-        buffer(),
+        bytes,
         registry(),
         calibration(),
         LaunchInfo {

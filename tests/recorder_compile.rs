@@ -227,6 +227,37 @@ mod nvrtc {
     }
 
     #[test]
+    fn every_build_takes_the_32_byte_argument_and_reads_its_sampling() {
+        if !available() {
+            return;
+        }
+        // format::KernelArg is 32 bytes, 8-aligned: so must the kernel's parameter be,
+        // or the launch passes the wrong bytes. Every recording build reads the
+        // sampling's warp mask, block stride and block offset (offsets 16, 20, 24), at
+        // construction; the gated-off kernel has no such parameter.
+        let src = "#include \"tracing_gpu.cuh\"\nTGPU_EVENT(A, 1);\n\
+                   extern \"C\" __global__ void k(float* out TGPU_TRACE_PARAM) {\n\
+                   TGPU_RECORDER(rec, A);\nrec.begin<A>();\nout[threadIdx.x] = 1.0f;\nrec.end<A>(7);\n}\n";
+        for defines in [
+            &["TGPU_ENABLED=1"][..],
+            &["TGPU_ENABLED=1", "TGPU_FORMAT=1"],
+            &["TGPU_ENABLED=1", "TGPU_STREAM=1"],
+            &["TGPU_ENABLED=1", "TGPU_KEEP_SLOT=1"],
+        ] {
+            let ptx = ptx("k", "sm_90", src, defines);
+            assert!(
+                ptx.contains(".param .align 8 .b8 k_param_1[32]"),
+                "{defines:?}: the trace parameter\n{ptx}"
+            );
+            // (Scalar loads, or pairs: +16 with +20, +24 with +28.)
+            for word in ["k_param_1+16]", "k_param_1+24]"] {
+                assert!(ptx.contains(word), "{defines:?}: {word} not read\n{ptx}");
+            }
+        }
+        assert!(!ptx("k", "sm_90", src, &[]).contains("k_param_1"));
+    }
+
+    #[test]
     fn the_trace_forwards_to_a_device_function() {
         if !available() {
             return;

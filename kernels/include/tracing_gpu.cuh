@@ -2,7 +2,9 @@
 //
 // Header-only, C++17, NVRTC-safe: it includes nothing, not even device headers.
 //
-// Each warp owns one slot of a trace buffer, found from its (block, warp); no atomics.
+// Each warp owns one slot of a trace buffer, found from its (block, warp); no atomics. The
+// argument may sample: only the warps it names (a mask per block, of every n-th block) have
+// slots and record, and each warp learns whether it is one when its recorder is made.
 // Two recorders write it, with the same API; TGPU_FORMAT picks one at compile time:
 //   2 (the default): one 8-byte entry per phase boundary (a switch_to is one), staged in
 //     the warp's lanes, the n-th entry of a group in lane n's registers, and stored 32 at
@@ -57,7 +59,8 @@
 //                                 (v2: A is the innermost open range)
 //   rec.instant<T>(payload = 0)   records an instant
 //   rec.flush()                   writes the slot header now (the destructor does it anyway)
-//   Trace                         the kernel argument (base, capacity, slot_count)
+//   Trace                         the kernel argument (base, capacity, slot_count, and the
+//                                 sampling: which warps of which blocks record)
 //   globaltimer(), globaltimer_lo(), smid()   the raw reads, with the gate on or off
 // Ranges of different types nest; a type's ranges do not nest with themselves. Events
 // after flush() are not recorded. Every lane of the warp (v2: every lane active when the
@@ -356,19 +359,32 @@ static_assert(ENTRY_INSTANT <= WATCH_KIND_MASK && (WATCH_KIND_MASK & (WATCH_CLOS
               "watch flags: the kind, closed, payload, the entry count and the mark, in that order");
 
 /// The kernel argument: passed by value, so the device reads it from the parameter bank.
-/// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing.
+/// Mirrors `tracing_gpu::format::KernelArg`. `base == 0` records nothing. The last four
+/// words are the sampling (docs/format.md, "Sampling"): which warps of which blocks
+/// record; all zero, every warp.
 struct Trace {
-  /// Device address of the buffer (its header); 0 turns recording off for the launch.
+  /// Device address 64 bytes before slot 0 (the buffer's header, or in a sampled buffer
+  /// its sampling block); 0 turns recording off for the launch.
   unsigned long long base;
   /// Records per slot; with `TRACE_INDIRECT`, `base` points at the buffer's address; with
   /// `TRACE_STREAM`, each slot is a ring (v2).
   unsigned int capacity;
-  /// Number of slots; a warp whose slot index is not below it records nothing.
+  /// Number of slots: one per sampled warp; a warp whose slot would not be below it
+  /// records nothing.
   unsigned int slot_count;
+  /// The warps of each sampled block that record (bit w: warp w); 0: every warp.
+  unsigned int warp_mask;
+  /// Every block_stride-th block records, from block_offset on; 0 or 1: every block.
+  unsigned int block_stride;
+  /// The first block that records (with block_stride).
+  unsigned int block_offset;
+  /// One launch in launch_every records: the host's choice, carried for the record (an
+  /// unsampled launch gets base 0); the device does not read it.
+  unsigned int launch_every;
 };
 // (NVRTC 13.0 has no __builtin_offsetof: the field order above, with the size and
-// alignment below, fixes the offsets at 0, 8 and 12.)
-static_assert(sizeof(Trace) == 16 && alignof(Trace) == 8, "Trace is format::KernelArg: 16 bytes, 8-aligned");
+// alignment below, fixes the offsets at 0, 8, 12, 16, 20, 24 and 28.)
+static_assert(sizeof(Trace) == 32 && alignof(Trace) == 8, "Trace is format::KernelArg: 32 bytes, 8-aligned");
 
 namespace detail {
 
@@ -603,20 +619,25 @@ __device__ __forceinline__ bool any(bool p) {
   return r != 0;
 }
 
-// This warp's slot index, (block, warp) in row-major order, read where it is called: the
-// thread and block indices with volatile asm, which the compiler leaves where it is.
-__device__ __forceinline__ unsigned int warp_slot_here() {
-  unsigned int tx, ty, tz, bx, by, bz;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
-  asm volatile("mov.u32 %0, %%tid.y;" : "=r"(ty));
-  asm volatile("mov.u32 %0, %%tid.z;" : "=r"(tz));
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
-  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(by));
-  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(bz));
-  const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
-  const unsigned int block = bx + gridDim.x * (by + gridDim.y * bz);
-  const unsigned int thread = tx + blockDim.x * (ty + blockDim.y * tz);
-  return block * ((threads + 31u) >> 5) + (thread >> 5);
+// Whether this warp records under the argument's sampling and, if it does, its slot: the
+// sampled warps numbered block by block (the sampled blocks in order, in each its sampled
+// warps in order), so that the buffer holds slots for them alone and the host maps a slot
+// back to its (block, warp) (docs/format.md, "Sampling"). A warp whose slot would not be
+// below slot_count records nothing. Every recorder asks it once, at construction: a warp
+// that is not sampled takes its recorder's not-recording path from there, and no event
+// pays for sampling.
+__device__ __forceinline__ bool sampled_slot(const Trace& trace, unsigned int& slot) {
+  const unsigned int warps = (blockDim.x * blockDim.y * blockDim.z + 31u) >> 5;  // at most 32
+  const unsigned int warp = thread_linear() >> 5;
+  const unsigned int block = block_linear();
+  const unsigned int mask =
+      (trace.warp_mask != 0u ? trace.warp_mask : ~0u) & (warps >= 32u ? ~0u : (1u << warps) - 1u);
+  const unsigned int stride = trace.block_stride > 1u ? trace.block_stride : 1u;
+  const unsigned int from = block - trace.block_offset;  // wraps below the offset
+  const unsigned int rank = stride > 1u ? from / stride : from;
+  slot = rank * __popc(mask) + __popc(mask & ((1u << warp) - 1u));
+  return block >= trace.block_offset && rank * stride == from && ((mask >> warp) & 1u) != 0u &&
+         slot < trace.slot_count;
 }
 
 // store2, if `store`.
@@ -799,12 +820,10 @@ class Recorder {
   /// Finds this warp's slot and stamps the start. Call it in every thread of the warp
   /// (only lane 0 writes); one recorder per warp per launch.
   __device__ __forceinline__ explicit Recorder(Trace trace) : idx_(0xFFFFFFFFu), open_(0) {
-    const unsigned int tid = detail::thread_linear();
-    const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
-    const unsigned long long slot =
-        static_cast<unsigned long long>(detail::block_linear()) * ((threads + 31u) >> 5) + (tid >> 5);
+    unsigned int slot;
     // A streaming argument is for v2 only (docs/format.md): with it, v1 records nothing.
-    const bool lane = slot < trace.slot_count && (tid & 31u) == 0 && !(trace.capacity & TRACE_STREAM);
+    const bool lane = detail::sampled_slot(trace, slot) && (detail::thread_linear() & 31u) == 0 &&
+                      !(trace.capacity & TRACE_STREAM);
     // Whether to stamp the start: decided from the argument alone, so that a graph node's
     // load below is waited for only where its result is first used (the first store).
     const bool stamps = lane && trace.base != 0;
@@ -922,9 +941,9 @@ class Recorder {
 /// ptxas cannot read the timer again later, see v1's store_pending_and_stamp), and when
 /// each lane holds one, the warp stores the group with one coalesced store: per event,
 /// a compare, the stamp, the entry's word, the count and the group test; no address, no
-/// capacity check, no store. The slot is found only when something is stored: a warp
-/// that records nothing does nothing but count its lanes (and, in a graph node, load
-/// where its buffer is), and writes nothing at all.
+/// capacity check, no store. The slot's address is made only when something is stored: a
+/// warp that records nothing does nothing but ask whether it is sampled, count its lanes
+/// (and, in a graph node, load where its buffer is), and writes nothing at all.
 ///
 /// Streaming (TRACE_STREAM in the argument) changes what a group store does, and which
 /// lanes stage: the warp's first lane stores each chunk's meta and keeps the header's
@@ -942,7 +961,8 @@ template <class... Events>
 class Recorder {
   using Checks = detail::checks<Events...>;
 
-  Trace trace_;          // the argument, kept: the slot is found at the first store (a graph
+  Trace trace_;          // the argument, kept, slot_count the warp's slot (found at
+                         // construction); the slot's address is made at each store (a graph
                          // node's, without the streaming code: the buffer's address in base,
                          // TRACE_INDIRECT cleared); with TGPU_KEEP_SLOT=1, then kept here
                          // (see keep_slot)
@@ -999,8 +1019,8 @@ class Recorder {
     watch_last_ = 0u;
     watch_payload_ = 0u;
     if (trace.base == 0 || !(trace.capacity & TRACE_STREAM)) return;
-    const unsigned int slot = detail::warp_slot_here();
-    if (slot >= trace.slot_count) return;
+    unsigned int slot;
+    if (!detail::sampled_slot(trace, slot)) return;
     const unsigned int capacity = trace.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
     cell_ = header_of(trace.base, capacity, trace.slot_count) +
             static_cast<unsigned long long>(slot) * WATCH_CELL_SIZE + WATCH_RECORD_SIZE;
@@ -1059,10 +1079,11 @@ class Recorder {
   }
 
   // Finds the slot: its header's address and its capacity in records; false if this launch
-  // or this warp records nothing (a graph node's base is the word its constructor loaded,
-  // 0 when the replay records nothing or the argument also asks to stream). Runs once per
-  // group store and at the flush, never per event. With TGPU_KEEP_SLOT=1 the first finds
-  // it and keeps it (see keep_slot), the later ones take it from there.
+  // records nothing (a graph node's base is the word its constructor loaded, 0 when the
+  // replay records nothing or the argument also asks to stream; a warp that is not sampled
+  // never gets here: its group_ is 0). Runs once per group store and at the flush, never
+  // per event. With TGPU_KEEP_SLOT=1 the first finds it and keeps it (see keep_slot), the
+  // later ones take it from there.
   __device__ __forceinline__ bool locate(unsigned long long& header, unsigned int& capacity,
                                          unsigned int& slot) {
 #if TGPU_KEEP_SLOT
@@ -1074,29 +1095,30 @@ class Recorder {
 #else
     const unsigned long long base = buffer_base();
     capacity = slot_capacity();
-    const unsigned int threads = blockDim.x * blockDim.y * blockDim.z;
-    slot = detail::block_linear() * ((threads + 31u) >> 5) + (detail::thread_linear() >> 5);
-    if (base == 0 || slot >= trace_.slot_count) return false;
+    slot = trace_.slot_count;
+    if (base == 0) return false;
     header = header_of(base, capacity, slot);
     return true;
 #endif
   }
 
 #if TGPU_KEEP_SLOT
-  // TGPU_KEEP_SLOT=1: finds the slot, once, and keeps it in trace_, where the argument was:
-  // base becomes the header's address with bit 0 set (the buffer's address and a graph
-  // node's word are aligned, so bit 0 is free until then), slot_count the slot; trace_
-  // stays as it is if this launch or this warp records nothing. A call of its own ahead of
-  // locate's answer, not a branch inside it, so that ptxas puts no convergence barrier on
-  // every event's path (recorder_sass.rs counts it). The thread and block indices are read
-  // with volatile asm (warp_slot_here): read plainly, the compiler hoisted them to the
-  // kernel's start, where every warp waited for them.
+  // TGPU_KEEP_SLOT=1: finds the slot's address, once, and keeps it in trace_, where the
+  // argument was: base becomes the header's address with bit 0 set (the buffer's address
+  // and a graph node's word are aligned, so bit 0 is free until then); trace_ stays as it
+  // is if this launch records nothing. A call of its own ahead of locate's
+  // answer, not a branch inside it, so that ptxas puts no convergence barrier on every
+  // event's path (recorder_sass.rs counts it).
   __device__ __forceinline__ void keep_slot() {
     if (static_cast<unsigned int>(trace_.base) & 1u) return;
     const unsigned long long base = buffer_base();
     const unsigned int capacity = slot_capacity();
-    const unsigned int slot = detail::warp_slot_here();
-    if (base == 0 || slot >= trace_.slot_count) return;
+    if (base == 0) return;
+    // The slot, found at construction, written back as a new value (opaque to the
+    // compiler): left as it was, ptxas copied the slot's address on every event's path
+    // of the unrolled switch_to loop (recorder_sass.rs: 7.5 instructions a range, not 7).
+    unsigned int slot = trace_.slot_count;
+    asm volatile("" : "+r"(slot));
     trace_.base = header_of(base, capacity, slot) + 1ull;
     trace_.slot_count = slot;
   }
@@ -1276,8 +1298,16 @@ class Recorder {
     asm volatile("activemask.b32 %0;" : "=r"(active));
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
     const bool stream = (trace.capacity & TRACE_STREAM) != 0;
-    // A build without the streaming code records nothing from a streaming argument.
-    const bool records = trace.base != 0 && (TGPU_STREAM || !stream);
+    // A build without the streaming code records nothing from a streaming argument, and a
+    // warp that is not sampled nothing at all. The warp learns it here, once, and keeps its
+    // slot where the argument's slot_count was. Asked through a vote, which ptxas knows the
+    // warp shares: taken from the thread index alone, `records` looked different per lane,
+    // and every event's count and group test moved out of the uniform registers (two more
+    // instructions per event, recorder_sass.rs).
+    unsigned int slot = trace.slot_count;  // past the last: none, unless sampled_slot says
+    const bool records =
+        trace.base != 0 && (TGPU_STREAM || !stream) && detail::any(detail::sampled_slot(trace, slot));
+    trace_.slot_count = slot;
     // Streaming, the first lane stores the metas: the others stage, ranked from 0.
     const unsigned int first = TGPU_STREAM && stream ? 1u : 0u;
     group_ = records ? __popc(active) - first : 0u;

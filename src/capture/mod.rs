@@ -58,7 +58,7 @@ pub const CAPTURE_MAGIC: [u8; 8] = *b"TGPUDUMP";
 /// The version this crate writes. It also reads
 /// [`CAPTURE_OLDEST_VERSION`] and every version in between.
 #[doc(hidden)]
-pub const CAPTURE_VERSION: u32 = 3;
+pub const CAPTURE_VERSION: u32 = 4;
 /// The oldest version this crate reads: version 1 has no payload names in its
 /// registry (`docs/capture.md`).
 #[doc(hidden)]

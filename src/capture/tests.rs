@@ -1046,3 +1046,39 @@ fn a_source_is_spooled_whole_up_to_its_limit_and_refused_past_it() {
         }
     }
 }
+
+#[test]
+fn a_sampled_launch_round_trips_and_says_what_it_sampled() {
+    // Warps 1 and 3 of every other block from block 1: blocks 1 and 3 of 4.
+    let sampling = crate::format::Sampling::default()
+        .warps(0b1010)
+        .blocks(2, 1)
+        .launches(5);
+    let mut b = BufferBuilder::new([4, 1, 1], [128, 1, 1], 16);
+    b.launch_id(2).sampling(sampling);
+    assert_eq!(b.header().slot_count, 4);
+    for (block, warp) in [(1, 1), (3, 3)] {
+        b.warp(block, warp)
+            .unwrap()
+            .range(1, 1_000_000, 1_000_500, block * 4 + warp);
+    }
+    let mut d = sample();
+    d.launches[1].grid = [4, 1, 1];
+    d.launches[1].block = [128, 1, 1];
+    d.launches[1].buffer = Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap());
+    let bytes = bytes_of(&d);
+    assert_eq!(bytes[8..12], 4u32.to_le_bytes());
+    for c in [
+        Capture::from_reader(&bytes[..]).unwrap(),
+        streamed(&bytes).unwrap(),
+    ] {
+        assert_eq!(c, d);
+        let buffer = c.launches[1].buffer.view();
+        assert_eq!(buffer.header().sampling, sampling);
+        let placed: Vec<_> = buffer
+            .slots()
+            .map(|s| (s.index, s.header.block_linear, s.header.warp))
+            .collect();
+        assert_eq!(placed, [(0, 1, 1), (3, 3, 3)]);
+    }
+}

@@ -46,6 +46,13 @@ pub(super) fn read_trace_buffer<R: BufRead>(
     let at = b.pos();
     let mut head = vec![0; n.min(BUFFER_HEADER_SIZE as u64) as usize];
     b.fill(&mut head)?;
+    // A sampled buffer's header goes on with its sampling.
+    let more = (Sparse::header_size(&head) as u64).min(n) as usize - head.len();
+    if more > 0 {
+        let have = head.len();
+        head.resize(have + more, 0);
+        b.fill(&mut head[have..])?;
+    }
     let Some(mut sparse) = Sparse::begin(&head, n)? else {
         let rest = n - head.len() as u64;
         let n = usize::try_from(n).unwrap_or(usize::MAX);
@@ -57,7 +64,7 @@ pub(super) fn read_trace_buffer<R: BufRead>(
         b.append(&mut bytes, rest)?;
         return Ok(OwnedBuffer::decode(bytes, None)?);
     };
-    budget.take(BUFFER_HEADER_SIZE, at)?;
+    budget.take(head.len(), at)?;
     let stride = sparse.stride() as u64;
     let after_header = stride - SLOT_HEADER_SIZE as u64;
     let mut slot = Vec::new();

@@ -325,7 +325,7 @@ pub(crate) fn decode_all(
 ) -> Vec<Result<OwnedBuffer, ProfilerError>> {
     let one = |(header, bytes): &(BufferHeader, &[u8])| {
         let launch_id = header.launch_id;
-        if bytes.len() < crate::format::BUFFER_HEADER_SIZE {
+        if bytes.len() < header.size() {
             return Err(ProfilerError::Invalid(format!(
                 "launch {launch_id}: {} bytes came back, less than a buffer header",
                 bytes.len()

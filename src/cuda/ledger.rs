@@ -23,6 +23,10 @@ pub struct ProfilerStats {
     /// Launches that ran without recording, because the arena (or the
     /// graph's replay ring) was full.
     pub skipped: u64,
+    /// Launches that ran without recording because the sampling left them out
+    /// (one in n, or its predicate): a null trace, as intended (not among
+    /// `skipped`).
+    pub unsampled: u64,
     /// Launches whose batch was delivered.
     pub delivered: u64,
     /// Launches whose buffer could not be brought back or decoded.
@@ -66,6 +70,7 @@ pub(crate) struct Ledger {
     /// lock the collector takes (it takes `state` for every launch it finishes).
     launches: AtomicU64,
     pub(super) skipped: AtomicU64,
+    unsampled: AtomicU64,
     replays: AtomicU64,
     /// Launches handed to the collector (a replay counts its nodes).
     pub(super) sent: AtomicU64,
@@ -100,6 +105,7 @@ impl Ledger {
             progress: Condvar::new(),
             launches: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            unsampled: AtomicU64::new(0),
             replays: AtomicU64::new(0),
             sent: AtomicU64::new(0),
         })
@@ -110,6 +116,7 @@ impl Ledger {
         ProfilerStats {
             launches: self.launches.load(Ordering::Acquire),
             skipped: self.skipped.load(Ordering::Acquire),
+            unsampled: self.unsampled.load(Ordering::Acquire),
             replays: self.replays.load(Ordering::Acquire),
             ..st
         }
@@ -125,6 +132,12 @@ impl Ledger {
         if skipped {
             self.skipped.fetch_add(1, Ordering::AcqRel);
         }
+        self.launches.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Counts a launch the sampling left out.
+    pub(crate) fn count_unsampled(&self) {
+        self.unsampled.fetch_add(1, Ordering::AcqRel);
         self.launches.fetch_add(1, Ordering::AcqRel);
     }
 

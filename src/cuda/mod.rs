@@ -38,6 +38,7 @@ pub use profiler::{
     Profiler, ProfilerBuilder, DEFAULT_CAPACITY, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
     DEFAULT_RECALIBRATION,
 };
+pub use profiler::{Sampled, Sampler};
 pub use profiler::{Streaming, DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
 pub use recorder::{CaptureLayer, CaptureRecorder};
 pub use traced::{TracedKernel, TracedLaunch};

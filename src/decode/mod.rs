@@ -22,9 +22,9 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::format::{
-    self, buffer_offsets as bo, slot_offsets as so, BufferHeader, Event, EventKind, Record,
-    SlotHeader, BUFFER_FLAG_PACKED, BUFFER_HEADER_SIZE, BUFFER_MAGIC, KIND_INSTANT, KIND_RANGE,
-    PACKED_RECORD_SIZE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION,
+    self, slot_offsets as so, BufferHeader, Event, EventKind, Record, SlotHeader,
+    BUFFER_FLAG_PACKED, KIND_INSTANT, KIND_RANGE, PACKED_RECORD_SIZE, RECORD_SIZE,
+    SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2,
 };
 use crate::registry::EventRegistry;
 
@@ -32,20 +32,22 @@ mod bytes;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) mod chunk;
 mod error;
+mod header;
 mod packed;
 pub(crate) mod sparse;
 mod v1;
 mod v2;
-use bytes::{u16_at, u32_at, u64_at};
+use bytes::u32_at;
 pub use error::DecodeError;
-use v1::{check_v1_slot, read_slot_header, xyz_at};
+use header::read_buffer_header;
+use v1::{check_v1_slot, read_slot_header};
 
 /// What [`Buffer::decode`] learned, kept so that [`OwnedBuffer::view`] need not
 /// validate again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Index {
     header: BufferHeader,
-    /// Bytes the buffer occupies (`64 + slot_count × stride`; of a packed buffer,
+    /// Bytes the buffer occupies (`header + slot_count × stride`; of a packed buffer,
     /// its slots' sizes; of a sparse one, its header and its flushed slots cut
     /// after what they hold).
     size: usize,
@@ -94,9 +96,10 @@ impl Index {
         let capacity = header.slot_capacity;
         let wpb = header.warps_per_block;
         let [gx, gy, gz] = header.grid;
-        // Up to 2¹²⁸ warps in principle; slot indices are u32, so saturate.
-        let warps =
-            u64::try_from(gx as u128 * gy as u128 * gz as u128 * wpb as u128).unwrap_or(u64::MAX);
+        // The slots the grid has: one per warp, or per sampled warp. Up to 2¹²⁸
+        // blocks in principle; slot indices are u32, so saturate.
+        let blocks = u64::try_from(gx as u128 * gy as u128 * gz as u128).unwrap_or(u64::MAX);
+        let warps = header.sampling.slots(blocks, wpb);
         let magic = u32_at(slot, so::MAGIC);
         if magic != SLOT_MAGIC && magic != SLOT_MAGIC_V2 {
             return Err(DecodeError::BadSlotMagic {
@@ -104,19 +107,20 @@ impl Index {
                 found: magic,
             });
         }
-        // wpb ≥ 1 and gx, gy ≥ 1: read_buffer_header refused empty launches.
-        let bl = i / wpb;
+        if i as u64 >= warps {
+            return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
+        }
+        // Inside the grid (above), so placed; gx, gy ≥ 1: read_buffer_header refused
+        // empty launches.
+        let (bl, warp) = header.place(i).unwrap_or_default();
         let xyz = [bl % gx, bl / gx % gy, bl / gx / gy];
         let h = if magic == SLOT_MAGIC_V2 {
-            if i as u64 >= warps {
-                return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
-            }
             let at = v2::Place {
                 index: i,
                 capacity,
                 block_linear: bl,
                 block: xyz,
-                warp: i % wpb,
+                warp,
             };
             let h = match registry {
                 Some(reg) => v2::check(slot, &at, |id| reg.contains(id))?,
@@ -126,13 +130,7 @@ impl Index {
             h
         } else {
             let h = read_slot_header(slot);
-            check_v1_slot(
-                i,
-                &h,
-                capacity,
-                warps,
-                [bl, xyz[0], xyz[1], xyz[2], i % wpb],
-            )?;
+            check_v1_slot(i, &h, capacity, [bl, xyz[0], xyz[1], xyz[2], warp])?;
             let records = &slot[SLOT_HEADER_SIZE..SLOT_HEADER_SIZE + h.record_count as usize * 16];
             match registry {
                 Some(reg) => check_records(i, &h, records, |id| reg.contains(id))?,
@@ -175,105 +173,6 @@ fn record_array(c: &[u8]) -> [u8; RECORD_SIZE] {
     a
 }
 
-/// Reads and checks the buffer header at the start of `bytes`, of a buffer read
-/// from `len` bytes (`bytes.len()`, or more when only its header is at hand:
-/// [`sparse`]); returns it and the buffer's size.
-fn read_buffer_header(bytes: &[u8], len: usize) -> Result<(BufferHeader, usize), DecodeError> {
-    if bytes.len() < BUFFER_HEADER_SIZE {
-        return Err(DecodeError::Truncated {
-            len: bytes.len(),
-            needed: BUFFER_HEADER_SIZE as u64,
-        });
-    }
-    let b = &bytes[..BUFFER_HEADER_SIZE];
-    let magic = u32_at(b, bo::MAGIC);
-    if magic != BUFFER_MAGIC {
-        return Err(DecodeError::BadMagic { found: magic });
-    }
-    let version = u16_at(b, bo::VERSION);
-    if version != VERSION {
-        return Err(DecodeError::UnsupportedVersion { found: version });
-    }
-    let exact = |field, at: usize, expected: usize, wide: bool| {
-        let found = if wide {
-            u32_at(b, at) as u64
-        } else {
-            u16_at(b, at) as u64
-        };
-        if found == expected as u64 {
-            Ok(())
-        } else {
-            Err(DecodeError::BadHeaderField {
-                field,
-                found,
-                expected: expected as u64,
-            })
-        }
-    };
-    exact("header_size", bo::HEADER_SIZE, BUFFER_HEADER_SIZE, false)?;
-    exact(
-        "slot_header_size",
-        bo::SLOT_HEADER_SIZE,
-        SLOT_HEADER_SIZE,
-        false,
-    )?;
-    let flags = u32_at(b, bo::FLAGS);
-    let packed = flags == BUFFER_FLAG_PACKED;
-    if !packed {
-        exact("flags", bo::FLAGS, 0, true)?;
-    }
-    let record_size = if packed {
-        PACKED_RECORD_SIZE
-    } else {
-        RECORD_SIZE
-    };
-    exact("record_size", bo::RECORD_SIZE, record_size, false)?;
-    exact("reserved", bo::RESERVED, 0, true)?;
-    let header = BufferHeader {
-        version,
-        slot_capacity: u32_at(b, bo::SLOT_CAPACITY),
-        slot_count: u32_at(b, bo::SLOT_COUNT),
-        warps_per_block: u32_at(b, bo::WARPS_PER_BLOCK),
-        launch_id: u64_at(b, bo::LAUNCH_ID),
-        grid: xyz_at(b, bo::GRID),
-        block: xyz_at(b, bo::BLOCK),
-        flags,
-    };
-    if header.grid.contains(&0) || header.block.contains(&0) {
-        return Err(DecodeError::EmptyLaunch {
-            grid: header.grid,
-            block: header.block,
-        });
-    }
-    // Three u32 dimensions multiply to up to 2⁹⁶: u128 cannot overflow.
-    let threads: u128 = header.block.iter().map(|&d| d as u128).product();
-    let wpb = threads.div_ceil(32);
-    if header.warps_per_block as u128 != wpb {
-        return Err(DecodeError::BadHeaderField {
-            field: "warps_per_block",
-            found: header.warps_per_block as u64,
-            expected: u64::try_from(wpb).unwrap_or(u64::MAX),
-        });
-    }
-    if packed {
-        // Its slots' sizes are in their headers: packed::walk finds its size.
-        return Ok((header, BUFFER_HEADER_SIZE));
-    }
-    let size = format::buffer_size(header.slot_count, header.slot_capacity).ok_or(
-        DecodeError::SizeOverflow {
-            slot_count: header.slot_count,
-            capacity: header.slot_capacity,
-        },
-    )?;
-    if len < size {
-        return Err(DecodeError::Truncated {
-            len,
-            needed: size as u64,
-        });
-    }
-    Ok((header, size))
-}
-
 /// Offset of the first non-zero 16-byte group of `b` (a multiple of 16 long).
 fn first_nonzero(b: &[u8]) -> Option<usize> {
     b.chunks_exact(16)
@@ -312,7 +211,7 @@ impl<'a> Buffer<'a> {
         }
         let stride = format::slot_stride(header.slot_capacity);
         let mut index = Index::empty(header, size);
-        let body = &bytes[BUFFER_HEADER_SIZE..size];
+        let body = &bytes[header.size()..size];
         for (i, slot) in body.chunks_exact(stride).enumerate() {
             let i = i as u32;
             if u32_at(slot, so::MAGIC) == 0 {
@@ -391,7 +290,7 @@ fn slot_at<'a>(bytes: &'a [u8], at: &Index, k: usize) -> Slot<'a> {
     let stride = format::slot_stride(at.header.slot_capacity);
     let off = match at.offsets.get(k) {
         Some(&off) => off,
-        None => BUFFER_HEADER_SIZE + index as usize * stride,
+        None => at.header.size() + index as usize * stride,
     };
     if at.header.flags == BUFFER_FLAG_PACKED {
         let header = read_slot_header(&bytes[off..]);
@@ -766,10 +665,11 @@ impl OwnedBuffer {
         }
         let stride = format::slot_stride(index.header.slot_capacity);
         let mut wire = vec![0; index.wire_size];
-        wire[..BUFFER_HEADER_SIZE].copy_from_slice(&self.bytes[..BUFFER_HEADER_SIZE]);
+        let head = index.header.size();
+        wire[..head].copy_from_slice(&self.bytes[..head]);
         let ends = index.offsets.iter().skip(1).copied().chain([index.size]);
         for ((&slot, &from), to) in index.flushed.iter().zip(&index.offsets).zip(ends) {
-            let at = BUFFER_HEADER_SIZE + slot as usize * stride;
+            let at = head + slot as usize * stride;
             wire[at..at + (to - from)].copy_from_slice(&self.bytes[from..to]);
         }
         Cow::Owned(wire)
@@ -996,8 +896,17 @@ mod tests {
             }
         ));
         assert!(matches!(
-            with(|b| b[bo::FLAGS] = 2),
+            with(|b| b[bo::FLAGS] = 4),
             E::BadHeaderField { field: "flags", .. }
+        ));
+        // Sampled: a 128-byte header.
+        assert!(matches!(
+            with(|b| b[bo::FLAGS] = 2),
+            E::BadHeaderField {
+                field: "header_size",
+                found: 64,
+                expected: 128
+            }
         ));
         assert!(matches!(
             with(|b| b[bo::RESERVED] = 1),

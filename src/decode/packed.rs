@@ -7,8 +7,8 @@ use super::bytes::{u16_at, u32_at, u64_at};
 use super::error::DecodeError;
 use super::v1::{check_v1_slot, read_slot_header};
 use crate::format::{
-    packed_offsets as po, BufferHeader, Event, EventKind, PackedIndex, SlotHeader,
-    BUFFER_HEADER_SIZE, KIND_INSTANT, KIND_RANGE, PACKED_RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC,
+    packed_offsets as po, BufferHeader, Event, EventKind, PackedIndex, SlotHeader, KIND_INSTANT,
+    KIND_RANGE, PACKED_RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC,
 };
 
 /// Checks every slot and record of a packed buffer whose header is `header`.
@@ -27,9 +27,11 @@ pub(super) fn walk(
         events: 0,
         events_lost: 0,
         time_range: None,
-        size: BUFFER_HEADER_SIZE,
+        size: header.size(),
     };
-    let mut at = BUFFER_HEADER_SIZE;
+    // Slot indices are the grid's (block × warps per block + warp), sampled or not:
+    // a packed slot names its block and warp.
+    let mut at = header.size();
     for _ in 0..header.slot_count {
         let truncated = |needed: usize| DecodeError::Truncated {
             len: bytes.len(),
@@ -58,7 +60,10 @@ pub(super) fn walk(
         }
         let bl = index / wpb;
         let place = [bl, bl % gx, bl / gx % gy, bl / gx / gy, index % wpb];
-        check_v1_slot(index, &h, header.slot_capacity, warps, place)?;
+        if index as u64 >= warps {
+            return Err(DecodeError::SlotOutsideGrid { slot: index, warps });
+        }
+        check_v1_slot(index, &h, header.slot_capacity, place)?;
         let len = h.record_count as usize * PACKED_RECORD_SIZE;
         let start = at + SLOT_HEADER_SIZE;
         let records = bytes

@@ -12,8 +12,9 @@
 use super::bytes::u32_at;
 use super::{read_buffer_header, DecodeError, Index, OwnedBuffer};
 use crate::format::{
-    self, slot_offsets as so, slot_v2_offsets as v2o, BUFFER_FLAG_PACKED, BUFFER_HEADER_SIZE,
-    ENTRY_SIZE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2,
+    self, buffer_offsets as bo, slot_offsets as so, slot_v2_offsets as v2o, BUFFER_FLAG_PACKED,
+    BUFFER_FLAG_SAMPLED, BUFFER_HEADER_SIZE, ENTRY_SIZE, RECORD_SIZE, SAMPLED_HEADER_SIZE,
+    SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2,
 };
 
 /// An unpacked buffer being read slot by slot.
@@ -25,11 +26,24 @@ pub(crate) struct Sparse {
 }
 
 impl Sparse {
-    /// Begins the buffer whose first [`BUFFER_HEADER_SIZE`] bytes are `head`,
+    /// The bytes of the header that begins with `first`, the buffer's first
+    /// [`BUFFER_HEADER_SIZE`] bytes: those, or a sampled buffer's
+    /// [`SAMPLED_HEADER_SIZE`] (read them all before [`Sparse::begin`]).
+    pub(crate) fn header_size(first: &[u8]) -> usize {
+        let flags = first
+            .get(bo::FLAGS..bo::FLAGS + 4)
+            .map_or(0, |_| u32_at(first, bo::FLAGS));
+        match flags & BUFFER_FLAG_SAMPLED {
+            0 => BUFFER_HEADER_SIZE,
+            _ => SAMPLED_HEADER_SIZE,
+        }
+    }
+
+    /// Begins the buffer whose header is `head` ([`Sparse::header_size`] bytes),
     /// read from a field of `len` bytes; `None` for a packed buffer (every byte
     /// of it is content: decode it whole) or one shorter than its header.
     pub(crate) fn begin(head: &[u8], len: u64) -> Result<Option<Sparse>, DecodeError> {
-        if head.len() < BUFFER_HEADER_SIZE {
+        if head.len() < BUFFER_HEADER_SIZE || head.len() < Sparse::header_size(head) {
             return Ok(None);
         }
         let len = usize::try_from(len).unwrap_or(usize::MAX);
@@ -37,10 +51,10 @@ impl Sparse {
         if header.flags == BUFFER_FLAG_PACKED {
             return Ok(None);
         }
-        let mut index = Index::empty(header, BUFFER_HEADER_SIZE);
+        let mut index = Index::empty(header, header.size());
         index.wire_size = size;
         Ok(Some(Sparse {
-            bytes: head[..BUFFER_HEADER_SIZE].to_vec(),
+            bytes: head[..header.size()].to_vec(),
             index,
             stride: format::slot_stride(header.slot_capacity),
         }))

@@ -32,7 +32,6 @@ pub(super) fn check_v1_slot(
     i: u32,
     h: &SlotHeader,
     capacity: u32,
-    warps: u64,
     place: [u32; 5],
 ) -> Result<(), DecodeError> {
     if h.record_count > capacity {
@@ -41,9 +40,6 @@ pub(super) fn check_v1_slot(
             count: h.record_count,
             capacity,
         });
-    }
-    if i as u64 >= warps {
-        return Err(DecodeError::SlotOutsideGrid { slot: i, warps });
     }
     let [bl, x, y, z, warp] = place;
     if h.block_linear != bl || h.block != [x, y, z] || h.warp != warp {

@@ -4,10 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::{
-    slot_v2_offsets as v2o, BufferHeader, Entry, Event, EventKind, Record, SlotHeader,
-    BUFFER_HEADER_SIZE, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SIZE,
-    ENTRY_SWITCH, KIND_INSTANT, KIND_RANGE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC,
-    SLOT_MAGIC_V2, VERSION,
+    slot_v2_offsets as v2o, BufferHeader, Entry, Event, EventKind, Record, Sampling, SlotHeader,
+    ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SIZE, ENTRY_SWITCH, KIND_INSTANT,
+    KIND_RANGE, RECORD_SIZE, SLOT_HEADER_SIZE, SLOT_MAGIC, SLOT_MAGIC_V2, VERSION,
 };
 
 /// Writes valid buffers on the host, event by event (v1 slots, [`BufferBuilder::warp`])
@@ -79,6 +78,7 @@ impl BufferBuilder {
                 grid,
                 block,
                 flags: 0,
+                sampling: Sampling::default(),
             },
             slots: BTreeMap::new(),
             entry_slots: BTreeMap::new(),
@@ -88,6 +88,20 @@ impl BufferBuilder {
     /// Sets the launch id written in the header.
     pub fn launch_id(&mut self, id: u64) -> &mut Self {
         self.header.launch_id = id;
+        self
+    }
+
+    /// Samples the launch: slots only for the warps `sampling` names, as the
+    /// device allocates them (`slot_count` becomes theirs, saturating; slots
+    /// made before are dropped). [`BufferBuilder::warp`] of a warp it leaves out
+    /// is `None`.
+    pub fn sampling(&mut self, sampling: Sampling) -> &mut Self {
+        let h = &mut self.header;
+        h.sampling = sampling;
+        let blocks: u64 = h.grid.iter().map(|&d| u64::from(d)).product();
+        h.slot_count = u32::try_from(sampling.slots(blocks, h.warps_per_block)).unwrap_or(u32::MAX);
+        self.slots.clear();
+        self.entry_slots.clear();
         self
     }
 
@@ -135,7 +149,8 @@ impl BufferBuilder {
         if warp >= h.warps_per_block {
             return None;
         }
-        (block_linear as u64 * h.warps_per_block as u64 + warp as u64)
+        h.sampling
+            .slot_of(block_linear, warp, h.warps_per_block)?
             .try_into()
             .ok()
             .filter(|&i: &u32| i < h.slot_count)
@@ -148,14 +163,14 @@ impl BufferBuilder {
     /// If the buffer's size overflows `usize` (no allocation could hold it anyway).
     pub fn finish(&self) -> Vec<u8> {
         let h = &self.header;
-        let size =
-            super::buffer_size(h.slot_count, h.slot_capacity).expect("buffer size overflows usize");
+        let size = h.buffer_size().expect("buffer size overflows usize");
         let stride = super::slot_stride(h.slot_capacity);
         let mut out = vec![0u8; size];
         h.write_to(&mut out);
         let [gx, gy, _] = h.grid.map(|d| d.max(1));
         for (&i, s) in &self.slots {
-            let bl = i / h.warps_per_block;
+            // Made by `warp`, so placed.
+            let (bl, warp) = h.place(i).unwrap_or_default();
             let kept = s.events.len().min(h.slot_capacity as usize);
             let first = s
                 .first_ts
@@ -170,7 +185,7 @@ impl BufferBuilder {
             if s.open_at_flush {
                 flags |= super::SLOT_FLAG_OPEN_AT_FLUSH;
             }
-            let off = BUFFER_HEADER_SIZE + i as usize * stride;
+            let off = h.size() + i as usize * stride;
             SlotHeader {
                 magic: SLOT_MAGIC,
                 flags,
@@ -180,7 +195,7 @@ impl BufferBuilder {
                 sm_last: s.sm.1,
                 block_linear: bl,
                 block: [bl % gx, bl / gx % gy, bl / gx / gy],
-                warp: i % h.warps_per_block,
+                warp,
                 cluster_rank: s.cluster_rank,
                 record_count: kept as u32,
                 events_lost: u32::try_from(s.events.len() - kept).unwrap_or(u32::MAX),
@@ -204,7 +219,7 @@ impl BufferBuilder {
             s.write(
                 i,
                 h.slot_capacity,
-                &mut out[BUFFER_HEADER_SIZE + i as usize * stride..],
+                &mut out[h.size() + i as usize * stride..],
             );
         }
         out
@@ -370,15 +385,16 @@ impl SlotBuilder {
 /// capacity, or too few bytes) is copied whole, for the reader to reject.
 #[cfg(any(feature = "cuda", test))]
 pub(crate) fn trimmed(bytes: &[u8], header: &BufferHeader) -> Vec<u8> {
+    let head = header.size();
     let whole = || {
         let mut v = bytes.to_vec();
-        if v.len() >= BUFFER_HEADER_SIZE {
+        if v.len() >= head {
             header.write_to(&mut v);
         }
         v
     };
     let (slots, capacity) = (header.slot_count as usize, header.slot_capacity);
-    let Some(size) = super::buffer_size(header.slot_count, capacity) else {
+    let Some(size) = header.buffer_size() else {
         return whole();
     };
     if bytes.len() < size {
@@ -388,7 +404,7 @@ pub(crate) fn trimmed(bytes: &[u8], header: &BufferHeader) -> Vec<u8> {
     let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
     // The room a slot's writes take, in records: a v2 slot's entries take half a record each.
     let count_at = |i: usize| {
-        let slot = BUFFER_HEADER_SIZE + i * stride;
+        let slot = head + i * stride;
         if u32_at(slot) == SLOT_MAGIC_V2 {
             u32_at(slot + v2o::ENTRY_COUNT).div_ceil((RECORD_SIZE / ENTRY_SIZE) as u32)
         } else {
@@ -400,10 +416,10 @@ pub(crate) fn trimmed(bytes: &[u8], header: &BufferHeader) -> Vec<u8> {
         return whole();
     }
     let keep = SLOT_HEADER_SIZE + longest as usize * RECORD_SIZE;
-    let mut out = Vec::with_capacity(BUFFER_HEADER_SIZE + slots * keep);
-    out.extend_from_slice(&[0; BUFFER_HEADER_SIZE]);
+    let mut out = Vec::with_capacity(head + slots * keep);
+    out.resize(head, 0);
     for i in 0..slots {
-        let at = BUFFER_HEADER_SIZE + i * stride;
+        let at = head + i * stride;
         out.extend_from_slice(&bytes[at..at + keep]);
     }
     BufferHeader {
@@ -418,6 +434,7 @@ pub(crate) fn trimmed(bytes: &[u8], header: &BufferHeader) -> Vec<u8> {
 mod trim_tests {
     use super::*;
     use crate::decode::Buffer;
+    use crate::format::BUFFER_HEADER_SIZE;
 
     fn events(bytes: &[u8]) -> Vec<(u32, Vec<Event>, u32)> {
         let b = Buffer::decode(bytes, None).unwrap();

@@ -25,12 +25,14 @@
 
 mod builder;
 mod packed;
+mod sampling;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use builder::trimmed;
 pub use builder::{BufferBuilder, EntrySlotBuilder, SlotBuilder};
 pub(crate) use packed::PackedIndex;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) use packed::PackedWriter;
+pub use sampling::Sampling;
 #[doc(hidden)]
 pub mod wire;
 pub(crate) use wire::*;
@@ -38,16 +40,21 @@ pub(crate) use wire::*;
 /// The kernel argument that carries a trace buffer: passed by value, so the
 /// device reads it from the parameter bank and never from global memory.
 ///
-/// Mirrors `tgpu::Trace` in the header (16 bytes, 8-aligned).
+/// Mirrors `tgpu::Trace` in the header (32 bytes, 8-aligned).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KernelArg {
-    /// Device address of the buffer (its [`BufferHeader`]); zero disables recording.
+    /// Device address 64 bytes before slot 0: the buffer's [`BufferHeader`], or in
+    /// a sampled buffer its sampling; zero disables recording.
     pub base: u64,
     /// Records per slot.
     pub capacity: u32,
-    /// Number of slots; a warp whose slot index is past it records nothing.
+    /// Number of slots, one per sampled warp; a warp whose slot would be past it
+    /// records nothing.
     pub slot_count: u32,
+    /// Which blocks and warps record (read by each warp once, when its recorder
+    /// is made); the default records every one.
+    pub sampling: Sampling,
 }
 
 /// The host-written header at offset 0 of a buffer.
@@ -68,8 +75,13 @@ pub struct BufferHeader {
     /// Block dimensions in threads.
     pub block: [u32; 3],
     /// Flags: zero as the device's buffers have them, 1 (packed) for a packed
-    /// buffer (a streamed launch's part, made by the host).
+    /// buffer (a streamed launch's part, made by the host). The sampled flag
+    /// (2) is not kept here: it is written and read with `sampling`.
     pub flags: u32,
+    /// What the launch's slots cover: every warp, or the warps sampled (then
+    /// the header is [`wire::SAMPLED_HEADER_SIZE`] bytes and slot `i` is the
+    /// warp [`Sampling::place`] names).
+    pub sampling: Sampling,
 }
 
 /// The device-written header at the start of each slot.
@@ -129,18 +141,56 @@ fn put_u64(b: &mut [u8], at: usize, v: u64) {
 }
 
 impl BufferHeader {
-    /// Writes the header into the first 64 bytes of `out`,
+    /// Whether the buffer is sampled (its slots cover the warps its
+    /// [`Sampling`] names, or its launch was one of every few).
+    pub fn is_sampled(&self) -> bool {
+        !self.sampling.is_all()
+    }
+
+    /// The header's size: 64 bytes, or [`wire::SAMPLED_HEADER_SIZE`] when sampled.
+    /// Slot 0 follows it.
+    pub fn size(&self) -> usize {
+        match self.is_sampled() {
+            true => SAMPLED_HEADER_SIZE,
+            false => BUFFER_HEADER_SIZE,
+        }
+    }
+
+    /// The buffer's size: the header and `slot_count` slots of `slot_capacity`
+    /// records; `None` on overflow.
+    pub fn buffer_size(&self) -> Option<usize> {
+        (self.slot_count as usize)
+            .checked_mul(slot_stride(self.slot_capacity))?
+            .checked_add(self.size())
+    }
+
+    /// The block (linear index) and warp that slot `slot` belongs to; `None`
+    /// past the grid.
+    pub fn place(&self, slot: u32) -> Option<(u32, u32)> {
+        let (block, warp) = self.sampling.place(slot, self.warps_per_block)?;
+        let blocks: u64 = self.grid.iter().map(|&d| u64::from(d)).product();
+        (u64::from(block) < blocks).then_some((block, warp))
+    }
+
+    /// Writes the header into the first [`BufferHeader::size`] bytes of `out`,
     /// as the host does before a launch.
     ///
     /// # Panics
-    /// If `out` is shorter than 64 bytes.
+    /// If `out` is shorter than that.
     pub fn write_to(&self, out: &mut [u8]) {
-        let b = &mut out[..BUFFER_HEADER_SIZE];
+        let b = &mut out[..self.size()];
         b.fill(0);
         use buffer_offsets as o;
+        if self.is_sampled() {
+            use sampling_offsets as so;
+            put_u32(b, so::WARP_MASK, self.sampling.warp_mask);
+            put_u32(b, so::BLOCK_STRIDE, self.sampling.block_stride);
+            put_u32(b, so::BLOCK_OFFSET, self.sampling.block_offset);
+            put_u32(b, so::LAUNCH_EVERY, self.sampling.launch_every);
+        }
         put_u32(b, o::MAGIC, BUFFER_MAGIC);
         put_u16(b, o::VERSION, self.version);
-        put_u16(b, o::HEADER_SIZE, BUFFER_HEADER_SIZE as u16);
+        put_u16(b, o::HEADER_SIZE, self.size() as u16);
         put_u16(b, o::SLOT_HEADER_SIZE, SLOT_HEADER_SIZE as u16);
         put_u16(b, o::RECORD_SIZE, RECORD_SIZE as u16);
         put_u32(b, o::SLOT_CAPACITY, self.slot_capacity);
@@ -151,7 +201,11 @@ impl BufferHeader {
             put_u32(b, o::GRID + 4 * i, self.grid[i]);
             put_u32(b, o::BLOCK + 4 * i, self.block[i]);
         }
-        put_u32(b, o::FLAGS, self.flags);
+        let sampled = match self.is_sampled() {
+            true => BUFFER_FLAG_SAMPLED,
+            false => 0,
+        };
+        put_u32(b, o::FLAGS, self.flags | sampled);
     }
 }
 
@@ -299,8 +353,8 @@ mod tests {
     }
 
     #[test]
-    fn kernel_arg_is_16_bytes() {
-        assert_eq!(std::mem::size_of::<KernelArg>(), 16);
+    fn kernel_arg_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<KernelArg>(), 32);
         assert_eq!(std::mem::align_of::<KernelArg>(), 8);
     }
 

@@ -46,8 +46,8 @@ pub mod packed_offsets {
 mod writer {
     use super::{packed_offsets, PackedIndex, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};
     use crate::format::{
-        put_u16, put_u32, put_u64, BufferHeader, Event, EventKind, SlotHeader, BUFFER_HEADER_SIZE,
-        KIND_INSTANT, KIND_RANGE, SLOT_HEADER_SIZE, SLOT_MAGIC,
+        put_u16, put_u32, put_u64, BufferHeader, Event, EventKind, SlotHeader, KIND_INSTANT,
+        KIND_RANGE, SLOT_HEADER_SIZE, SLOT_MAGIC,
     };
 
     /// Writes a packed buffer: the header, then each slot that has events, in
@@ -66,7 +66,7 @@ mod writer {
         /// launch id; its capacity, count and flags are set here).
         pub(crate) fn new(header: &BufferHeader) -> PackedWriter {
             PackedWriter {
-                bytes: vec![0; BUFFER_HEADER_SIZE],
+                bytes: vec![0; header.size()],
                 header: *header,
                 largest: 0,
                 index: PackedIndex {
@@ -75,7 +75,7 @@ mod writer {
                     events: 0,
                     events_lost: 0,
                     time_range: None,
-                    size: BUFFER_HEADER_SIZE,
+                    size: header.size(),
                 },
             }
         }

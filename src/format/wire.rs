@@ -8,10 +8,11 @@
 //! [`Buffer`](crate::decode::Buffer).
 //!
 //! Every `pub const` of this file, in a `pub mod` or not, must be in the
-//! header; the packed layout (host-made, not in the header) is re-exported
-//! from `packed.rs`.
+//! header; the packed layout and a sampled buffer's sampling (host-made, not
+//! in the header) are re-exported from `packed.rs` and `sampling.rs`.
 
 pub use super::packed::{packed_offsets, BUFFER_FLAG_PACKED, PACKED_RECORD_SIZE};
+pub use super::sampling::{sampling_offsets, BUFFER_FLAG_SAMPLED, SAMPLED_HEADER_SIZE};
 
 /// `"TGPU"` read as a little-endian `u32`: the first four bytes of every buffer.
 pub const BUFFER_MAGIC: u32 = u32::from_le_bytes(*b"TGPU");
@@ -111,14 +112,6 @@ pub const WATCH_PAYLOAD: u16 = 0x10;
 pub const WATCH_SEQ_SHIFT: u16 = 5;
 /// The entry count's bits of the flags, shifted down.
 pub const WATCH_SEQ_MASK: u16 = 0x3FF;
-
-/// Bytes of a streamed launch's buffer of `slot_count` rings of `capacity` records and,
-/// after them, its watch cells (read only by a kernel built with `TGPU_WATCH=1`), or `None`
-/// on overflow.
-pub fn streamed_buffer_size(slot_count: u32, capacity: u32) -> Option<usize> {
-    buffer_size(slot_count, capacity)?
-        .checked_add((slot_count as usize).checked_mul(WATCH_CELL_SIZE)?)
-}
 
 /// Field offsets of the buffer header, as the header file and `docs/format.md` give them.
 pub mod buffer_offsets {

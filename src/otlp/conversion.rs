@@ -348,6 +348,14 @@ fn kernel_span(
     if launch.part.is_some() {
         attributes.push(KeyValue::new("gpu.parts", i64::from(sum.parts)));
     }
+    // What the warps' figures cover: the sampled warps only.
+    let h = batch.buffer.header();
+    if h.is_sampled() {
+        attributes.push(KeyValue::new(
+            "gpu.sampled",
+            h.sampling.describe(h.warps_per_block),
+        ));
+    }
     if !launch.host_thread.is_empty() {
         attributes.push(KeyValue::new("gpu.host_thread", launch.host_thread.clone()));
     }

@@ -60,7 +60,8 @@
 //! `hw.id` (the UUID), `hw.name`, `hw.model`, `hw.vendor`, `hw.driver_version`;
 //! and `gpu.sm_count`, `gpu.compute_capability`, `gpu.device` (the ordinal),
 //! `gpu.kernel`, `gpu.launch_id`, `gpu.grid_dim`, `gpu.block_dim`, `gpu.events`, `gpu.events_lost`,
-//! `gpu.clock.bound_ns` (the calibration's error bound). Every device span has
+//! `gpu.clock.bound_ns` (the calibration's error bound), and `gpu.sampled` (what
+//! a sampled launch recorded: its counts cover the sampled warps). Every device span has
 //! `hw.id` and `thread.name`, the synthetic thread it belongs to
 //! (`GPU 0 / SM 12 / block 7 warp 3`); host spans have the real `thread.name`
 //! and `code.file.path` / `code.line.number`.

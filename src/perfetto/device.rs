@@ -239,6 +239,15 @@ impl DeviceEncoder {
                 ..arg("launch_to_start_ns")
             });
         }
+        // What the slots cover, so that a statistic over them is not read as
+        // the whole kernel's.
+        let h = b.buffer.header();
+        if h.is_sampled() {
+            args.push(DebugAnnotation {
+                string_value: Some(h.sampling.describe(h.warps_per_block)),
+                ..arg("sampled")
+            });
+        }
         let packet = |ts: u64, ev: TrackEvent| TracePacket {
             timestamp: Some(ts),
             trusted_packet_sequence_id: Some(MISC_SEQUENCE),
@@ -392,5 +401,55 @@ mod tests {
             events[1].1.track_uuid.is_none(),
             "the track comes from the defaults"
         );
+    }
+
+    #[test]
+    fn a_sampled_kernel_slice_says_what_it_sampled() {
+        let slice_args = |sampling: crate::format::Sampling| {
+            let mut b = BufferBuilder::new([4, 1, 1], [64, 1, 1], 4);
+            b.sampling(sampling);
+            b.warp(0, 1).unwrap().sm(1, 1).range(1, 1_000, 1_300, 0);
+            let batch = Batch {
+                device: Arc::new(DeviceInfo::default()),
+                launch: LaunchInfo {
+                    launch_id: 3,
+                    kernel: "k".into(),
+                    ..Default::default()
+                },
+                buffer: Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap()),
+                calibration: Arc::new(Calibration::exact(0, 1_000_000, 0.0)),
+                registry: Arc::new(EventRegistry::from_pairs([(1, "mma")]).unwrap()),
+            };
+            let mut w = TraceWriter::new(Vec::new()).unwrap();
+            w.write_batch(&batch).unwrap();
+            let (bytes, _) = w.finish().unwrap();
+            let trace = proto::Trace::decode(&bytes[..]).unwrap();
+            let slice = trace
+                .packet
+                .iter()
+                .find_map(|p| match &p.data {
+                    Some(proto::Data::TrackEvent(e)) if e.name.as_deref() == Some("k") => {
+                        Some(e.clone())
+                    }
+                    _ => None,
+                })
+                .expect("the kernel slice");
+            slice
+                .debug_annotations
+                .iter()
+                .map(|a| (a.name.clone().unwrap_or_default(), a.string_value.clone()))
+                .collect::<Vec<_>>()
+        };
+        let sampled = slice_args(crate::format::Sampling::default().warps(0b10).blocks(2, 0));
+        let said: Vec<_> = sampled.iter().filter(|(n, _)| n == "sampled").collect();
+        assert_eq!(
+            said,
+            [&(
+                "sampled".to_string(),
+                Some("1 of 2 warps per block (mask 0x2), 1 block in 2".to_string())
+            )]
+        );
+        let whole = slice_args(crate::format::Sampling::default());
+        assert!(whole.iter().all(|(n, _)| n != "sampled"), "{whole:?}");
     }
 }

@@ -23,7 +23,7 @@
 //! count, itself capped at [`MAX_SM_COUNT`].
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use hdrhistogram::Histogram;
@@ -84,8 +84,14 @@ pub struct Timeline {
     streaming: BTreeMap<u64, Open>,
     /// Parts added so far.
     parts: u64,
+    /// What the sampled buffers sampled, each way once (at most
+    /// [`MAX_SAMPLINGS`]).
+    sampled: BTreeSet<String>,
     picture: Option<Picture>,
 }
+
+/// Ways of sampling a report names; past them, it says there were more.
+const MAX_SAMPLINGS: usize = 8;
 
 /// A launch given slot by slot, kept until the next one begins.
 #[derive(Debug, Clone, Default)]
@@ -286,6 +292,10 @@ pub struct Report {
     pub events_lost: u64,
     /// Warps that ran on more than one SM (counted on their first).
     pub migrated_warps: u64,
+    /// What the launches sampled, each way once (`Sampling::describe`), and
+    /// "more" past eight ways; empty when every launch recorded every warp.
+    /// The statistics are over the sampled warps only.
+    pub sampled: Vec<String>,
     /// Per event type, by id.
     pub types: Vec<TypeStats>,
     /// Per SM, by `%smid`: every SM that recorded something, and those that
@@ -332,6 +342,10 @@ impl Timeline {
 
     /// Folds a buffer's slots into `open`.
     fn fold_buffer(&mut self, open: &mut Open, buffer: &Buffer<'_>, streamed: bool) {
+        let h = buffer.header();
+        if h.is_sampled() && self.sampled.len() <= MAX_SAMPLINGS {
+            self.sampled.insert(h.sampling.describe(h.warps_per_block));
+        }
         let slots: Vec<_> = buffer.slots().collect();
         let mut recs: Vec<SlotRec> = slots
             .iter()
@@ -506,6 +520,13 @@ impl Timeline {
             events: t.events,
             events_lost: t.dropped,
             migrated_warps: t.migrated,
+            sampled: {
+                let mut ways: Vec<String> = t.sampled.iter().take(MAX_SAMPLINGS).cloned().collect();
+                if t.sampled.len() > MAX_SAMPLINGS {
+                    ways.push("more".into());
+                }
+                ways
+            },
             types,
             sms,
         }
@@ -639,6 +660,13 @@ impl fmt::Display for Report {
             if self.migrated_warps == 1 { "" } else { "s" },
             self.time_line(),
         )?;
+        if !self.sampled.is_empty() {
+            writeln!(
+                f,
+                "sampled: {}; every figure below is over the sampled warps only",
+                self.sampled.join("; ")
+            )?;
+        }
         writeln!(
             f,
             "durations: total summed over warps; p50 and p99 exact up to {EXACT_UP_TO} ranges of a type, within 0.1% beyond"

@@ -842,3 +842,39 @@ fn a_streamed_launch_keeps_no_events() {
     assert_eq!(r.sms[0].busy_ns, 100 * 20_000);
     assert!(tl.to_svg().is_some());
 }
+
+#[test]
+fn a_sampled_launch_says_what_it_covers() {
+    use crate::format::{BufferBuilder, Sampling};
+    let sampling = Sampling::default().warps(0b1).blocks(4, 0);
+    let mut b = BufferBuilder::new([8, 1, 1], [256, 1, 1], 8);
+    b.sampling(sampling);
+    for block in [0, 4] {
+        b.warp(block, 0).unwrap().range(1, 1_000, 2_000, 0);
+    }
+    let bytes = b.finish();
+    let mut tl = Timeline::new();
+    tl.add_buffer(&Buffer::decode(&bytes, None).unwrap());
+    // And a launch of every warp: it adds nothing to say.
+    tl.add_buffer(
+        &Buffer::decode(&BufferBuilder::new([1, 1, 1], [32, 1, 1], 8).finish(), None).unwrap(),
+    );
+    let r = tl.report();
+    assert_eq!(
+        r.sampled,
+        ["1 of 8 warps per block (mask 0x1), 1 block in 4"]
+    );
+    assert_eq!(r.events, 2);
+    let text = r.to_string();
+    assert!(
+        text.contains("sampled: 1 of 8 warps per block (mask 0x1), 1 block in 4; every figure below is over the sampled warps only"),
+        "{text}"
+    );
+    // Unsampled, nothing is said.
+    let mut tl = Timeline::new();
+    tl.add_buffer(
+        &Buffer::decode(&BufferBuilder::new([1, 1, 1], [32, 1, 1], 8).finish(), None).unwrap(),
+    );
+    assert!(tl.report().sampled.is_empty());
+    assert!(!tl.report().to_string().contains("sampled"));
+}

@@ -65,6 +65,7 @@ impl Streamed {
             grid,
             block,
             flags: BUFFER_FLAG_PACKED,
+            sampling: Default::default(),
         }
         .write_to(&mut out);
         let record_size = buffer_offsets::RECORD_SIZE;

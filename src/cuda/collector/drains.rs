@@ -68,7 +68,7 @@ impl Worker {
                     let mut launch = info.clone();
                     launch.host_complete_ns = cut_ns;
                     launch.part = Some(Part { index, last: false });
-                    self.hold(launch, Ok(buffer), dispatch, span);
+                    self.hold(launch, Ok(*buffer), dispatch, span);
                 }
             }
         }

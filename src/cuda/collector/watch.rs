@@ -7,7 +7,6 @@ use super::Worker;
 use crate::clock::HostClock;
 use crate::cuda::device::Memory;
 use crate::cuda::job::{Job, Work};
-use crate::format::buffer_size;
 use crate::watch::{Cells, Snapshot, Words, TARGET};
 
 impl Words for Memory {
@@ -33,7 +32,7 @@ impl Worker {
         if dog.due_ns(launch_ns, *taken).is_none_or(|due| now < due) {
             return;
         }
-        let Some(rings) = buffer_size(header.slot_count, header.slot_capacity) else {
+        let Some(rings) = header.buffer_size() else {
             return;
         };
         let cells = Cells {

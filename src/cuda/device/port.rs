@@ -12,7 +12,7 @@ use cudarc::driver::LaunchConfig;
 
 use crate::cuda::device::Region;
 use crate::cuda::error::ProfilerError;
-use crate::format;
+use crate::format::{self, Sampling};
 
 /// What a piece of trace memory is for, which decides how it is recycled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,10 +289,22 @@ pub(crate) struct Shape {
 
 impl Shape {
     /// One slot per warp of the grid, `capacity` records each.
+    #[cfg(test)]
     pub(crate) fn of(
         cfg: &LaunchConfig,
         capacity: u32,
         limit: usize,
+    ) -> Result<Shape, ProfilerError> {
+        Shape::sampled(cfg, capacity, limit, &Sampling::default())
+    }
+
+    /// One slot per warp `sampling` names, `capacity` records each, after a
+    /// header of the size a buffer so sampled has.
+    pub(crate) fn sampled(
+        cfg: &LaunchConfig,
+        capacity: u32,
+        limit: usize,
+        sampling: &Sampling,
     ) -> Result<Shape, ProfilerError> {
         let grid = [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2];
         let block = [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2];
@@ -301,9 +313,16 @@ impl Shape {
         }
         let threads = block.iter().map(|&d| d as u64).product::<u64>();
         let warps_per_block = threads.div_ceil(32);
-        let slots = grid.iter().map(|&d| d as u64).product::<u64>() * warps_per_block;
-        let needed = format::BUFFER_HEADER_SIZE as u128
-            + slots as u128 * format::slot_stride(capacity) as u128;
+        let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
+        let slots = match u32::try_from(warps_per_block) {
+            Ok(w) => sampling.slots(blocks, w),
+            Err(_) => u64::MAX,
+        };
+        let header = match sampling.is_all() {
+            true => format::BUFFER_HEADER_SIZE,
+            false => format::SAMPLED_HEADER_SIZE,
+        };
+        let needed = header as u128 + slots as u128 * format::slot_stride(capacity) as u128;
         let too_large = || ProfilerError::BufferTooLarge {
             needed,
             slots,

@@ -36,6 +36,7 @@ impl Rings {
             slot_capacity: capacity,
             slot_count: warps,
             warps_per_block: 4,
+            sampling: Default::default(),
             launch_id: 1,
             grid: [warps.div_ceil(4), 1, 1],
             block: [128, 1, 1],

@@ -101,8 +101,10 @@ const IDLE: Duration = Duration::from_micros(200);
 pub(crate) enum Drained {
     /// A part: a packed buffer, indexed on the drain thread (the collector is
     /// one thread), its index in the launch, and when it was cut (trace clock).
+    /// Boxed (one allocation a part, every `stream_interval` a thread), so that
+    /// the channel's slots stay small.
     Part {
-        buffer: OwnedBuffer,
+        buffer: Box<OwnedBuffer>,
         index: u32,
         cut_ns: u64,
     },
@@ -133,7 +135,7 @@ impl Outbox {
         self.next += 1;
         let cut_ns = crate::clock::HostClock::Boottime.now_ns();
         let _ = self.tx.send(Drained::Part {
-            buffer,
+            buffer: Box::new(buffer),
             index,
             cut_ns,
         });

@@ -9,9 +9,8 @@ use crate::cuda::device::{Memory, Region};
 use crate::decode::chunk::{complete, WarpChunks};
 use crate::decode::{DecodeError, OwnedBuffer};
 use crate::format::{
-    slot_stream_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, BUFFER_HEADER_SIZE,
-    CHUNK_SIZE, NO_CLUSTER, RECORD_SIZE, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE,
-    SLOT_MAGIC_STREAM,
+    slot_stream_offsets as so, BufferHeader, Event, PackedWriter, SlotHeader, CHUNK_SIZE,
+    NO_CLUSTER, RECORD_SIZE, SLOT_FLAG_OPEN_AT_FLUSH, SLOT_HEADER_SIZE, SLOT_MAGIC_STREAM,
 };
 use crate::registry::EventRegistry;
 
@@ -144,7 +143,7 @@ impl Drain {
         registry: &EventRegistry,
         errors: &mut Vec<SlotError>,
     ) -> usize {
-        let base = region.offset + BUFFER_HEADER_SIZE;
+        let base = region.offset + self.header.size();
         let mut added = 0;
         for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
             let at = (memory, base + s as usize * self.stride);
@@ -168,7 +167,6 @@ impl Drain {
         registry: &EventRegistry,
     ) -> (Option<OwnedBuffer>, Vec<SlotError>) {
         let mut errors = Vec::new();
-        let wpb = self.header.warps_per_block;
         let [gx, gy, _] = self.header.grid;
         let mut w = PackedWriter::new(&self.header);
         let events = self.rings.iter().map(|r| r.events.len()).sum();
@@ -176,7 +174,7 @@ impl Drain {
         for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
             let end = match last {
                 Some((memory, region)) => {
-                    let slot = region.offset + BUFFER_HEADER_SIZE + s as usize * self.stride;
+                    let slot = region.offset + self.header.size() + s as usize * self.stride;
                     Flushed::read(memory, slot, ring, s, &mut errors)
                 }
                 None => None,
@@ -199,7 +197,8 @@ impl Drain {
                 (s.min(ev.start_ns), e.max(ev.end_ns))
             });
             let last_ts = end.as_ref().map_or(ends, |f| f.last_ts.max(ends));
-            let bl = s / wpb;
+            // The drain's slots are the launch's: placed (Drainers::start).
+            let (bl, warp) = self.header.place(s).unwrap_or_default();
             let sm = end.as_ref().map_or(ring.warp.sm, |f| f.sm);
             let h = SlotHeader {
                 flags: if end.as_ref().is_some_and(|f| f.open > 0) {
@@ -213,7 +212,7 @@ impl Drain {
                 sm_last: sm,
                 block_linear: bl,
                 block: [bl % gx, bl / gx % gy, bl / gx / gy],
-                warp: s % wpb,
+                warp,
                 cluster_rank: end.as_ref().map_or(NO_CLUSTER, |f| f.cluster_rank),
                 events_lost: lost.min(u32::MAX as u64) as u32,
                 ..SlotHeader::default()

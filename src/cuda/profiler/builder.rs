@@ -23,6 +23,7 @@ use crate::registry::EventRegistry;
 use super::clock::start_clock;
 use super::graph::Graphs;
 use super::rings::{MappedArena, RingSettings};
+use super::sampler::Sampler;
 use super::Profiler;
 
 /// Default records per warp slot.
@@ -57,6 +58,7 @@ pub struct ProfilerBuilder {
     pollers: u32,
     recorder: Option<Arc<CaptureRecorder>>,
     lineinfo: bool,
+    sampler: Sampler,
     pub(super) stream: RingSettings,
 }
 
@@ -77,6 +79,7 @@ impl Default for ProfilerBuilder {
             pollers: Calibrator::DEFAULT_POLLERS,
             recorder: None,
             lineinfo: true,
+            sampler: Sampler::default(),
             stream: RingSettings::default(),
         }
     }
@@ -232,6 +235,13 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Which launches, blocks and warps to record (default: all of them); a
+    /// launch can choose its own ([`Profiler::sampled`]).
+    pub fn sampler(mut self, sampler: Sampler) -> Self {
+        self.sampler = sampler;
+        self
+    }
+
     /// Checks the libraries and the device, calibrates the clock, and starts the
     /// collector thread.
     pub fn build(mut self) -> Result<Profiler, ProfilerError> {
@@ -340,6 +350,7 @@ impl ProfilerBuilder {
             collector,
             stream_settings: self.stream,
             streaming: MappedArena::default(),
+            sampler: self.sampler,
         })
     }
 }

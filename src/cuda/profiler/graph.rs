@@ -196,6 +196,7 @@ impl Graphs {
             base: self.state(plan.slot) + (STATE_CURRENT + 8 * index) as u64,
             capacity: header.slot_capacity | format::TRACE_INDIRECT,
             slot_count: shape.slots,
+            ..KernelArg::default()
         };
         let result = launch(arg);
         if result.is_ok() {

@@ -75,6 +75,8 @@ mod graph;
 mod launch;
 mod names;
 mod rings;
+mod sampled;
+mod sampler;
 mod streamed;
 mod unrecorded;
 
@@ -84,6 +86,8 @@ pub use builder::{
 };
 pub use graph::{ProfiledGraph, MAX_GRAPHS, MAX_GRAPH_NODES};
 pub use rings::{DEFAULT_STREAM_INTERVAL, DEFAULT_STREAM_MEMORY};
+pub use sampled::Sampled;
+pub use sampler::Sampler;
 pub use streamed::Streaming;
 
 use crate::batch::{DeviceInfo, LaunchInfo};
@@ -93,12 +97,12 @@ use crate::cuda::device::{Arena, Events, Memory, Place, Region, Shape};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::Work;
 use crate::cuda::ledger::{Ledger, ProfilerStats};
-use crate::format::{self, BufferHeader, KernelArg};
+use crate::format::{self, BufferHeader, KernelArg, Sampling};
 use graph::Graphs;
 use names::{kernel_name, thread_name};
 use rings::{MappedArena, RingSettings};
 
-// SAFETY: `KernelArg` is `repr(C)`, 16 bytes of plain integers, the layout of
+// SAFETY: `KernelArg` is `repr(C)`, 32 bytes of plain integers, the layout of
 // `tgpu::Trace` in the header: it can be copied into the parameter bank as is.
 unsafe impl DeviceRepr for KernelArg {}
 
@@ -133,6 +137,8 @@ pub struct Profiler {
     pub(super) stream_settings: RingSettings,
     /// The streaming arena, made at the first streamed launch (`streamed.rs`).
     pub(super) streaming: MappedArena,
+    /// Which launches, blocks and warps `launch` (and `streamed`) records.
+    pub(super) sampler: Sampler,
 }
 
 impl std::fmt::Debug for Profiler {
@@ -200,7 +206,9 @@ impl Profiler {
     ///
     /// The host time is read just before `launch` runs; the launch's completion
     /// is queued for the collector; the launch's result is returned as it is. A
-    /// launch that fails (returns `Err`) is not traced.
+    /// launch that fails (returns `Err`) is not traced. A launch the profiler's
+    /// [`Sampler`] leaves out gets a null trace and is counted in
+    /// [`ProfilerStats::unsampled`].
     pub fn launch<T, E, F>(
         &self,
         stream: &Arc<CudaStream>,
@@ -214,8 +222,57 @@ impl Profiler {
         F: FnOnce(KernelArg) -> Result<T, E>,
         E: Into<ProfilerError>,
     {
+        self.launch_sampled(
+            &self.sampler,
+            (stream, kernel, cfg, launch_id, span),
+            launch,
+        )
+    }
+
+    /// [`Profiler::launch`], sampled by `sampler`.
+    pub(super) fn launch_sampled<T, E, F>(
+        &self,
+        sampler: &Sampler,
+        (stream, kernel, cfg, launch_id, span): (
+            &Arc<CudaStream>,
+            &str,
+            LaunchConfig,
+            u64,
+            tracing::Span,
+        ),
+        launch: F,
+    ) -> Result<T, ProfilerError>
+    where
+        F: FnOnce(KernelArg) -> Result<T, E>,
+        E: Into<ProfilerError>,
+    {
         self.check_stream(stream)?;
-        let shape = Shape::of(&cfg, self.capacity, self.arena.capacity())?;
+        if !sampler.takes(kernel, &cfg) {
+            self.shared.count_unsampled();
+            let _entered = span.enter();
+            return launch(KernelArg::default()).map_err(Into::into);
+        }
+        let mut sampling = sampler.sampling();
+        self.ctx.bind_to_thread()?;
+        // The legacy default stream (null) cannot capture: spare it the call.
+        let capture = if stream.cu_stream().is_null() {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        } else {
+            // SAFETY: the stream is live (borrowed) and its context is bound.
+            unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? }
+        };
+        let captured = capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if captured {
+            if !sampling.launches(0).is_all() {
+                // Not silently recorded whole: a graph's nodes sample no warps yet.
+                return Err(ProfilerError::Invalid(
+                    "a launch captured into a graph cannot sample blocks or warps".into(),
+                ));
+            }
+            // A node records at every replay or at none: one in n chose above.
+            sampling = Sampling::default();
+        }
+        let shape = Shape::sampled(&cfg, self.capacity, self.arena.capacity(), &sampling)?;
         let header = BufferHeader {
             version: format::VERSION,
             slot_capacity: self.capacity,
@@ -225,16 +282,9 @@ impl Profiler {
             grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
             block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
             flags: 0,
+            sampling,
         };
-        self.ctx.bind_to_thread()?;
-        // The legacy default stream (null) cannot capture: spare it the call.
-        let capture = if stream.cu_stream().is_null() {
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-        } else {
-            // SAFETY: the stream is live (borrowed) and its context is bound.
-            unsafe { cudarc::driver::result::stream::is_capturing(stream.cu_stream())? }
-        };
-        if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        if captured {
             // A node of a graph: it finds its memory at each replay (graph.rs).
             let _entered = span.enter();
             return self
@@ -246,10 +296,12 @@ impl Profiler {
         self.launch_in(
             (stream, kernel, header, span),
             (&self.arena, region),
+            // The device finds slot 0 64 bytes after `base` (docs/format.md).
             |r| KernelArg {
-                base: memory.dptr + r.offset as u64,
+                base: memory.dptr + (r.offset + header.size() - format::BUFFER_HEADER_SIZE) as u64,
                 capacity: self.capacity,
                 slot_count: shape.slots,
+                sampling,
             },
             launch,
             |region| Work::Launch {

@@ -39,6 +39,8 @@ use crate::cuda::job::{Watchdog, Work};
 use crate::cuda::profiler::{Profiler, ProfilerBuilder};
 use crate::format::{self, BufferHeader, KernelArg, TRACE_STREAM};
 
+use super::sampler::Sampler;
+
 /// Any ring size, to count a launch's warps.
 const MIN_RING: u32 = 32;
 
@@ -91,6 +93,7 @@ impl Profiler {
         Streaming {
             profiler: self,
             watchdog: self.stream_settings.watchdog,
+            sampler: &self.sampler,
         }
     }
 }
@@ -99,10 +102,11 @@ impl Profiler {
 #[derive(Debug, Clone, Copy)]
 pub struct Streaming<'a> {
     profiler: &'a Profiler,
+    sampler: &'a Sampler,
     watchdog: Option<Watchdog>,
 }
 
-impl Streaming<'_> {
+impl<'a> Streaming<'a> {
     /// This launch's watchdog deadline, in place of the profiler's
     /// ([`ProfilerBuilder::watchdog`]; its period stays): a snapshot of every warp if
     /// the launch is still running `deadline` after its launch call.
@@ -121,6 +125,14 @@ impl Streaming<'_> {
     /// The profiled GPU.
     pub fn device(&self) -> &Arc<DeviceInfo> {
         self.profiler.device()
+    }
+
+    /// Streamed launches sampled by `sampler` instead of the profiler's own:
+    /// `gpu_profile!(profiler.streamed().sampled(&sampler), ..)`. Only the
+    /// sampled warps get rings, so that each is larger in the same memory and
+    /// the drain reads only what was chosen.
+    pub fn sampled(self, sampler: &'a Sampler) -> Streaming<'a> {
+        Streaming { sampler, ..self }
     }
 
     /// As [`Profiler::launch`], streamed: the kernel gets a [`KernelArg`] whose
@@ -142,15 +154,24 @@ impl Streaming<'_> {
     {
         let p = self.profiler;
         p.check_stream(stream)?;
+        if !self.sampler.takes(kernel, &cfg) {
+            p.shared.count_unsampled();
+            let _entered = span.enter();
+            return launch(KernelArg::default()).map_err(Into::into);
+        }
+        let sampling = self.sampler.sampling();
         let settings = p.stream_settings;
-        let warps = Shape::of(&cfg, MIN_RING, usize::MAX)?.slots;
+        let warps = Shape::sampled(&cfg, MIN_RING, usize::MAX, &sampling)?.slots;
         let capacity = settings.capacity_for(warps as u64);
-        let mut shape = Shape::of(&cfg, capacity, settings.memory)?;
+        let mut shape = Shape::sampled(&cfg, capacity, settings.memory, &sampling)?;
         // The warps' watch cells follow the rings (read only by a TGPU_WATCH=1 kernel).
-        shape.bytes = format::streamed_buffer_size(shape.slots, capacity)
+        let cells = shape.slots as usize * format::WATCH_CELL_SIZE;
+        shape.bytes = shape
+            .bytes
+            .checked_add(cells)
             .filter(|&b| b <= settings.memory)
             .ok_or(ProfilerError::BufferTooLarge {
-                needed: shape.bytes as u128 + shape.slots as u128 * format::WATCH_CELL_SIZE as u128,
+                needed: shape.bytes as u128 + cells as u128,
                 slots: shape.slots as u64,
                 capacity,
                 limit: settings.memory,
@@ -187,16 +208,19 @@ impl Streaming<'_> {
             grid: [cfg.grid_dim.0, cfg.grid_dim.1, cfg.grid_dim.2],
             block: [cfg.block_dim.0, cfg.block_dim.1, cfg.block_dim.2],
             flags: 0,
+            sampling,
         };
         let region = arena.alloc(shape.bytes, None);
         let (dptr, ring) = (memory.dptr, arena.clone());
         p.launch_in(
             (stream, kernel, header, span),
             (&ring, region),
+            // The device finds slot 0 64 bytes after `base` (docs/format.md).
             |r| KernelArg {
-                base: dptr + r.offset as u64,
+                base: dptr + (r.offset + header.size() - format::BUFFER_HEADER_SIZE) as u64,
                 capacity: capacity | TRACE_STREAM,
                 slot_count: shape.slots,
+                sampling,
             },
             launch,
             |region| Work::Streamed {
@@ -204,7 +228,9 @@ impl Streaming<'_> {
                 place: Place { memory, region },
                 arena,
                 drain: None,
-                watch: self.watchdog.map(|w| (w, 0)),
+                // The snapshot names a cell's warp from its place in the grid: a launch
+                // that samples blocks or warps is not watched yet.
+                watch: self.watchdog.filter(|_| sampling.is_all()).map(|w| (w, 0)),
             },
         )
     }

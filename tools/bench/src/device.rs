@@ -53,6 +53,7 @@ pub fn trace_buffer(
         grid: [g.0, g.1, g.2],
         block: [b.0, b.1, b.2],
         flags: 0,
+        sampling: Default::default(),
     }
     .write_to(&mut header);
     stream.memcpy_htod(&header, &mut buf.slice_mut(..header.len()))?;

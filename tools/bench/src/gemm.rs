@@ -759,6 +759,7 @@ impl TraceBuffer {
                 base,
                 capacity,
                 slot_count,
+                ..KernelArg::default()
             },
             variant: gemm.variant,
         })

@@ -260,10 +260,14 @@ fn recorder_sass_per_range_event() {
         // cycles; on an H100 the dense kernel and the GEMM cost less than before it
         // (docs/lab/performance-history.md, session 16).
         assert!(at("v2: begin/end") <= 13.5, "v2: {}", at("v2: begin/end"));
-        // Keeping the slot changes the group store only, not the events' path.
+        // Keeping the slot's address changes the group store only, not the events' path;
+        // but for ptxas's allocation around it: since sampling (issue #31) both builds
+        // find the slot at construction, and in the unrolled switch_to loop the kept
+        // build's register moves cost one instruction a range more than v2's (7 against
+        // 6; before sampling 6 and 6), while its other calls stayed or got cheaper.
         for call in ["begin/end", "switch_to", "switch_to + payload"] {
             let (kept, v2) = (at(&format!("v2 kept: {call}")), at(&format!("v2: {call}")));
-            assert!(kept <= v2, "v2 kept: {call}: {kept} against {v2}");
+            assert!(kept <= v2 + 1.0, "v2 kept: {call}: {kept} against {v2}");
         }
         assert!(
             at("v2: switch_to") < at("v1: switch_to") / 1.5,
@@ -351,13 +355,15 @@ fn recorder_sass_per_warp_fixed_cost() {
         );
         path.push(extra);
     }
-    // v2 counts the warp's lanes, tests whether its argument is a graph node's (whose
-    // buffer address it then loads: 4 instructions more than when it loaded that at its
-    // first store, for a graph replay 1.4 points faster on the H200) and tests its count
-    // at the flush; v1 also stamps, reads its SM, finds its slot and writes the 64-byte
+    // v2 counts the warp's lanes, asks whether the argument samples it (and which slot
+    // is its: 6 instructions on this path, issue #31, once per warp so that no event
+    // pays for sampling; a launch that records nothing skips the question), tests whether its argument is a graph node's (whose buffer
+    // address it then loads: 4 instructions more than when it loaded that at its first
+    // store, for a graph replay 1.4 points faster on the H200) and tests its count at
+    // the flush; v1 also stamps, reads its SM, finds its slot and writes the 64-byte
     // slot header.
     assert!(
-        path[1] <= 28,
+        path[1] <= 34,
         "v2, a warp that records nothing: {} instructions",
         path[1]
     );

@@ -11,9 +11,10 @@ use crate::cuda::device::Shape;
 use crate::cuda::drain::CHUNK_RECORDS;
 use crate::cuda::job::Watchdog;
 use crate::deliver::SinkLayer;
+use crate::format::Sampling;
 use crate::format::{
-    slot_stream_offsets as so, Event, EventKind, BUFFER_HEADER_SIZE, CHUNK_ENTRIES, CHUNK_GAP,
-    CHUNK_SIZE, CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SWITCH,
+    slot_stream_offsets as so, Event, EventKind, CHUNK_ENTRIES, CHUNK_GAP, CHUNK_SIZE,
+    CHUNK_SM_SHIFT, ENTRY_BEGIN, ENTRY_END, ENTRY_INSTANT, ENTRY_PAYLOAD, ENTRY_SWITCH,
     SLOT_HEADER_SIZE, SLOT_MAGIC_STREAM, STREAM_MARK,
 };
 
@@ -127,7 +128,20 @@ impl Warp {
 /// chunks, handed to `rig`'s collector with an event not yet fired. Returns
 /// the warps to write with, and the event.
 pub(super) fn stream_launch(rig: &Rig, blocks: u32, chunks: u32, paced: bool) -> (Vec<Warp>, u64) {
-    let (warps, event, _) = watched_launch(rig, blocks, chunks, paced, None);
+    let (warps, event, _) = launch_with(rig, blocks, chunks, paced, Sampling::default(), None);
+    (warps, event)
+}
+
+/// [`stream_launch`] sampled: rings for the warps `sampling` names only, each
+/// warp's `index` its slot.
+pub(super) fn stream_sampled(
+    rig: &Rig,
+    blocks: u32,
+    chunks: u32,
+    paced: bool,
+    sampling: Sampling,
+) -> (Vec<Warp>, u64) {
+    let (warps, event, _) = launch_with(rig, blocks, chunks, paced, sampling, None);
     (warps, event)
 }
 
@@ -140,15 +154,27 @@ pub(super) fn watched_launch(
     paced: bool,
     watch: Option<Watchdog>,
 ) -> (Vec<Warp>, u64, (Arc<Memory>, usize)) {
+    launch_with(rig, blocks, chunks, paced, Sampling::default(), watch)
+}
+
+/// The launch of [`stream_sampled`] and [`watched_launch`].
+fn launch_with(
+    rig: &Rig,
+    blocks: u32,
+    chunks: u32,
+    paced: bool,
+    sampling: Sampling,
+    watch: Option<Watchdog>,
+) -> (Vec<Warp>, u64, (Arc<Memory>, usize)) {
     let capacity = chunks * CHUNK_RECORDS;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (64, 1, 1),
         shared_mem_bytes: 0,
     };
-    let shape = Shape::of(&cfg, capacity, 1 << 30).unwrap();
+    let shape = Shape::sampled(&cfg, capacity, 1 << 30, &sampling).unwrap();
     // The rings and the watch cells, as the profiler sizes them.
-    let bytes = crate::format::streamed_buffer_size(shape.slots, capacity).unwrap();
+    let bytes = shape.bytes + shape.slots as usize * crate::format::WATCH_CELL_SIZE;
     // Room for the region, rounded up to the arena's alignment.
     let len = bytes.next_multiple_of(ALIGN);
     let memory = rig.gpu.allocate(Kind::Mapped, len);
@@ -166,12 +192,13 @@ pub(super) fn watched_launch(
         grid: [blocks, 1, 1],
         block: [64, 1, 1],
         flags: 0,
+        sampling,
     };
     let stride = crate::format::slot_stride(capacity);
     let warps = (0..shape.slots)
         .map(|i| Warp {
             memory: memory.clone(),
-            slot: region.offset + BUFFER_HEADER_SIZE + i as usize * stride,
+            slot: region.offset + header.size() + i as usize * stride,
             index: i,
             chunks,
             written: 0,
@@ -218,7 +245,7 @@ pub(super) fn watched_launch(
 
 /// Each warp, on a thread of its own, writes 120 ranges from `t0` (pausing
 /// `pause` every 30, so that parts are cut while they run) and flushes.
-fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
+pub(super) fn write_ranges(warps: Vec<Warp>, t0: u64, pause: Duration) {
     let threads: Vec<_> = warps
         .into_iter()
         .map(|mut w| {
@@ -249,7 +276,7 @@ pub(super) fn sink_dispatch() -> (Batches, Dispatch) {
 }
 
 /// The events of `warp` in a batch, by (block, warp).
-fn events_of(batches: &[Arc<Batch>], block: u32, warp: u32) -> Vec<Event> {
+pub(super) fn events_of(batches: &[Arc<Batch>], block: u32, warp: u32) -> Vec<Event> {
     let mut out = Vec::new();
     for b in batches {
         for s in b.buffer.view().slots() {

@@ -327,13 +327,32 @@ impl Rig {
         event: Option<u64>,
         by_collector: bool,
     ) -> Option<()> {
+        self.launch_of(
+            kernel(self.device, t0),
+            stream,
+            t0,
+            bytes,
+            event,
+            by_collector,
+        )
+    }
+
+    /// `launch_marked` of the kernel that writes what `b` holds (or `bytes`).
+    fn launch_of(
+        &self,
+        b: BufferBuilder,
+        stream: u64,
+        t0: u64,
+        bytes: Option<Vec<u8>>,
+        event: Option<u64>,
+        by_collector: bool,
+    ) -> Option<()> {
         let launch_id = crate::cuda::__private::next_launch_id();
-        let b = kernel(self.device, t0);
         let mut header = *b.header();
         header.launch_id = launch_id;
         let mut made = bytes.unwrap_or_else(|| b.finish());
         // The device never writes the buffer header: the collector must.
-        made[..crate::format::BUFFER_HEADER_SIZE].fill(0);
+        made[..header.size()].fill(0);
         let region = self.arena.alloc(made.len(), None);
         self.shared.count_launch(region.is_none());
         let region = region?;
@@ -420,11 +439,11 @@ fn sink_dispatch() -> (crate::test_support::TestSink, Dispatch) {
     )
 }
 
-/// Every launch is delivered, failed or skipped, each once.
+/// Every launch is delivered, failed, skipped or left out by the sampling, each once.
 fn assert_accounted(st: &ProfilerStats) {
     assert_eq!(
         st.launches,
-        st.delivered + st.failed + st.skipped,
+        st.delivered + st.failed + st.skipped + st.unsampled,
         "launches not all accounted for: {st:?}"
     );
 }
@@ -764,4 +783,5 @@ mod drains;
 mod graphs;
 mod losses;
 mod passes;
+mod sampling;
 mod watchdog;

@@ -240,6 +240,7 @@ fn run(o: &Options) -> Result<bool> {
                 base: buf.device_ptr(&stream).0,
                 capacity,
                 slot_count: warps,
+                ..KernelArg::default()
             };
             Some((buf, arg))
         } else {

@@ -7,6 +7,7 @@
 //! cargo build --release -p tracing-gpu-bench --bin gemm_stream
 //! target/release/gemm_stream [--size 4096 4096 4096] [--seconds 10]
 //!                            [--variant phases|phases-wg] [--modes off,fixed,memory]
+//!                            [--sample-warps 0x21] [--sample-blocks 4]
 //! ```
 //!
 //! `reps` comes from one gate-off launch of a single pass, so that a launch takes about
@@ -18,6 +19,10 @@
 //! loops) against delivered and lost (events), the rates, the drain's stalls, and C
 //! checked against cuBLAS (every pass writes the same C). A recorded mode fails the run
 //! if delivered + lost ≠ produced (in events, counted per warp), or C is wrong.
+//!
+//! `--sample-warps MASK` and `--sample-blocks STRIDE` record only those warps of every
+//! block (bit w: warp w; warp 0 is the producer, 4-11 the consumers) and every
+//! STRIDE-th block (issue #31); produced then counts the sampled warps' events.
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -26,12 +31,13 @@ use std::sync::Arc;
 use clap::Parser;
 use cudarc::driver::CudaStream;
 use tracing::Dispatch;
-use tracing_gpu::cuda::{gpu_profile, Profiler};
-use tracing_gpu::format::KernelArg;
+use tracing_gpu::cuda::{gpu_profile, Profiler, Sampler};
+use tracing_gpu::format::{KernelArg, Sampling};
 use tracing_gpu_bench::cli::{self, Size};
 use tracing_gpu_bench::device::{self, Timer};
 use tracing_gpu_bench::gemm::{
-    registry, relative_error, Gemm, Out, Problem, Reference, Variant, BM, BN, TOLERANCE,
+    registry, relative_error, Gemm, Out, Problem, Reference, Variant, BK, BM, BN, THREADS,
+    TOLERANCE,
 };
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -52,6 +58,43 @@ struct Args {
     /// Modes to run, in order: off, fixed, memory.
     #[arg(long, value_delimiter = ',', default_value = "off,fixed,memory")]
     modes: Vec<String>,
+    /// Record only these warps of each block (bit w: warp w, `0x21` or `33`; 0: all).
+    #[arg(long, value_parser = mask, default_value = "0")]
+    sample_warps: u32,
+    /// Record only every this-many-th block (from block 0; 1: all).
+    #[arg(long, default_value_t = 1)]
+    sample_blocks: u32,
+}
+
+/// A warp mask, in hex (`0x..`) or decimal.
+fn mask(s: &str) -> Result<u32, String> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Events the sampled warps of `gemm` make in `reps` passes over `p`'s tiles: each
+/// block walks the tiles `b, b + grid, ...`, and per tile its producer (warp 0)
+/// records one event per k-tile, each recording consumer warp (4-11; with
+/// `phases-wg` warps 5 and 10) two per k-tile and an epilogue.
+fn produced_by(gemm: &Gemm, p: &Problem, reps: u64, sampling: &Sampling) -> u64 {
+    let grid = u64::from(gemm.config(p).grid_dim.0);
+    let tiles = (p.m / BM * (p.n / BN)) as u64 * reps;
+    let kt = (p.k / BK) as u64;
+    let warps = THREADS / 32;
+    let per_tile = |w: u32| match w {
+        0 => kt,
+        4..=11 if gemm.variant != Variant::PhasesWg || w == 5 || w == 10 => 2 * kt + 1,
+        _ => 0,
+    };
+    (0..grid.min(tiles))
+        .map(|b| {
+            let sampled = (0..warps).filter(|&w| sampling.slot_of(b as u32, w, warps).is_some());
+            (tiles - b).div_ceil(grid) * sampled.map(per_tile).sum::<u64>()
+        })
+        .sum()
 }
 
 fn main() -> ExitCode {
@@ -92,7 +135,16 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     };
     let off = Gemm::compile_with(&ctx, Variant::Off, Out::Bf16, false, &defines(false))?;
     let traced = Gemm::compile_with(&ctx, a.variant, Out::Bf16, false, &defines(true))?;
-    let produced = traced.expected_records(&p) * reps;
+    let sampling = Sampling::default()
+        .warps(a.sample_warps)
+        .blocks(a.sample_blocks, 0);
+    let produced = produced_by(&traced, &p, reps, &sampling);
+    if sampling.is_all() {
+        // The loops' count agrees with the kernel's own.
+        assert_eq!(produced, traced.expected_records(&p) * reps);
+    } else {
+        println!("sampled: {}", sampling.describe(THREADS / 32));
+    }
     println!(
         "gemm_stream: {m}×{n}×{k} bf16, {} passes of {:.3} ms, {} recording; {produced} events \
          ({:.0} M events/s at the gate-off pass's speed)",
@@ -111,7 +163,9 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                 (timer.ms()? / 1e3, None)
             }
             "fixed" | "memory" => {
-                let (s, st) = profiled(&ctx, &stream, &traced, &mut p, &timer, mode == "fixed")?;
+                let sampler = Sampler::new(sampling);
+                let fixed = mode == "fixed";
+                let (s, st) = profiled(&ctx, &stream, (&traced, &mut p, &timer), fixed, sampler)?;
                 (s, Some(st))
             }
             _ => unreachable!("the modes are checked above"),
@@ -164,10 +218,9 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
 fn profiled(
     ctx: &Arc<cudarc::driver::CudaContext>,
     stream: &Arc<CudaStream>,
-    gemm: &Gemm,
-    p: &mut Problem,
-    timer: &Timer,
+    (gemm, p, timer): (&Gemm, &mut Problem, &Timer),
     fixed: bool,
+    sampler: Sampler,
 ) -> Result<(f64, tracing_gpu::cuda::ProfilerStats), Box<dyn Error>> {
     let dispatch = Dispatch::new(tracing_subscriber::registry().with(LevelFilter::INFO));
     let _default = tracing::dispatcher::set_default(&dispatch);
@@ -176,6 +229,7 @@ fn profiled(
         .context(ctx.clone())
         .registry(registry())
         .capacity(per_pass)
+        .sampler(sampler)
         .build()?;
     let cfg = gemm.config(p);
     let launch = |trace: KernelArg| {

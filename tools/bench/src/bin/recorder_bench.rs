@@ -140,6 +140,7 @@ impl TraceBuffer {
             base: gpu.ptr(&self.dev),
             capacity: self.capacity,
             slot_count: self.slot_count,
+            ..KernelArg::default()
         }
     }
 
@@ -815,6 +816,7 @@ fn check_overflow(gpu: &Gpu) -> Result<()> {
             base: 0,
             capacity: 37,
             slot_count: warps,
+            ..KernelArg::default()
         };
         launch_bench(gpu, &f, cfg, &out, events as i32, Some(off), None)?;
         gpu.stream.synchronize()?;
