@@ -352,9 +352,7 @@ impl<R: BufRead> Body<R> {
 /// built optimized), then the byte found in the block that differs.
 fn first_nonzero(b: &[u8]) -> Option<usize> {
     const ZEROS: [u8; 4096] = [0; 4096];
-    let block = b
-        .chunks(ZEROS.len())
-        .position(|c| c != &ZEROS[..c.len()])?;
+    let block = b.chunks(ZEROS.len()).position(|c| c != &ZEROS[..c.len()])?;
     let at = block * ZEROS.len();
     b[at..].iter().position(|&x| x != 0).map(|k| at + k)
 }
