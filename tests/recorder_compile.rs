@@ -207,7 +207,7 @@ mod nvrtc {
         }
     }
 
-    /// docs/format.md's kernel argument, as shown: 16 bytes, the header's
+    /// docs/format.md's kernel argument, as shown: 32 bytes, the header's
     /// `tgpu::Trace` field for field.
     #[test]
     fn the_documented_kernel_argument_is_the_headers() {
@@ -217,10 +217,14 @@ mod nvrtc {
         let shown = doc_block("docs/format.md", "c");
         let src = format!(
             "#include \"tracing_gpu.cuh\"\n{shown}\n\
-             static_assert(sizeof(Trace) == 16, \"16 bytes\");\n\
+             static_assert(sizeof(Trace) == 32, \"32 bytes\");\n\
              static_assert(sizeof(Trace) == sizeof(tgpu::Trace), \"the header's size\");\n\
              static_assert(__builtin_offsetof(Trace, capacity) == __builtin_offsetof(tgpu::Trace, capacity), \"\");\n\
              static_assert(__builtin_offsetof(Trace, slot_count) == __builtin_offsetof(tgpu::Trace, slot_count), \"\");\n\
+             static_assert(__builtin_offsetof(Trace, warp_mask) == __builtin_offsetof(tgpu::Trace, warp_mask), \"\");\n\
+             static_assert(__builtin_offsetof(Trace, block_stride) == __builtin_offsetof(tgpu::Trace, block_stride), \"\");\n\
+             static_assert(__builtin_offsetof(Trace, block_offset) == __builtin_offsetof(tgpu::Trace, block_offset), \"\");\n\
+             static_assert(__builtin_offsetof(Trace, launch_every) == __builtin_offsetof(tgpu::Trace, launch_every), \"\");\n\
              extern \"C\" __global__ void k() {{}}\n"
         );
         ptx("k", "sm_90", &src, &[]);
