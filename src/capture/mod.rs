@@ -44,6 +44,8 @@ pub const HOST_SPANS_NOTE: &str = "host_spans";
 
 /// The metadata key of a watchdog's snapshot (issue #32): `watchdog <launch id>.<n>`
 /// holds snapshot `n` (from 0) of that launch, as text ([`Capture::snapshots`]).
+/// (Written by the live recorder only: the CUDA feature's.)
+#[cfg(feature = "cuda")]
 pub(crate) fn snapshot_note(launch_id: u64, index: u32) -> String {
     format!("watchdog {launch_id}.{index}")
 }
