@@ -310,6 +310,25 @@ mod tests {
     use crate::registry::EventRegistry;
     use prost::Message;
 
+    /// The trace written of launch 3 of kernel "k" whose buffer is `buffer`, with an
+    /// exact clock: its bytes and the writer's stats.
+    fn written(buffer: Vec<u8>, registry: EventRegistry) -> (Vec<u8>, WriteStats) {
+        let batch = Batch {
+            device: Arc::new(DeviceInfo::default()),
+            launch: LaunchInfo {
+                launch_id: 3,
+                kernel: "k".into(),
+                ..Default::default()
+            },
+            buffer: Arc::new(OwnedBuffer::decode(buffer, None).unwrap()),
+            calibration: Arc::new(Calibration::exact(0, 1_000_000, 0.0)),
+            registry: Arc::new(registry),
+        };
+        let mut w = TraceWriter::new(Vec::new()).unwrap();
+        w.write_batch(&batch).unwrap();
+        w.finish().unwrap()
+    }
+
     /// The hot path's hand-built packets, read back with the prost messages.
     #[test]
     fn hot_packets_decode_as_perfetto_messages() {
@@ -325,20 +344,7 @@ mod tests {
             .unwrap()
             .with_payload(1, "k_tile")
             .unwrap();
-        let batch = Batch {
-            device: Arc::new(DeviceInfo::default()),
-            launch: LaunchInfo {
-                launch_id: 3,
-                kernel: "k".into(),
-                ..Default::default()
-            },
-            buffer: Arc::new(OwnedBuffer::decode(cb.finish(), None).unwrap()),
-            calibration: Arc::new(Calibration::exact(0, 1_000_000, 0.0)),
-            registry: Arc::new(reg),
-        };
-        let mut w = TraceWriter::new(Vec::new()).unwrap();
-        w.write_batch(&batch).unwrap();
-        let (bytes, stats) = w.finish().unwrap();
+        let (bytes, stats) = written(cb.finish(), reg);
         assert_eq!(stats.device_events, 3);
         assert_eq!(stats.kernels, 1);
         let trace = proto::Trace::decode(&bytes[..]).unwrap();
@@ -409,20 +415,8 @@ mod tests {
             let mut b = BufferBuilder::new([4, 1, 1], [64, 1, 1], 4);
             b.sampling(sampling);
             b.warp(0, 1).unwrap().sm(1, 1).range(1, 1_000, 1_300, 0);
-            let batch = Batch {
-                device: Arc::new(DeviceInfo::default()),
-                launch: LaunchInfo {
-                    launch_id: 3,
-                    kernel: "k".into(),
-                    ..Default::default()
-                },
-                buffer: Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap()),
-                calibration: Arc::new(Calibration::exact(0, 1_000_000, 0.0)),
-                registry: Arc::new(EventRegistry::from_pairs([(1, "mma")]).unwrap()),
-            };
-            let mut w = TraceWriter::new(Vec::new()).unwrap();
-            w.write_batch(&batch).unwrap();
-            let (bytes, _) = w.finish().unwrap();
+            let registry = EventRegistry::from_pairs([(1, "mma")]).unwrap();
+            let (bytes, _) = written(b.finish(), registry);
             let trace = proto::Trace::decode(&bytes[..]).unwrap();
             let slice = trace
                 .packet
