@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/test-env.sh)"
+# One clean pass: incremental state would add gigabytes to target/ (CI's disk is
+# small and shared) and buys nothing on a build that runs once.
+export CARGO_INCREMENTAL=0
 
 # The most public items rustdoc may list (target/doc/tracing_gpu/all.html);
 # lower it when the API shrinks, raise it only on purpose.
