@@ -40,12 +40,17 @@ if [ ! -x "$out/jaeger" ] || [ ! -x "$out/otelcol" ]; then
   echo "backends: building Jaeger and the Collector into $out (once; about 8 minutes on 2 cores)" >&2
   start=$(date +%s)
   tmp=$(mktemp -d "$cache/.build.XXXXXX")
-  trap 'rm -rf "$tmp"' EXIT
+  # Go's build cache (some 2 GB for these two) is worth nothing once the binaries
+  # exist, and disks here are small: a private one, removed after the build.
+  GOCACHE=$(mktemp -d "$cache/.gocache.XXXXXX")
+  export GOCACHE
+  trap 'rm -rf "$tmp" "$GOCACHE"' EXIT
   (cd "$root/tools/backends/jaeger" &&
     go build -o "$tmp/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger)
   (cd "$root/tools/backends/collector" && go build -o "$tmp/otelcol" .)
   rm -rf "$out"
   mv "$tmp" "$out"
+  rm -rf "$GOCACHE"
   trap - EXIT
   echo "backends: built in $(($(date +%s) - start)) s" >&2
 fi
