@@ -16,7 +16,9 @@
 //!   ×8`: the capture above, 8 launches one after the other (8,650,752 events);
 //!   `storm`: 4,096 launches of 4 blocks × 4 warps × 16 events (1,048,576
 //!   events), the shape of a storm of short launches. The same figures, median
-//!   of 5, are printed as `perfetto layer, ...` lines (also with 8 encoders).
+//!   of 5, are printed as `perfetto layer, ...` lines (also with 8 encoders),
+//!   and again zlib-compressed at level 1 (`PerfettoLayerBuilder::compress`:
+//!   each encoder deflates its own output).
 //! - `host/span`: one plain span (enter + exit) through the generic `tracing`
 //!   path into a `PerfettoLayer`; spans/s.
 //! - The same 1,081,344 events written by tg4perfetto (the writer FlashInfer's
@@ -284,15 +286,18 @@ fn storm(registry: &Arc<EventRegistry>) -> Vec<Arc<Batch>> {
         .collect()
 }
 
-/// The batches through a layer with `threads` encoders into a byte counter,
-/// to the finished trace; returns the wall time and the trace's size.
-fn through_layer(batches: &[Arc<Batch>], threads: usize) -> (Duration, u64) {
+/// The batches through a layer with `threads` encoders into a byte counter
+/// (zlib-compressed at `level` if given), to the finished trace; returns the
+/// wall time and the trace's size.
+fn through_layer(batches: &[Arc<Batch>], threads: usize, level: Option<u32>) -> (Duration, u64) {
     let t = Instant::now();
-    let (layer, guard) = PerfettoLayer::builder()
+    let mut builder = PerfettoLayer::builder()
         .writer(Count::default())
-        .encoder_threads(threads)
-        .build()
-        .unwrap();
+        .encoder_threads(threads);
+    if let Some(l) = level {
+        builder = builder.compress(l);
+    }
+    let (layer, guard) = builder.build().unwrap();
     for b in batches {
         tracing_gpu::batch::BatchSink::on_batch(&layer, b);
     }
@@ -312,13 +317,20 @@ fn encoders(c: &mut Criterion) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (name, batches) in &cases {
         let events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
-        for threads in [1, 2, 4, 8] {
-            let mut runs: Vec<(Duration, u64)> =
-                (0..5).map(|_| through_layer(batches, threads)).collect();
+        // Compressed, each encoder deflates its own output: the writer
+        // thread only writes.
+        for (level, threads) in [None, Some(1)]
+            .into_iter()
+            .flat_map(|l| [1, 2, 4, 8].map(|t| (l, t)))
+        {
+            let mut runs: Vec<(Duration, u64)> = (0..5)
+                .map(|_| through_layer(batches, threads, level))
+                .collect();
             runs.sort();
             let (wall, bytes) = runs[2];
+            let zlib = level.map_or(String::new(), |l| format!(", zlib {l}"));
             println!(
-                "perfetto layer, {name}, {threads} encoder(s), {cores} cores: {events} events in \
+                "perfetto layer, {name}{zlib}, {threads} encoder(s), {cores} cores: {events} events in \
                  {:.4} s wall (median of 5): {:.1} M events/s, {:.2} bytes/event",
                 wall.as_secs_f64(),
                 events as f64 / wall.as_secs_f64() / 1e6,
@@ -334,7 +346,7 @@ fn encoders(c: &mut Criterion) {
         g.throughput(Throughput::Elements(events));
         for threads in [1, 2, 4] {
             g.bench_function(BenchmarkId::new(*name, threads), |it| {
-                it.iter(|| through_layer(batches, threads))
+                it.iter(|| through_layer(batches, threads, None))
             });
         }
     }

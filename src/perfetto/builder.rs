@@ -160,7 +160,7 @@ impl PerfettoLayerBuilder {
                 // A full queue wakes the writer anyway.
                 let _ = wake.try_send(Msg::Wake);
             };
-            let e = Encoders::start(self.encoder_threads, &state.ids, wake);
+            let e = Encoders::start(self.encoder_threads, &state.ids, writer.compression(), wake);
             Some(e.map_err(PerfettoError::Thread)?)
         } else {
             None

@@ -19,7 +19,10 @@
 //! Bounds: at most [`DEPTH_PER_ENCODER`] × `n` groups of batches (a group
 //! closes at [`GROUP_BATCHES`] batches or [`GROUP_EVENTS`] events) are in the
 //! encoders' hands (a new one waits until the oldest is written). An
-//! encoder's output goes out in pieces of at most about [`FLUSH_AT`] bytes,
+//! encoder's output goes out in pieces of at most about [`FLUSH_AT`] bytes
+//! (each deflated by the encoder into one `compressed_packets` packet if the
+//! trace is compressed: deflating costs several times what encoding does, and
+//! on the writer thread it bounded the whole layer to one core's rate),
 //! or as soon as it has nothing else to do, through a channel of
 //! [`OUTPUT_QUEUE`] pieces, in buffers that the writer gives back: at most
 //! `OUTPUT_QUEUE + 2` of them per encoder.
@@ -35,7 +38,7 @@ use super::error::PerfettoError;
 use super::proto::Enc;
 use super::tracks::Ids;
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
-use super::writer::TraceWriter;
+use super::writer::{compressed_packet, TraceWriter};
 use crate::batch::Batch;
 
 /// Groups of batches each encoder may have been handed and not finished:
@@ -61,7 +64,10 @@ const OUTPUT_QUEUE: usize = 4;
 /// [`DIED`] groups: the encoder panicked (a bug), and will hand back no more.
 struct Piece {
     encoder: usize,
+    /// The packets from `start` on (a compressed piece's head is written
+    /// just before its body: `writer::compressed_packet`).
     bytes: Vec<u8>,
+    start: usize,
     groups: u64,
     events: u64,
 }
@@ -82,6 +88,7 @@ impl Drop for Obituary<'_> {
             let _ = self.out.send(Piece {
                 encoder: self.encoder,
                 bytes: Vec::new(),
+                start: 0,
                 groups: DIED,
                 events: 0,
             });
@@ -127,6 +134,7 @@ impl Encoders {
     pub(crate) fn start(
         n: usize,
         ids: &Arc<Ids>,
+        compress: Option<u32>,
         wake: impl Fn() + Clone + Send + 'static,
     ) -> std::io::Result<Encoders> {
         let (tx, out) = mpsc::sync_channel(OUTPUT_QUEUE);
@@ -154,7 +162,12 @@ impl Encoders {
                 .name(format!("tracing-gpu perfetto encoder {index}"))
                 .spawn(move || {
                     let warps = WarpEncoder::with_short_ids(short);
-                    encode(index, shard, warps, &ids, (&rx, &spare_rx), &tx, &wake)
+                    let out = Out {
+                        tx: &tx,
+                        compress,
+                        wake: &wake,
+                    };
+                    encode(index, shard, warps, &ids, (&rx, &spare_rx), out)
                 });
             match spawned {
                 Ok(t) => {
@@ -292,7 +305,7 @@ impl Encoders {
         failed: &mut Option<PerfettoError>,
     ) {
         if failed.is_none() && !p.bytes.is_empty() {
-            if let Err(e) = w.write_raw(&p.bytes) {
+            if let Err(e) = w.write_encoded(&p.bytes[p.start..]) {
                 *failed = Some(e);
             }
         }
@@ -319,6 +332,14 @@ impl Drop for Encoders {
     }
 }
 
+/// Where an encoder's output goes: the writer's channel, deflated first if
+/// the trace is compressed, and who to wake then.
+struct Out<'a> {
+    tx: &'a SyncSender<Piece>,
+    compress: Option<u32>,
+    wake: &'a dyn Fn(),
+}
+
 /// An encoder thread: encodes its shard of every batch it is handed, and
 /// hands the output back at about [`FLUSH_AT`] bytes, and whenever no batch
 /// is waiting (so that nothing stays behind while the layer is idle).
@@ -328,10 +349,12 @@ fn encode(
     mut warps: WarpEncoder,
     ids: &Ids,
     (jobs, spare): (&Receiver<Group>, &Receiver<Vec<u8>>),
-    out: &SyncSender<Piece>,
-    wake: &dyn Fn(),
+    out: Out<'_>,
 ) {
-    let _obituary = Obituary { encoder, out };
+    let _obituary = Obituary {
+        encoder,
+        out: out.tx,
+    };
     let mut enc = Enc::with_capacity(FLUSH_AT + (64 << 10));
     let (mut groups, mut events) = (0u64, 0u64);
     // Hands back what `enc` holds; `false` once the writer is gone.
@@ -341,16 +364,29 @@ fn encode(
         let mut next = spare
             .try_recv()
             .unwrap_or_else(|_| Vec::with_capacity(FLUSH_AT + (64 << 10)));
-        next.clear();
-        let bytes = std::mem::replace(&mut enc.buf, next);
+        let (bytes, start) = match out.compress {
+            None => {
+                next.clear();
+                (std::mem::replace(&mut enc.buf, next), 0)
+            }
+            Some(level) => {
+                // Writing into a Vec cannot fail; were it to, the obituary
+                // tells the writer (the trace is lost, not hung).
+                let start = compressed_packet(level, &enc.buf, &mut next)
+                    .expect("deflating into memory does not fail");
+                enc.clear();
+                (next, start)
+            }
+        };
         let piece = Piece {
             encoder,
             bytes,
+            start,
             groups: std::mem::take(groups),
             events: std::mem::take(events),
         };
-        let sent = out.send(piece).is_ok();
-        wake();
+        let sent = out.tx.send(piece).is_ok();
+        (out.wake)();
         sent
     };
     loop {

@@ -135,6 +135,20 @@ impl<W: Write> TraceWriter<W> {
         self.emit(bytes)
     }
 
+    /// The zlib level packets go out at, if this trace is compressed.
+    pub(crate) fn compression(&self) -> Option<u32> {
+        self.compress
+    }
+
+    /// Appends an encoder thread's output as it is: whole packets, already
+    /// compressed ([`compressed_packet`]) if this trace is.
+    pub(crate) fn write_encoded(&mut self, bytes: &[u8]) -> Result<(), PerfettoError> {
+        self.drain(0)?;
+        self.out.write_all(bytes)?;
+        self.core.stats.bytes += bytes.len() as u64;
+        Ok(())
+    }
+
     /// Counts device events that an encoder thread wrote.
     pub(crate) fn add_device_events(&mut self, n: u64) {
         self.core.stats.device_events += n;
@@ -200,22 +214,41 @@ fn write_packets(
         out.write_all(packets)?;
         return Ok(packets.len() as u64);
     };
-    zbuf.clear();
+    let start = compressed_packet(level, packets, zbuf)?;
+    out.write_all(&zbuf[start..])?;
+    Ok((zbuf.len() - start) as u64)
+}
+
+/// Room kept ahead of a compressed body for its packet's head: the two keys
+/// and two lengths of `Trace.packet { compressed_packets }`.
+const HEAD_ROOM: usize = 16;
+
+/// Deflates whole `packets` (zlib, `level`) into `buf` as one packet,
+/// `Trace.packet { compressed_packets }`, which Perfetto inflates on load;
+/// returns where in `buf` the packet starts (its body is deflated in place
+/// after [`HEAD_ROOM`] bytes, the head written just before it). Encoder threads
+/// call it on their own output ([`super::parallel`]), so that deflating, the
+/// costly part, runs on every encoder rather than on the one writer.
+pub(crate) fn compressed_packet(
+    level: u32,
+    packets: &[u8],
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    buf.clear();
+    buf.resize(HEAD_ROOM, 0);
     let mut z =
-        flate2::write::ZlibEncoder::new(std::mem::take(zbuf), flate2::Compression::new(level));
+        flate2::write::ZlibEncoder::new(std::mem::take(buf), flate2::Compression::new(level));
     z.write_all(packets)?;
-    let body = z.finish()?;
-    // Trace.packet { compressed_packets: body }, lengths up front.
+    *buf = z.finish()?;
+    let body = (buf.len() - HEAD_ROOM) as u64;
     let mut field50 = Enc::default();
     field50.varint(u64::from(field::PACKET_COMPRESSED << 3 | 2));
-    field50.varint(body.len() as u64);
+    field50.varint(body);
     let mut head = Enc::default();
     head.varint(u64::from(field::TRACE_PACKET << 3 | 2));
-    head.varint((field50.len() + body.len()) as u64);
+    head.varint(field50.len() as u64 + body);
     head.buf.extend_from_slice(&field50.buf);
-    out.write_all(&head.buf)?;
-    out.write_all(&body)?;
-    let written = head.len() + body.len();
-    *zbuf = body;
-    Ok(written as u64)
+    let start = HEAD_ROOM - head.len();
+    buf[start..HEAD_ROOM].copy_from_slice(&head.buf);
+    Ok(start)
 }

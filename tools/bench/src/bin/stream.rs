@@ -9,7 +9,7 @@
 //!                       [--watch-every 1.0]
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
 //!                       [--drain-threads N] [--unfiltered] [--capacity R --memory-limit B]
-//!                       [--walkers N]
+//!                       [--walkers N] [--perfetto-encoders N] [--perfetto-zlib LEVEL]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -138,6 +138,14 @@ struct Options {
         default_value = "off,fixed,memory,watch,perfetto"
     )]
     modes: Vec<String>,
+    /// Encoder threads of the `perfetto` mode's layer
+    /// (`PerfettoLayerBuilder::encoder_threads`; its default: the cores, at most 4).
+    #[arg(long)]
+    perfetto_encoders: Option<usize>,
+    /// The `perfetto` mode's trace zlib-compressed at this level
+    /// (`PerfettoLayerBuilder::compress`: each encoder deflates its own output).
+    #[arg(long)]
+    perfetto_zlib: Option<u32>,
     /// Seconds between the watchdog's snapshots in `watch` (the first at this deadline).
     #[arg(long, default_value_t = 1.0)]
     watch_every: f64,
@@ -506,9 +514,15 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
     let dir = tempfile::tempdir()?;
     let (perfetto, guard) = match mode {
         "perfetto" => {
-            let (layer, guard) = PerfettoLayer::builder()
-                .file(dir.path().join("stream.perfetto-trace"))
-                .build()?;
+            let mut builder =
+                PerfettoLayer::builder().file(dir.path().join("stream.perfetto-trace"));
+            if let Some(n) = o.perfetto_encoders {
+                builder = builder.encoder_threads(n);
+            }
+            if let Some(level) = o.perfetto_zlib {
+                builder = builder.compress(level);
+            }
+            let (layer, guard) = builder.build()?;
             (Some(layer), Some(guard))
         }
         _ => (None, None),
