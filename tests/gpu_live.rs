@@ -751,7 +751,8 @@ fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
 /// Sampling on the device (issue #31): a kernel recorded with a warp mask and a block
 /// stride, v1, v2 and v2 streamed, one launch in two. Every sampled warp arrives with
 /// exactly the events it made (their payloads say which), no other warp arrives at all,
-/// and the launch left out is counted, not delivered.
+/// and the launch left out is counted, not delivered; then as a graph node, v1 and v2,
+/// replayed twice.
 #[test]
 fn a_sampled_launch_records_its_sampled_warps_exactly_and_no_other() {
     use std::collections::BTreeMap;
@@ -876,5 +877,58 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
         (6, 3, 3),
         "{st:?}"
     );
+    assert_eq!((st.skipped, st.failed, st.events_lost), (0, 0, 0), "{st:?}");
+
+    // A graph node captured with the sampler samples the same blocks and warps at
+    // every replay (one in n applies to the capture: this node records).
+    use tracing_gpu::cuda::cudarc::driver::sys;
+    let every = sampling.launches(0);
+    let sampler = Sampler::new(every);
+    for format in [1, 2] {
+        let build = KernelBuild::new("sampled.cu", profiler.arch())
+            .define("TGPU_ENABLED=1")
+            .define(format!("TGPU_FORMAT={format}"));
+        let module = profiler
+            .context()
+            .load_module(compile(SOURCE, &build).unwrap())
+            .unwrap();
+        let f = module.load_function("sampled").unwrap();
+        let mut made = stream
+            .alloc_zeros::<u32>((blocks * warps) as usize)
+            .unwrap();
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .unwrap();
+        let run = |trace| unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(&mut made)
+                .arg(&trace)
+                .launch(cfg)
+        };
+        let captured = gpu_profile!(profiler.sampled(&sampler), &stream, "sampled", cfg, run);
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        captured.unwrap();
+        let graph = profiler.graph(graph.unwrap().expect("a graph")).unwrap();
+        for replay in 0..2 {
+            profiler
+                .launch_graph(&graph, &stream, "sampled graph")
+                .unwrap();
+            stream.synchronize().unwrap();
+            profiler.flush().unwrap();
+            let made = stream.clone_dtoh(&made).unwrap();
+            let seen = std::mem::take(&mut *keep.0.lock().unwrap());
+            let mut expected = Seen::new();
+            for block in [1, 4, 7] {
+                for warp in [0, 4, 7] {
+                    let n = made[(block * warps + warp) as usize];
+                    let payloads = (0..n).map(|k| block * 1000 + warp * 10 + k).collect();
+                    expected.insert((block, warp), (payloads, 0, every));
+                }
+            }
+            assert_eq!(seen, expected, "graph node, v{format}, replay {replay}");
+        }
+    }
+    let st = profiler.stats();
     assert_eq!((st.skipped, st.failed, st.events_lost), (0, 0, 0), "{st:?}");
 }

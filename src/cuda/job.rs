@@ -159,6 +159,15 @@ pub(crate) struct Node {
     pub len: usize,
 }
 
+impl Node {
+    /// Where the device finds the node's buffer in a replay region: 64 bytes
+    /// before slot 0, as every `tgpu::Trace::base` (docs/format.md), which is
+    /// past the header's first 64 bytes in a sampled buffer.
+    pub(crate) fn device_offset(&self) -> usize {
+        self.offset + self.header.size() - crate::format::BUFFER_HEADER_SIZE
+    }
+}
+
 /// How many replays of an adopted graph the host has made and the device has
 /// run: the device's count is the graph state's first word, which every
 /// replay's prologue raises by one, and which the collector fetches with each

@@ -196,7 +196,7 @@ impl Graphs {
             base: self.state(plan.slot) + (STATE_CURRENT + 8 * index) as u64,
             capacity: header.slot_capacity | format::TRACE_INDIRECT,
             slot_count: shape.slots,
-            ..KernelArg::default()
+            sampling: header.sampling,
         };
         let result = launch(arg);
         if result.is_ok() {
@@ -257,7 +257,7 @@ impl Graphs {
         state[3] = k as u64 - 1;
         state[4] = plan.nodes.len() as u64;
         for (i, n) in plan.nodes.iter().enumerate() {
-            state[8 + i] = n.offset as u64;
+            state[8 + i] = n.device_offset() as u64;
         }
         let bytes: Vec<u8> = state.iter().flat_map(|w| w.to_le_bytes()).collect();
         self.ctx.bind_to_thread()?;

@@ -97,7 +97,7 @@ use crate::cuda::device::{Arena, Events, Memory, Place, Region, Shape};
 use crate::cuda::error::ProfilerError;
 use crate::cuda::job::Work;
 use crate::cuda::ledger::{Ledger, ProfilerStats};
-use crate::format::{self, BufferHeader, KernelArg, Sampling};
+use crate::format::{self, BufferHeader, KernelArg};
 use graph::Graphs;
 use names::{kernel_name, thread_name};
 use rings::{MappedArena, RingSettings};
@@ -263,14 +263,9 @@ impl Profiler {
         };
         let captured = capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         if captured {
-            if !sampling.launches(0).is_all() {
-                // Not silently recorded whole: a graph's nodes sample no warps yet.
-                return Err(ProfilerError::Invalid(
-                    "a launch captured into a graph cannot sample blocks or warps".into(),
-                ));
-            }
-            // A node records at every replay or at none: one in n chose above.
-            sampling = Sampling::default();
+            // A node records at every replay or at none (one in n chose above);
+            // its blocks and warps are sampled as a launch's are.
+            sampling = sampling.launches(0);
         }
         let shape = Shape::sampled(&cfg, self.capacity, self.arena.capacity(), &sampling)?;
         let header = BufferHeader {

@@ -6,8 +6,10 @@ use crate::cuda::job::{OutOfStep, ReplayCount};
 
 /// A graph of `nodes` simulated kernels with its replay ring of `k` regions,
 /// and the prologue the device runs at each replay.
-struct SimGraph {
+pub(super) struct SimGraph {
     nodes: Arc<[Node]>,
+    /// What each node records at a replay at device time `t0`.
+    make: Box<dyn Fn(u64) -> BufferBuilder>,
     ring: Arc<Memory>,
     region: usize,
     k: u64,
@@ -17,10 +19,21 @@ struct SimGraph {
 
 impl SimGraph {
     fn new(gpu: &Gpu, nodes: usize, k: u64) -> SimGraph {
+        Self::of(gpu, nodes, k, |t0| kernel(0, t0))
+    }
+
+    /// A graph whose nodes record what `make` builds (its header, sampling
+    /// included, is each node's, as the capture made it).
+    pub(super) fn of(
+        gpu: &Gpu,
+        nodes: usize,
+        k: u64,
+        make: impl Fn(u64) -> BufferBuilder + 'static,
+    ) -> SimGraph {
         let mut offset = REPLAY_HEADER;
         let nodes: Vec<Node> = (0..nodes)
             .map(|i| {
-                let b = kernel(0, 0);
+                let b = make(0);
                 let len = b.finish().len();
                 let n = Node {
                     kernel: format!("node{i}").into(),
@@ -47,6 +60,7 @@ impl SimGraph {
         };
         SimGraph {
             nodes: nodes.into(),
+            make: Box::new(make),
             ring,
             region,
             k,
@@ -73,9 +87,14 @@ impl SimGraph {
         h.extend(number.to_le_bytes());
         rig.gpu.write(&self.ring, offset, &h);
         for node in self.nodes.iter() {
-            let mut b = kernel(0, t0).finish();
-            b[..crate::format::BUFFER_HEADER_SIZE].fill(0);
-            rig.gpu.write(&self.ring, offset + node.offset, &b);
+            // The device writes the slots alone, from 64 bytes past where the
+            // prologue says the node's buffer is (`Trace::base`); the collector
+            // writes the header.
+            let b = (self.make)(t0).finish();
+            let slots = &b[node.header.size()..];
+            let base = offset + node.device_offset();
+            rig.gpu
+                .write(&self.ring, base + crate::format::BUFFER_HEADER_SIZE, slots);
         }
         true
     }
@@ -83,7 +102,7 @@ impl SimGraph {
     /// One replay on `stream`, as `Profiler::launch_graph` and the prologue
     /// make it; the nodes record at device time `t0`. Returns whether the
     /// prologue took a region, and the replay's event.
-    fn replay(&self, rig: &Rig, stream: u64, t0: u64, fired: bool) -> (bool, u64) {
+    pub(super) fn replay(&self, rig: &Rig, stream: u64, t0: u64, fired: bool) -> (bool, u64) {
         self.replay_of(rig, stream, t0, fired, true)
     }
 

@@ -5,6 +5,7 @@
 //! sampled one in n, the others run with a null trace and are counted, never
 //! delivered.
 use super::drains::{events_of, sink_dispatch, stream_sampled, write_ranges};
+use super::graphs::SimGraph;
 use super::*;
 use crate::cuda::Sampler;
 use crate::format::Sampling;
@@ -119,6 +120,45 @@ fn a_sampled_launch_brings_back_exactly_its_sampled_warps() {
         assert_eq!(st.events, 2 * expected.len() as u64);
         assert_accounted(&st);
     }
+}
+
+/// The warps `sampling` names in the 12 × 8 grid, block by block.
+fn named(sampling: Sampling) -> Vec<(u32, u32)> {
+    (0..BLOCKS)
+        .flat_map(|b| (0..WARPS).map(move |w| (b, w)))
+        .filter(|&(b, w)| sampling.slot_of(b, w, WARPS).is_some())
+        .collect()
+}
+
+#[test]
+fn a_graph_node_samples_its_blocks_and_warps_at_every_replay() {
+    // The capture keeps the blocks and warps and drops one in n (which chose
+    // whether the node records at all).
+    let sampling = Sampling::default().warps(0b0110).blocks(3, 1);
+    assert_eq!(named(sampling).len(), 8);
+    let rig = Rig::new(0, None);
+    let (sink, dispatch) = sink_dispatch();
+    let graph = SimGraph::of(&rig.gpu, 2, 2, move |t0| sampled_kernel(sampling, t0));
+    let t0 = [1_000_000, 3_000_000];
+    tracing::dispatcher::with_default(&dispatch, || {
+        for t in t0 {
+            let (taken, _) = graph.replay(&rig, 5, t, true);
+            assert!(taken);
+            rig.collector.flush().unwrap();
+        }
+    });
+    let batches = sink.0.lock().clone();
+    assert_eq!(batches.len(), 4, "2 nodes × 2 replays");
+    for (replay, pair) in batches.chunks(2).enumerate() {
+        for node in pair {
+            let (warps, samplings) = delivered(std::slice::from_ref(node), t0[replay]);
+            assert_eq!(warps, named(sampling));
+            assert_eq!(samplings, [sampling]);
+        }
+    }
+    let st = rig.shared.stats();
+    assert_eq!((st.delivered, st.events_lost), (4, 0));
+    assert_accounted(&st);
 }
 
 #[test]
