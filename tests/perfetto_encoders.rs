@@ -180,6 +180,66 @@ fn several_encoders_write_the_same_slices_as_one() {
     }
 }
 
+/// A file on a slow disk: each write waits `per_write` first.
+struct SlowFile(std::fs::File, std::time::Duration);
+
+impl std::io::Write for SlowFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::thread::sleep(self.1);
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// `compress_when_behind`: while the output lags behind the encoders, they
+/// deflate what they hand back; the trace, partly compressed, holds every
+/// slice.
+#[test]
+fn encoders_deflate_what_a_slow_output_cannot_take() {
+    let dir = tempfile::tempdir().unwrap();
+    // Enough for some 20 pieces of output, each written in 20 ms or more.
+    let h0 = HostClock::Boottime.now_ns();
+    let batches: Vec<_> = (0..400).map(|k| launch((k % 2) as u32, k, h0)).collect();
+    let events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
+    let path = dir.path().join("behind.perfetto-trace");
+    let slow = SlowFile(
+        std::fs::File::create(&path).unwrap(),
+        std::time::Duration::from_millis(20),
+    );
+    let (layer, guard) = PerfettoLayer::builder()
+        .writer(slow)
+        .encoder_threads(2)
+        .compress_when_behind(1)
+        .build()
+        .unwrap();
+    for b in &batches {
+        layer.on_batch(b);
+    }
+    drop(layer);
+    let stats = guard.finish().unwrap();
+    assert_eq!(stats.device_events, events);
+    // Uncompressed, the same events take some 27 bytes each.
+    assert!(
+        stats.bytes < 20 * events,
+        "{} bytes for {events} events",
+        stats.bytes
+    );
+    let Some(s) = perfetto_check::check(
+        &path,
+        &[
+            "--expect-device-slices",
+            &events.to_string(),
+            "--expect-kernels",
+            "400",
+        ],
+    ) else {
+        return;
+    };
+    assert!(s["compressed"] > 0, "{s:?}");
+}
+
 /// A `Write` that blocks while `closed` (a disk that stalls).
 struct Gate(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
 

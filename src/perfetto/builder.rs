@@ -15,7 +15,7 @@ use super::guard::PerfettoGuard;
 use super::host::process;
 use super::layer::PerfettoLayer;
 use super::output::Output;
-use super::parallel::Encoders;
+use super::parallel::{Deflate, Encoders};
 use super::proto::Enc;
 use super::state::{LayerState, Msg};
 use super::tracks::Ids;
@@ -33,7 +33,7 @@ pub struct PerfettoLayerBuilder {
     chunk_bytes: usize,
     queued_chunks: usize,
     batch_queue: usize,
-    compress: Option<u32>,
+    deflate: Deflate,
     encoder_threads: usize,
 }
 
@@ -46,7 +46,7 @@ impl Default for PerfettoLayerBuilder {
             chunk_bytes: 64 << 10,
             queued_chunks: 16,
             batch_queue: 64,
-            compress: None,
+            deflate: Deflate::Never,
             encoder_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         }
     }
@@ -96,9 +96,25 @@ impl PerfettoLayerBuilder {
 
     /// Writes the trace zlib-compressed at `level` (0-9) in ~1 MiB pieces
     /// (`compressed_packets`, which Perfetto inflates on load): several times
-    /// smaller, at the cost of the writer thread's CPU time. Off by default.
+    /// smaller (level 1: about 7 times, 3.6 bytes an event), at the cost of
+    /// CPU time: each encoder thread deflates what it encodes (about 5 times
+    /// what encoding costs), or the writer thread with one encoder. Off by
+    /// default.
     pub fn compress(mut self, level: u32) -> Self {
-        self.compress = Some(level);
+        self.deflate = Deflate::Always(level.min(9));
+        self
+    }
+
+    /// Deflates, at `level`, only what the output cannot take as fast as the
+    /// encoders make it: an encoder thread deflates the piece it hands back
+    /// while two or more wait for the writer (a disk slower than the
+    /// encoders), and hands it back as it is otherwise. A trace that keeps up
+    /// costs no deflating; one that does not is partly compressed, as much as
+    /// the encoders' spare CPU time allows. Needs encoder threads
+    /// ([`PerfettoLayerBuilder::encoder_threads`] ≥ 2); with one, the trace is
+    /// written as it is. Replaces [`PerfettoLayerBuilder::compress`].
+    pub fn compress_when_behind(mut self, level: u32) -> Self {
+        self.deflate = Deflate::WhenBehind(level.min(9));
         self
     }
 
@@ -138,7 +154,7 @@ impl PerfettoLayerBuilder {
         let mut packet = Enc::default();
         packet.packet(&process(&ids, pid, process_name));
         writer.write_raw(&packet.buf)?;
-        if let Some(level) = self.compress {
+        if let Deflate::Always(level) = self.deflate {
             writer = writer.compress(level);
         }
         let (tx, rx) = mpsc::sync_channel(self.batch_queue);
@@ -160,7 +176,7 @@ impl PerfettoLayerBuilder {
                 // A full queue wakes the writer anyway.
                 let _ = wake.try_send(Msg::Wake);
             };
-            let e = Encoders::start(self.encoder_threads, &state.ids, writer.compression(), wake);
+            let e = Encoders::start(self.encoder_threads, &state.ids, self.deflate, wake);
             Some(e.map_err(PerfettoError::Thread)?)
         } else {
             None
@@ -192,7 +208,7 @@ impl std::fmt::Debug for PerfettoLayerBuilder {
             .field("chunk_bytes", &self.chunk_bytes)
             .field("queued_chunks", &self.queued_chunks)
             .field("batch_queue", &self.batch_queue)
-            .field("compress", &self.compress)
+            .field("deflate", &self.deflate)
             .field("encoder_threads", &self.encoder_threads)
             .finish()
     }

@@ -30,9 +30,11 @@
 //! [`PerfettoLayerBuilder::encoder_threads`]: super::PerfettoLayerBuilder::encoder_threads
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::error::PerfettoError;
 use super::proto::Enc;
@@ -53,6 +55,46 @@ pub(crate) const DEPTH_PER_ENCODER: usize = 4;
 /// early when no batch waits for the writer.
 const GROUP_BATCHES: usize = 64;
 const GROUP_EVENTS: u64 = 32 << 10;
+
+/// When the encoders deflate their output (`PerfettoLayerBuilder::compress`,
+/// `compress_when_behind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deflate {
+    /// Never: the packets as they are.
+    Never,
+    /// Every piece, at this zlib level.
+    Always(u32),
+    /// A piece made while the writer is behind ([`Duty`]): the output (a
+    /// disk) takes less than the encoders make, so it gets fewer bytes for CPU
+    /// time the encoders have; otherwise as it is.
+    WhenBehind(u32),
+}
+
+/// How long the writer thread spends in writing encoders' pieces, over
+/// windows of [`Duty::WINDOW`]: a writer busy writing half of a window or
+/// more is behind (the output, not the encoders, sets the pace). Pieces
+/// waiting in the output queue would not say it: the writer thread also
+/// hands the encoders their work, so a slow output starves them first.
+#[derive(Debug)]
+struct Duty {
+    since: Instant,
+    busy: Duration,
+    behind: Arc<AtomicBool>,
+}
+
+impl Duty {
+    const WINDOW: Duration = Duration::from_millis(50);
+
+    /// One write of `took`, ended at `now`.
+    fn add(&mut self, took: Duration, now: Instant) {
+        self.busy += took;
+        let span = now.saturating_duration_since(self.since);
+        if span >= Self::WINDOW {
+            self.behind.store(self.busy * 2 >= span, Ordering::Relaxed);
+            (self.since, self.busy) = (now, Duration::ZERO);
+        }
+    }
+}
 
 /// Output pieces waiting for the writer, all encoders together. Each
 /// encoder then owns at most this many buffers plus the one it fills and the
@@ -107,6 +149,8 @@ pub(crate) struct Encoders {
     spare: Vec<mpsc::Sender<Vec<u8>>>,
     threads: Vec<JoinHandle<()>>,
     out: Receiver<Piece>,
+    /// The writer's time in writes ([`Deflate::WhenBehind`]).
+    duty: Duty,
     /// The group being gathered, and its events.
     group: Vec<(Arc<Batch>, (u64, u64))>,
     group_events: u64,
@@ -134,10 +178,11 @@ impl Encoders {
     pub(crate) fn start(
         n: usize,
         ids: &Arc<Ids>,
-        compress: Option<u32>,
+        deflate: Deflate,
         wake: impl Fn() + Clone + Send + 'static,
     ) -> std::io::Result<Encoders> {
         let (tx, out) = mpsc::sync_channel(OUTPUT_QUEUE);
+        let behind = Arc::new(AtomicBool::new(false));
         let (mut jobs, mut threads, mut spare) = (Vec::new(), Vec::new(), Vec::new());
         // The one-byte sequence ids left, dealt out now: drawn as each
         // encoder needs them, they would go to whichever asks first.
@@ -158,13 +203,15 @@ impl Encoders {
                 of: n as u32,
             };
             let (ids, tx, wake) = (ids.clone(), tx.clone(), wake.clone());
+            let behind = behind.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("tracing-gpu perfetto encoder {index}"))
                 .spawn(move || {
                     let warps = WarpEncoder::with_short_ids(short);
                     let out = Out {
                         tx: &tx,
-                        compress,
+                        deflate,
+                        behind: &behind,
                         wake: &wake,
                     };
                     encode(index, shard, warps, &ids, (&rx, &spare_rx), out)
@@ -191,6 +238,11 @@ impl Encoders {
             spare,
             threads,
             out,
+            duty: Duty {
+                since: Instant::now(),
+                busy: Duration::ZERO,
+                behind,
+            },
             group: Vec::new(),
             group_events: 0,
             handed: 0,
@@ -305,9 +357,12 @@ impl Encoders {
         failed: &mut Option<PerfettoError>,
     ) {
         if failed.is_none() && !p.bytes.is_empty() {
+            let t = Instant::now();
             if let Err(e) = w.write_encoded(&p.bytes[p.start..]) {
                 *failed = Some(e);
             }
+            let now = Instant::now();
+            self.duty.add(now - t, now);
         }
         // A dead encoder's channel is gone: the buffer is freed then.
         let _ = self.spare[p.encoder].send(p.bytes);
@@ -332,12 +387,25 @@ impl Drop for Encoders {
     }
 }
 
-/// Where an encoder's output goes: the writer's channel, deflated first if
-/// the trace is compressed, and who to wake then.
+/// Where an encoder's output goes: the writer's channel, deflated first as
+/// `deflate` says (`behind`: whether the writer is, [`Duty`]), and who to
+/// wake then.
 struct Out<'a> {
     tx: &'a SyncSender<Piece>,
-    compress: Option<u32>,
+    deflate: Deflate,
+    behind: &'a AtomicBool,
     wake: &'a dyn Fn(),
+}
+
+impl Out<'_> {
+    /// The zlib level the next piece goes out at, if any.
+    fn level(&self) -> Option<u32> {
+        match self.deflate {
+            Deflate::Never => None,
+            Deflate::Always(level) => Some(level),
+            Deflate::WhenBehind(level) => self.behind.load(Ordering::Relaxed).then_some(level),
+        }
+    }
 }
 
 /// An encoder thread: encodes its shard of every batch it is handed, and
@@ -364,7 +432,7 @@ fn encode(
         let mut next = spare
             .try_recv()
             .unwrap_or_else(|_| Vec::with_capacity(FLUSH_AT + (64 << 10)));
-        let (bytes, start) = match out.compress {
+        let (bytes, start) = match out.level() {
             None => {
                 next.clear();
                 (std::mem::replace(&mut enc.buf, next), 0)
@@ -422,6 +490,50 @@ fn encode(
         groups += 1;
         if enc.len() > FLUSH_AT && !hand_back(&mut enc, &mut groups, &mut events) {
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which pieces an encoder deflates: never, always, or while the writer
+    /// spent half of its last window writing.
+    #[test]
+    fn deflates_when_behind_only_while_the_writer_is_busy_writing() {
+        let (tx, _rx) = mpsc::sync_channel(1);
+        let t0 = Instant::now();
+        let mut duty = Duty {
+            since: t0,
+            busy: Duration::ZERO,
+            behind: Arc::new(AtomicBool::new(false)),
+        };
+        let level = |deflate, duty: &Duty| {
+            Out {
+                tx: &tx,
+                deflate,
+                behind: &duty.behind,
+                wake: &|| {},
+            }
+            .level()
+        };
+        let ms = Duration::from_millis;
+        // (write took, ended at): within a window nothing changes; at its end,
+        // busy ≥ half of it says behind.
+        let steps = [
+            (ms(10), ms(20), None),
+            (ms(20), ms(49), None),
+            (ms(1), ms(50), Some(1)),
+            (ms(5), ms(80), Some(1)),
+            (ms(5), ms(110), None),
+            (ms(55), ms(170), Some(1)),
+        ];
+        for (took, at, want) in steps {
+            duty.add(took, t0 + at);
+            assert_eq!(level(Deflate::WhenBehind(1), &duty), want, "at {at:?}");
+            assert_eq!(level(Deflate::Never, &duty), None);
+            assert_eq!(level(Deflate::Always(6), &duty), Some(6));
         }
     }
 }

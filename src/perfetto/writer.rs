@@ -135,13 +135,9 @@ impl<W: Write> TraceWriter<W> {
         self.emit(bytes)
     }
 
-    /// The zlib level packets go out at, if this trace is compressed.
-    pub(crate) fn compression(&self) -> Option<u32> {
-        self.compress
-    }
-
-    /// Appends an encoder thread's output as it is: whole packets, already
-    /// compressed ([`compressed_packet`]) if this trace is.
+    /// Appends an encoder thread's output as it is: whole packets, some or
+    /// all of them already compressed ([`compressed_packet`]) as the layer
+    /// asked.
     pub(crate) fn write_encoded(&mut self, bytes: &[u8]) -> Result<(), PerfettoError> {
         self.drain(0)?;
         self.out.write_all(bytes)?;

@@ -9,7 +9,8 @@
 //!                       [--watch-every 1.0]
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
 //!                       [--drain-threads N] [--unfiltered] [--capacity R --memory-limit B]
-//!                       [--walkers N] [--perfetto-encoders N] [--perfetto-zlib LEVEL]
+//!                       [--walkers N] [--perfetto-encoders N]
+//!                       [--perfetto-zlib LEVEL [--perfetto-when-behind]]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -146,6 +147,10 @@ struct Options {
     /// (`PerfettoLayerBuilder::compress`: each encoder deflates its own output).
     #[arg(long)]
     perfetto_zlib: Option<u32>,
+    /// With `--perfetto-zlib`: deflate only while the disk is behind
+    /// (`PerfettoLayerBuilder::compress_when_behind`).
+    #[arg(long, requires = "perfetto_zlib")]
+    perfetto_when_behind: bool,
     /// Seconds between the watchdog's snapshots in `watch` (the first at this deadline).
     #[arg(long, default_value_t = 1.0)]
     watch_every: f64,
@@ -519,9 +524,11 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             if let Some(n) = o.perfetto_encoders {
                 builder = builder.encoder_threads(n);
             }
-            if let Some(level) = o.perfetto_zlib {
-                builder = builder.compress(level);
-            }
+            builder = match (o.perfetto_zlib, o.perfetto_when_behind) {
+                (Some(level), true) => builder.compress_when_behind(level),
+                (Some(level), false) => builder.compress(level),
+                (None, _) => builder,
+            };
             let (layer, guard) = builder.build()?;
             (Some(layer), Some(guard))
         }
