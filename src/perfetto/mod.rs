@@ -69,6 +69,7 @@ pub(crate) mod proto;
 mod state;
 mod stats;
 mod tracks;
+mod unfinished;
 mod warps;
 mod writer;
 mod writer_thread;

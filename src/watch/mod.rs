@@ -12,7 +12,7 @@ mod summary;
 pub(crate) mod tests;
 
 pub(crate) use cell::{Cells, Words};
-pub(crate) use snapshot::Snapshot;
+pub(crate) use snapshot::{Snapshot, State};
 
 /// The target of the watchdog's events (an ERROR event per snapshot, under the
 /// launch span); the OTLP layer marks that span unfinished when it sees one.
