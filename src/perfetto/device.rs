@@ -242,19 +242,22 @@ impl DeviceEncoder {
     }
 
     /// The launches still running at the trace's end, with their latest
-    /// snapshots: writes each one's kernel slice, begun and never ended (over
-    /// the parts delivered so far, else from its launch), and returns them, for
+    /// snapshots: writes each one's kernel slice, begun and never ended, and
+    /// returns them, for
     /// their warps' open ranges ([`WarpEncoder::open`]) to be written.
     pub(crate) fn unfinished(&mut self) -> Vec<Arc<Watched>> {
         let all = self.unfinished.take();
         for w in &all {
             let s = &w.snapshot;
             let now = w.clock.to_host(s.now_ns);
+            // From its launch (as the host saw it; the ranges still open may have
+            // begun before anything delivered), or its first delivered event if earlier.
+            let launched = now.saturating_sub(s.running_ns);
             let start = self
                 .parts
                 .arriving(s.launch_id)
                 .and_then(|sum| sum.extent)
-                .map_or(now.saturating_sub(s.running_ns), |(start, _)| start);
+                .map_or(launched, |(first, _)| first.min(launched));
             let DeviceEncoder {
                 ids, enc, tracks, ..
             } = self;
