@@ -7,17 +7,18 @@ use std::sync::Arc;
 use super::error::PerfettoError;
 use super::flows::{launch_flow_id, FlowOrigins};
 use super::parts::{KernelSum, LaunchParts};
-use super::unfinished::Unfinished;
 use super::proto::{
     Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket, TracePacketDefaults,
     TrackEvent, CLOCK_BOOTTIME, CLOCK_MONOTONIC, CLOCK_REALTIME, SEQ_INCREMENTAL_STATE_CLEARED,
 };
 use super::stats::WriteStats;
 use super::tracks::{DeviceTracks, Ids, MISC_SEQUENCE};
+use super::unfinished::Unfinished;
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use crate::batch::Batch;
-use crate::deliver::watched::Watched;
 use crate::clock::HostClock;
+use crate::deliver::watched::Watched;
+use crate::watch::State;
 
 /// The encoder state of one trace: tracks, sequences, interned names. Writes
 /// into an in-memory buffer; [`super::TraceWriter`] drains that to its output.
@@ -250,14 +251,26 @@ impl DeviceEncoder {
         for w in &all {
             let s = &w.snapshot;
             let now = w.clock.to_host(s.now_ns);
-            // From its launch (as the host saw it; the ranges still open may have
-            // begun before anything delivered), or its first delivered event if earlier.
+            // From the earliest of its launch (as the host saw it), its first warp's
+            // start and its first event delivered: the ranges still open began
+            // before any event delivered ended.
             let launched = now.saturating_sub(s.running_ns);
+            let warps = s.warps.iter().filter_map(|w| match w.state {
+                State::Running { started_ns, .. } => Some(started_ns),
+                _ => None,
+            });
             let start = self
                 .parts
                 .arriving(s.launch_id)
                 .and_then(|sum| sum.extent)
-                .map_or(launched, |(first, _)| first.min(launched));
+                .map(|(first, _)| first)
+                .into_iter()
+                .chain(warps.map(|t| w.clock.to_host(t)))
+                .fold(launched, u64::min);
+            let flow = self
+                .flow_origins
+                .end(s.launch_id)
+                .then(|| launch_flow_id(s.launch_id));
             let DeviceEncoder {
                 ids, enc, tracks, ..
             } = self;
@@ -286,11 +299,13 @@ impl DeviceEncoder {
                             ..Default::default()
                         },
                     ],
+                    terminating_flow_ids: flow.into_iter().collect(),
                     ..Default::default()
                 })),
                 ..Default::default()
             });
             self.stats.kernels += 1;
+            self.stats.flows += u64::from(flow.is_some());
         }
         all
     }
