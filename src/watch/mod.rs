@@ -5,7 +5,7 @@
 //! (`summary.rs`), and checked against the trace streamed afterwards (`agree.rs`). Nothing here knows CUDA: the profiler's watchdog reads mapped
 //! memory through [`Words`], the tests a byte buffer.
 
-#[cfg(test)]
+#[cfg(any(test, feature = "cuda"))]
 mod agree;
 mod cell;
 mod snapshot;
@@ -13,7 +13,7 @@ mod summary;
 #[cfg(test)]
 pub(crate) mod tests;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "cuda"))]
 pub(crate) use agree::disagreements;
 pub(crate) use cell::{Cells, Words};
 pub(crate) use snapshot::{Snapshot, State};

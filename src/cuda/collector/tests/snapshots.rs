@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::drains::{events_of, watched_launch, word, Batches, Warp};
 use super::*;
+use crate::cuda::__private::WatchdogSnapshot;
 use crate::cuda::job::Watchdog;
 use crate::deliver::watched::{self, Watched};
 use crate::deliver::SinkLayer;
@@ -50,13 +51,18 @@ impl Watching {
     }
 }
 
-/// The watchdog's snapshots, whole, as a sink takes them beside their events.
+/// The watchdog's snapshots, whole, as a sink takes them beside their events (and as
+/// the device tests take them, `cuda::__private::WatchdogSnapshot`).
 #[derive(Default, Clone)]
-struct Snapshots(Arc<Mutex<Vec<Arc<Watched>>>>);
+struct Snapshots(
+    Arc<Mutex<Vec<Arc<Watched>>>>,
+    Arc<Mutex<Vec<WatchdogSnapshot>>>,
+);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Snapshots {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         if let Some(w) = watched::current(event) {
+            self.1.lock().push(WatchdogSnapshot::of(event).unwrap());
             self.0.lock().push(w);
         }
     }
@@ -117,7 +123,7 @@ fn a_persistent_kernels_snapshots_agree_with_its_streamed_trace() {
     // The warps take a step, then hold still until a snapshot was read while they
     // did: that one must agree with the trace exactly. (One taken while they move
     // may catch a warp between two records.)
-    let mut still = Vec::new();
+    let (mut still, mut held) = (Vec::new(), Vec::new());
     for k in 0..STEPS {
         for w in &mut warps {
             step(w, k);
@@ -126,6 +132,7 @@ fn a_persistent_kernels_snapshots_agree_with_its_streamed_trace() {
         // The first may have been read before the step ended; the second was not.
         snapshots.wait_past(moved + 1);
         still.push(snapshots.0.lock()[moved + 1].clone());
+        held.push(snapshots.1.lock()[moved + 1].clone());
     }
     for w in &mut warps {
         let t = T0 + STEPS * 1_000 + u64::from(w.ring.index);
@@ -141,6 +148,11 @@ fn a_persistent_kernels_snapshots_agree_with_its_streamed_trace() {
         let s = &w.snapshot;
         let bad = crate::watch::disagreements(s, |block, warp| events_of(&batches, block, warp));
         assert!(bad.is_empty(), "step {k}: {bad:#?}");
+        // The same, as a device test checks it.
+        let h = &held[k];
+        assert_eq!((h.launch_id(), h.index()), (s.launch_id, s.index));
+        assert_eq!(h.text(), w.text);
+        assert!(h.disagreements(&batches).is_empty(), "step {k}");
         // They are the warps' steps: each in mma > wait since its step, after k-tile k.
         for warp in &s.warps {
             let crate::watch::State::Running { open, last, .. } = &warp.state else {
