@@ -34,7 +34,10 @@ impl Unfinished {
 
     /// Launch `launch_id` has finished: its snapshot is of no more use.
     pub(crate) fn finished(&mut self, launch_id: u64) {
-        self.by_launch.remove(&launch_id);
+        // Every batch asks: nearly always there is no snapshot to drop.
+        if !self.by_launch.is_empty() {
+            self.by_launch.remove(&launch_id);
+        }
     }
 
     /// The launches still running, by launch id, with their latest snapshots.
