@@ -275,7 +275,15 @@ impl DeviceEncoder {
                 ids, enc, tracks, ..
             } = self;
             let gpu = tracks.gpu(ids, w.device.ordinal, &w.device.name, enc);
-            let uuid = tracks.get(gpu).kernel_lane(ids, (start, u64::MAX), enc);
+            let g = tracks.get(gpu);
+            // The SMs of the warps left open, before their tracks: a launch may hang
+            // before its first part declared them.
+            for warp in &s.warps {
+                if matches!(&warp.state, State::Running { open, .. } if !open.is_empty()) {
+                    g.declare_sm(warp.sm, enc);
+                }
+            }
+            let uuid = g.kernel_lane(ids, (start, u64::MAX), enc);
             enc.packet(&TracePacket {
                 timestamp: Some(start),
                 trusted_packet_sequence_id: Some(MISC_SEQUENCE),
