@@ -5,7 +5,8 @@
                             [--expect-kernels N] [--expect-host-slices N]
                             [--expect-gpus N] [--expect-flows N]
                             [--expect-events-lost N] [--expect-payload EVENT=ARG ...]
-                            [--allow-open-flows] [--clock-tolerance-ns NS] [--json]
+                            [--allow-open-flows] [--allow-open-slices]
+                            [--clock-tolerance-ns NS] [--json]
                             [--slices-out FILE]
     check_perfetto.py --self-test
 
@@ -16,8 +17,10 @@ packet defaults, incremental clocks. Then it checks:
 - the track tree: every parent exists; each GPU is a process with a
   "kernels" track, an "SMs" track whose children are "SM n" in numeric rank
   order, and under each SM, "block B warp W" tracks (lanes "#k") in rank order;
-- slices: every end closes a begin on its own track, nothing stays open,
-  so slices nest strictly on each track; device slices only on warp tracks,
+- slices: every end closes a begin on its own track, nothing stays open
+  (with --allow-open-slices, slices begun and never ended are counted instead,
+  as Perfetto draws them "did not end": a launch still running when the trace
+  ended), so slices nest strictly on each track; device slices only on warp tracks,
   kernel slices only on kernel tracks, counters only on counter tracks;
 - payloads: a device slice has no argument, or one: its payload (an unsigned
   32-bit value) under the name its event type declares; all device slices of
@@ -32,7 +35,7 @@ packet defaults, incremental clocks. Then it checks:
 
 --slices-out writes every slice and counter value as JSON, one per line, sorted:
 [track path, name, start, end, arguments] (the path: the track's and its
-ancestors' names, so that two traces of the same events compare equal
+ancestors' names; the end of a slice that never ends is null), so that two traces of the same events compare equal
 whatever their uuids, sequences and packet order).
 
 Exit status 0 and a one-line summary (or --json) when everything holds;
@@ -63,6 +66,8 @@ KERNELS_RE = re.compile(r"^kernels(?: #(\d+))?$")
 SM_RE = re.compile(r"^SM (\d+)$")
 # The instant that marks a warp's events lost (its `events` argument: how many).
 LOST_MARK = "events lost"
+# The end of a slice that never ends (--allow-open-slices): after every other time.
+OPEN = 1 << 64
 WARP_RE = re.compile(r"^block (\d+) warp (\d+)(?: #(\d+))?$")
 
 
@@ -84,6 +89,9 @@ class Checker:
         self.marked_lost = 0
         self.compressed = 0
         self.listed = []  # (path, name, start, end, args): for --slices-out
+        self.allow_open_flows = False
+        self.allow_open_slices = False
+        self.open_slices = defaultdict(int)  # track kind -> slices that never end
 
     def err(self, msg):
         if len(self.errors) < 50:
@@ -372,6 +380,10 @@ class Checker:
                     continue
                 self.err(f"packet {order}: event of type {typ}")
             for b in stack:
+                if self.allow_open_slices:
+                    self.open_slices[k] += 1
+                    self.slice(k, uuid, b, b[0], OPEN, counts, origins, ends, kernel_spans, device_slices)
+                    continue
                 self.err(f"packet {b[1]}: slice {b[4]!r} on {self.name_of(self.tracks[uuid])!r} never ends")
 
         for name, found in sorted(self.payload_args.items(), key=lambda kv: str(kv[0])):
@@ -426,6 +438,9 @@ class Checker:
             events_lost=sum(lost.values()),
             lost_marks=self.lost_marks,
             sequences=len(self.seqs),
+            open_slices=sum(self.open_slices.values()),
+            open_device_slices=self.open_slices["warp"],
+            open_kernel_slices=self.open_slices["kernel"],
             compressed=self.compressed,
         )
         return summary
@@ -441,7 +456,7 @@ class Checker:
 
     def slice(self, k, uuid, e, start, end, counts, origins, ends, kernel_spans, device_slices):
         name, flows, terms = e[4], e[6], e[7]
-        self.listed.append((self.path(uuid), name, start, end, e[5]))
+        self.listed.append((self.path(uuid), name, start, None if end == OPEN else end, e[5]))
         if k == "warp" and name == LOST_MARK:
             # Not a device event: the instant that marks a warp's events lost.
             args = e[5]
@@ -600,6 +615,7 @@ def _run(trace, *args):
             f.write(trace.SerializeToString())
         c = Checker(0)
         c.allow_open_flows = "--allow-open-flows" in args
+        c.allow_open_slices = "--allow-open-slices" in args
         c.read(open(path, "rb").read())
         s = c.check()
         for a in args:
@@ -642,6 +658,11 @@ def self_test():
     is_end_on = lambda uuid: lambda p: p.HasField("track_event") and p.track_event.type == SLICE_END \
         and p.track_event.track_uuid == uuid
     broken(lambda t: drop(t, is_end_on(2)), "never ends")
+    # Allowed, a slice that never ends is counted, and lies in its kernel if that never ends.
+    t = _good_trace()
+    drop(t, is_end_on(2))
+    errors, s = _run(t, "--allow-open-slices")
+    assert not errors and s["open_slices"] == 1, (errors, s)
     broken(lambda t: drop(t, lambda p: p.HasField("track_event") and p.track_event.name == "launch"),
            "nothing open")
     broken(lambda t: setattr(pk(t, lambda p: p.track_descriptor.name == "SM 10").track_descriptor,
@@ -718,6 +739,8 @@ def main(argv=None):
                          "(EVENT= : no payload argument); repeatable")
     ap.add_argument("--allow-open-flows", action="store_true",
                     help="accept flows that start on the host and never reach a kernel")
+    ap.add_argument("--allow-open-slices", action="store_true",
+                    help="accept slices that never end (a launch still running at the end), counted")
     ap.add_argument("--clock-tolerance-ns", type=int, default=0,
                     help="slack for the kernel-after-launch and device-in-kernel checks")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -732,6 +755,7 @@ def main(argv=None):
         return 2
     c = Checker(a.clock_tolerance_ns)
     c.allow_open_flows = a.allow_open_flows
+    c.allow_open_slices = a.allow_open_slices
     try:
         c.read(data)
     except Exception as e:  # a parse error is a failed check

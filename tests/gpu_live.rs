@@ -932,3 +932,137 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
     let st = profiler.stats();
     assert_eq!((st.skipped, st.failed, st.events_lost), (0, 0, 0), "{st:?}");
 }
+
+/// Issue #32: a persistent kernel that crawls for 10 s (each warp inside `loop`, a
+/// `work` then a `pause` of 1 ms each, over and over), built with `TGPU_WATCH=1`,
+/// streamed, with a snapshot every second. Each snapshot agrees with the trace streamed
+/// afterwards (`WatchdogSnapshot::disagreements`): every running warp's open ranges began
+/// when the trace says, and it closed last what the trace ended last, with its payload.
+/// Only the innermost depth of a warp's cell changes while it runs, so a cell read while
+/// the warp moves is still one state of it.
+#[test]
+fn a_crawling_kernels_snapshots_agree_with_its_streamed_trace() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tracing_gpu::batch::{Batch, BatchSink};
+    use tracing_gpu::cuda::__private::WatchdogSnapshot;
+    use tracing_gpu::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use tracing_gpu::deliver::SinkLayer;
+    use tracing_gpu::{compile, gpu_profile, KernelBuild};
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    if !gpu_present() {
+        println!("skipped: no GPU");
+        return;
+    }
+    const SOURCE: &str = r#"
+#include "tracing_gpu.cuh"
+TGPU_EVENT(Loop, 1);
+TGPU_EVENT(Work, 2);
+TGPU_EVENT(Pause, 3);
+__device__ __forceinline__ void spin(unsigned long long ns) {
+    const unsigned long long t = tgpu::globaltimer();
+    while (tgpu::globaltimer() - t < ns) {}
+}
+extern "C" __global__ void crawl(unsigned long long run_ns, unsigned long long step_ns
+                                 TGPU_TRACE_PARAM) {
+    TGPU_RECORDER(rec, Loop, Work, Pause);
+    const unsigned long long start = tgpu::globaltimer();
+    unsigned k = 0;
+    rec.begin<Loop>();
+    while (tgpu::globaltimer() - start < run_ns) {
+        rec.begin<Work>();
+        spin(step_ns);
+        rec.switch_to<Work, Pause>(k);
+        spin(step_ns);
+        rec.end<Pause>();
+        ++k;
+    }
+    rec.end<Loop>(k);
+}
+"#;
+    #[derive(Clone, Default)]
+    struct Held(Arc<Mutex<Vec<WatchdogSnapshot>>>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Held {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            if let Some(s) = WatchdogSnapshot::of(e) {
+                self.0.lock().unwrap().push(s);
+            }
+        }
+    }
+    #[derive(Clone, Default)]
+    struct Keep(Arc<Mutex<Vec<Arc<Batch>>>>);
+    impl BatchSink for Keep {
+        fn on_batch(&self, batch: &Arc<Batch>) {
+            self.0.lock().unwrap().push(batch.clone());
+        }
+        fn flush(&self) {}
+    }
+    let (held, keep) = (Held::default(), Keep::default());
+    let subscriber = tracing_subscriber::registry()
+        .with(LevelFilter::INFO)
+        .with(held.clone())
+        .with(SinkLayer::new(keep.clone()).expect("a sink slot"));
+    let _default = tracing::subscriber::set_default(subscriber);
+    let profiler = tracing_gpu::cuda::Profiler::builder()
+        .device(0)
+        .events([(1, "loop"), (2, "work"), (3, "pause")])
+        .watchdog(Duration::from_secs(1))
+        .watchdog_every(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let build = KernelBuild::new("crawl.cu", profiler.arch())
+        .define("TGPU_ENABLED=1")
+        .define("TGPU_WATCH=1");
+    let module = profiler
+        .context()
+        .load_module(compile(SOURCE, &build).unwrap())
+        .unwrap();
+    let f = module.load_function("crawl").unwrap();
+    let stream = profiler.context().new_stream().unwrap();
+    let sms = profiler.device().sm_count;
+    let cfg = LaunchConfig {
+        grid_dim: (sms, 1, 1),
+        block_dim: (64, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (run_ns, step_ns) = (10_000_000_000u64, 1_000_000u64);
+    gpu_profile!(profiler.streamed(), &stream, "crawl", cfg, |trace| unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&run_ns)
+            .arg(&step_ns)
+            .arg(&trace)
+            .launch(cfg)
+    })
+    .unwrap();
+    stream.synchronize().unwrap();
+    profiler.flush().unwrap();
+    let st = profiler.stats();
+    assert_eq!((st.failed, st.events_lost), (0, 0), "{st:?}");
+    let snapshots = held.0.lock().unwrap().clone();
+    let batches = keep.0.lock().unwrap().clone();
+    assert!(
+        (8..=11).contains(&snapshots.len()),
+        "{} snapshots in 10 s, one a second",
+        snapshots.len()
+    );
+    let mut bad = Vec::new();
+    for s in &snapshots {
+        bad.extend(s.disagreements(&batches));
+    }
+    assert!(
+        bad.is_empty(),
+        "{} disagreements over {} snapshots of {} warps:\n{}",
+        bad.len(),
+        snapshots.len(),
+        sms * 2,
+        bad.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+    );
+    // They are of this launch, one a second, in order.
+    for (n, s) in snapshots.iter().enumerate() {
+        assert_eq!(s.index(), n as u32);
+        assert!(s.text().contains("(crawl, grid "), "{}", s.text());
+    }
+}

@@ -24,6 +24,7 @@ mod job;
 mod ledger;
 mod profiler;
 mod recorder;
+mod snapshot_check;
 mod traced;
 
 pub use cudarc;
@@ -56,7 +57,9 @@ pub mod __bench {
 
 #[doc(hidden)]
 pub mod __private {
-    //! What `gpu_profile!` expands to needs; not public API.
+    //! What `gpu_profile!` expands to needs, and what the device tests check
+    //! snapshots with; not public API.
     pub use super::profiler::next_launch_id;
+    pub use super::snapshot_check::WatchdogSnapshot;
     pub use tracing;
 }

@@ -118,7 +118,8 @@
 //!
 //! The gate (`gate.rs`), the slots and their markers (`slots.rs`), the sinks
 //! behind `reload` (`reload.rs`), the handle a sink holds (`handle.rs`), the
-//! plain spans (`spans.rs`); the delivery itself is here.
+//! plain spans (`spans.rs`), a watchdog's snapshot beside its event (`watched.rs`); the
+//! delivery itself is here.
 
 mod error;
 mod gate;
@@ -126,6 +127,7 @@ mod handle;
 mod reload;
 mod slots;
 mod spans;
+pub(crate) mod watched;
 
 use std::sync::Arc;
 

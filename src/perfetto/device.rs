@@ -13,9 +13,12 @@ use super::proto::{
 };
 use super::stats::WriteStats;
 use super::tracks::{DeviceTracks, Ids, MISC_SEQUENCE};
+use super::unfinished::Unfinished;
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use crate::batch::Batch;
 use crate::clock::HostClock;
+use crate::deliver::watched::Watched;
+use crate::watch::State;
 
 /// The encoder state of one trace: tracks, sequences, interned names. Writes
 /// into an in-memory buffer; [`super::TraceWriter`] drains that to its output.
@@ -36,6 +39,8 @@ pub(crate) struct DeviceEncoder {
     warps: WarpEncoder,
     /// Launches delivered in parts whose last part is still to come.
     parts: LaunchParts,
+    /// The latest snapshot of each launch still running.
+    unfinished: Unfinished,
 }
 
 /// What [`DeviceEncoder::head`] learnt of a batch from its slots' headers.
@@ -87,6 +92,7 @@ impl DeviceEncoder {
             tracks: DeviceTracks::default(),
             warps: WarpEncoder::default(),
             parts: LaunchParts::default(),
+            unfinished: Unfinished::default(),
         }
     }
 
@@ -159,6 +165,9 @@ impl DeviceEncoder {
             warps: head.slots,
             events_lost: head.events_lost,
         };
+        if b.launch.part.is_none_or(|p| p.last) {
+            self.unfinished.finished(b.launch.launch_id);
+        }
         let sum = match b.launch.part {
             None => sum,
             Some(part) => {
@@ -185,6 +194,136 @@ impl DeviceEncoder {
             .end(b.launch.launch_id)
             .then(|| launch_flow_id(b.launch.launch_id));
         self.kernel_slice(b, head.gpu, &sum, (start, end), flow);
+    }
+
+    /// Writes a watchdog's snapshot as an instant on its GPU's `watchdog` track, at
+    /// the snapshot's time, with its text and counts, and keeps it until its launch
+    /// finishes ([`Unfinished`]).
+    pub(crate) fn snapshot(&mut self, w: Arc<Watched>) {
+        let s = &w.snapshot;
+        let DeviceEncoder {
+            ids, enc, tracks, ..
+        } = self;
+        let gpu = tracks.gpu(ids, w.device.ordinal, &w.device.name, enc);
+        let track = tracks.get(gpu).watchdog_track(ids, enc);
+        let running = s.warps.iter().filter(|w| w.since_ns().is_some()).count();
+        let blocks = s.blocks();
+        let uint = |name: &str, v: u64| DebugAnnotation {
+            name: Some(name.into()),
+            uint_value: Some(v),
+            ..Default::default()
+        };
+        let args = vec![
+            DebugAnnotation {
+                name: Some("summary".into()),
+                string_value: Some(w.text.clone()),
+                ..Default::default()
+            },
+            uint("launch_id", s.launch_id),
+            uint("running_ns", s.running_ns),
+            uint("warps_running", running as u64),
+            uint("blocks_running", u64::from(blocks.running)),
+            uint("blocks_done", u64::from(blocks.done)),
+            uint("blocks_never_started", u64::from(blocks.never_started)),
+        ];
+        enc.packet(&TracePacket {
+            timestamp: Some(w.clock.to_host(s.now_ns)),
+            trusted_packet_sequence_id: Some(MISC_SEQUENCE),
+            data: Some(Data::TrackEvent(TrackEvent {
+                r#type: Some(EventType::Instant as i32),
+                track_uuid: Some(track),
+                // Counted from 1, as the text counts them.
+                name: Some(format!("watchdog snapshot {} of {}", s.index + 1, s.kernel)),
+                debug_annotations: args,
+                ..Default::default()
+            })),
+            ..Default::default()
+        });
+        self.unfinished.keep(w);
+    }
+
+    /// The launches still running at the trace's end, with their latest
+    /// snapshots: writes each one's kernel slice, begun and never ended, and
+    /// returns them, for
+    /// their warps' open ranges ([`WarpEncoder::open`]) to be written.
+    pub(crate) fn unfinished(&mut self) -> Vec<Arc<Watched>> {
+        let all = self.unfinished.take();
+        for w in &all {
+            let s = &w.snapshot;
+            let now = w.clock.to_host(s.now_ns);
+            // From the earliest of its launch (as the host saw it), its first warp's
+            // start and its first event delivered: the ranges still open began
+            // before any event delivered ended.
+            let launched = now.saturating_sub(s.running_ns);
+            let warps = s.warps.iter().filter_map(|w| match w.state {
+                State::Running { started_ns, .. } => Some(started_ns),
+                _ => None,
+            });
+            let start = self
+                .parts
+                .arriving(s.launch_id)
+                .and_then(|sum| sum.extent)
+                .map(|(first, _)| first)
+                .into_iter()
+                .chain(warps.map(|t| w.clock.to_host(t)))
+                .fold(launched, u64::min);
+            let flow = self
+                .flow_origins
+                .end(s.launch_id)
+                .then(|| launch_flow_id(s.launch_id));
+            let DeviceEncoder {
+                ids, enc, tracks, ..
+            } = self;
+            let gpu = tracks.gpu(ids, w.device.ordinal, &w.device.name, enc);
+            let g = tracks.get(gpu);
+            // The SMs of the warps left open, before their tracks: a launch may hang
+            // before its first part declared them.
+            for warp in &s.warps {
+                if matches!(&warp.state, State::Running { open, .. } if !open.is_empty()) {
+                    g.declare_sm(warp.sm, enc);
+                }
+            }
+            let uuid = g.kernel_lane(ids, (start, u64::MAX), enc);
+            enc.packet(&TracePacket {
+                timestamp: Some(start),
+                trusted_packet_sequence_id: Some(MISC_SEQUENCE),
+                data: Some(Data::TrackEvent(TrackEvent {
+                    r#type: Some(EventType::SliceBegin as i32),
+                    track_uuid: Some(uuid),
+                    name: Some(if s.kernel.is_empty() {
+                        format!("launch {}", s.launch_id)
+                    } else {
+                        s.kernel.clone()
+                    }),
+                    debug_annotations: vec![
+                        DebugAnnotation {
+                            name: Some("launch_id".into()),
+                            uint_value: Some(s.launch_id),
+                            ..Default::default()
+                        },
+                        DebugAnnotation {
+                            name: Some("unfinished".into()),
+                            string_value: Some("still running when the trace ended".into()),
+                            ..Default::default()
+                        },
+                    ],
+                    terminating_flow_ids: flow.into_iter().collect(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            });
+            self.stats.kernels += 1;
+            self.stats.flows += u64::from(flow.is_some());
+        }
+        all
+    }
+
+    /// Writes the ranges each warp of `w` had open, left open ([`WarpEncoder::open`]).
+    pub(crate) fn open_warps(&mut self, w: &Watched) {
+        let DeviceEncoder {
+            ids, enc, warps, ..
+        } = self;
+        warps.open(ids, enc, w, Shard::ALL);
     }
 
     fn kernel_slice(

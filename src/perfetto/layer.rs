@@ -16,7 +16,7 @@ use super::fields::{with_fields, SpanArgs};
 use super::state::LayerState;
 use crate::batch::{Batch, BatchSink, DEVICE_TARGET};
 use crate::clock::HostClock;
-use crate::deliver::SinkHandle;
+use crate::deliver::{watched, SinkHandle};
 
 /// A `tracing-subscriber` layer that writes a Perfetto trace: host spans on
 /// their threads' tracks, device batches on GPU / SM / warp tracks.
@@ -142,6 +142,11 @@ where
             return;
         }
         if self.state.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(watched) = watched::current(event) {
+            // A watchdog's snapshot: drawn on its GPU's tracks, not the collector's.
+            self.state.snapshot(watched);
             return;
         }
         let ts = HostClock::Boottime.now_ns();

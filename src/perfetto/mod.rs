@@ -40,6 +40,11 @@
 //!   encloses ranges of earlier parts opens after their packets, so it goes
 //!   on a second lane of its warp); its kernel slice, events-lost counter values and
 //!   flow once, at its last part, over every part.
+//! - A watchdog's snapshot of a launch still running (issue #32): an instant
+//!   `watchdog snapshot N of <kernel>` on the GPU's `watchdog` track, with its
+//!   text and counts. If the trace ends before the launch does, its kernel slice
+//!   and the ranges each warp had open at the latest snapshot are written as
+//!   slices that never end (`unfinished.rs`): where each warp was stuck.
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
 //!
@@ -69,6 +74,7 @@ pub(crate) mod proto;
 mod state;
 mod stats;
 mod tracks;
+mod unfinished;
 mod warps;
 mod writer;
 mod writer_thread;

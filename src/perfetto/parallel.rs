@@ -42,6 +42,7 @@ use super::tracks::Ids;
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use super::writer::{compressed_packet, TraceWriter};
 use crate::batch::Batch;
+use crate::deliver::watched::Watched;
 
 /// Groups of batches each encoder may have been handed and not finished:
 /// enough that an encoder whose share of one group is small goes on with the
@@ -141,9 +142,16 @@ impl Drop for Obituary<'_> {
 /// A group of batches, each with its device time window ([`TraceWriter::write_head`]).
 type Group = Arc<[(Arc<Batch>, (u64, u64))]>;
 
+/// What an encoder is handed: a group of batches, or, at the end of the trace, a
+/// launch still running whose warps' open ranges are to be written.
+enum Job {
+    Batches(Group),
+    Open(Arc<Watched>),
+}
+
 /// The encoder threads of one layer, seen from its writer thread.
 pub(crate) struct Encoders {
-    jobs: Vec<SyncSender<Group>>,
+    jobs: Vec<SyncSender<Job>>,
     /// Per encoder: its written pieces' buffers, given back to be reused
     /// (never more than the pieces in flight).
     spare: Vec<mpsc::Sender<Vec<u8>>>,
@@ -298,7 +306,28 @@ impl Encoders {
         self.group_events = 0;
         for jobs in &self.jobs {
             // Cannot fail while the encoder lives; if it died, take_one says so.
-            let _ = jobs.send(group.clone());
+            let _ = jobs.send(Job::Batches(group.clone()));
+        }
+        self.handed += 1;
+    }
+
+    /// Hands every encoder a launch still running at the end of the trace: each
+    /// writes the open ranges of the warps it owns ([`WarpEncoder::open`]), after
+    /// every batch handed out before.
+    pub(crate) fn open<W: Write>(
+        &mut self,
+        w: &mut TraceWriter<W>,
+        watched: Arc<Watched>,
+        failed: &mut Option<PerfettoError>,
+    ) {
+        self.hand_out(w, failed);
+        while self.pending() >= (DEPTH_PER_ENCODER * self.jobs.len()) as u64 {
+            if !self.take_one(w, failed) {
+                break;
+            }
+        }
+        for jobs in &self.jobs {
+            let _ = jobs.send(Job::Open(watched.clone()));
         }
         self.handed += 1;
     }
@@ -416,7 +445,7 @@ fn encode(
     shard: Shard,
     mut warps: WarpEncoder,
     ids: &Ids,
-    (jobs, spare): (&Receiver<Group>, &Receiver<Vec<u8>>),
+    (jobs, spare): (&Receiver<Job>, &Receiver<Vec<u8>>),
     out: Out<'_>,
 ) {
     let _obituary = Obituary {
@@ -458,19 +487,27 @@ fn encode(
         sent
     };
     loop {
-        let group = match jobs.try_recv() {
-            Ok(group) => group,
+        let job = match jobs.try_recv() {
+            Ok(job) => job,
             Err(TryRecvError::Empty) => {
                 if (groups > 0 || !enc.is_empty()) && !hand_back(&mut enc, &mut groups, &mut events)
                 {
                     return;
                 }
                 match jobs.recv() {
-                    Ok(group) => group,
+                    Ok(job) => job,
                     Err(_) => return,
                 }
             }
             Err(TryRecvError::Disconnected) => return,
+        };
+        let group = match job {
+            Job::Batches(group) => group,
+            Job::Open(watched) => {
+                warps.open(ids, &mut enc, &watched, shard);
+                groups += 1;
+                continue;
+            }
         };
         for (batch, window) in group.iter() {
             let r = warps.batch(ids, &mut enc, batch, *window, shard, &mut |enc| {

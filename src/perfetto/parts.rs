@@ -87,6 +87,12 @@ impl LaunchParts {
         })
     }
 
+    /// What the parts of launch `launch_id` delivered so far sum up to, if its
+    /// last part has not come.
+    pub(crate) fn arriving(&self, launch_id: u64) -> Option<&KernelSum> {
+        self.open.get(&launch_id).map(|a| &a.sum)
+    }
+
     /// Launches arriving in parts now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -19,9 +19,12 @@ use super::flows::FlowOrigins;
 use super::host::HostThread;
 use super::tracks::Ids;
 use crate::batch::{Batch, BatchSink};
+use crate::deliver::watched::Watched;
 
 pub(super) enum Msg {
     Batch(Arc<Batch>),
+    /// A watchdog's snapshot of a launch still running.
+    Snapshot(Arc<Watched>),
     /// A thread has a full chunk waiting.
     Wake,
     /// Collect everything, write it, flush, then answer.
@@ -50,6 +53,7 @@ impl std::fmt::Debug for Msg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Msg::Batch(_) => "Batch",
+            Msg::Snapshot(_) => "Snapshot",
             Msg::Wake => "Wake",
             Msg::Flush(_) => "Flush",
             Msg::Finish(_) => "Finish",
@@ -65,6 +69,13 @@ impl LayerState {
         let (ack, done) = mpsc::sync_channel(1);
         if self.tx.send(Msg::Flush(ack)).is_ok() {
             let _ = done.recv();
+        }
+    }
+
+    /// Hands a watchdog's snapshot to the writer thread, in order with the batches.
+    pub(super) fn snapshot(&self, w: Arc<Watched>) {
+        if !self.closed.load(Ordering::Acquire) {
+            let _ = self.tx.send(Msg::Snapshot(w));
         }
     }
 

@@ -394,6 +394,8 @@ pub(crate) struct Gpu {
     pub(crate) lost: Option<u64>,
     /// Events lost so far on this GPU (the counter's value).
     pub(crate) lost_total: u64,
+    /// The track of the watchdog's snapshots, once one came.
+    watchdog: Option<u64>,
 }
 
 /// Every device track of a trace above the warps: GPUs, their SMs, kernel
@@ -417,6 +419,7 @@ impl DeviceTracks {
             kernel_lanes: KernelLanes::default(),
             lost: None,
             lost_total: 0,
+            watchdog: None,
         };
         let title = if name.is_empty() {
             format!("GPU {ordinal}")
@@ -499,6 +502,22 @@ impl Gpu {
 
     /// Declares SM `sm` (into `out`) if it is new. Its uuid is [`sm_uuid`],
     /// so whichever encoder writes its warps knows it without asking.
+    /// The GPU's track of watchdog snapshots (declared at first use).
+    pub(crate) fn watchdog_track(&mut self, ids: &Ids, out: &mut Enc) -> u64 {
+        if let Some(u) = self.watchdog {
+            return u;
+        }
+        let uuid = ids.uuid();
+        out.packet(&descriptor(TrackDescriptor {
+            uuid: Some(uuid),
+            parent_uuid: Some(self.uuid),
+            name: Some("watchdog".into()),
+            ..Default::default()
+        }));
+        self.watchdog = Some(uuid);
+        uuid
+    }
+
     pub(crate) fn declare_sm(&mut self, sm: u32, out: &mut Enc) {
         if self.sms.insert(sm) {
             out.packet(&descriptor(TrackDescriptor {

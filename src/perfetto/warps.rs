@@ -16,8 +16,10 @@ use super::error::PerfettoError;
 use super::proto::{field, Enc, EventType};
 use super::tracks::{sequence_start, Ids, Lane, ShortSeqs, Warp, WarpTracks};
 use crate::batch::Batch;
+use crate::deliver::watched::Watched;
 use crate::format::EventKind;
 use crate::registry::{unknown_event_name, EventRegistry};
+use crate::watch::State;
 
 /// Output is handed to the underlying writer in pieces of about this size.
 pub(crate) const FLUSH_AT: usize = 1 << 20;
@@ -282,6 +284,75 @@ impl WarpEncoder {
         }
         Ok(written)
     }
+
+    /// Writes the ranges that each running warp of snapshot `w` (those `shard`
+    /// owns) had open, outermost first, as slices begun at their since times
+    /// and never ended, on the warp's own tracks ([`emit_open`]).
+    pub(crate) fn open(&mut self, ids: &Ids, enc: &mut Enc, w: &Watched, shard: Shard) {
+        let WarpEncoder {
+            tracks,
+            names,
+            scratch,
+            short,
+            round,
+        } = self;
+        names.use_registry(&w.registry);
+        let s = &w.snapshot;
+        let per_block = s.warps_per_block.max(1);
+        for warp in &s.warps {
+            let State::Running { open, .. } = &warp.state else {
+                continue;
+            };
+            let (block, index) = (warp.slot / per_block, warp.slot % per_block);
+            if open.is_empty() || !shard.owns(warp.sm, block, index) {
+                continue;
+            }
+            scratch.clear();
+            scratch.extend(open.iter().map(|o| DevEvent {
+                start: w.clock.to_host(o.since_ns),
+                end: u64::MAX,
+                iid: names.iids(o.id).0,
+                // What it will close with is not known yet.
+                arg: 0,
+                payload: 0,
+                instant: false,
+            }));
+            let track = tracks.warp(ids, (w.device.ordinal, warp.sm), block, index, enc);
+            *round += 1;
+            emit_open(enc, ids, (short, *round), track, scratch, names);
+        }
+    }
+}
+
+/// Puts a warp's ranges open at a snapshot (outermost first) on one lane, begun
+/// and never ended: the first lane on which nothing was written after the
+/// outermost one's start, else a new lane. Slices written earlier on that lane
+/// ended before it, so the open ones nest with them; ranges that closed inside
+/// the open ones since (written on the lane where they fit) stay on theirs.
+fn emit_open(
+    enc: &mut Enc,
+    ids: &Ids,
+    (pool, round): (&mut ShortSeqs, u64),
+    warp: &mut Warp,
+    events: &[DevEvent],
+    names: &Names,
+) {
+    let Some(first) = events.first() else {
+        return;
+    };
+    let free = |l: &Lane| l.stack.is_empty() && l.last_ts.is_none_or(|t| t <= first.start);
+    let li = match warp.lanes.iter().position(free) {
+        Some(li) => li,
+        None => warp.add_lane(ids, enc),
+    };
+    let lane = &mut warp.lanes[li];
+    lane.bind(ids, pool, false, round);
+    for ev in events {
+        // Never popped: anything after would nest inside.
+        lane.stack.push(ev.end);
+        emit_named(enc, lane, ev.start, EventType::SliceBegin, ev, names);
+    }
+    warp.free.set(li, free_from(lane));
 }
 
 /// Puts a warp's events (in begin order) on its lanes: an event goes on the

@@ -18,6 +18,7 @@ use super::stats::WriteStats;
 use super::tracks::Ids;
 use super::warps::FLUSH_AT;
 use crate::batch::{Batch, HostSpan};
+use crate::deliver::watched::Watched;
 
 /// Writes device batches, and a capture's host spans
 /// ([`TraceWriter::write_host_spans`]), as a Perfetto trace into `W`.
@@ -126,6 +127,28 @@ impl<W: Write> TraceWriter<W> {
         self.core.kernel(batch, &head);
         self.drain(FLUSH_AT)?;
         Ok(head.window)
+    }
+
+    /// Writes a watchdog's snapshot (an instant on its GPU's `watchdog` track) and
+    /// keeps it while its launch runs.
+    pub(crate) fn write_snapshot(&mut self, w: Arc<Watched>) -> Result<(), PerfettoError> {
+        self.core.snapshot(w);
+        self.drain(FLUSH_AT)
+    }
+
+    /// At the end of the trace: writes the kernel slice of each launch still
+    /// running, left open, and returns their latest snapshots, whose warps'
+    /// open ranges go next ([`TraceWriter::write_open`], or the encoder threads).
+    pub(crate) fn write_unfinished(&mut self) -> Result<Vec<Arc<Watched>>, PerfettoError> {
+        let all = self.core.unfinished();
+        self.drain(FLUSH_AT)?;
+        Ok(all)
+    }
+
+    /// Writes the ranges each warp of `w` had open, left open.
+    pub(crate) fn write_open(&mut self, w: &Watched) -> Result<(), PerfettoError> {
+        self.core.open_warps(w);
+        self.drain(FLUSH_AT)
     }
 
     /// Appends packets encoded elsewhere (a host thread's chunk, an encoder

@@ -118,6 +118,14 @@ pub(super) fn run_writer(
                 }
                 None
             }
+            Msg::Snapshot(s) => {
+                if failed.is_none() {
+                    if let Err(e) = w.write_snapshot(s) {
+                        *failed = Some(e);
+                    }
+                }
+                None
+            }
             Msg::Wake => {
                 collect(state, w, false, false, failed);
                 None
@@ -167,6 +175,9 @@ pub(super) fn run_writer(
     while let Ok(msg) = rx.try_recv() {
         handle(msg, &mut w, &mut failed, &mut encoders);
     }
+    if failed.is_none() {
+        write_unfinished(&mut w, &mut encoders, &mut failed);
+    }
     if let Some(mut e) = encoders.take() {
         e.wait_all(&mut w, &mut failed);
     }
@@ -179,4 +190,31 @@ pub(super) fn run_writer(
         out.commit()?;
     }
     Ok(stats)
+}
+
+/// The launches still running at the end: their kernel slices, then their warps'
+/// ranges open at the latest snapshot, through the encoder that writes each warp.
+fn write_unfinished(
+    w: &mut TraceWriter<Output>,
+    encoders: &mut Option<Encoders>,
+    failed: &mut Option<PerfettoError>,
+) {
+    let all = match w.write_unfinished() {
+        Ok(all) => all,
+        Err(e) => {
+            *failed = Some(e);
+            return;
+        }
+    };
+    for watched in all {
+        match encoders {
+            Some(e) => e.open(w, watched, failed),
+            None => {
+                if let Err(e) = w.write_open(&watched) {
+                    *failed = Some(e);
+                    return;
+                }
+            }
+        }
+    }
 }

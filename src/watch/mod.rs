@@ -2,17 +2,21 @@
 //! whose kernel was built with `TGPU_WATCH=1` (docs/format.md, "Watch cells"),
 //! read while it runs (`cell.rs`) into a [`Snapshot`] (`snapshot.rs`), grouped by what the
 //! warps are doing, so that the stuck ones stand out, and told as text
-//! (`summary.rs`). Nothing here knows CUDA: the profiler's watchdog reads mapped
+//! (`summary.rs`), and checked against the trace streamed afterwards (`agree.rs`). Nothing here knows CUDA: the profiler's watchdog reads mapped
 //! memory through [`Words`], the tests a byte buffer.
 
+#[cfg(any(test, feature = "cuda"))]
+mod agree;
 mod cell;
 mod snapshot;
 mod summary;
 #[cfg(test)]
 pub(crate) mod tests;
 
+#[cfg(any(test, feature = "cuda"))]
+pub(crate) use agree::disagreements;
 pub(crate) use cell::{Cells, Words};
-pub(crate) use snapshot::Snapshot;
+pub(crate) use snapshot::{Snapshot, State};
 
 /// The target of the watchdog's events (an ERROR event per snapshot, under the
 /// launch span); the OTLP layer marks that span unfinished when it sees one.

@@ -1,12 +1,16 @@
 //! The watchdog's step (issue #32): a running streamed launch past its deadline
 //! gets a snapshot of its warps' watch cells, read in place in mapped memory
-//! (no driver call), told as one ERROR event under its launch span; again every
-//! period if one is set.
+//! (no driver call), told as one ERROR event under its launch span, with the
+//! snapshot itself beside it for the sinks that draw it (`deliver::watched`); again
+//! every period if one is set.
+
+use std::sync::Arc;
 
 use super::Worker;
 use crate::clock::HostClock;
 use crate::cuda::device::Memory;
 use crate::cuda::job::{Job, Work};
+use crate::deliver::watched::{self, Watched};
 use crate::watch::{Cells, Snapshot, Words, TARGET};
 
 impl Words for Memory {
@@ -60,16 +64,27 @@ impl Worker {
             .iter()
             .filter(|w| w.since_ns().is_some())
             .count();
-        let (id, kernel, index) = (snapshot.launch_id, &snapshot.kernel, snapshot.index);
+        let (id, index) = (snapshot.launch_id, snapshot.index);
         let parent = job.span.id();
+        // The structured snapshot goes with its event, for the sinks that draw it.
+        let watched = Arc::new(Watched {
+            snapshot,
+            text,
+            device: self.device.clone(),
+            clock: self.calibration.latest().map.clone(),
+            registry: self.registry.clone(),
+        });
+        let (kernel, text) = (&watched.snapshot.kernel, &watched.text);
         tracing::dispatcher::with_default(&job.dispatch, || {
-            tracing::error!(
-                target: TARGET,
-                parent: parent,
-                { gpu.launch_id = id, gpu.kernel = %kernel, gpu.snapshot = index, gpu.warps_running = running },
-                "{}",
-                text
-            );
+            watched::emit(watched.clone(), || {
+                tracing::error!(
+                    target: TARGET,
+                    parent: parent,
+                    { gpu.launch_id = id, gpu.kernel = %kernel, gpu.snapshot = index, gpu.warps_running = running },
+                    "{}",
+                    text
+                );
+            });
         });
     }
 

@@ -784,4 +784,5 @@ mod graphs;
 mod losses;
 mod passes;
 mod sampling;
+mod snapshots;
 mod watchdog;
