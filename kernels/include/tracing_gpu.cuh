@@ -737,11 +737,6 @@ __device__ __forceinline__ void watch_stamp_if(bool p, bool q, unsigned int& tim
       : "memory");
 }
 
-// Watch mode: `v` of lane `src` of the warp, whose active lanes are `active`.
-__device__ __forceinline__ unsigned long long shfl64(unsigned long long v, int src, unsigned int active) {
-  return static_cast<unsigned long long>(__shfl_sync(active, static_cast<unsigned int>(v >> 32), src)) << 32 |
-         __shfl_sync(active, static_cast<unsigned int>(v), src);
-}
 #endif  // TGPU_WATCH
 
 }  // namespace detail
@@ -1227,60 +1222,83 @@ class Recorder {
 
 #if TGPU_WATCH
   // Watch mode: the n staged entries stored as the ring's next chunk stamped `stamp`, or, if
-  // the warp was silent for 2^31 ns (2.1 s) or more among them, as several. A chunk's
+  // the warp was silent for about 2^31 ns (2.1 s) or more among them, as several. A chunk's
   // entries unwrap backwards from its stamp by their low 32 bits, which holds only while
   // consecutive ones (and the last one and the stamp) are less than 2^31 ns apart
   // (docs/format.md, "Reading a ring"); a hung warp's wait that ends after seconds is not.
-  // So a chunk ends before each such silence, stamped with its last entry's own time,
-  // which the lane that stamped it keeps whole (high_, from watch mode's 64-bit read), and
-  // the last chunk takes that time too when the silence comes before `stamp`. The events
-  // pay one register and one move for it; each group a vote, and only after such a silence
-  // the shuffles that find where it was. One store_chunk, in a loop, so that each call
-  // site's group store has one copy of it.
+  // So a chunk ends before each such silence, stamped at most 2^16 ns after its last entry,
+  // whose time the lane that stamped it keeps whole (high_, from watch mode's 64-bit read).
+  // Each group store pays a vote for it; only after a silence does the warp find, with
+  // shuffles, where the silences were.
   __device__ __forceinline__ void store_watched(unsigned long long h, unsigned int capacity, unsigned int n,
                                                 unsigned long long stamp) {
-    constexpr unsigned long long far = 1ull << 31;
-    // A payload entry (its time_ is the payload) has no time of its own.
-    const bool timed = lane_ < n && (word_ >> 16) != ENTRY_PAYLOAD;
-    const unsigned long long t = timed ? static_cast<unsigned long long>(high_) << 32 | time_ : 0ull;
-    const bool silent = detail::any(timed && stamp - t >= far);
-    unsigned int active, breaks = 0u;
-    unsigned long long own = t, before = 0ull, tail = 0ull;
-    asm volatile("activemask.b32 %0;" : "=r"(active));
-    if (silent) {
-      // The lane before this one among the active ones (the stager before it; the first
-      // lane's, the first lane itself, whose t is 0). A payload entry takes the time of
-      // the entry before it (0 for one carried into the group's first place: that entry
-      // is in the chunk before); each entry finds the time of the one before it.
-      unsigned int below;
-      asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
-      const unsigned int prior = active & below;
-      const int src = prior != 0u ? 31 - __clz(prior) : __ffs(active) - 1;
-      const unsigned long long prior_t = detail::shfl64(t, src, active);
-      if (!timed) own = prior_t;
-      before = detail::shfl64(own, src, active);
-      breaks = detail::ballot_if(true, timed && before != 0ull && t - before >= far);
-      // The last entry's time (0 if it has none: a carried payload alone).
-      tail = detail::shfl64(own, 31 - __clz(detail::ballot_if(true, lane_ < n)), active);
+    if (!detail::any(before_stamp(n, stamp) > SILENCE)) {
+      store_counted(h, capacity, n, stamp, 0u);
+      return;
     }
+    // Rare, and kept apart from the common path, which holds no more registers for it:
+    // each pass stores one chunk, working out afresh where it ends, with a stamp and the
+    // slot's address of its own, so that nothing but two counts is held across passes.
     unsigned int from = 0u;
 #pragma unroll 1
     do {
-      // The chunk [from, to): up to the next entry that a silence comes before (to as a
-      // stager's rank: the active lanes below its lane, less the first lane), stamped
-      // with the time of the entry before it.
-      const int next = __ffs(breaks) - 1;
-      const unsigned int to = next >= 0 ? __popc(active & ((1u << next) - 1u)) - 1u : n;
-      const unsigned long long end = next >= 0                                  ? detail::shfl64(before, next, active)
-                                     : tail != 0ull && stamp - tail >= far ? tail
-                                                                           : stamp;
-      const unsigned int chunks = word_;
-      store_chunk(h, capacity, to - from, end, from);
-      // The first lane counts the entries stored, for the header.
-      if (lane_ == 0xFFFFFFFFu) high_ += (word_ - chunks) * (to - from);
-      breaks &= breaks - 1u;
-      from = to;
+      from = store_to_silence(n, from);
     } while (from < n);
+  }
+
+  // How long before `at` this lane's entry was made, if it stages one of the n entries and
+  // it has a time (a payload entry's time_ is the payload): 1 + that time in units of
+  // 2^16 ns, rounded down (at most ~0); 0 if it has none. In these units a silence is
+  // SILENCE or more, 2^31 - 2^16 ns or more, so that in a chunk that has none, the entries
+  // and the stamp are less than 2^31 ns apart. (A chunk may so end a little earlier than
+  // it must, which costs nothing.)
+  enum : unsigned int { SILENCE = (1u << 15) - 1u };
+  __device__ __forceinline__ unsigned int before_stamp(unsigned int n, unsigned long long at) const {
+    const unsigned long long ago = at - (static_cast<unsigned long long>(high_) << 32 | time_);
+    const unsigned int units = ago >> 16 >= 0xFFFFFFFEull ? 0xFFFFFFFEu : static_cast<unsigned int>(ago >> 16);
+    return lane_ < n && (word_ >> 16) != ENTRY_PAYLOAD ? units + 1u : 0u;
+  }
+
+  // Stores the chunk of the n staged entries that starts at stager `from`: up to the next
+  // entry that a silence comes before, stamped at most 2^16 ns after the entry before it;
+  // or up to the last, stamped now (or, if a silence is before now, at most 2^16 ns after
+  // the last entry). Returns where it ended.
+  __device__ __forceinline__ unsigned int store_to_silence(unsigned int n, unsigned int from) {
+    unsigned long long h;
+    unsigned int capacity, slot;
+    locate(h, capacity, slot);  // true: the warp is storing
+    const unsigned long long stamp = globaltimer();
+    const unsigned int ago = before_stamp(n, stamp);
+    unsigned int active, below;
+    asm volatile("activemask.b32 %0;" : "=r"(active));
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
+    // The lane before this one among the active ones: its stager before (the first
+    // stager's, the first lane, which stages nothing; the first lane's, itself). A payload
+    // entry takes the time of the entry before it (none, 0, for one carried into the
+    // group's first place: that entry is in the chunk before).
+    const unsigned int prior = active & below;
+    const int src = prior != 0u ? 31 - __clz(prior) : __ffs(active) - 1;
+    const unsigned int prior_ago = __shfl_sync(active, ago, src);
+    const unsigned int own = ago != 0u || lane_ >= n ? ago : prior_ago;
+    const unsigned int before = __shfl_sync(active, own, src);
+    const int next =
+        __ffs(detail::ballot_if(true, ago != 0u && lane_ > from && before > ago && before - ago >= SILENCE)) - 1;
+    const int last = 31 - __clz(detail::ballot_if(true, lane_ < n));
+    const unsigned int end = __shfl_sync(active, next >= 0 ? before : own, next >= 0 ? next : last);
+    const unsigned int to = next >= 0 ? __popc(active & ((1u << next) - 1u)) - 1u : n;
+    // Its stamp: `stamp`, or at most 2^16 ns after its last entry.
+    store_counted(h, capacity, to - from,
+                  next >= 0 || end > SILENCE ? stamp - (static_cast<unsigned long long>(end - 1u) << 16) : stamp,
+                  from);
+    return to;
+  }
+
+  // store_chunk, the first lane counting the entries stored (high_), for the header.
+  __device__ __forceinline__ void store_counted(unsigned long long h, unsigned int capacity, unsigned int n,
+                                                unsigned long long stamp, unsigned int from) {
+    const unsigned int chunks = word_;
+    store_chunk(h, capacity, n, stamp, from);
+    if (lane_ == 0xFFFFFFFFu) high_ += (word_ - chunks) * n;
   }
 #endif
 
