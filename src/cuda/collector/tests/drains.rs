@@ -55,7 +55,8 @@ pub(super) fn word(t: u64, id: u16, kind: u16) -> u64 {
     (t as u32) as u64 | (id as u64) << 32 | ((kind | STREAM_MARK) as u64) << 48
 }
 
-/// How long a warp may be silent within a chunk (docs/format.md, "Reading a ring").
+/// How far apart a chunk's entries may not be (docs/format.md, "Long silences":
+/// the recorder ends its chunks at this, or up to 2¹⁶ ns sooner).
 const SILENCE_NS: u64 = 1 << 31;
 
 impl Warp {
