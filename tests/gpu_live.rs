@@ -592,10 +592,11 @@ extern "C" __global__ void outrun(unsigned* made TGPU_TRACE_PARAM) {
 }
 
 /// Issue #32: a pipeline that deadlocks on purpose (`kernels/examples/deadlock.cu`, built
-/// with `TGPU_WATCH=1`) in one block of 64; its waits give up after 4 s. The watchdog's
+/// with `TGPU_WATCH=1`) in one block of 64; its waits give up after 3 s. The watchdog's
 /// snapshot, 1 s after the launch, comes within a second of that and names each stuck
 /// warp's phase and the payload it closed last, as the kernel reports them when it gives
-/// up; the other 63 blocks are done.
+/// up; the other 63 blocks are done. The stuck warps' timelines arrive whole: each
+/// stuck consumer's last `wait`, longer than 2³¹ ns (2.1 s), is one range.
 #[test]
 fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
     use std::collections::BTreeMap;
@@ -660,10 +661,10 @@ fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
     let f = module.load_function("deadlock").unwrap();
     let stream = profiler.context().new_stream().unwrap();
     let (blocks, threads, tiles) = (64u32, 128u32, 64u32);
-    // The stuck warps give up after 1.9 s: a v2 entry more than 2³¹ ns (2.1 s) after the
-    // one before it cannot be unwrapped (docs/format.md), so a warp that waited longer
-    // and then recorded its give-up would make its chunk undecodable.
-    let (bad_block, bad_tile, limit_ns) = (5u32, 17u32, 1_900_000_000u64);
+    // The stuck warps give up after 3 s: longer than the 2³¹ ns (2.1 s) that a chunk's
+    // entries may be apart, so that the recorder must end a chunk before the give-up
+    // (docs/format.md, "Reading a ring"), or the flush fails on an undecodable chunk.
+    let (bad_block, bad_tile, limit_ns) = (5u32, 17u32, 3_000_000_000u64);
     let warps = blocks * threads / 32;
     let mut report = stream.alloc_zeros::<u32>(3 * warps as usize).unwrap();
     let mut out = stream
@@ -746,6 +747,27 @@ fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
         .map(|(_, n, t)| (n, t.to_string()))
         .collect();
     assert_eq!(kept, [(0, text.clone())]);
+    // Each stuck consumer's timeline, whole: its last `wait` (the one it gave up in, on
+    // bad_tile) lasted about limit_ns, after a `compute` of bad_tile - 1.
+    let batches = back.batches().unwrap();
+    for warp in 1..=consumers {
+        let mut events = Vec::new();
+        for b in &batches {
+            for slot in b.buffer.view().slots() {
+                if (slot.header.block_linear, slot.header.warp) == (bad_block, warp) {
+                    events.extend(slot.events());
+                }
+            }
+        }
+        let computes = events.iter().filter(|e| e.id == 3).count() as u32;
+        assert_eq!(computes, bad_tile, "warp {warp}: its compute ranges");
+        let last = events.last().unwrap();
+        let waited = last.end_ns - last.start_ns;
+        assert!(
+            last.id == 2 && waited > (1 << 31) && waited <= limit_ns,
+            "warp {warp}: its last event {last:?}, {waited} ns"
+        );
+    }
 }
 
 /// Sampling on the device (issue #31): a kernel recorded with a warp mask and a block

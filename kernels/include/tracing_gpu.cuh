@@ -703,38 +703,40 @@ __device__ __forceinline__ void store_or_count(unsigned long long h, unsigned in
 // payload entry of stage_with (its payload is `payload`) goes into `time` and `word`. One
 // asm block, so that the store stays with the stamp, and the stamp a predicated read.
 template <unsigned int Word>
-__device__ __forceinline__ void watch_stamp_if(bool p, bool q, unsigned int& time, unsigned int& word,
-                                               unsigned long long cell, unsigned int rec, unsigned int last,
-                                               unsigned int payload) {
+__device__ __forceinline__ void watch_stamp_if(bool p, bool q, unsigned int& time, unsigned int& high,
+                                               unsigned int& word, unsigned long long cell, unsigned int rec,
+                                               unsigned int last, unsigned int payload) {
   asm volatile(
       "{\n\t.reg .pred p, q, s;\n\t.reg .b64 t, a;\n\t.reg .b32 lo, hi, at, f, g;\n\t"
-      "setp.ne.u32 p, %2, 0;\n\t"
-      "setp.ne.u32 q, %3, 0;\n\t"
-      "and.b32 at, %5, 0xFF;\n\t"
-      "setp.le.u32.and s, at, %9, p;\n\t"
+      "setp.ne.u32 p, %3, 0;\n\t"
+      "setp.ne.u32 q, %4, 0;\n\t"
+      "and.b32 at, %6, 0xFF;\n\t"
+      "setp.le.u32.and s, at, %10, p;\n\t"
       "mov.u64 t, 0;\n\t"
       "@p mov.u64 t, %%globaltimer;\n\t"
       "mov.b64 {lo, hi}, t;\n\t"
       "@p mov.u32 %0, lo;\n\t"
-      "@p mov.u32 %1, %10;\n\t"
-      "@q mov.u32 %0, %7;\n\t"
-      "@q mov.u32 %1, %11;\n\t"
-      "shr.b32 f, %5, 8;\n\t"
-      "bfi.b32 f, f, %6, %13, 10;\n\t"
+      "@p mov.u32 %1, hi;\n\t"
+      "@p mov.u32 %2, %11;\n\t"
+      "@q mov.u32 %0, %8;\n\t"
+      "@q mov.u32 %2, %12;\n\t"
+      "shr.b32 f, %6, 8;\n\t"
+      "bfi.b32 f, f, %7, %14, 10;\n\t"
       "shl.b32 f, f, 16;\n\t"
       "and.b32 hi, hi, 0xFFFF;\n\t"
       "or.b32 hi, hi, f;\n\t"
-      "or.b32 hi, hi, %8;\n\t"
-      "and.b32 g, %6, 0xFFFF0000;\n\t"
-      "or.b32 g, g, %12;\n\t"
-      "mad.wide.u32 a, at, %14, %4;\n\t"
-      "@s st.global.v4.u32 [a], {lo, hi, g, %7};\n\t}"
-      : "+r"(time), "+r"(word)
+      "or.b32 hi, hi, %9;\n\t"
+      "and.b32 g, %7, 0xFFFF0000;\n\t"
+      "or.b32 g, g, %13;\n\t"
+      "mad.wide.u32 a, at, %15, %5;\n\t"
+      "@s st.global.v4.u32 [a], {lo, hi, g, %8};\n\t}"
+      : "+r"(time), "+r"(high), "+r"(word)
       : "r"(static_cast<unsigned int>(p)), "r"(static_cast<unsigned int>(q)), "l"(cell), "r"(rec), "r"(last),
         "r"(payload), "r"((WATCH_MARK | (Word >> 16)) << 16), "n"(MAX_DEPTH * 1u), "n"(Word),
         "n"(ENTRY_PAYLOAD << 16), "n"(Word & 0xFFFFu), "n"(WATCH_SEQ_SHIFT * 1u), "n"(WATCH_RECORD_SIZE * 1u)
       : "memory");
 }
+
 #endif  // TGPU_WATCH
 
 }  // namespace detail
@@ -992,6 +994,8 @@ class Recorder {
   unsigned int watch_last_;    // what the warp closed last: its id << 16 | WATCH_CLOSED
                                // (| WATCH_PAYLOAD), in every lane; 0 before anything closed
   unsigned int watch_payload_;  // and its payload
+  unsigned int high_;  // bits 32-63 of this lane's staged stamp (see store_watched); in the
+                       // first lane: the entries stored in chunks, for the header
   enum : unsigned int { WATCH_OFF = 0x80u };  // a depth byte that no call brings to MAX_DEPTH
 
   // The entry count and the record an entry of kind `Word >> 16` writes (as rec_ holds
@@ -1018,6 +1022,7 @@ class Recorder {
     rec_ = WATCH_OFF;
     watch_last_ = 0u;
     watch_payload_ = 0u;
+    high_ = 0u;
     if (trace.base == 0 || !(trace.capacity & TRACE_STREAM)) return;
     unsigned int slot;
     if (!detail::sampled_slot(trace, slot)) return;
@@ -1133,7 +1138,11 @@ class Recorder {
     unsigned int capacity, slot;
     if (locate(h, capacity, slot)) {
       if (streaming()) {
+#if TGPU_WATCH
+        store_watched(h, capacity, group_, globaltimer());
+#else
         store_chunk(h, capacity, group_, globaltimer());
+#endif
       } else {
         const unsigned int cap = capacity * (RECORD_SIZE / ENTRY_SIZE);
         const unsigned int i = stored_ + lane_;
@@ -1151,6 +1160,16 @@ class Recorder {
     k_ = 0;
   }
 
+  // The place of this lane's entry in a chunk made of the stagers' entries from `from` on:
+  // below n for the chunk's n entries, ~0 in the first lane (the meta's, see store_chunk).
+  __device__ __forceinline__ unsigned int place(unsigned int from) const {
+#if TGPU_WATCH
+    return lane_ == 0xFFFFFFFFu ? lane_ : lane_ - from;
+#else
+    return lane_;
+#endif
+  }
+
   // Streaming: the n staged entries become the ring's next chunk, stamped `stamp`, or are
   // dropped (and flagged in the next chunk) if the ring is full; the first lane counts the
   // dropped entries that end an event, for the header's events_lost. Every lane keeps the same
@@ -1163,11 +1182,12 @@ class Recorder {
   // between, each counted. A ring's chunks are a power of two, at most 2^15, so that the
   // position is the count's low bits and `written - read` (at most chunks + backoff) is
   // exact modulo 2^16. No fence: the host takes a chunk as complete when its meta and its
-  // n entries all carry STREAM_MARK.
+  // n entries all carry STREAM_MARK. The entries are the stagers' from `from` on (watch
+  // mode may store a group as several chunks, see store_watched).
   // Straight-line code (the load and the store predicated, not branched around) with few
   // values live at once, so that the events' code around it keeps its registers.
   __device__ __forceinline__ void store_chunk(unsigned long long h, unsigned int capacity, unsigned int n,
-                                              unsigned long long stamp) {
+                                              unsigned long long stamp, unsigned int from = 0u) {
     const unsigned int chunks = capacity / (CHUNK_SIZE / RECORD_SIZE);
     const unsigned int backoff = (chunks - 1u) & 0x3FFFu;  // a ring's worth, at most 2^14, less one
     const unsigned int ahead = ((stored_ >> 16) - stored_) & 0xFFFFu;
@@ -1179,13 +1199,13 @@ class Recorder {
     const bool keep = n != 0 && (((stored_ >> 16) - stored_) & 0xFFFFu) < chunks;
     const bool first = lane_ == 0xFFFFFFFFu;
     // The chunk's position is below `chunks` whatever `chunks` is: no store leaves the slot.
-    // A lane stores at 8 * lane_ in the chunk, modulo its size: the first lane (lane_ ~0)
-    // at 248, the meta's place.
+    // A lane stores at 8 * place(from) in the chunk, modulo its size: the first lane (~0) at 248,
+    // the meta's place.
     const unsigned int at = SLOT_HEADER_SIZE + ((stored_ >> 16) & (chunks - 1u)) * CHUNK_SIZE +
-                            ((lane_ * ENTRY_SIZE) & (CHUNK_SIZE - 1u));
+                            ((place(from) * ENTRY_SIZE) & (CHUNK_SIZE - 1u));
     const unsigned int info = STREAM_MARK | (smid() & CHUNK_SM_MASK) << CHUNK_SM_SHIFT |
                               ((time_ & 1u) != 0 ? CHUNK_GAP : 0u) | n;
-    detail::store2_if(keep && (first || lane_ < n), h + at, first ? static_cast<unsigned int>(stamp) : time_,
+    detail::store2_if(keep && (first || place(from) < n), h + at, first ? static_cast<unsigned int>(stamp) : time_,
                       first ? (static_cast<unsigned int>(stamp >> 32) & 0xFFFFu) | (info << 16)
                             : word_ | (STREAM_MARK << 16));
     stored_ = keep ? stored_ + 0x10000u : (stored_ & 0xFFFF0000u) | ((stored_ - 1u) & 0xFFFFu);
@@ -1193,12 +1213,94 @@ class Recorder {
     // (Unlike the fixed slots' count, in device memory, mapped host memory takes no atomics
     // that one could count with lane by lane.) Its cost: ptxas puts a convergence barrier
     // (BSSY/BSYNC) around each call site's group store in a build with the streaming code.
-    const unsigned int lost = __popc(detail::ballot_if(!keep, lane_ < n && detail::ends_event(word_)));
+    const unsigned int lost = __popc(detail::ballot_if(!keep, place(from) < n && detail::ends_event(word_)));
     if (first) {
       word_ += keep ? 1u : 0u;
       time_ = keep ? time_ & ~1u : (time_ + (lost << 1)) | 1u;
     }
   }
+
+#if TGPU_WATCH
+  // Watch mode: the n staged entries stored as the ring's next chunk stamped `stamp`, or, if
+  // the warp was silent for about 2^31 ns (2.1 s) or more among them, as several. A chunk's
+  // entries unwrap backwards from its stamp by their low 32 bits, which holds only while
+  // consecutive ones (and the last one and the stamp) are less than 2^31 ns apart
+  // (docs/format.md, "Reading a ring"); a hung warp's wait that ends after seconds is not.
+  // So a chunk ends before each such silence, stamped at most 2^16 ns after its last entry,
+  // whose time the lane that stamped it keeps whole (high_, from watch mode's 64-bit read).
+  // Each group store pays a vote for it; only after a silence does the warp find, with
+  // shuffles, where the silences were.
+  __device__ __forceinline__ void store_watched(unsigned long long h, unsigned int capacity, unsigned int n,
+                                                unsigned long long stamp) {
+    if (!detail::any(before_stamp(n, stamp) > SILENCE)) {
+      store_counted(h, capacity, n, stamp, 0u);
+      return;
+    }
+    // Rare, and kept apart from the common path, which holds no more registers for it:
+    // each pass stores one chunk, working out afresh where it ends, with a stamp and the
+    // slot's address of its own, so that nothing but two counts is held across passes.
+    unsigned int from = 0u;
+#pragma unroll 1
+    do {
+      from = store_to_silence(n, from);
+    } while (from < n);
+  }
+
+  // How long before `at` this lane's entry was made, if it stages one of the n entries and
+  // it has a time (a payload entry's time_ is the payload): 1 + that time in units of
+  // 2^16 ns, rounded down (at most ~0); 0 if it has none. In these units a silence is
+  // SILENCE or more, 2^31 - 2^16 ns or more, so that in a chunk that has none, the entries
+  // and the stamp are less than 2^31 ns apart. (A chunk may so end a little earlier than
+  // it must, which costs nothing.)
+  enum : unsigned int { SILENCE = (1u << 15) - 1u };
+  __device__ __forceinline__ unsigned int before_stamp(unsigned int n, unsigned long long at) const {
+    const unsigned long long ago = at - (static_cast<unsigned long long>(high_) << 32 | time_);
+    const unsigned int units = ago >> 16 >= 0xFFFFFFFEull ? 0xFFFFFFFEu : static_cast<unsigned int>(ago >> 16);
+    return lane_ < n && (word_ >> 16) != ENTRY_PAYLOAD ? units + 1u : 0u;
+  }
+
+  // Stores the chunk of the n staged entries that starts at stager `from`: up to the next
+  // entry that a silence comes before, stamped at most 2^16 ns after the entry before it;
+  // or up to the last, stamped now (or, if a silence is before now, at most 2^16 ns after
+  // the last entry). Returns where it ended.
+  __device__ __forceinline__ unsigned int store_to_silence(unsigned int n, unsigned int from) {
+    unsigned long long h;
+    unsigned int capacity, slot;
+    locate(h, capacity, slot);  // true: the warp is storing
+    const unsigned long long stamp = globaltimer();
+    const unsigned int ago = before_stamp(n, stamp);
+    unsigned int active, below;
+    asm volatile("activemask.b32 %0;" : "=r"(active));
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(below));
+    // The lane before this one among the active ones: its stager before (the first
+    // stager's, the first lane, which stages nothing; the first lane's, itself). A payload
+    // entry takes the time of the entry before it (none, 0, for one carried into the
+    // group's first place: that entry is in the chunk before).
+    const unsigned int prior = active & below;
+    const int src = prior != 0u ? 31 - __clz(prior) : __ffs(active) - 1;
+    const unsigned int prior_ago = __shfl_sync(active, ago, src);
+    const unsigned int own = ago != 0u || lane_ >= n ? ago : prior_ago;
+    const unsigned int before = __shfl_sync(active, own, src);
+    const int next =
+        __ffs(detail::ballot_if(true, ago != 0u && lane_ > from && before > ago && before - ago >= SILENCE)) - 1;
+    const int last = 31 - __clz(detail::ballot_if(true, lane_ < n));
+    const unsigned int end = __shfl_sync(active, next >= 0 ? before : own, next >= 0 ? next : last);
+    const unsigned int to = next >= 0 ? __popc(active & ((1u << next) - 1u)) - 1u : n;
+    // Its stamp: `stamp`, or at most 2^16 ns after its last entry.
+    store_counted(h, capacity, to - from,
+                  next >= 0 || end > SILENCE ? stamp - (static_cast<unsigned long long>(end - 1u) << 16) : stamp,
+                  from);
+    return to;
+  }
+
+  // store_chunk, the first lane counting the entries stored (high_), for the header.
+  __device__ __forceinline__ void store_counted(unsigned long long h, unsigned int capacity, unsigned int n,
+                                                unsigned long long stamp, unsigned int from) {
+    const unsigned int chunks = word_;
+    store_chunk(h, capacity, n, stamp, from);
+    if (lane_ == 0xFFFFFFFFu) high_ += (word_ - chunks) * n;
+  }
+#endif
 
   // One entry: the lane whose turn it is stamps it and takes its word.
   //
@@ -1218,7 +1320,7 @@ class Recorder {
     const bool fills = k_ == last_;
 #if TGPU_WATCH
     const unsigned int rec = watch_next<Word, Closed, false>(0u);
-    detail::watch_stamp_if<Word>(turn_, false, time_, word_, cell_, rec, watch_last_, watch_payload_);
+    detail::watch_stamp_if<Word>(turn_, false, time_, high_, word_, cell_, rec, watch_last_, watch_payload_);
 #else
     detail::stamp_if<Word>(turn_, time_, word_);
 #endif
@@ -1236,7 +1338,8 @@ class Recorder {
     const bool fills = k_ >= last2_;
 #if TGPU_WATCH
     const unsigned int rec = watch_next<Word, Closed, true>(payload);
-    detail::watch_stamp_if<Word>(k_ == lane_, k_ == before_, time_, word_, cell_, rec, watch_last_, payload);
+    detail::watch_stamp_if<Word>(k_ == lane_, k_ == before_, time_, high_, word_, cell_, rec, watch_last_,
+                                 payload);
 #else
     asm volatile(
         "{\n\t.reg .pred p, q;\n\t"
@@ -1278,13 +1381,21 @@ class Recorder {
     const bool first = lane_ == 0xFFFFFFFFu;
     // A warp that recorded nothing writes nothing: the first lane counts the chunks stored.
     if (k_ == 0 && !detail::any(first && word_ != 0)) return;
+#if TGPU_WATCH
+    if (k_ != 0) store_watched(h, capacity, k_, last);
+#else
     const unsigned int full = word_;
     if (k_ != 0) store_chunk(h, capacity, k_, last);
+#endif
     if (first) {
       detail::store4(h, SLOT_MAGIC_STREAM, word_, static_cast<unsigned int>(last),
                      static_cast<unsigned int>(last >> 32));
-      detail::store4(h + slot_stream_offsets::ENTRY_COUNT, full * group_ + (word_ - full) * k_, time_ >> 1, smid(),
-                     slot);
+#if TGPU_WATCH
+      const unsigned int entries = high_;
+#else
+      const unsigned int entries = full * group_ + (word_ - full) * k_;
+#endif
+      detail::store4(h + slot_stream_offsets::ENTRY_COUNT, entries, time_ >> 1, smid(), slot);
       detail::store1(h + slot_stream_offsets::CLUSTER_RANK, detail::cluster_rank());
     }
   }

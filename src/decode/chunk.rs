@@ -530,6 +530,99 @@ mod tests {
         assert_eq!(out, vec![range(2, t + 1, t + 3, 0)]);
     }
 
+    /// A warp silent for seconds (issue #32), its chunks ended before each
+    /// silence as the recorder in watch mode ends them, each stamped at or just
+    /// after its last entry: a range across the silence, a silence between two
+    /// chunks and one before the flush's chunk decode whole.
+    #[test]
+    fn chunks_ended_before_a_silence_of_seconds_decode_whole() {
+        for silence in [3_000_000_000u64, 10_000_000_000] {
+            let t = (1u64 << 40) - 7;
+            let lo = |t: u64| t as u32;
+            let mut ws = WarpChunks::new(t - 1_000);
+            // The begin, stamped with its own time.
+            let a = chunk(&[word(lo(t), 1, ENTRY_BEGIN)], t, false, 0);
+            assert_eq!(read(&mut ws, &a).unwrap(), vec![]);
+            let end = t + silence;
+            let b = chunk(
+                &[
+                    word(lo(end), 1, ENTRY_END),
+                    word(7, 0, ENTRY_PAYLOAD),
+                    word(lo(end + 5), 2, ENTRY_BEGIN),
+                ],
+                end + 6,
+                false,
+                0,
+            );
+            assert_eq!(
+                read(&mut ws, &b).unwrap(),
+                vec![range(1, t, end, 7)],
+                "{silence} ns"
+            );
+            // Silent again between two chunks, and before the flush: the last
+            // chunk stamped with its entry's time, not the flush's.
+            let later = end + 5 + silence;
+            let c = chunk(&[word(lo(later), 2, ENTRY_END)], later, false, 0);
+            assert_eq!(read(&mut ws, &c).unwrap(), vec![]);
+            let mut out = Vec::new();
+            assert_eq!(ws.finish(&mut out), 0);
+            assert_eq!(out, vec![range(2, end + 5, later, 0)], "{silence} ns");
+            assert_eq!(ws.lost, 0);
+        }
+    }
+
+    /// What a silence still breaks: entries 2³¹ ns or more apart in one chunk,
+    /// or a chunk stamped that long after its last entry, are refused as before.
+    #[test]
+    fn a_silence_inside_a_chunk_is_still_refused() {
+        let t = 1u64 << 40;
+        let lo = |t: u64| t as u32;
+        for silence in [1u64 << 31, 3_000_000_000] {
+            let mut ws = WarpChunks::new(t - 1_000);
+            let across = chunk(
+                &[
+                    word(lo(t), 1, ENTRY_BEGIN),
+                    word(lo(t + silence), 1, ENTRY_END),
+                ],
+                t + silence + 1,
+                false,
+                0,
+            );
+            assert!(
+                matches!(
+                    read(&mut ws, &across),
+                    Err(DecodeError::TimeBackwards { record: 1, .. })
+                ),
+                "{silence} ns"
+            );
+            let mut ws = WarpChunks::new(t - 1_000);
+            let late = chunk(&[word(lo(t), 1, ENTRY_INSTANT)], t + silence, false, 0);
+            assert!(
+                matches!(
+                    read(&mut ws, &late),
+                    Err(DecodeError::EntryFarFromAnchor { entry: 0, .. })
+                ),
+                "{silence} ns"
+            );
+        }
+        // Just under 2³¹ ns in one chunk is still read.
+        let mut ws = WarpChunks::new(t - 1_000);
+        let near = (1u64 << 31) - 1;
+        let c = chunk(
+            &[
+                word(lo(t), 1, ENTRY_BEGIN),
+                word(lo(t + near), 1, ENTRY_END),
+            ],
+            t + near + (1 << 31) - 1,
+            false,
+            0,
+        );
+        read(&mut ws, &c).unwrap();
+        let mut out = Vec::new();
+        ws.finish(&mut out);
+        assert_eq!(out, vec![range(1, t, t + near, 0)]);
+    }
+
     #[test]
     fn without_a_gap_the_v2_rules_hold() {
         let t = 10_000u64;

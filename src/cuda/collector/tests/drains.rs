@@ -45,7 +45,8 @@ pub(super) struct Warp {
     /// Chunks dropped.
     pub(super) gaps: u32,
     stored: u32,
-    staged: Vec<u64>,
+    /// The entries staged, each with the device time it was made at.
+    staged: Vec<(u64, u64)>,
     /// Wait for room instead of dropping.
     paced: bool,
 }
@@ -54,16 +55,44 @@ pub(super) fn word(t: u64, id: u16, kind: u16) -> u64 {
     (t as u32) as u64 | (id as u64) << 32 | ((kind | STREAM_MARK) as u64) << 48
 }
 
+/// How far apart a chunk's entries may not be (docs/format.md, "Long silences":
+/// the recorder ends its chunks at this, or up to 2¹⁶ ns sooner).
+const SILENCE_NS: u64 = 1 << 31;
+
 impl Warp {
+    /// Stages entry `w`, made at device time `now`.
     pub(super) fn entry(&mut self, w: u64, now: u64) {
-        self.staged.push(w);
+        self.staged.push((w, now));
         if self.staged.len() == CHUNK_ENTRIES {
             self.store(now);
         }
     }
 
+    /// The staged entries as the ring's next chunk stamped `stamp`, or, as the
+    /// recorder in watch mode, as several: a chunk ends before each entry made
+    /// [`SILENCE_NS`] or more after the one before it, stamped with that one's
+    /// time, and the last takes its last entry's time when `stamp` is that far
+    /// after it. A payload entry has no time of its own.
     fn store(&mut self, stamp: u64) {
-        let n = self.staged.len();
+        let staged = std::mem::take(&mut self.staged);
+        let timed = |w: u64| (w >> 48) as u16 & !STREAM_MARK != ENTRY_PAYLOAD;
+        let (mut from, mut last) = (0, None);
+        for (i, &(w, t)) in staged.iter().enumerate() {
+            if !timed(w) {
+                continue;
+            }
+            if let Some(l) = last.filter(|&l| t - l >= SILENCE_NS) {
+                self.store_chunk(&staged[from..i], l);
+                from = i;
+            }
+            last = Some(t);
+        }
+        let end = last.filter(|&l| stamp - l >= SILENCE_NS).unwrap_or(stamp);
+        self.store_chunk(&staged[from..], end);
+    }
+
+    fn store_chunk(&mut self, staged: &[(u64, u64)], stamp: u64) {
+        let n = staged.len();
         let head = self.slot + so::READ;
         while self.written - self.read >= self.chunks {
             self.read = self.memory.load_u32(head);
@@ -73,14 +102,13 @@ impl Warp {
             std::thread::sleep(Duration::from_micros(50));
         }
         if self.written - self.read >= self.chunks {
-            let ends = |&&w: &&u64| {
+            let ends = |&&(w, _): &&(u64, u64)| {
                 let kind = (w >> 48) as u16 & !STREAM_MARK;
                 (ENTRY_END..=ENTRY_INSTANT).contains(&kind)
             };
-            self.lost += self.staged.iter().filter(ends).count() as u32;
+            self.lost += staged.iter().filter(ends).count() as u32;
             self.gaps += 1;
             self.gap = true;
-            self.staged.clear();
             return;
         }
         let at = self.slot + SLOT_HEADER_SIZE + (self.written % self.chunks) as usize * CHUNK_SIZE;
@@ -91,13 +119,12 @@ impl Warp {
             | n as u16;
         self.memory
             .store_u64(at + 248, (stamp & ((1 << 48) - 1)) | (info as u64) << 48);
-        for (i, &w) in self.staged.iter().enumerate().rev() {
+        for (i, &(w, _)) in staged.iter().enumerate().rev() {
             self.memory.store_u64(at + 8 * i, w);
         }
         self.gap = false;
         self.written += 1;
         self.stored += n as u32;
-        self.staged.clear();
     }
 
     pub(super) fn flush(&mut self, last_ts: u64) {
@@ -391,6 +418,59 @@ fn a_paced_stream_arrives_whole_and_in_parts_while_it_runs() {
     assert_eq!(st.parts, parts.len() as u64);
     assert_eq!(st.events, 2 * BLOCKS as u64 * (2 * PHASES + 1));
     assert_accounted(&st);
+}
+
+/// A warp silent for seconds (a hung warp's wait that gives up, issue #32):
+/// its ranges of 3 s and 10 s, a silence of 10 s between two chunks and one of
+/// 3 s before the flush arrive whole, each chunk stamped so that its entries
+/// unwrap from it.
+#[test]
+fn a_warp_silent_for_seconds_arrives_whole() {
+    const T0: u64 = (1 << 40) - 1;
+    const S: u64 = 1_000_000_000;
+    let rig = Rig::new(0, None);
+    let (sink, dispatch) = sink_dispatch();
+    let (mut warps, event) =
+        tracing::dispatcher::with_default(&dispatch, || stream_launch(&rig, 1, 4, true));
+    let mut w = warps.remove(0);
+    let ev = |kind, id, start_ns, end_ns, payload| Event {
+        id,
+        kind,
+        start_ns,
+        end_ns,
+        payload,
+    };
+    let (mut t, mut want) = (T0, Vec::new());
+    // Two waits in one group, each ended with a payload.
+    for (k, long) in [3 * S, 10 * S].into_iter().enumerate() {
+        w.entry(word(t, 1, ENTRY_BEGIN), t);
+        w.entry(word(t + long, 1, ENTRY_END), t + long);
+        w.entry(word(k as u64, 0, ENTRY_PAYLOAD), t + long);
+        want.push(ev(EventKind::Range, 1, t, t + long, k as u32));
+        t += long + 10;
+    }
+    // The group's other 25 entries, then 10 s silent, one more, and 3 s
+    // silent before the flush.
+    for _ in 0..CHUNK_ENTRIES - 6 {
+        w.entry(word(t, 2, ENTRY_INSTANT), t);
+        want.push(ev(EventKind::Instant, 2, t, t, 0));
+        t += 5;
+    }
+    t += 10 * S;
+    w.entry(word(t, 2, ENTRY_INSTANT), t);
+    want.push(ev(EventKind::Instant, 2, t, t, 0));
+    w.flush(t + 3 * S);
+    // The group in three chunks (a silence before each wait's end), and the last.
+    assert_eq!((w.written, w.stored, w.gaps), (4, 32, 0));
+    rig.gpu.fire(event);
+    rig.collector.flush().unwrap();
+    let batches = sink.0.lock().clone();
+    assert_eq!(events_of(&batches, 0, 0), want);
+    let st = rig.shared.stats();
+    assert_eq!((st.delivered, st.failed, st.events_lost), (1, 0, 0));
+    assert_eq!(st.events, want.len() as u64);
+    assert_accounted(&st);
+    drop(warps);
 }
 
 #[test]
