@@ -36,11 +36,10 @@ use super::collector::{Archive, Round};
 use super::error::ProfilerError;
 use crate::batch::HostSpan;
 use crate::batch::{Batch, DeviceInfo, DEVICE_TARGET};
-use crate::capture::{
-    snapshot_note, CalibrationRound, Capture, CaptureDevice, CaptureLaunch, HOST_SPANS_NOTE,
-};
+use crate::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch, HOST_SPANS_NOTE};
 use crate::clock::HostClock;
 use crate::registry::EventRegistry;
+use crate::watch::Snapshot;
 
 /// Collects a run into a [`Capture`] and writes it to a file.
 #[derive(Debug)]
@@ -179,8 +178,8 @@ impl Archive for RecorderArchive {
         }
     }
 
-    fn snapshot(&mut self, launch_id: u64, index: u32, text: &str) {
-        self.0.note(snapshot_note(launch_id, index), text);
+    fn snapshot(&mut self, snapshot: &Snapshot, text: &str) {
+        self.0.capture.lock().push_snapshot(snapshot, text);
     }
 
     fn finish(&mut self) -> Result<(), ProfilerError> {

@@ -3,7 +3,8 @@
 //! read while it runs (`cell.rs`) into a [`Snapshot`] (`snapshot.rs`), grouped by what the
 //! warps are doing, so that the stuck ones stand out, and told as text
 //! (`summary.rs`). Nothing here knows CUDA: the profiler's watchdog reads mapped
-//! memory through [`Words`], the tests a byte buffer.
+//! memory through [`Words`], the tests a byte buffer; a capture keeps snapshots
+//! (`capture/snapshot.rs`) and the report draws them (`report/watchdog.rs`).
 
 mod cell;
 mod snapshot;
@@ -12,7 +13,8 @@ mod summary;
 pub(crate) mod tests;
 
 pub(crate) use cell::{Cells, Words};
-pub(crate) use snapshot::Snapshot;
+pub(crate) use snapshot::{Last, Open, Snapshot, State, Warp};
+pub(crate) use summary::{count, duration, group_line};
 
 /// The target of the watchdog's events (an ERROR event per snapshot, under the
 /// launch span); the OTLP layer marks that span unfinished when it sees one.

@@ -1,0 +1,391 @@
+//! The watchdog's snapshots drawn (issue #32): SMs against their current phases.
+//!
+//! A panel per snapshot: one row per SM, each warp running there a cell coloured by its
+//! innermost open phase (the timeline's colour for that event type) and shaded by how
+//! long it has been in it, the warps between phases outlined; the warps done on an SM
+//! are counted at the end of its row, those not started in the legend, with every
+//! count. A row's cells are sorted (by phase, then the longest first) and each run of
+//! equal cells is one rectangle, so a panel holds a few rectangles per SM whatever the
+//! number of warps.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use super::svg::{push_fixed2, xml_escape, Colours, MARGIN_LEFT, MARGIN_RIGHT, PALETTE};
+use super::{SvgOptions, Timeline};
+use crate::capture::Capture;
+use crate::registry::EventRegistry;
+use crate::watch::{count, duration, group_line, Snapshot, State};
+
+/// The most snapshots a picture draws: the latest (the text tells every one).
+const MAX_PANELS: usize = 8;
+/// The most SM rows a panel draws (a GPU has under 200 SMs).
+const MAX_ROWS: usize = 1024;
+/// The most rectangles of warps a panel draws.
+const MAX_RUNS: usize = 20_000;
+/// Shades of the time in a phase: a quarter of the longest, a half, ...
+const SHADES: u8 = 4;
+/// Room right of the cells for the count of warps done.
+const DONE_W: f64 = 90.0;
+/// The widest cell (a warp), in px.
+const CELL_MAX: f64 = 14.0;
+/// The colour of phases past the palette.
+const OTHER: &str = "#7f7f7f";
+
+/// What a running warp does, for its colour: its innermost open phase, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Doing {
+    Phase(u16),
+    Between,
+}
+
+/// Equal cells of a row: how many, and the least and most time in what they do.
+#[derive(Debug, Clone, Copy)]
+struct Cells {
+    warps: u32,
+    least_ns: u64,
+    most_ns: u64,
+}
+
+/// One SM's warps.
+#[derive(Debug, Default)]
+struct Row {
+    /// The running ones, by what they do and shade, darkest first.
+    cells: BTreeMap<(Doing, Reverse<u8>), Cells>,
+    running: u32,
+    done: u32,
+}
+
+/// A snapshot sorted for drawing.
+struct Panel {
+    rows: BTreeMap<u32, Row>,
+    /// Running warps by what they do.
+    doing: BTreeMap<Doing, u32>,
+    done: u32,
+    not_started: u32,
+    /// The longest time a running warp has been in what it does.
+    longest_ns: u64,
+}
+
+impl Panel {
+    fn new(s: &Snapshot) -> Panel {
+        let age = |since: Option<u64>| s.now_ns.saturating_sub(since.unwrap_or(s.now_ns));
+        let longest_ns = s.warps.iter().map(|w| age(w.since_ns())).max().unwrap_or(0);
+        let mut p = Panel {
+            rows: BTreeMap::new(),
+            doing: BTreeMap::new(),
+            done: 0,
+            not_started: 0,
+            longest_ns,
+        };
+        for w in &s.warps {
+            let open = match &w.state {
+                State::NotStarted => {
+                    p.not_started += 1;
+                    continue;
+                }
+                State::Done { .. } => {
+                    p.done += 1;
+                    p.rows.entry(w.sm).or_default().done += 1;
+                    continue;
+                }
+                State::Running { open, .. } => open,
+            };
+            let doing = open.last().map_or(Doing::Between, |o| Doing::Phase(o.id));
+            let ns = age(w.since_ns());
+            *p.doing.entry(doing).or_default() += 1;
+            let row = p.rows.entry(w.sm).or_default();
+            row.running += 1;
+            let c = row
+                .cells
+                .entry((doing, Reverse(shade(ns, longest_ns))))
+                .or_insert(Cells {
+                    warps: 0,
+                    least_ns: ns,
+                    most_ns: ns,
+                });
+            c.warps += 1;
+            c.least_ns = c.least_ns.min(ns);
+            c.most_ns = c.most_ns.max(ns);
+        }
+        p
+    }
+}
+
+/// The shade of `ns` in a phase, 1 (under a quarter of the longest) to [`SHADES`].
+fn shade(ns: u64, longest_ns: u64) -> u8 {
+    if longest_ns == 0 {
+        return SHADES;
+    }
+    let s = (u128::from(ns) * u128::from(SHADES)).div_ceil(u128::from(longest_ns));
+    s.clamp(1, u128::from(SHADES)) as u8
+}
+
+/// Each phase's CSS class: the timeline's colour where it has one for the type, else a
+/// colour it leaves free (by id), else [`OTHER`]'s.
+fn phase_classes(colours: &Colours, ids: &BTreeSet<u16>) -> BTreeMap<u16, String> {
+    let mut free = colours.names.len()..PALETTE.len();
+    ids.iter()
+        .map(|&id| {
+            let class = match colours.known(id).or_else(|| free.next().map(|s| s as u32)) {
+                Some(slot) => format!("t{slot}"),
+                None => "tx".to_string(),
+            };
+            (id, class)
+        })
+        .collect()
+}
+
+impl Timeline {
+    /// Draws the watchdog's snapshots that `capture` keeps (issue #32: launches still
+    /// running past their deadline), of launch `launch` only if given, the latest 8: for
+    /// each, SMs against their current phases. One row per SM; each warp running there
+    /// is a cell coloured by its innermost open phase, as this timeline colours that
+    /// event type, and shaded by how long it has been in it (full: the longest); warps
+    /// between phases are outlined, those done counted at the row's end, those not
+    /// started in the legend, which counts every kind. `None` if the capture keeps no
+    /// such snapshot (a capture before they were kept holds only their text:
+    /// [`Capture::snapshots`]).
+    pub fn snapshots_svg(&self, capture: &Capture, launch: Option<u64>) -> Option<String> {
+        let notes: Vec<usize> = capture
+            .kept_snapshots()
+            .filter(|&(_, id)| launch.is_none_or(|l| l == id))
+            .map(|(note, _)| note)
+            .collect();
+        let skipped = notes.len().saturating_sub(MAX_PANELS);
+        let notes = &notes[skipped..];
+        // Read one at a time: once for the phases they show, then to draw.
+        let mut ids = BTreeSet::new();
+        let mut drawn = 0;
+        for &note in notes {
+            let Some(s) = capture.kept_snapshot(note) else {
+                continue;
+            };
+            drawn += 1;
+            for w in &s.warps {
+                if let State::Running { open, .. } = &w.state {
+                    ids.extend(open.last().map(|o| o.id));
+                }
+            }
+        }
+        if drawn == 0 {
+            return None;
+        }
+        let colours = Colours::new(&self.report().types);
+        let classes = phase_classes(&colours, &ids);
+        let width = f64::from(
+            self.picture
+                .as_ref()
+                .map_or(SvgOptions::default().width, |p| p.options().width),
+        );
+        let mut body = String::new();
+        let mut top = 0.0;
+        if skipped > 0 {
+            let _ = write!(
+                body,
+                "<text x=\"{MARGIN_LEFT}\" y=\"20\" class=\"lab\">the latest {MAX_PANELS} of {} snapshots (the text tells every one)</text>",
+                skipped + MAX_PANELS
+            );
+            top = 28.0;
+        }
+        for s in notes.iter().filter_map(|&n| capture.kept_snapshot(n)) {
+            top += draw_panel(&mut body, top, &s, &capture.registry, &classes, width);
+        }
+        let total_w = MARGIN_LEFT + width + MARGIN_RIGHT;
+        let mut svg = String::with_capacity(body.len() + 1024);
+        let _ = write!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w:.0}" height="{top:.0}" viewBox="0 0 {total_w:.0} {top:.0}" font-family="sans-serif" font-size="12">"#
+        );
+        svg.push_str("\n<style>");
+        for (i, colour) in PALETTE.iter().enumerate() {
+            let _ = write!(svg, ".t{i}{{fill:{colour}}}");
+        }
+        for l in 1..SHADES {
+            let _ = write!(
+                svg,
+                ".o{l}{{fill-opacity:{:.2}}}",
+                f64::from(l) / f64::from(SHADES)
+            );
+        }
+        let _ = write!(
+            svg,
+            ".tx{{fill:{OTHER}}}.between{{fill:#fff;stroke:#555;stroke-width:0.8}}.done{{fill:#c7c7c7}}.ns{{fill:#fff;stroke:#999;stroke-dasharray:2 2}}.lab{{fill:#333}}</style>\n"
+        );
+        svg.push_str(r##"<rect width="100%" height="100%" fill="#fff"/>"##);
+        svg.push_str(&body);
+        svg.push_str("</svg>\n");
+        Some(svg)
+    }
+}
+
+/// Draws snapshot `s` at `top`: its title, legend and SM rows. Returns its height.
+fn draw_panel(
+    svg: &mut String,
+    top: f64,
+    s: &Snapshot,
+    registry: &EventRegistry,
+    classes: &BTreeMap<u16, String>,
+    width: f64,
+) -> f64 {
+    let p = Panel::new(s);
+    let [x, y, z] = s.grid;
+    let _ = write!(
+        svg,
+        "\n<g class=\"snapshot\" data-launch=\"{}\" data-snapshot=\"{}\">",
+        s.launch_id, s.index
+    );
+    let title = format!(
+        "launch {} ({}, grid {x}x{y}x{z}, {} per block), snapshot {}: still running after {}",
+        s.launch_id,
+        s.kernel,
+        count(s.warps_per_block, "warp"),
+        s.index + 1,
+        duration(s.running_ns)
+    );
+    let mut stuck = String::new();
+    match s.groups().first() {
+        Some(g) => {
+            stuck.push_str("in one place longest: ");
+            group_line(&mut stuck, g, registry);
+        }
+        None => stuck.push_str("no warp running"),
+    }
+    let _ = write!(
+        svg,
+        "<text x=\"{MARGIN_LEFT}\" y=\"{:.1}\" font-size=\"15\" font-weight=\"bold\">{}</text><text x=\"{MARGIN_LEFT}\" y=\"{:.1}\" class=\"lab\">{}</text>",
+        top + 20.0,
+        xml_escape(&title),
+        top + 36.0,
+        xml_escape(&stuck)
+    );
+
+    // The legend: every kind of cell, with its count.
+    let mut legend: Vec<(&str, String)> = Vec::new();
+    for (doing, &n) in &p.doing {
+        legend.push(match doing {
+            Doing::Phase(id) => (
+                classes.get(id).map_or("tx", String::as_str),
+                format!("{}: {}", registry.display_name(*id), count(n, "warp")),
+            ),
+            Doing::Between => ("between", format!("between phases: {}", count(n, "warp"))),
+        });
+    }
+    if p.done > 0 {
+        legend.push(("done", format!("done: {}", count(p.done, "warp"))));
+    }
+    if p.not_started > 0 {
+        let never = s.blocks().never_started;
+        let mut text = format!("not started: {}", count(p.not_started, "warp"));
+        if never > 0 {
+            let _ = write!(text, " ({} never started)", count(never, "block"));
+        }
+        legend.push(("ns", text));
+    }
+    let legend_top = top + 48.0;
+    svg.push_str("<g class=\"legend\">");
+    for (i, (class, text)) in legend.iter().enumerate() {
+        let x = MARGIN_LEFT + (i % 4) as f64 * (width / 4.0);
+        let y = legend_top + (i / 4) as f64 * 20.0;
+        let _ = write!(
+            svg,
+            "<rect class=\"{class}\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"14\" height=\"14\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            x + 20.0,
+            y + 11.5,
+            xml_escape(text)
+        );
+    }
+    svg.push_str("</g>");
+    let shade_y = legend_top + legend.len().div_ceil(4) as f64 * 20.0 + 12.0;
+    let _ = write!(
+        svg,
+        "<text x=\"{MARGIN_LEFT}\" y=\"{shade_y:.1}\" class=\"lab\" font-size=\"11\">shade: how long a warp has been in its phase (between phases: since its latest entry), full at {}, lightest under {}</text>",
+        duration(p.longest_ns),
+        duration(p.longest_ns / u64::from(SHADES))
+    );
+
+    // The rows.
+    let rows_top = shade_y + 12.0;
+    let n_rows = p.rows.len().min(MAX_ROWS);
+    let row_h = (1200.0 / n_rows.max(1) as f64).clamp(4.0, 12.0);
+    let label_every = (11.0 / row_h).ceil().max(1.0) as usize;
+    let most = p.rows.values().map(|r| r.running).max().unwrap_or(0).max(1);
+    let cell_w = ((width - DONE_W) / f64::from(most)).min(CELL_MAX);
+    let mut runs = 0usize;
+    let mut runs_cut = 0usize;
+    for (i, (sm, row)) in p.rows.iter().take(MAX_ROWS).enumerate() {
+        let y = rows_top + i as f64 * row_h;
+        let _ = write!(svg, "\n<g class=\"sm\" data-sm=\"{sm}\">");
+        if i % label_every == 0 {
+            let _ = write!(
+                svg,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" class=\"lab\" font-size=\"10\" dominant-baseline=\"middle\">SM {sm}</text>",
+                MARGIN_LEFT - 6.0,
+                y + row_h / 2.0
+            );
+        }
+        let mut at = 0u32;
+        for (&(doing, Reverse(level)), c) in &row.cells {
+            if runs == MAX_RUNS {
+                runs_cut += 1;
+                continue;
+            }
+            runs += 1;
+            let (class, what) = match doing {
+                Doing::Phase(id) => (
+                    classes.get(&id).map_or("tx", String::as_str),
+                    format!("in {}", registry.display_name(id)),
+                ),
+                Doing::Between => ("between", "between phases".to_string()),
+            };
+            let _ = write!(svg, "<rect class=\"{class}");
+            if level < SHADES {
+                let _ = write!(svg, " o{level}");
+            }
+            svg.push_str("\" x=\"");
+            push_fixed2(svg, MARGIN_LEFT + f64::from(at) * cell_w);
+            svg.push_str("\" y=\"");
+            push_fixed2(svg, y);
+            svg.push_str("\" width=\"");
+            push_fixed2(svg, f64::from(c.warps) * cell_w);
+            svg.push_str("\" height=\"");
+            push_fixed2(svg, row_h - 1.0);
+            let mut tip = format!("SM {sm}: {} {what} for ", count(c.warps, "warp"));
+            if duration(c.least_ns) != duration(c.most_ns) {
+                let _ = write!(tip, "{} to ", duration(c.least_ns));
+            }
+            tip.push_str(&duration(c.most_ns));
+            let _ = write!(svg, "\"><title>{}</title></rect>", xml_escape(&tip));
+            at += c.warps;
+        }
+        if row.done > 0 {
+            let _ = write!(
+                svg,
+                "<text x=\"{:.1}\" y=\"{:.1}\" class=\"lab\" font-size=\"10\" dominant-baseline=\"middle\">{} done</text>",
+                MARGIN_LEFT + f64::from(most) * cell_w + 6.0,
+                y + row_h / 2.0,
+                count(row.done, "warp")
+            );
+        }
+        svg.push_str("</g>");
+    }
+    let mut bottom = rows_top + n_rows as f64 * row_h + 8.0;
+    let mut notes = Vec::new();
+    if p.rows.len() > MAX_ROWS {
+        notes.push(format!("{} more SMs not drawn", p.rows.len() - MAX_ROWS));
+    }
+    if runs_cut > 0 {
+        notes.push(format!("{runs_cut} runs of warps not drawn"));
+    }
+    if !notes.is_empty() {
+        bottom += 12.0;
+        let _ = write!(
+            svg,
+            "<text x=\"{MARGIN_LEFT}\" y=\"{bottom:.1}\" class=\"lab\">{}</text>",
+            notes.join("; ")
+        );
+    }
+    svg.push_str("</g>");
+    bottom + 16.0 - top
+}
