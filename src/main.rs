@@ -554,7 +554,8 @@ fn report(
         }
     }
     if let Some(LaunchPick::Id(id)) = launch {
-        if devices.iter().all(|r| r.launches == 0) {
+        // A launch that never finished may have only the watchdog's snapshots.
+        if devices.iter().all(|r| r.launches == 0) && !head.snapshots().any(|s| s.0 == id) {
             return Err(Failure::new(
                 Exit::Usage,
                 format!(

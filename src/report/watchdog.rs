@@ -247,7 +247,7 @@ fn draw_panel(
     let mut stuck = String::new();
     match s.groups().first() {
         Some(g) => {
-            stuck.push_str("in one place longest: ");
+            stuck.push_str("longest: ");
             group_line(&mut stuck, g, registry);
         }
         None => stuck.push_str("no warp running"),
@@ -388,4 +388,232 @@ fn draw_panel(
     }
     svg.push_str("</g>");
     bottom + 16.0 - top
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::BufferBuilder;
+    use crate::watch::tests::{pipeline, registry, snapshot};
+    use crate::watch::{Last, Open, Warp};
+
+    const LOAD: u16 = 1;
+    const WAIT: u16 = 2;
+    const MAIN: u16 = 3;
+
+    /// A capture keeping `snapshots`, named by `registry()`.
+    fn keeping(snapshots: &[Snapshot]) -> Capture {
+        let mut c = Capture {
+            registry: registry(),
+            ..Capture::default()
+        };
+        for s in snapshots {
+            c.push_snapshot(s, "text");
+        }
+        c
+    }
+
+    /// Each SM row's `data-sm`, and the legend's texts.
+    fn rows_and_legend(svg: &str) -> (Vec<u32>, Vec<String>) {
+        let doc = roxmltree::Document::parse(svg).expect("valid XML");
+        let class = |n: &roxmltree::Node, c: &str| n.attribute("class") == Some(c);
+        let rows = doc
+            .descendants()
+            .filter(|n| class(n, "sm"))
+            .map(|n| n.attribute("data-sm").unwrap().parse().unwrap())
+            .collect();
+        let legend = doc
+            .descendants()
+            .filter(|n| class(n, "legend"))
+            .flat_map(|g| g.children().filter(|n| n.has_tag_name("text")))
+            .map(|t| t.text().unwrap().to_string())
+            .collect();
+        (rows, legend)
+    }
+
+    /// The class of the cells that show warps in phase `name`: their tooltips say it.
+    fn class_of(svg: &str, name: &str) -> String {
+        let doc = roxmltree::Document::parse(svg).unwrap();
+        let needle = format!("in {name} for");
+        let cell = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("rect"))
+            .find(|r| {
+                r.children()
+                    .any(|t| t.text().is_some_and(|t| t.contains(&needle)))
+            })
+            .unwrap_or_else(|| panic!("no cell in {name}:\n{svg}"));
+        let class = cell.attribute("class").unwrap();
+        class.split(' ').next().unwrap().to_string()
+    }
+
+    #[test]
+    fn a_snapshot_draws_its_sms_with_every_warp_counted() {
+        // Block 0 on SM 0, block 1 on SM 1 (its producer stuck in load), block 2 done
+        // on SM 2, block 3 never started.
+        let s = snapshot(&pipeline(), 16, 4, 4_000_000_100);
+        let svg = Timeline::new()
+            .snapshots_svg(&keeping(&[s]), None)
+            .expect("a snapshot kept");
+        let (rows, legend) = rows_and_legend(&svg);
+        assert_eq!(rows, [0, 1, 2]);
+        assert_eq!(
+            legend,
+            [
+                "load: 1 warp",
+                "wait: 7 warps",
+                "done: 4 warps",
+                "not started: 4 warps (1 block never started)"
+            ]
+        );
+        assert!(svg.contains(">4 warps done</text>"), "{svg}");
+        assert!(
+            svg.contains("longest: 7 warps in mainloop &gt; wait for 3.0 s"),
+            "{svg}"
+        );
+        // SM 1: its 3 waiting warps in one cell, its producer in another.
+        assert!(
+            svg.contains("<title>SM 1: 3 warps in wait for 3.0 s</title>"),
+            "{svg}"
+        );
+        assert!(
+            svg.contains("<title>SM 1: 1 warp in load for 3.0 s</title>"),
+            "{svg}"
+        );
+        // Of another launch only: nothing to draw.
+        assert_eq!(Timeline::new().snapshots_svg(&keeping(&[]), None), None);
+        let s = snapshot(&pipeline(), 16, 4, 4_000_000_100);
+        assert_eq!(Timeline::new().snapshots_svg(&keeping(&[s]), Some(8)), None);
+    }
+
+    #[test]
+    fn phases_take_the_timelines_colours() {
+        // A timeline that saw wait and mainloop (ids 2 and 3): wait is its first colour,
+        // and load, which it never saw, takes the first colour it leaves free.
+        let mut b = BufferBuilder::new([1, 1, 1], [32, 1, 1], 8);
+        b.warp(0, 0)
+            .unwrap()
+            .sm(0, 0)
+            .range(WAIT, 10, 20, 0)
+            .range(MAIN, 20, 30, 0);
+        let bytes = b.finish();
+        let mut t = Timeline::new();
+        t.add_buffer(&crate::decode::Buffer::decode(&bytes, None).unwrap());
+        let s = snapshot(&pipeline(), 16, 4, 4_000_000_100);
+        let svg = t.snapshots_svg(&keeping(&[s]), None).unwrap();
+        assert_eq!(class_of(&svg, "wait"), "t0");
+        assert_eq!(class_of(&svg, "load"), "t2");
+        // The timeline's own legend gives wait the same class.
+        let mut t = Timeline::with_svg(SvgOptions::default());
+        t.set_names(&registry());
+        t.add_buffer(&crate::decode::Buffer::decode(&bytes, None).unwrap());
+        let timeline = t.to_svg().unwrap();
+        let wait = timeline.find(">wait: ").expect("wait in the legend");
+        let swatch = timeline[..wait].rfind("<rect class=\"").unwrap();
+        assert!(
+            timeline[swatch..].starts_with("<rect class=\"t0\""),
+            "{timeline}"
+        );
+    }
+
+    #[test]
+    fn a_full_gpu_is_a_small_picture() {
+        // 132 SMs of 64 warps: a producer per 4 warps loading, the others waiting, each
+        // since its own time; a few warps between phases.
+        let now = 10_000_000_000u64;
+        let warps = (0..132 * 64u32)
+            .map(|slot| {
+                let phase = if slot % 4 == 0 { LOAD } else { WAIT };
+                let since = now - 1_000_000 * u64::from(slot % 97 + 1);
+                let open = match slot % 61 {
+                    0 => vec![],
+                    _ => vec![
+                        Open {
+                            id: MAIN,
+                            since_ns: 1_000,
+                        },
+                        Open {
+                            id: phase,
+                            since_ns: since,
+                        },
+                    ],
+                };
+                Warp {
+                    slot,
+                    sm: slot / 64,
+                    state: State::Running {
+                        open,
+                        last: Some(Last {
+                            id: LOAD,
+                            payload: Some(slot % 7),
+                        }),
+                        last_entry_ns: Some(since),
+                        started_ns: 1_000,
+                    },
+                }
+            })
+            .collect();
+        let s = Snapshot {
+            launch_id: 3,
+            kernel: "persistent".into(),
+            grid: [132, 1, 1],
+            warps_per_block: 64,
+            now_ns: now,
+            running_ns: now,
+            index: 0,
+            warps,
+        };
+        let svg = Timeline::new().snapshots_svg(&keeping(&[s]), None).unwrap();
+        let (rows, legend) = rows_and_legend(&svg);
+        assert_eq!(rows, (0..132).collect::<Vec<_>>());
+        let between = (0..132 * 64).filter(|s| s % 61 == 0).count();
+        let load = (0..132 * 64).filter(|s| s % 4 == 0 && s % 61 != 0).count();
+        assert_eq!(
+            legend,
+            [
+                format!("load: {}", count(load as u32, "warp")),
+                format!(
+                    "wait: {}",
+                    count((132 * 64 - load - between) as u32, "warp")
+                ),
+                format!("between phases: {between} warps"),
+            ]
+        );
+        // At most a rectangle per SM and kind of cell and shade.
+        let rects = svg.matches("<rect").count();
+        assert!(
+            rects <= 132 * 3 * SHADES as usize + 16,
+            "{rects} rectangles"
+        );
+        assert!(svg.len() < 300_000, "{} bytes", svg.len());
+    }
+
+    #[test]
+    fn the_latest_snapshots_are_drawn() {
+        let s = |index| {
+            let mut s = snapshot(&pipeline(), 16, 4, 4_000_000_100);
+            s.index = index;
+            s
+        };
+        let all: Vec<Snapshot> = (0..MAX_PANELS as u32 + 3).map(s).collect();
+        let svg = Timeline::new().snapshots_svg(&keeping(&all), None).unwrap();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let drawn: Vec<u32> = doc
+            .descendants()
+            .filter_map(|n| n.attribute("data-snapshot"))
+            .map(|i| i.parse().unwrap())
+            .collect();
+        assert_eq!(drawn, (3..MAX_PANELS as u32 + 3).collect::<Vec<_>>());
+        assert!(svg.contains("the latest 8 of 11 snapshots"), "{svg}");
+    }
+
+    #[test]
+    fn shades_split_the_longest_time_in_quarters() {
+        assert_eq!(shade(0, 0), SHADES);
+        assert_eq!(shade(0, 100), 1);
+        assert_eq!(shade(25, 100), 1);
+        assert_eq!(shade(26, 100), 2);
+        assert_eq!(shade(100, 100), 4);
+        assert_eq!(shade(u64::MAX, u64::MAX), 4);
+    }
 }
