@@ -31,12 +31,13 @@ const WARPS: &str = "watchdog-warps ";
 /// A warps note's first line: the format and its version.
 const FORMAT: &str = "tgpu-watch 1";
 
-/// The most warps one snapshot note may hold: a reader makes a record of each
-/// (tens of bytes), whatever few bytes declare them (`- n`).
-pub(crate) const MAX_SNAPSHOT_WARPS: usize = 1 << 20;
-/// The most warps the snapshot notes of one capture may hold together, so that
-/// telling them all is bounded in time as well. Past it a writer keeps the text only.
-pub(crate) const MAX_CAPTURE_SNAPSHOT_WARPS: usize = 1 << 23;
+/// The most warps one snapshot note may hold (every warp of 8,192 blocks of 32 warps): a
+/// reader makes a record of each (tens of bytes), whatever few bytes declare them (`- n`).
+pub(crate) const MAX_SNAPSHOT_WARPS: usize = 1 << 18;
+/// The most warps the snapshot notes of one capture may hold together (62 snapshots of
+/// every warp an H100 holds at once), so that reading, telling and drawing them all is
+/// bounded in time as well. Past it a writer keeps the text only.
+pub(crate) const MAX_CAPTURE_SNAPSHOT_WARPS: usize = 1 << 19;
 
 /// Why a warps note does not read: the line (from 1; 0: the note as a whole) and what.
 type Bad = (usize, &'static str);

@@ -57,8 +57,14 @@ struct Row {
     done: u32,
 }
 
-/// A snapshot sorted for drawing.
+/// A snapshot sorted for drawing: what the panel shows, without its warps.
 struct Panel {
+    launch_id: u64,
+    index: u32,
+    title: String,
+    /// The group of warps in one place longest, told.
+    stuck: String,
+    blocks_never_started: u32,
     rows: BTreeMap<u32, Row>,
     /// Running warps by what they do.
     doing: BTreeMap<Doing, u32>,
@@ -69,10 +75,32 @@ struct Panel {
 }
 
 impl Panel {
-    fn new(s: &Snapshot) -> Panel {
+    fn new(s: &Snapshot, registry: &EventRegistry) -> Panel {
         let age = |since: Option<u64>| s.now_ns.saturating_sub(since.unwrap_or(s.now_ns));
         let longest_ns = s.warps.iter().map(|w| age(w.since_ns())).max().unwrap_or(0);
+        let [x, y, z] = s.grid;
+        let title = format!(
+            "launch {} ({}, grid {x}x{y}x{z}, {} per block), snapshot {}: still running after {}",
+            s.launch_id,
+            s.kernel,
+            count(s.warps_per_block, "warp"),
+            s.index + 1,
+            duration(s.running_ns)
+        );
+        let mut stuck = String::new();
+        match s.groups().first() {
+            Some(g) => {
+                stuck.push_str("longest: ");
+                group_line(&mut stuck, g, registry);
+            }
+            None => stuck.push_str("no warp running"),
+        }
         let mut p = Panel {
+            launch_id: s.launch_id,
+            index: s.index,
+            title,
+            stuck,
+            blocks_never_started: s.blocks().never_started,
             rows: BTreeMap::new(),
             doing: BTreeMap::new(),
             done: 0,
@@ -154,24 +182,23 @@ impl Timeline {
             .map(|(note, _)| note)
             .collect();
         let skipped = notes.len().saturating_sub(MAX_PANELS);
-        let notes = &notes[skipped..];
-        // Read one at a time: once for the phases they show, then to draw.
-        let mut ids = BTreeSet::new();
-        let mut drawn = 0;
-        for &note in notes {
-            let Some(s) = capture.kept_snapshot(note) else {
-                continue;
-            };
-            drawn += 1;
-            for w in &s.warps {
-                if let State::Running { open, .. } = &w.state {
-                    ids.extend(open.last().map(|o| o.id));
-                }
-            }
-        }
-        if drawn == 0 {
+        // Read one at a time, each kept as what its panel shows.
+        let panels: Vec<Panel> = notes[skipped..]
+            .iter()
+            .filter_map(|&note| capture.kept_snapshot(note))
+            .map(|s| Panel::new(&s, &capture.registry))
+            .collect();
+        if panels.is_empty() {
             return None;
         }
+        let ids: BTreeSet<u16> = panels
+            .iter()
+            .flat_map(|p| p.doing.keys())
+            .filter_map(|d| match d {
+                Doing::Phase(id) => Some(*id),
+                Doing::Between => None,
+            })
+            .collect();
         let colours = Colours::new(&self.report().types);
         let classes = phase_classes(&colours, &ids);
         let width = f64::from(
@@ -189,8 +216,8 @@ impl Timeline {
             );
             top = 28.0;
         }
-        for s in notes.iter().filter_map(|&n| capture.kept_snapshot(n)) {
-            top += draw_panel(&mut body, top, &s, &capture.registry, &classes, width);
+        for p in &panels {
+            top += draw_panel(&mut body, top, p, &capture.registry, &classes, width);
         }
         let total_w = MARGIN_LEFT + width + MARGIN_RIGHT;
         let mut svg = String::with_capacity(body.len() + 1024);
@@ -220,45 +247,27 @@ impl Timeline {
     }
 }
 
-/// Draws snapshot `s` at `top`: its title, legend and SM rows. Returns its height.
+/// Draws panel `p` at `top`: its title, legend and SM rows. Returns its height.
 fn draw_panel(
     svg: &mut String,
     top: f64,
-    s: &Snapshot,
+    p: &Panel,
     registry: &EventRegistry,
     classes: &BTreeMap<u16, String>,
     width: f64,
 ) -> f64 {
-    let p = Panel::new(s);
-    let [x, y, z] = s.grid;
     let _ = write!(
         svg,
         "\n<g class=\"snapshot\" data-launch=\"{}\" data-snapshot=\"{}\">",
-        s.launch_id, s.index
+        p.launch_id, p.index
     );
-    let title = format!(
-        "launch {} ({}, grid {x}x{y}x{z}, {} per block), snapshot {}: still running after {}",
-        s.launch_id,
-        s.kernel,
-        count(s.warps_per_block, "warp"),
-        s.index + 1,
-        duration(s.running_ns)
-    );
-    let mut stuck = String::new();
-    match s.groups().first() {
-        Some(g) => {
-            stuck.push_str("longest: ");
-            group_line(&mut stuck, g, registry);
-        }
-        None => stuck.push_str("no warp running"),
-    }
     let _ = write!(
         svg,
         "<text x=\"{MARGIN_LEFT}\" y=\"{:.1}\" font-size=\"15\" font-weight=\"bold\">{}</text><text x=\"{MARGIN_LEFT}\" y=\"{:.1}\" class=\"lab\">{}</text>",
         top + 20.0,
-        xml_escape(&title),
+        xml_escape(&p.title),
         top + 36.0,
-        xml_escape(&stuck)
+        xml_escape(&p.stuck)
     );
 
     // The legend: every kind of cell, with its count.
@@ -276,7 +285,7 @@ fn draw_panel(
         legend.push(("done", format!("done: {}", count(p.done, "warp"))));
     }
     if p.not_started > 0 {
-        let never = s.blocks().never_started;
+        let never = p.blocks_never_started;
         let mut text = format!("not started: {}", count(p.not_started, "warp"));
         if never > 0 {
             let _ = write!(text, " ({} never started)", count(never, "block"));
