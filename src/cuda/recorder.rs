@@ -469,4 +469,26 @@ mod tests {
         assert_eq!(back.host_spans.len(), 1);
         assert_eq!(back.host_spans[0].end_ns, b.launch.host_complete_ns + 2);
     }
+
+    #[test]
+    fn a_snapshot_is_kept_with_every_warp_and_told_again() {
+        use crate::watch::tests::{pipeline, registry, snapshot};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.tgpu");
+        let rec = CaptureRecorder::new(&path);
+        rec.add_registry(&registry()).unwrap();
+        let s = snapshot(&pipeline(), 16, 4, 4_000_000_100);
+        let text = s.text(&registry());
+        let mut archive = rec.archive();
+        archive.snapshot(&s, &text);
+        archive.finish().unwrap();
+        let back = Capture::read(&path).unwrap();
+        let kept: Vec<_> = back
+            .kept_snapshots()
+            .filter_map(|(note, _)| back.kept_snapshot(note))
+            .collect();
+        assert_eq!(kept, [s]);
+        let told: Vec<_> = back.snapshots().collect();
+        assert_eq!(told, [(7, 0, text.as_str().into())]);
+    }
 }
