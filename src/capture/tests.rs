@@ -1169,7 +1169,8 @@ fn a_malformed_snapshot_is_refused_with_its_line() {
             *v = f(v);
         }
     };
-    let cases: Vec<(Box<dyn Fn(&mut Vec<(String, String)>)>, usize, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut Vec<(String, String)>)>;
+    let cases: Vec<(Edit, usize, &str)> = vec![
         (
             Box::new(value(|v| v.replacen("tgpu-watch 1", "tgpu-watch 2", 1))),
             1,

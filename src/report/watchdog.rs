@@ -236,9 +236,9 @@ impl Timeline {
                 f64::from(l) / f64::from(SHADES)
             );
         }
-        let _ = write!(
+        let _ = writeln!(
             svg,
-            ".tx{{fill:{OTHER}}}.between{{fill:#fff;stroke:#555;stroke-width:0.8}}.done{{fill:#c7c7c7}}.ns{{fill:#fff;stroke:#999;stroke-dasharray:2 2}}.lab{{fill:#333}}</style>\n"
+            ".tx{{fill:{OTHER}}}.between{{fill:#fff;stroke:#555;stroke-width:0.8}}.done{{fill:#c7c7c7}}.ns{{fill:#fff;stroke:#999;stroke-dasharray:2 2}}.lab{{fill:#333}}</style>"
         );
         svg.push_str(r##"<rect width="100%" height="100%" fill="#fff"/>"##);
         svg.push_str(&body);
