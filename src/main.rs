@@ -489,7 +489,7 @@ fn report(
     let count = reader.launch_count();
     if count == 0 {
         print_out(&format!("{}: no launches\n", capture.display()))?;
-        return snapshots(reader.head(), svg, launch, None);
+        return snapshots(reader.head(), svg, launch, None, width);
     }
     let head = reader.head().clone();
     let new_timeline = |d: &CaptureDevice, svg: bool| {
@@ -629,16 +629,18 @@ fn report(
             ),
         }
     }
-    snapshots(&head, svg, launch, first_drawn.as_ref())
+    snapshots(&head, svg, launch, first_drawn.as_ref(), width)
 }
 
 /// The watchdog's snapshots of the launches shown (issue #32): their text, and with
-/// `svg` their picture beside it (`snapshots_path`), coloured as `timeline` is.
+/// `svg` their picture beside it (`snapshots_path`), coloured and as wide as `timeline`
+/// (without one, `width` wide).
 fn snapshots(
     head: &Capture,
     svg: Option<&Path>,
     launch: Option<LaunchPick>,
     timeline: Option<&Timeline>,
+    width: u32,
 ) -> Result<(), Failure> {
     for (id, index, text) in head.snapshots() {
         if launch.is_none_or(|p| p == LaunchPick::All || p == LaunchPick::Id(id)) {
@@ -653,7 +655,10 @@ fn snapshots(
         Some(LaunchPick::Id(id)) => Some(id),
         _ => None,
     };
-    let none = Timeline::new();
+    let none = Timeline::with_svg(SvgOptions {
+        width,
+        ..SvgOptions::default()
+    });
     let Some(picture) = timeline.unwrap_or(&none).snapshots_svg(head, only) else {
         return Ok(());
     };

@@ -172,9 +172,10 @@ impl Timeline {
     /// is a cell coloured by its innermost open phase, as this timeline colours that
     /// event type, and shaded by how long it has been in it (full: the longest); warps
     /// between phases are outlined, those done counted at the row's end, those not
-    /// started in the legend, which counts every kind. `None` if the capture keeps no
-    /// such snapshot (a capture before they were kept holds only their text:
-    /// [`Capture::snapshots`]).
+    /// started in the legend, which counts every kind. As wide as this timeline's
+    /// picture ([`SvgOptions::width`]; the default for a timeline without one). `None`
+    /// if the capture keeps no such snapshot (a capture before they were kept holds
+    /// only their text: [`Capture::snapshots`]).
     pub fn snapshots_svg(&self, capture: &Capture, launch: Option<u64>) -> Option<String> {
         let notes: Vec<usize> = capture
             .kept_snapshots()
