@@ -38,6 +38,8 @@ mod trace;
 
 pub use error::CaptureError;
 pub use reader::{Batches, CaptureReader, Launches};
+#[cfg(any(test, feature = "cuda"))]
+pub(crate) use snapshot::KeptSnapshot;
 
 /// The metadata key under which a capture says why it holds no host spans
 /// (written by the live recorder when its layer was not in the subscriber).

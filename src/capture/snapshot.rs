@@ -63,6 +63,7 @@ fn unsigned<T: std::str::FromStr>(s: &str) -> Option<T> {
 }
 
 /// The snapshot as a warps note: its key and value.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn warps_note(s: &Snapshot) -> (String, String) {
     // About 40 bytes a running warp; runs of warps not started are one line.
     let mut v = String::with_capacity(256 + 40 * s.warps.len());
@@ -427,22 +428,43 @@ impl Capture {
             .filter_map(|(note, key)| key.map(|(launch, _)| (note, launch)))
     }
 
-    /// Keeps a watchdog's snapshot: its text, as the run told it, then every warp's state,
-    /// unless that would pass [`MAX_SNAPSHOT_WARPS`] or, with those kept already,
-    /// [`MAX_CAPTURE_SNAPSHOT_WARPS`] (what a reader takes).
+    /// Keeps a watchdog's snapshot: its text, then its warps unless, with those kept
+    /// already, they would pass [`MAX_CAPTURE_SNAPSHOT_WARPS`] (what a reader takes).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn push_snapshot(&mut self, s: &Snapshot, text: &str) {
-        let kept: usize = self
+    pub(crate) fn push_snapshot(&mut self, kept: KeptSnapshot) {
+        let before: usize = self
             .metadata
             .iter()
             .filter(|(k, _)| k.starts_with(WARPS))
             .filter_map(|(_, v)| declared_warps(v))
             .sum();
-        self.metadata
-            .push((text_key(s.launch_id, s.index), text.to_string()));
+        self.metadata.push(kept.text);
+        if let Some((note, warps)) = kept.warps {
+            if before.saturating_add(warps) <= MAX_CAPTURE_SNAPSHOT_WARPS {
+                self.metadata.push(note);
+            }
+        }
+    }
+}
+
+/// A watchdog's snapshot as a capture keeps it, made before the capture is locked (a
+/// recorder's layer takes that lock on the application's threads): its text note, and
+/// its warps note with their count unless they pass [`MAX_SNAPSHOT_WARPS`].
+#[derive(Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct KeptSnapshot {
+    text: (String, String),
+    warps: Option<((String, String), usize)>,
+}
+
+impl KeptSnapshot {
+    /// Snapshot `s`, told as `text`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn new(s: &Snapshot, text: &str) -> KeptSnapshot {
         let n = s.warps.len();
-        if n <= MAX_SNAPSHOT_WARPS && kept.saturating_add(n) <= MAX_CAPTURE_SNAPSHOT_WARPS {
-            self.metadata.push(warps_note(s));
+        KeptSnapshot {
+            text: (text_key(s.launch_id, s.index), text.to_string()),
+            warps: (n <= MAX_SNAPSHOT_WARPS).then(|| (warps_note(s), n)),
         }
     }
 }

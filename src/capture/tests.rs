@@ -1106,8 +1106,8 @@ fn a_snapshot_round_trips_with_every_warp() {
     second.running_ns += 1_000_000_000;
     let mut d = sample();
     d.registry = registry.clone();
-    d.push_snapshot(&first, "the text as logged");
-    d.push_snapshot(&second, "the second text as logged");
+    d.push_snapshot(KeptSnapshot::new(&first, "the text as logged"));
+    d.push_snapshot(KeptSnapshot::new(&second, "the second text as logged"));
     // A capture from before the warps were kept: its text only.
     d.metadata
         .push((snapshot::text_key(9, 0), "an older snapshot".into()));
@@ -1149,7 +1149,7 @@ fn a_snapshot_round_trips_with_every_warp() {
 /// A warps note changed by `edit`, read back: the error, by both readers and `validate`.
 fn bad_note(edit: impl Fn(&mut Vec<(String, String)>)) -> CaptureError {
     let mut d = sample();
-    d.push_snapshot(&watched(), "text");
+    d.push_snapshot(KeptSnapshot::new(&watched(), "text"));
     edit(&mut d.metadata);
     let e = d.validate().unwrap_err();
     let bytes = bytes_of(&d);
@@ -1325,7 +1325,7 @@ fn the_warps_a_capture_keeps_are_bounded() {
     let back = Capture::from_reader(&bytes_of(&d)[..]).unwrap();
     assert_eq!(back.kept_snapshots().count(), notes);
     let before = d.metadata.len();
-    d.push_snapshot(&watched(), "kept as text");
+    d.push_snapshot(KeptSnapshot::new(&watched(), "kept as text"));
     assert_eq!(d.metadata.len(), before + 1, "the text only");
     d.validate().unwrap();
     d.metadata.extend(note(notes));

@@ -36,7 +36,9 @@ use super::collector::{Archive, Round};
 use super::error::ProfilerError;
 use crate::batch::HostSpan;
 use crate::batch::{Batch, DeviceInfo, DEVICE_TARGET};
-use crate::capture::{CalibrationRound, Capture, CaptureDevice, CaptureLaunch, HOST_SPANS_NOTE};
+use crate::capture::{
+    CalibrationRound, Capture, CaptureDevice, CaptureLaunch, KeptSnapshot, HOST_SPANS_NOTE,
+};
 use crate::clock::HostClock;
 use crate::registry::EventRegistry;
 use crate::watch::Snapshot;
@@ -179,7 +181,9 @@ impl Archive for RecorderArchive {
     }
 
     fn snapshot(&mut self, snapshot: &Snapshot, text: &str) {
-        self.0.capture.lock().push_snapshot(snapshot, text);
+        // Written out before the lock, which the layer takes on the application's threads.
+        let kept = KeptSnapshot::new(snapshot, text);
+        self.0.capture.lock().push_snapshot(kept);
     }
 
     fn finish(&mut self) -> Result<(), ProfilerError> {

@@ -403,6 +403,7 @@ fn draw_panel(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capture::KeptSnapshot;
     use crate::format::BufferBuilder;
     use crate::watch::tests::{pipeline, registry, snapshot};
     use crate::watch::{Last, Open, Warp};
@@ -418,7 +419,7 @@ mod tests {
             ..Capture::default()
         };
         for s in snapshots {
-            c.push_snapshot(s, "text");
+            c.push_snapshot(KeptSnapshot::new(s, "text"));
         }
         c
     }
