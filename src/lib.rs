@@ -45,7 +45,7 @@ pub mod output;
 pub mod perfetto;
 pub mod registry;
 pub mod report;
-// The profiler's watchdog reads it; the model is CUDA-free and tested without a GPU.
+// The profiler's watchdog reads it, a capture keeps it, the report draws it; CUDA-free.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
 pub(crate) mod watch;
 

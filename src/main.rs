@@ -149,7 +149,9 @@ enum Command {
         /// Also draw the timeline into this SVG file (opens in any browser). With
         /// several GPUs, GPU n's goes to FILE with `.gpu<n>` before the extension.
         /// Of several launches it draws the one with the most events, unless
-        /// --launch says otherwise.
+        /// --launch says otherwise. The watchdog's snapshots of launches that ran
+        /// past their deadline, if the capture keeps them, go to FILE with
+        /// `.watchdog` before the extension: SMs against their current phases.
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
         /// Only the launch with this launch id (the `gpu.launch_id` of the
@@ -412,13 +414,23 @@ fn print_out(text: &str) -> Result<(), Failure> {
 
 /// `out.svg` → `out.gpu1.svg`.
 fn per_device_path(path: &Path, ordinal: u32) -> PathBuf {
+    beside(path, &format!("gpu{ordinal}"))
+}
+
+/// `out.svg` → `out.watchdog.svg`: where `report --svg` draws the watchdog's snapshots.
+fn snapshots_path(path: &Path) -> PathBuf {
+    beside(path, "watchdog")
+}
+
+/// `out.svg` → `out.<tag>.svg`.
+fn beside(path: &Path, tag: &str) -> PathBuf {
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let name = match path.extension() {
-        Some(ext) => format!("{stem}.gpu{ordinal}.{}", ext.to_string_lossy()),
-        None => format!("{stem}.gpu{ordinal}"),
+        Some(ext) => format!("{stem}.{tag}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{tag}"),
     };
     path.with_file_name(name)
 }
@@ -477,7 +489,7 @@ fn report(
     let count = reader.launch_count();
     if count == 0 {
         print_out(&format!("{}: no launches\n", capture.display()))?;
-        return Ok(());
+        return snapshots(reader.head(), svg, launch, None, width);
     }
     let head = reader.head().clone();
     let new_timeline = |d: &CaptureDevice, svg: bool| {
@@ -542,7 +554,8 @@ fn report(
         }
     }
     if let Some(LaunchPick::Id(id)) = launch {
-        if devices.iter().all(|r| r.launches == 0) {
+        // A launch that never finished may have only the watchdog's snapshots.
+        if devices.iter().all(|r| r.launches == 0) && !head.snapshots().any(|s| s.0 == id) {
             return Err(Failure::new(
                 Exit::Usage,
                 format!(
@@ -553,6 +566,8 @@ fn report(
         }
     }
     let several = devices.iter().filter(|r| r.launches > 0).count() > 1;
+    // The first timeline drawn: the snapshots' picture takes its colours.
+    let mut first_drawn = None;
     for (device, mut r) in head.devices.iter().zip(devices) {
         if r.launches == 0 {
             continue;
@@ -570,7 +585,7 @@ fn report(
         let Some(svg) = svg else { continue };
         // What the picture shows, when it is not every launch of the text.
         let mut note = String::new();
-        let picture = match r.busiest.take() {
+        let drawn = match r.busiest.take() {
             Some((id, _)) => {
                 // Read again: only its statistics were kept.
                 let mut t = new_timeline(device, true);
@@ -592,11 +607,14 @@ fn report(
                 } else {
                     t.set_title(title);
                 }
-                t.to_svg()
+                t
             }
-            None => r.timeline.to_svg(),
+            None => r.timeline,
         };
-        let Some(picture) = picture else { continue };
+        let Some(picture) = drawn.to_svg() else {
+            continue;
+        };
+        first_drawn.get_or_insert(drawn);
         let path = if several {
             per_device_path(svg, device.info.ordinal)
         } else {
@@ -611,7 +629,19 @@ fn report(
             ),
         }
     }
-    // The watchdog's snapshots of the launches shown (issue #32), as the run told them.
+    snapshots(&head, svg, launch, first_drawn.as_ref(), width)
+}
+
+/// The watchdog's snapshots of the launches shown (issue #32): their text, and with
+/// `svg` their picture beside it (`snapshots_path`), coloured and as wide as `timeline`
+/// (without one, `width` wide).
+fn snapshots(
+    head: &Capture,
+    svg: Option<&Path>,
+    launch: Option<LaunchPick>,
+    timeline: Option<&Timeline>,
+    width: u32,
+) -> Result<(), Failure> {
     for (id, index, text) in head.snapshots() {
         if launch.is_none_or(|p| p == LaunchPick::All || p == LaunchPick::Id(id)) {
             print_out(&format!(
@@ -620,6 +650,24 @@ fn report(
             ))?;
         }
     }
+    let Some(svg) = svg else { return Ok(()) };
+    let only = match launch {
+        Some(LaunchPick::Id(id)) => Some(id),
+        _ => None,
+    };
+    let none = Timeline::with_svg(SvgOptions {
+        width,
+        ..SvgOptions::default()
+    });
+    let Some(picture) = timeline.unwrap_or(&none).snapshots_svg(head, only) else {
+        return Ok(());
+    };
+    let path = snapshots_path(svg);
+    write_output(&path, picture.as_bytes())?;
+    eprintln!(
+        "snapshots: {} (open it in a browser): the SMs against their warps' phases when the watchdog looked",
+        path.display()
+    );
     Ok(())
 }
 
@@ -666,7 +714,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
             width,
         } => {
             if let Some(svg) = &svg {
-                refuse_clobbering(&[&capture], &[("timeline", svg)])?;
+                let snapshots = snapshots_path(svg);
+                refuse_clobbering(
+                    &[&capture],
+                    &[("timeline", svg), ("snapshots' picture", &snapshots)],
+                )?;
             }
             report(&capture, svg.as_deref(), launch, width)
         }

@@ -186,6 +186,41 @@ fn write_open_launches(path: &Path) {
     w.finish();
 }
 
+#[test]
+fn snapshots_of_the_most_warps_a_reader_takes_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("snapshots.tgpu");
+    write_snapshots(&path, SNAPSHOTS);
+    every_command(&path, None);
+    // One more is past what a reader takes: refused at once.
+    write_snapshots(&path, SNAPSHOTS + 1);
+    every_command(&path, Some("more warps than a reader takes"));
+}
+
+/// The watchdog snapshots a capture may keep: 2 of 2¹⁸ warps each (docs/capture.md).
+const SNAPSHOTS: u32 = 2;
+
+/// `n` snapshots of a launch that never finished, each 2¹⁸ running warps on one SM in
+/// one phase (5 MB of lines a snapshot), beside a small launch.
+fn write_snapshots(path: &Path, n: u32) {
+    let warps = 1 << 18;
+    let mut capture = support::synthetic_capture(1, 1, 1);
+    for i in 0..n {
+        let mut value = format!(
+            "tgpu-watch 1\nlaunch 2 snapshot {i} grid {warps} 1 1 warps_per_block 1 now_ns 1000000000 running_ns 1000000000 warps {warps}\nkernel k\n"
+        );
+        value.push_str(&"r 0 -9 -9 0:1 0@-9\n".repeat(warps));
+        capture
+            .metadata
+            .push((format!("watchdog 2.{i}"), "text".into()));
+        capture
+            .metadata
+            .push((format!("watchdog-warps 2.{i}"), value));
+    }
+    let mut file = std::fs::File::create(path).unwrap();
+    capture.to_writer(&mut file).unwrap();
+}
+
 /// The bombs above as seeds for the fuzz targets `capture` and `pipeline` (fuzz/README.md),
 /// written into `$TGPU_FUZZ_SEEDS`; the parts at the release build's size.
 #[test]
@@ -198,6 +233,7 @@ fn write_fuzz_seeds() {
     write_long_name(&dir.join("kernel-name.tgpu"));
     write_parts(&dir.join("parts.tgpu"), 4000);
     write_open_launches(&dir.join("open.tgpu"));
+    write_snapshots(&dir.join("snapshots.tgpu"), SNAPSHOTS);
     for f in std::fs::read_dir(&dir).unwrap() {
         let len = f.unwrap().metadata().unwrap().len();
         assert!(len <= FILE_LIMIT, "a seed of {len} bytes");

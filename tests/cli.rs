@@ -229,7 +229,11 @@ fn report_shows_the_watchdogs_snapshots() {
     capture
         .metadata
         .push(("watchdog 2.x".into(), "not a snapshot".into()));
-    assert_eq!(capture.snapshots().collect::<Vec<_>>(), [(2, 0, text)]);
+    let told: Vec<_> = capture
+        .snapshots()
+        .map(|(id, n, t)| (id, n, t.into_owned()))
+        .collect();
+    assert_eq!(told, [(2, 0, text.to_string())]);
     let path = dir.path().join("watched.tgpu");
     capture.write(&path).unwrap();
     let o = run(&["report", path.to_str().unwrap()]);

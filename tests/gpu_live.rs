@@ -768,6 +768,19 @@ fn a_deadlocked_pipeline_shows_its_stuck_warps_at_the_deadline() {
             "warp {warp}: its last event {last:?}, {waited} ns"
         );
     }
+    // It keeps every warp (the text above is told again from them), which `report
+    // --svg` draws: each stuck phase's warps and the done ones counted.
+    let picture = tracing_gpu::Timeline::new()
+        .snapshots_svg(&back, None)
+        .expect("the warps kept");
+    let mut legend = vec![format!(">done: {} warps<", 63 * (threads / 32))];
+    for ((phase, _, _), n) in &stuck {
+        let warps = if *n == 1 { "warp" } else { "warps" };
+        legend.push(format!(">{}: {n} {warps}<", name(*phase)));
+    }
+    for l in legend {
+        assert!(picture.contains(&l), "{l} in:\n{picture}");
+    }
 }
 
 /// Sampling on the device (issue #31): a kernel recorded with a warp mask and a block

@@ -156,9 +156,11 @@ impl Capture {
     }
 
     /// Checks what [`Capture::read`] would check of a capture built in memory:
-    /// device references, launch headers, spans. Writing does not need it; a
-    /// capture that fails it writes a file that will not read back.
+    /// the watchdog snapshots' notes, device references, launch headers, spans.
+    /// Writing does not need it; a capture that fails it writes a file that will
+    /// not read back.
     pub fn validate(&self) -> Result<(), CaptureError> {
+        super::snapshot::check(&self.metadata)?;
         let mut ordinals = HashSet::new();
         for d in &self.devices {
             let ordinal = d.info.ordinal;

@@ -149,4 +149,23 @@ pub enum CaptureError {
         /// What was wrong.
         what: &'static str,
     },
+    /// A watchdog snapshot's warps note that does not read (docs/capture.md,
+    /// "Watchdog snapshots").
+    #[error("metadata note {note} (a watchdog snapshot's warps){}: {what}", at_line(*.line))]
+    BadSnapshot {
+        /// Index of the note in the metadata.
+        note: usize,
+        /// The line of its value, from 1; 0: the note as a whole.
+        line: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+}
+
+/// `", line 3"`; nothing for line 0 (the note as a whole).
+fn at_line(line: usize) -> String {
+    match line {
+        0 => String::new(),
+        n => format!(", line {n}"),
+    }
 }

@@ -31,24 +31,19 @@ mod codec;
 mod error;
 mod reader;
 mod replay;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 mod trace;
 
 pub use error::CaptureError;
 pub use reader::{Batches, CaptureReader, Launches};
+#[cfg(any(test, feature = "cuda"))]
+pub(crate) use snapshot::KeptSnapshot;
 
 /// The metadata key under which a capture says why it holds no host spans
 /// (written by the live recorder when its layer was not in the subscriber).
 pub const HOST_SPANS_NOTE: &str = "host_spans";
-
-/// The metadata key of a watchdog's snapshot (issue #32): `watchdog <launch id>.<n>`
-/// holds snapshot `n` (from 0) of that launch, as text ([`Capture::snapshots`]).
-/// (Written by the live recorder only: the CUDA feature's.)
-#[cfg(feature = "cuda")]
-pub(crate) fn snapshot_note(launch_id: u64, index: u32) -> String {
-    format!("watchdog {launch_id}.{index}")
-}
 
 /// The first 8 bytes of every capture file.
 ///
@@ -202,16 +197,6 @@ impl Capture {
             .and_then(|prog| prog.rsplit('/').next())
             .filter(|p| !p.is_empty())
             .unwrap_or("host")
-    }
-
-    /// The watchdog's snapshots of launches that ran past their deadline (issue #32),
-    /// as the live run told them: (launch id, which snapshot of it, from 0, the
-    /// text), in the order taken. Kept in the metadata, so that any reader shows them.
-    pub fn snapshots(&self) -> impl Iterator<Item = (u64, u32, &str)> + '_ {
-        self.metadata.iter().filter_map(|(k, v)| {
-            let (launch, index) = k.strip_prefix("watchdog ")?.split_once('.')?;
-            Some((launch.parse().ok()?, index.parse().ok()?, v.as_str()))
-        })
     }
 
     /// `CLOCK_REALTIME − CLOCK_BOOTTIME` (ns) as measured with the run's first

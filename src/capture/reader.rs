@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::body::{Body, Budget};
 use super::codec::{check_launch, check_launch_ids, check_span, LaunchKey};
 use super::replay::Replay;
+use super::snapshot;
 use super::trace::{read_trace_buffer, TraceError};
 use super::{
     CalibrationRound, Capture, CaptureDevice, CaptureError, CaptureLaunch, CAPTURE_HEADER_SIZE,
@@ -71,6 +72,7 @@ fn read_head<R: BufRead>(
     budget: &mut Budget,
 ) -> Result<Capture, CaptureError> {
     let metadata = read_pairs(b, budget)?;
+    snapshot::check(&metadata)?;
     let (n, mut devices) = b.list::<CaptureDevice>(32, budget)?;
     let mut ordinals = HashSet::new();
     for _ in 0..n {

@@ -1082,3 +1082,256 @@ fn a_sampled_launch_round_trips_and_says_what_it_sampled() {
         assert_eq!(placed, [(0, 1, 1), (3, 3, 3)]);
     }
 }
+
+/// The issue's pipeline (`watch::tests::pipeline`: 7 warps waiting, a producer stuck in
+/// load, a block done, one never started), with a name to escape and a warp whose
+/// stamp is after `now` (the host maps "now" from its latest checkpoint).
+fn watched() -> crate::watch::Snapshot {
+    use crate::watch::tests::{pipeline, snapshot};
+    let mut s = snapshot(&pipeline(), 16, 4, 4_000_000_100);
+    s.kernel = "pipeline<\\n>\nsecond line\r".into();
+    if let crate::watch::State::Running { last_entry_ns, .. } = &mut s.warps[0].state {
+        *last_entry_ns = Some(s.now_ns + 5);
+    }
+    s
+}
+
+#[test]
+fn a_snapshot_round_trips_with_every_warp() {
+    let registry = crate::watch::tests::registry();
+    let first = watched();
+    let mut second = watched();
+    second.index = 1;
+    second.now_ns += 1_000_000_000;
+    second.running_ns += 1_000_000_000;
+    let mut d = sample();
+    d.registry = registry.clone();
+    d.push_snapshot(KeptSnapshot::new(&first, "the text as logged"));
+    d.push_snapshot(KeptSnapshot::new(&second, "the second text as logged"));
+    // A capture from before the warps were kept: its text only.
+    d.metadata
+        .push((snapshot::text_key(9, 0), "an older snapshot".into()));
+    d.validate().unwrap();
+    for back in [
+        Capture::from_reader(&bytes_of(&d)[..]).unwrap(),
+        streamed(&bytes_of(&d)).unwrap(),
+    ] {
+        assert_eq!(back.metadata, d.metadata);
+        let kept: Vec<_> = back
+            .kept_snapshots()
+            .map(|(note, id)| (id, back.kept_snapshot(note).unwrap()))
+            .collect();
+        assert_eq!(kept, [(7, first.clone()), (7, second.clone())]);
+        // Told again from the warps: the live run's text, exactly.
+        let told: Vec<_> = back
+            .snapshots()
+            .map(|(id, n, t)| (id, n, t.into_owned()))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                (7, 0, first.text(&registry)),
+                (7, 1, second.text(&registry)),
+                (9, 0, "an older snapshot".into())
+            ]
+        );
+    }
+    let (_, value) = snapshot::warps_note(&first);
+    // Runs of warps not started are one line: 8 running, 4 done, 4 not started.
+    assert_eq!(value.lines().count(), 3 + 8 + 4 + 1, "{value}");
+    assert!(
+        value.contains("\nkernel pipeline<\\\\n>\\nsecond line\\r\n"),
+        "{value}"
+    );
+    assert!(value.ends_with("\n- 4\n"), "{value}");
+}
+
+/// A warps note changed by `edit`, read back: the error, by both readers and `validate`.
+fn bad_note(edit: impl Fn(&mut Vec<(String, String)>)) -> CaptureError {
+    let mut d = sample();
+    d.push_snapshot(KeptSnapshot::new(&watched(), "text"));
+    edit(&mut d.metadata);
+    let e = d.validate().unwrap_err();
+    let bytes = bytes_of(&d);
+    let again = Capture::from_reader(&bytes[..]).unwrap_err();
+    assert_eq!(again.to_string(), e.to_string());
+    assert_eq!(streamed(&bytes).unwrap_err().to_string(), e.to_string());
+    e
+}
+
+#[test]
+fn a_malformed_snapshot_is_refused_with_its_line() {
+    // The warps note is the metadata's last; its value's lines from 1.
+    let note = sample().metadata.len() + 1;
+    let value = |f: fn(&str) -> String| {
+        move |m: &mut Vec<(String, String)>| {
+            let v = &mut m.last_mut().unwrap().1;
+            *v = f(v);
+        }
+    };
+    type Edit = Box<dyn Fn(&mut Vec<(String, String)>)>;
+    let cases: Vec<(Edit, usize, &str)> = vec![
+        (
+            Box::new(value(|v| v.replacen("tgpu-watch 1", "tgpu-watch 2", 1))),
+            1,
+            "not a snapshot of this format",
+        ),
+        (
+            Box::new(value(|v| v.trim_end().to_string())),
+            0,
+            "does not end with a line break",
+        ),
+        (
+            Box::new(value(|v| v.replacen(" warps 16", "", 1))),
+            2,
+            "the line ends too soon",
+        ),
+        (
+            Box::new(value(|v| v.replacen(" warps 16", " warps 16 x", 1))),
+            2,
+            "more fields than the line takes",
+        ),
+        (
+            Box::new(value(|v| v.replacen("grid 4", "grid +4", 1))),
+            2,
+            "not a number in range",
+        ),
+        (
+            Box::new(value(|v| {
+                v.replacen("warps_per_block 4", "warps_per_block 0", 1)
+            })),
+            2,
+            "no warps per block",
+        ),
+        (
+            Box::new(value(|v| v.replacen(" warps 16", " warps 17", 1))),
+            0,
+            "fewer warps than the launch line says",
+        ),
+        (
+            Box::new(value(|v| v.replacen(" warps 16", " warps 15", 1))),
+            16,
+            "a run of warps not started out of range",
+        ),
+        (
+            Box::new(value(|v| format!("{v}d 1 5\n"))),
+            17,
+            "more warps than the launch line says",
+        ),
+        (
+            Box::new(value(|v| v.replacen(" warps 16", " warps 2000000", 1))),
+            2,
+            "more warps than a reader takes",
+        ),
+        (
+            Box::new(value(|v| v.replacen("kernel ", "kernel x\\t", 1))),
+            3,
+            "not a kernel name",
+        ),
+        (
+            Box::new(value(|v| v.replacen("\nr 0 ", "\nq 0 ", 1))),
+            4,
+            "not a warp",
+        ),
+        (
+            Box::new(value(|v| v.replacen("\nr 0 ", "\nr 0  ", 1))),
+            4,
+            "not a time in range",
+        ),
+        (
+            Box::new(value(|v| {
+                v.replacen("\nr 0 -", "\nr 0 -99999999999999999999", 1)
+            })),
+            4,
+            "not a time in range",
+        ),
+        (
+            Box::new(value(|v| v.replacen(" 1:17", " 1:x", 1))),
+            4,
+            "not a closed event",
+        ),
+        (
+            Box::new(value(|v| v.replacen(" 3@", " 3#", 1))),
+            4,
+            "not an open range",
+        ),
+        (
+            Box::new(value(|v| {
+                let line = v.lines().nth(3).unwrap();
+                v.replacen(line, &format!("{line}{}", " 2@0".repeat(33)), 1)
+            })),
+            4,
+            "more open ranges than a warp has",
+        ),
+        (
+            Box::new(value(|v| v.replacen("\n- 4\n", "\n- 0\n- 4\n", 1))),
+            16,
+            "a run of warps not started out of range",
+        ),
+        (
+            Box::new(|m: &mut Vec<(String, String)>| m.last_mut().unwrap().0 += "x"),
+            0,
+            "its key is not",
+        ),
+        (
+            Box::new(|m: &mut Vec<(String, String)>| {
+                let n = m.len();
+                m.swap(n - 1, n - 2);
+            }),
+            0,
+            "does not follow its snapshot's text note",
+        ),
+        (
+            Box::new(|m: &mut Vec<(String, String)>| {
+                let n = m.len();
+                m[n - 2].0 = snapshot::text_key(8, 0);
+                m[n - 1].0 = "watchdog-warps 8.0".into();
+            }),
+            2,
+            "its launch or snapshot number is not its key's",
+        ),
+    ];
+    for (edit, line, what) in cases {
+        let e = bad_note(edit);
+        let at = |n| match e {
+            CaptureError::BadSnapshot {
+                note,
+                line: l,
+                what: w,
+            } => note == n && l == line && w.contains(what),
+            _ => false,
+        };
+        // The note that does not follow its text is the one before the last.
+        assert!(at(note) || at(note - 1), "{what:?}, line {line}: {e}");
+    }
+}
+
+#[test]
+fn the_warps_a_capture_keeps_are_bounded() {
+    // Notes of the most warps a snapshot may hold, each a line: up to the capture's
+    // bound they read, past it they are refused; a writer past it keeps the text only.
+    let per = snapshot::MAX_SNAPSHOT_WARPS;
+    let notes = snapshot::MAX_CAPTURE_SNAPSHOT_WARPS / per;
+    let note = |i: usize| {
+        let key = format!("watchdog-warps 5.{i}");
+        let value = format!("tgpu-watch 1\nlaunch 5 snapshot {i} grid {per} 1 1 warps_per_block 1 now_ns 9 running_ns 9 warps {per}\nkernel k\n- {per}\n");
+        [
+            (snapshot::text_key(5, i as u32), "text".to_string()),
+            (key, value),
+        ]
+    };
+    let mut d = sample();
+    d.metadata.extend((0..notes).flat_map(note));
+    let back = Capture::from_reader(&bytes_of(&d)[..]).unwrap();
+    assert_eq!(back.kept_snapshots().count(), notes);
+    let before = d.metadata.len();
+    d.push_snapshot(KeptSnapshot::new(&watched(), "kept as text"));
+    assert_eq!(d.metadata.len(), before + 1, "the text only");
+    d.validate().unwrap();
+    d.metadata.extend(note(notes));
+    let e = Capture::from_reader(&bytes_of(&d)[..]).unwrap_err();
+    assert!(
+        matches!(e, CaptureError::BadSnapshot { what, .. } if what.contains("more warps than a reader takes")),
+        "{e}"
+    );
+}

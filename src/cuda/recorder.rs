@@ -37,10 +37,11 @@ use super::error::ProfilerError;
 use crate::batch::HostSpan;
 use crate::batch::{Batch, DeviceInfo, DEVICE_TARGET};
 use crate::capture::{
-    snapshot_note, CalibrationRound, Capture, CaptureDevice, CaptureLaunch, HOST_SPANS_NOTE,
+    CalibrationRound, Capture, CaptureDevice, CaptureLaunch, KeptSnapshot, HOST_SPANS_NOTE,
 };
 use crate::clock::HostClock;
 use crate::registry::EventRegistry;
+use crate::watch::Snapshot;
 
 /// Collects a run into a [`Capture`] and writes it to a file.
 #[derive(Debug)]
@@ -179,8 +180,10 @@ impl Archive for RecorderArchive {
         }
     }
 
-    fn snapshot(&mut self, launch_id: u64, index: u32, text: &str) {
-        self.0.note(snapshot_note(launch_id, index), text);
+    fn snapshot(&mut self, snapshot: &Snapshot, text: &str) {
+        // Written out before the lock, which the layer takes on the application's threads.
+        let kept = KeptSnapshot::new(snapshot, text);
+        self.0.capture.lock().push_snapshot(kept);
     }
 
     fn finish(&mut self) -> Result<(), ProfilerError> {
@@ -469,5 +472,27 @@ mod tests {
         // The launch's span once, to its completion (the last part's).
         assert_eq!(back.host_spans.len(), 1);
         assert_eq!(back.host_spans[0].end_ns, b.launch.host_complete_ns + 2);
+    }
+
+    #[test]
+    fn a_snapshot_is_kept_with_every_warp_and_told_again() {
+        use crate::watch::tests::{pipeline, registry, snapshot};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.tgpu");
+        let rec = CaptureRecorder::new(&path);
+        rec.add_registry(&registry()).unwrap();
+        let s = snapshot(&pipeline(), 16, 4, 4_000_000_100);
+        let text = s.text(&registry());
+        let mut archive = rec.archive();
+        archive.snapshot(&s, &text);
+        archive.finish().unwrap();
+        let back = Capture::read(&path).unwrap();
+        let kept: Vec<_> = back
+            .kept_snapshots()
+            .filter_map(|(note, _)| back.kept_snapshot(note))
+            .collect();
+        assert_eq!(kept, [s]);
+        let told: Vec<_> = back.snapshots().collect();
+        assert_eq!(told, [(7, 0, text.as_str().into())]);
     }
 }

@@ -39,6 +39,7 @@ mod picture;
 mod svg;
 #[cfg(test)]
 mod tests;
+mod watchdog;
 
 use open::{Open, MAX_OPEN, NO_LANE};
 use picture::Picture;

@@ -72,6 +72,18 @@ impl Colours {
         }
     }
 
+    /// The colour slot of event type `id` in a picture drawn beside this one: its own,
+    /// or "other" for a type this picture puts there; `None` for a type it does not
+    /// know, which the other picture colours itself.
+    pub(super) fn known(&self, id: u16) -> Option<u32> {
+        match self.slot_of.binary_search_by_key(&id, |&(i, _)| i) {
+            Ok(i) => Some(u32::from(self.slot_of[i].1)),
+            // More types than colours: the others share the last.
+            Err(_) if self.names.len() > self.slot_of.len() => Some(self.slot_of.len() as u32),
+            Err(_) => None,
+        }
+    }
+
     /// The colour slot of event type `id` (any other value: "other").
     pub(super) fn slot(&self, id: u32) -> u32 {
         match u16::try_from(id).map(|id| self.slot_of.binary_search_by_key(&id, |&(i, _)| i)) {

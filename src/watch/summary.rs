@@ -155,7 +155,7 @@ impl Snapshot {
 }
 
 /// "1,055 warps in load > wait for 3.1 s, after load (k_tile 17)".
-fn group_line(out: &mut String, g: &Group, registry: &EventRegistry) {
+pub(crate) fn group_line(out: &mut String, g: &Group, registry: &EventRegistry) {
     let _ = write!(out, "{} ", count(g.warps, "warp"));
     if g.open.is_empty() {
         out.push_str("between ranges");

@@ -127,7 +127,7 @@ const MAIN: u16 = 3;
 const CLAIM: u16 = 4;
 const S: u64 = 1_000_000_000;
 
-fn registry() -> EventRegistry {
+pub(crate) fn registry() -> EventRegistry {
     EventRegistry::from_pairs([
         (LOAD, "load"),
         (WAIT, "wait"),
@@ -139,7 +139,7 @@ fn registry() -> EventRegistry {
     .unwrap()
 }
 
-fn snapshot(board: &Board, slots: u32, warps_per_block: u32, now_ns: u64) -> Snapshot {
+pub(crate) fn snapshot(board: &Board, slots: u32, warps_per_block: u32, now_ns: u64) -> Snapshot {
     Snapshot {
         launch_id: 7,
         kernel: "pipeline".into(),
@@ -308,7 +308,7 @@ fn stamps_past_32_bits_keep_their_high_bits() {
 
 /// The pipeline: 2 blocks of 4 warps run, one of them a producer stuck in
 /// load; one block is done, one never started.
-fn pipeline() -> Board {
+pub(crate) fn pipeline() -> Board {
     let mut b = Board::new(16);
     let mut st = b.store();
     for slot in 0..8 {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::batch::{Batch, DeviceInfo};
 use crate::clock::{Checkpoint, Sample};
 use crate::cuda::error::ProfilerError;
+use crate::watch::Snapshot;
 
 /// One calibration: the raw samples and the checkpoint fitted from them.
 #[derive(Debug, Clone)]
@@ -36,8 +37,8 @@ pub(crate) trait Archive: Send {
     fn calibration(&mut self, device: &DeviceInfo, round: &Round);
     /// Takes one batch.
     fn record(&mut self, batch: &Batch);
-    /// Takes the text of a watchdog's snapshot `index` of launch `launch_id`.
-    fn snapshot(&mut self, launch_id: u64, index: u32, text: &str);
+    /// Takes a watchdog's snapshot, and its text as the run told it.
+    fn snapshot(&mut self, snapshot: &Snapshot, text: &str);
     /// Writes everything out.
     fn finish(&mut self) -> Result<(), ProfilerError>;
 }

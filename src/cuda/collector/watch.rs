@@ -57,7 +57,7 @@ impl Worker {
         self.shared.state.lock().stats.snapshots += 1;
         let text = snapshot.text(&self.registry);
         if let Some(a) = self.archive.as_mut() {
-            a.snapshot(snapshot.launch_id, snapshot.index, &text);
+            a.snapshot(&snapshot, &text);
         }
         let running = snapshot
             .warps
