@@ -60,6 +60,7 @@
 //! layer's file or stream). Each step calls only the steps after it.
 
 mod builder;
+mod captured;
 mod device;
 mod error;
 mod fields;
