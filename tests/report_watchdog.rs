@@ -237,17 +237,17 @@ fn convert_leaves_open_where_a_launch_that_never_finished_was() {
         (1, 3, 3),
         "{text}"
     );
-    // The kernel slice of launch 2, from its launch 3.2 s before the snapshot: device
-    // 1,001.8 s, 500 ns before on the host.
+    // The kernel slice of launch 2, from its launch 3.2 s before the snapshot (the
+    // capture's device and host clocks agree).
     assert!(
         open.iter()
-            .any(|l| l.contains("\"pipeline\", 1001799999500, null")),
+            .any(|l| l.contains("/kernels\", \"pipeline\", 1001800000000, null")),
         "{text}"
     );
     // Both snapshots' instants, on the GPU's watchdog track, told from the warps.
     for (name, at) in [
-        ("watchdog snapshot 1 of synthetic", 1_001_003_500u64),
-        ("watchdog snapshot 1 of pipeline", 1_004_999_999_500),
+        ("watchdog snapshot 1 of synthetic", 1_001_004_000u64),
+        ("watchdog snapshot 1 of pipeline", 1_005_000_000_000),
     ] {
         let instant = lines
             .iter()
