@@ -214,7 +214,16 @@ impl<W: Write> TraceWriter<W> {
 
     /// Writes the ranges each warp of `w` had open, left open.
     pub(crate) fn write_open(&mut self, w: &Watched) -> Result<(), PerfettoError> {
-        self.core.open_warps(w);
+        let TraceWriter {
+            out,
+            core,
+            compress,
+            zbuf,
+            ..
+        } = self;
+        core.open_warps(w, &mut |packets| {
+            write_packets(out, *compress, zbuf, packets)
+        })?;
         self.drain(FLUSH_AT)
     }
 
