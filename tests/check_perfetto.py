@@ -695,6 +695,16 @@ def self_test():
             if typ == SLICE_BEGIN:
                 q.track_event.name_iid = 1
     broken(second_load_without_payload, "disagree on their payload")
+    # A load begun and never ended (a watchdog's snapshot) carries no payload yet (its
+    # kernel here ends: the only fault).
+    t = _good_trace()
+    q = pkt_like(t, 5)
+    q.timestamp = 10
+    q.track_event.type = SLICE_BEGIN
+    q.track_event.name_iid = 1
+    errors, s = _run(t, "--allow-open-slices")
+    assert len(errors) == 1 and "outside every kernel" in errors[0], errors
+    assert s["open_device_slices"] == 1, s
 
     def two_arguments(t):
         a = pk(t, lambda p: p.track_event.name == "mma").track_event.debug_annotations.add()
