@@ -92,7 +92,135 @@ pub(crate) fn first_gpu(capture: &Capture) -> Option<(Arc<DeviceInfo>, Calibrati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Checkpoint;
+    use crate::batch::Part;
+    use crate::capture::{CalibrationRound, CaptureDevice, CaptureLaunch, KeptSnapshot};
+    use crate::clock::{Checkpoint, Sample};
+    use crate::decode::OwnedBuffer;
+    use crate::format::BufferBuilder;
+    use crate::perfetto::TraceWriter;
+    use crate::watch::tests::{pipeline, registry, snapshot};
+
+    const S: u64 = 1_000_000_000;
+
+    /// Two GPUs whose clocks agree with the host's; launch 7's snapshot (the
+    /// pipeline: 8 warps, each in 2 ranges), and, with `part`, launch 7's first part
+    /// on GPU 1 (one range of block 0's first warp).
+    fn hung(part: Option<Part>) -> Capture {
+        let device = |ordinal| CaptureDevice {
+            info: DeviceInfo {
+                ordinal,
+                name: "H".into(),
+                ..DeviceInfo::default()
+            },
+            calibrations: vec![CalibrationRound {
+                samples: (0..8u64)
+                    .map(|i| {
+                        let t = S + i * 10_000;
+                        Sample {
+                            host_before: t,
+                            device: t + 500,
+                            host_after: t + 1_000,
+                        }
+                    })
+                    .collect(),
+                ..CalibrationRound::default()
+            }],
+        };
+        let mut capture = Capture {
+            devices: vec![device(0), device(1)],
+            registry: registry(),
+            ..Capture::default()
+        };
+        let s = snapshot(&pipeline(), 16, 4, 4 * S + 100);
+        capture.push_snapshot(KeptSnapshot::new(&s, "as logged"));
+        if let Some(part) = part {
+            let (grid, block) = ([4, 1, 1], [128, 1, 1]);
+            let mut b = BufferBuilder::new(grid, block, 16);
+            b.launch_id(7);
+            b.warp(0, 0).unwrap().sm(0, 0).range(3, S + 5, S + 6, 0);
+            capture.launches.push(CaptureLaunch {
+                device: 1,
+                launch_id: 7,
+                kernel: "pipeline".into(),
+                host_launch_ns: S,
+                host_complete_ns: 2 * S,
+                grid,
+                block,
+                host_thread: "main".into(),
+                part: Some(part),
+                buffer: Arc::new(OwnedBuffer::decode(b.finish(), None).unwrap()),
+            });
+        }
+        capture
+    }
+
+    /// `capture` converted: its stats, and its slices as the checker lists them
+    /// (`None`: the checker cannot run here).
+    fn convert(capture: &Capture) -> (crate::perfetto::WriteStats, Option<String>) {
+        let mut w = TraceWriter::new(Vec::new()).unwrap();
+        for b in capture.batches().unwrap() {
+            w.write_captured_batch(capture, &b).unwrap();
+        }
+        w.write_captured_end(capture).unwrap();
+        let (bytes, stats) = w.finish().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.perfetto-trace");
+        std::fs::write(&path, bytes).unwrap();
+        let out = dir.path().join("slices.json");
+        let args = ["--allow-open-slices", "--slices-out", out.to_str().unwrap()];
+        let Some(s) = crate::test_support::perfetto_check::check(&path, &args) else {
+            return (stats, None);
+        };
+        let open = (s["open_kernel_slices"], s["open_device_slices"]);
+        let finished = capture
+            .launches
+            .iter()
+            .any(|l| l.part.is_some_and(|p| p.last));
+        let want = match finished {
+            true => (0, 0),
+            false => (1, 16),
+        };
+        assert_eq!(open, want, "{s:?}");
+        (stats, Some(std::fs::read_to_string(&out).unwrap()))
+    }
+
+    #[test]
+    fn a_launch_whose_last_part_never_came_is_left_open_on_its_gpu() {
+        let (stats, text) = convert(&hung(Some(Part {
+            index: 0,
+            last: false,
+        })));
+        assert_eq!(stats.kernels, 1);
+        if let Some(text) = text {
+            // Drawn on GPU 1, that of its record, from its warps' start.
+            assert!(text.contains("[\"GPU 1: H/watchdog\", \"watchdog snapshot 1 of pipeline\", 4000000100, 4000000100"), "{text}");
+            assert!(
+                text.contains("[\"GPU 1: H/kernels\", \"pipeline\", 1000000000, null"),
+                "{text}"
+            );
+            assert!(!text.contains("GPU 0"), "{text}");
+        }
+        // Its last part came: the instant only, nothing left open.
+        let (stats, text) = convert(&hung(Some(Part {
+            index: 0,
+            last: true,
+        })));
+        assert_eq!(stats.kernels, 1);
+        if let Some(text) = text {
+            assert!(text.contains("\"GPU 1: H/watchdog\""), "{text}");
+            assert!(!text.contains("null"), "{text}");
+        }
+        // No record at all: on the capture's first GPU.
+        let (stats, text) = convert(&hung(None));
+        assert_eq!(stats.kernels, 1);
+        if let Some(text) = text {
+            assert!(
+                text.contains("[\"GPU 0: H/kernels\", \"pipeline\", 1000000000, null"),
+                "{text}"
+            );
+            assert!(!text.contains("GPU 1"), "{text}");
+        }
+    }
 
     #[test]
     fn a_snapshot_maps_by_the_checkpoint_latest_when_taken() {
