@@ -115,33 +115,39 @@ pub(crate) fn write_perfetto(
     trace.finish().map(|(_, stats)| stats)
 }
 
-/// A Perfetto trace being written, a batch at a time: complete once
+/// A Perfetto trace of a capture being written, a batch at a time, with the
+/// watchdog's snapshots it keeps, as a live run draws them: complete once
 /// finished, absent if dropped before.
 struct Trace<'a> {
     out: &'a Path,
+    head: &'a Capture,
     writer: TraceWriter<AtomicFile>,
 }
 
 impl<'a> Trace<'a> {
     /// Begins the trace at `out` with `head`'s host spans: the launch spans
     /// start the flows the kernels end.
-    fn begin(head: &Capture, out: &'a Path) -> Result<Trace<'a>, Failure> {
+    fn begin(head: &'a Capture, out: &'a Path) -> Result<Trace<'a>, Failure> {
         let file = AtomicFile::create(out).map_err(|e| cannot_write(out, &e))?;
         let mut writer = TraceWriter::new(file).map_err(|e| cannot_write(out, &e))?;
         writer
             .write_host_spans(head.process_name(), &head.host_spans)
             .map_err(|e| cannot_write(out, &e))?;
-        Ok(Trace { out, writer })
+        Ok(Trace { out, head, writer })
     }
 
     fn add(&mut self, batch: &Batch) -> Result<(), Failure> {
         self.writer
-            .write_batch(batch)
+            .write_captured_batch(self.head, batch)
             .map_err(|e| cannot_write(self.out, &e))
     }
 
-    fn finish(self) -> Result<(&'a Path, WriteStats), Failure> {
+    /// Ends the trace with the launches still running at their latest snapshot.
+    fn finish(mut self) -> Result<(&'a Path, WriteStats), Failure> {
         let out = self.out;
+        self.writer
+            .write_captured_end(self.head)
+            .map_err(|e| cannot_write(out, &e))?;
         let (file, stats) = self.writer.finish().map_err(|e| cannot_write(out, &e))?;
         file.commit().map_err(|e| cannot_write(out, &e))?;
         Ok((out, stats))

@@ -24,7 +24,8 @@ packet defaults, incremental clocks. Then it checks:
   kernel slices only on kernel tracks, counters only on counter tracks;
 - payloads: a device slice has no argument, or one: its payload (an unsigned
   32-bit value) under the name its event type declares; all device slices of
-  one name agree (all carry the same argument, or none does);
+  one name agree (all carry the same argument, or none does; one that never
+  ends, --allow-open-slices, may carry none: its payload comes with its end);
 - flows: each flow has one origin (a host thread slice) and one end (a
   kernel slice), and the kernel starts after the launch span does;
 - one clock: a ClockSnapshot names BOOTTIME the trace clock, and every
@@ -483,7 +484,9 @@ class Checker:
                 if type(v) is not int or not 0 <= v < 1 << 32:
                     self.err(f"packet {e[1]}: device slice {name!r}: payload {an!r} = {v!r} "
                              "is not an unsigned 32-bit value")
-            self.payload_args[name].add(min(args) if args else None)
+            # A range that never ended has no payload yet (it comes with the end).
+            if args or end != OPEN:
+                self.payload_args[name].add(min(args) if args else None)
 
     def expect_payload(self, spec):
         """`EVENT=ARG`: every device slice named EVENT carries argument ARG;
@@ -692,6 +695,16 @@ def self_test():
             if typ == SLICE_BEGIN:
                 q.track_event.name_iid = 1
     broken(second_load_without_payload, "disagree on their payload")
+    # A load begun and never ended (a watchdog's snapshot) carries no payload yet (its
+    # kernel here ends: the only fault).
+    t = _good_trace()
+    q = pkt_like(t, 5)
+    q.timestamp = 10
+    q.track_event.type = SLICE_BEGIN
+    q.track_event.name_iid = 1
+    errors, s = _run(t, "--allow-open-slices")
+    assert len(errors) == 1 and "outside every kernel" in errors[0], errors
+    assert s["open_device_slices"] == 1, s
 
     def two_arguments(t):
         a = pk(t, lambda p: p.track_event.name == "mma").track_event.debug_annotations.add()

@@ -1,12 +1,14 @@
 //! `tracing-gpu report` on a capture that keeps a watchdog's snapshot (issue #32) with
 //! every warp's state (docs/capture.md, "Watchdog snapshots"): the text is told from
 //! the warps, and `--svg` draws the SMs against their current phases beside the
-//! timeline, with every count in its legend.
+//! timeline, with every count in its legend; `convert` draws it in the Perfetto trace as
+//! a live run does.
 #![cfg(feature = "cli")]
 
 use std::path::Path;
 use std::time::Duration;
 
+mod perfetto_check;
 mod support;
 use support::cli::{run_cli, Limits, Run};
 
@@ -168,4 +170,90 @@ fn a_malformed_snapshot_is_a_bad_capture() {
     );
     assert!(o.stderr.contains(&expected), "{}", o.stderr);
     assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+}
+
+/// Launch 1's snapshot, 4 µs in: of its 264 warps, the first in mma since 2 µs (after
+/// load, k-tile 3), the others not started yet. The launch then finished.
+const FINISHED: &str = "tgpu-watch 1
+launch 1 snapshot 0 grid 132 1 1 warps_per_block 2 now_ns 1001004000 running_ns 4000 warps 264
+kernel synthetic
+r 0 -4000 -3000 0:3 1@-2000
+- 263
+";
+
+#[test]
+fn convert_leaves_open_where_a_launch_that_never_finished_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("hung.tgpu");
+    let mut c = support::synthetic_capture(1, 2, 8);
+    c.registry.declare_payload(0, "k_tile").unwrap();
+    for (key, warps) in [("1.0", FINISHED), ("2.0", WARPS)] {
+        c.metadata
+            .push((format!("watchdog {key}"), "the text as logged".into()));
+        c.metadata
+            .push((format!("watchdog-warps {key}"), warps.into()));
+    }
+    c.write(&capture).unwrap();
+    let out = dir.path().join("hung.perfetto-trace");
+    let o = run(&[
+        "convert",
+        capture.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    // Launch 1, and launch 2 left open.
+    assert!(o.stderr.contains("(2 launches,"), "{}", o.stderr);
+    let slices = dir.path().join("hung.slices");
+    let args = [
+        "--allow-open-slices",
+        "--slices-out",
+        slices.to_str().unwrap(),
+    ];
+    let Some(s) = perfetto_check::check(&out, &args) else {
+        return;
+    };
+    // Launch 2's kernel, and the 7 warps in a range at its snapshot: 4 on SM 5 (a load,
+    // 3 mma), 3 on SM 7 (mma); none of launch 1, which finished.
+    assert_eq!(
+        (s["open_kernel_slices"], s["open_device_slices"]),
+        (1, 7),
+        "{s:?}"
+    );
+    let text = std::fs::read_to_string(&slices).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let open: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains(", null, "))
+        .collect();
+    let on = |sm: &str, name: &str| {
+        open.iter()
+            .filter(|l| l.contains(&format!("/SM {sm}/")) && l.contains(&format!("\"{name}\"")))
+            .count()
+    };
+    assert_eq!(
+        (on("5", "load"), on("5", "mma"), on("7", "mma")),
+        (1, 3, 3),
+        "{text}"
+    );
+    // The kernel slice of launch 2, from its launch 3.2 s before the snapshot (the
+    // capture's device and host clocks agree).
+    assert!(
+        open.iter()
+            .any(|l| l.contains("/kernels\", \"pipeline\", 1001800000000, null")),
+        "{text}"
+    );
+    // Both snapshots' instants, on the GPU's watchdog track, told from the warps.
+    for (name, at) in [
+        ("watchdog snapshot 1 of synthetic", 1_001_004_000u64),
+        ("watchdog snapshot 1 of pipeline", 1_005_000_000_000),
+    ] {
+        let instant = lines
+            .iter()
+            .find(|l| l.contains(&format!("/watchdog\", \"{name}\", {at}, {at}")))
+            .unwrap_or_else(|| panic!("no {name} at {at} in:\n{text}"));
+        assert!(instant.contains("in mma for"), "{instant}");
+        assert!(!instant.contains("as logged"), "{instant}");
+    }
 }

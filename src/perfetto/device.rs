@@ -318,12 +318,25 @@ impl DeviceEncoder {
         all
     }
 
-    /// Writes the ranges each warp of `w` had open, left open ([`WarpEncoder::open`]).
-    pub(crate) fn open_warps(&mut self, w: &Watched) {
+    /// Writes the ranges each warp of `w` had open, left open ([`WarpEncoder::open`]),
+    /// through a bounded buffer, as [`DeviceEncoder::batch`].
+    pub(crate) fn open_warps(
+        &mut self,
+        w: &Watched,
+        sink: &mut dyn FnMut(&[u8]) -> Result<u64, PerfettoError>,
+    ) -> Result<(), PerfettoError> {
         let DeviceEncoder {
-            ids, enc, warps, ..
+            ids,
+            enc,
+            warps,
+            stats,
+            ..
         } = self;
-        warps.open(ids, enc, w, Shard::ALL);
+        warps.open(ids, enc, w, Shard::ALL, &mut |enc| {
+            stats.bytes += sink(&enc.buf)?;
+            enc.clear();
+            Ok(())
+        })
     }
 
     fn kernel_slice(

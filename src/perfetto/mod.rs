@@ -44,7 +44,9 @@
 //!   `watchdog snapshot N of <kernel>` on the GPU's `watchdog` track, with its
 //!   text and counts. If the trace ends before the launch does, its kernel slice
 //!   and the ranges each warp had open at the latest snapshot are written as
-//!   slices that never end (`unfinished.rs`): where each warp was stuck.
+//!   slices that never end (`unfinished.rs`): where each warp was stuck. A
+//!   capture's snapshots are drawn the same way
+//!   ([`TraceWriter::write_captured_batch`], `captured.rs`).
 //! - Spans and events of target [`crate::batch::DEVICE_TARGET`] are ignored:
 //!   they repeat, for other layers, what this layer gets in bulk.
 //!
@@ -60,6 +62,7 @@
 //! layer's file or stream). Each step calls only the steps after it.
 
 mod builder;
+mod captured;
 mod device;
 mod error;
 mod fields;

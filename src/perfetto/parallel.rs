@@ -504,7 +504,8 @@ fn encode(
         let group = match job {
             Job::Batches(group) => group,
             Job::Open(watched) => {
-                warps.open(ids, &mut enc, &watched, shard);
+                // Kept whole (this sink never fails): it goes back as the next hand-back does.
+                let _ = warps.open(ids, &mut enc, &watched, shard, &mut |_| Ok(()));
                 groups += 1;
                 continue;
             }

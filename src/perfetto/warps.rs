@@ -287,8 +287,17 @@ impl WarpEncoder {
 
     /// Writes the ranges that each running warp of snapshot `w` (those `shard`
     /// owns) had open, outermost first, as slices begun at their since times
-    /// and never ended, on the warp's own tracks ([`emit_open`]).
-    pub(crate) fn open(&mut self, ids: &Ids, enc: &mut Enc, w: &Watched, shard: Shard) {
+    /// and never ended, on the warp's own tracks ([`emit_open`]); more than
+    /// [`FLUSH_AT`] bytes buffered after a warp go to `sink`, as in
+    /// [`WarpEncoder::batch`].
+    pub(crate) fn open(
+        &mut self,
+        ids: &Ids,
+        enc: &mut Enc,
+        w: &Watched,
+        shard: Shard,
+        sink: &mut dyn FnMut(&mut Enc) -> Result<(), PerfettoError>,
+    ) -> Result<(), PerfettoError> {
         let WarpEncoder {
             tracks,
             names,
@@ -320,7 +329,12 @@ impl WarpEncoder {
             let track = tracks.warp(ids, (w.device.ordinal, warp.sm), block, index, enc);
             *round += 1;
             emit_open(enc, ids, (short, *round), track, scratch, names);
+            // A snapshot of every warp of a large grid writes tens of MB.
+            if enc.len() > FLUSH_AT {
+                sink(enc)?;
+            }
         }
+        Ok(())
     }
 }
 

@@ -10,6 +10,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use super::captured::{self, Captured};
 use super::device::DeviceEncoder;
 use super::error::PerfettoError;
 use super::flows::FlowOrigins;
@@ -18,6 +19,7 @@ use super::stats::WriteStats;
 use super::tracks::Ids;
 use super::warps::FLUSH_AT;
 use crate::batch::{Batch, HostSpan};
+use crate::capture::Capture;
 use crate::deliver::watched::Watched;
 
 /// Writes device batches, and a capture's host spans
@@ -43,6 +45,8 @@ pub struct TraceWriter<W: Write> {
     /// zlib level when output goes out as `compressed_packets`.
     compress: Option<u32>,
     zbuf: Vec<u8>,
+    /// A capture's watchdog snapshots not written yet ([`TraceWriter::write_captured_batch`]).
+    captured: Option<Captured>,
 }
 
 impl<W: Write> TraceWriter<W> {
@@ -64,6 +68,7 @@ impl<W: Write> TraceWriter<W> {
             core: DeviceEncoder::new(ids, flows),
             compress: None,
             zbuf: Vec::new(),
+            captured: None,
         };
         w.drain(0)?;
         Ok(w)
@@ -85,11 +90,73 @@ impl<W: Write> TraceWriter<W> {
             core,
             compress,
             zbuf,
+            ..
         } = self;
         core.batch(batch, &mut |packets| {
             write_packets(out, *compress, zbuf, packets)
         })?;
         self.drain(FLUSH_AT)
+    }
+
+    /// Writes a batch of `capture` ([`crate::capture::CaptureReader::batches`]) as
+    /// [`TraceWriter::write_batch`] does, after the watchdog's snapshots that `capture`
+    /// keeps of its launch (issue #32) the first time the launch comes, drawn as a live
+    /// run draws them: each an instant on its GPU's `watchdog` track, the latest kept
+    /// until the launch's last part. Give every batch of one capture, then call
+    /// [`TraceWriter::write_captured_end`].
+    pub fn write_captured_batch(
+        &mut self,
+        capture: &Capture,
+        batch: &Batch,
+    ) -> Result<(), PerfettoError> {
+        let notes = self
+            .captured
+            .get_or_insert_with(|| Captured::new(capture))
+            .take(batch.launch.launch_id);
+        for note in notes {
+            let device = batch.device.clone();
+            let registry = batch.registry.clone();
+            if let Some(w) = captured::watched(capture, note, device, &batch.calibration, registry)
+            {
+                self.write_snapshot(w)?;
+            }
+        }
+        self.write_batch(batch)
+    }
+
+    /// After the last of `capture`'s batches ([`TraceWriter::write_captured_batch`]):
+    /// writes the snapshots of launches that left no record (they never finished; a
+    /// snapshot does not name its GPU: they go on the capture's first GPU with a
+    /// calibration, and without one they are not drawn), then, for each launch whose
+    /// last part never came, its kernel slice and the ranges its warps had open at its
+    /// latest snapshot, begun and never ended: where each warp was when the run ended.
+    pub fn write_captured_end(&mut self, capture: &Capture) -> Result<(), PerfettoError> {
+        let rest = self
+            .captured
+            .get_or_insert_with(|| Captured::new(capture))
+            .rest();
+        if let Some((device, calibration)) = (!rest.is_empty())
+            .then(|| captured::first_gpu(capture))
+            .flatten()
+        {
+            let registry = Arc::new(capture.registry.clone());
+            for note in rest {
+                let w = captured::watched(
+                    capture,
+                    note,
+                    device.clone(),
+                    &calibration,
+                    registry.clone(),
+                );
+                if let Some(w) = w {
+                    self.write_snapshot(w)?;
+                }
+            }
+        }
+        for w in self.write_unfinished()? {
+            self.write_open(&w)?;
+        }
+        Ok(())
     }
 
     /// Writes a capture's host spans on their threads' tracks, under a process
@@ -147,7 +214,16 @@ impl<W: Write> TraceWriter<W> {
 
     /// Writes the ranges each warp of `w` had open, left open.
     pub(crate) fn write_open(&mut self, w: &Watched) -> Result<(), PerfettoError> {
-        self.core.open_warps(w);
+        let TraceWriter {
+            out,
+            core,
+            compress,
+            zbuf,
+            ..
+        } = self;
+        core.open_warps(w, &mut |packets| {
+            write_packets(out, *compress, zbuf, packets)
+        })?;
         self.drain(FLUSH_AT)
     }
 
