@@ -857,6 +857,18 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
         block_dim: (warps * 32, 1, 1),
         shared_mem_bytes: 0,
     };
+    // What the sampled warps made, as the kernel counted it in `made`.
+    let expected = |made: &[u32], sampling: Sampling| {
+        let mut expected = Seen::new();
+        for block in [1, 4, 7] {
+            for warp in [0, 4, 7] {
+                let n = made[(block * warps + warp) as usize];
+                let payloads = (0..n).map(|k| block * 1000 + warp * 10 + k).collect();
+                expected.insert((block, warp), (payloads, 0, sampling));
+            }
+        }
+        expected
+    };
     // Warps 0, 4 and 7 (one per warpgroup, and the last) of blocks 1, 4 and 7.
     let sampling = Sampling::default()
         .warps(0b1001_0001)
@@ -896,15 +908,7 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
         let made = stream.clone_dtoh(&made).unwrap();
         profiler.flush().unwrap();
         let seen = std::mem::take(&mut *keep.0.lock().unwrap());
-        let mut expected = Seen::new();
-        for block in [1, 4, 7] {
-            for warp in [0, 4, 7] {
-                let n = made[(block * warps + warp) as usize];
-                let payloads = (0..n).map(|k| block * 1000 + warp * 10 + k).collect();
-                expected.insert((block, warp), (payloads, 0, sampling));
-            }
-        }
-        assert_eq!(seen, expected, "{name}");
+        assert_eq!(seen, expected(&made, sampling), "{name}");
     }
     let st = profiler.stats();
     assert_eq!(
@@ -953,15 +957,11 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
             profiler.flush().unwrap();
             let made = stream.clone_dtoh(&made).unwrap();
             let seen = std::mem::take(&mut *keep.0.lock().unwrap());
-            let mut expected = Seen::new();
-            for block in [1, 4, 7] {
-                for warp in [0, 4, 7] {
-                    let n = made[(block * warps + warp) as usize];
-                    let payloads = (0..n).map(|k| block * 1000 + warp * 10 + k).collect();
-                    expected.insert((block, warp), (payloads, 0, every));
-                }
-            }
-            assert_eq!(seen, expected, "graph node, v{format}, replay {replay}");
+            assert_eq!(
+                seen,
+                expected(&made, every),
+                "graph node, v{format}, replay {replay}"
+            );
         }
     }
     let st = profiler.stats();

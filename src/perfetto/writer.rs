@@ -85,6 +85,19 @@ impl<W: Write> TraceWriter<W> {
     /// Writes one batch: the warps' events on their GPU / SM / warp tracks,
     /// the kernel slice, the events-lost counter.
     pub fn write_batch(&mut self, batch: &Batch) -> Result<(), PerfettoError> {
+        self.encode(|core, sink| core.batch(batch, sink))
+    }
+
+    /// Runs `encode` with the device encoder and a sink that writes the
+    /// packets it hands over, then writes what it left buffered once that
+    /// passes [`FLUSH_AT`].
+    fn encode(
+        &mut self,
+        encode: impl FnOnce(
+            &mut DeviceEncoder,
+            &mut dyn FnMut(&[u8]) -> Result<u64, PerfettoError>,
+        ) -> Result<(), PerfettoError>,
+    ) -> Result<(), PerfettoError> {
         let TraceWriter {
             out,
             core,
@@ -92,7 +105,7 @@ impl<W: Write> TraceWriter<W> {
             zbuf,
             ..
         } = self;
-        core.batch(batch, &mut |packets| {
+        encode(core, &mut |packets| {
             write_packets(out, *compress, zbuf, packets)
         })?;
         self.drain(FLUSH_AT)
@@ -214,17 +227,7 @@ impl<W: Write> TraceWriter<W> {
 
     /// Writes the ranges each warp of `w` had open, left open.
     pub(crate) fn write_open(&mut self, w: &Watched) -> Result<(), PerfettoError> {
-        let TraceWriter {
-            out,
-            core,
-            compress,
-            zbuf,
-            ..
-        } = self;
-        core.open_warps(w, &mut |packets| {
-            write_packets(out, *compress, zbuf, packets)
-        })?;
-        self.drain(FLUSH_AT)
+        self.encode(|core, sink| core.open_warps(w, sink))
     }
 
     /// Appends packets encoded elsewhere (a host thread's chunk, an encoder
