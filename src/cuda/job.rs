@@ -61,6 +61,8 @@ pub(crate) enum Work {
         nodes: Arc<[Node]>,
         /// The graph's replays as the host and the device count them.
         count: Arc<ReplayCount>,
+        /// Ends when the collector has armed the region again (or drops the job).
+        in_flight: InFlight,
     },
     /// A streamed launch: its rings, in the streaming arena, are read while it
     /// runs and delivered in parts (`drain/`).
@@ -185,6 +187,9 @@ pub(crate) struct ReplayCount {
     /// before `cuGraphLaunch` (and lowered again if it fails), so that the
     /// device's count never exceeds it.
     launched: AtomicU64,
+    /// Replays the collector is done with: brought back and their region
+    /// armed again, or dropped ([`InFlight`]).
+    ended: AtomicU64,
     /// Where the counts first disagreed.
     out_of_step: OnceLock<OutOfStep>,
 }
@@ -215,6 +220,7 @@ impl ReplayCount {
         ReplayCount {
             counter,
             launched: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
             out_of_step: OnceLock::new(),
         }
     }
@@ -228,6 +234,16 @@ impl ReplayCount {
     /// has failed to).
     pub(crate) fn set_launched(&self, n: u64) {
         self.launched.store(n, Ordering::Release);
+    }
+
+    /// Replays launched that the collector is not yet done with. While they are
+    /// as many as the ring has regions, the next replay's region cannot be
+    /// armed: its prologue would find it in use and record nothing.
+    pub(crate) fn in_flight(&self) -> u64 {
+        // `ended` first: read after `launched`, a replay ending in between could
+        // make it the larger.
+        let ended = self.ended.load(Ordering::Acquire);
+        self.launched().saturating_sub(ended)
     }
 
     /// Where the counts disagreed, if they have.
@@ -264,6 +280,31 @@ impl ReplayCount {
     fn device(&self) -> u64 {
         let word = self.counter.memory.mirror(&self.counter.region);
         u64::from_le_bytes(word[..8].try_into().expect("the counter's 8 bytes"))
+    }
+}
+
+/// A replay the host has launched, until the collector has armed its region
+/// again ([`InFlight::end`]) or dropped its job: counted in
+/// [`ReplayCount::in_flight`] meanwhile.
+pub(crate) struct InFlight(Option<Arc<ReplayCount>>);
+
+impl InFlight {
+    /// A replay of `count`'s graph just launched.
+    pub(crate) fn new(count: &Arc<ReplayCount>) -> InFlight {
+        InFlight(Some(count.clone()))
+    }
+
+    /// The collector is done with the replay; later calls do nothing.
+    pub(crate) fn end(&mut self) {
+        if let Some(count) = self.0.take() {
+            count.ended.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 

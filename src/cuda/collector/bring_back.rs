@@ -20,7 +20,7 @@ impl Worker {
     pub(super) fn bring_back(&mut self, done: Vec<(Job, Result<(), ProfilerError>)>) {
         let complete_ns = HostClock::Boottime.now_ns();
         // Streamed launches were read in place: nothing to copy or zero on the device.
-        let (streams, done): (Vec<_>, Vec<_>) = done
+        let (streams, mut done): (Vec<_>, Vec<_>) = done
             .into_iter()
             .partition(|(j, _)| matches!(j.work, Work::Streamed { .. }));
         for (job, outcome) in streams {
@@ -83,6 +83,12 @@ impl Worker {
             false => self.backend.recycle(&recycle),
         };
         drop(recycle);
+        // Every replay's region is armed again or never will be: none is in flight now.
+        for (j, _) in &mut done {
+            if let Work::Replay { in_flight, .. } = &mut j.work {
+                in_flight.end();
+            }
+        }
         match recycled {
             Ok(()) => self.arena.free(arena),
             // Not known to be zero: those regions stay out of use (the arena

@@ -95,7 +95,7 @@ use crate::clock::{Calibration, HostClock};
 use crate::cuda::collector::Collector;
 use crate::cuda::device::{Arena, Events, Memory, Place, Region, Shape};
 use crate::cuda::error::ProfilerError;
-use crate::cuda::job::Work;
+use crate::cuda::job::{InFlight, Work};
 use crate::cuda::ledger::{Ledger, ProfilerStats};
 use crate::format::{self, BufferHeader, KernelArg};
 use graph::Graphs;
@@ -324,7 +324,12 @@ impl Profiler {
     /// subscriber, each with its own launch id (consecutive, in capture
     /// order), under the replay's span. A replay that finds its region still
     /// in use (more than [`ProfilerBuilder::graph_regions`] replays in flight)
-    /// runs unrecorded and its nodes are counted as skipped.
+    /// runs unrecorded and its nodes are counted as skipped. Where the host
+    /// knows it beforehand (every region in flight) and every profiled node is
+    /// a [`TracedKernel`](crate::cuda::TracedKernel)'s, the replay runs the
+    /// graph built without the recorder, as
+    /// [`Profiler::launch_graph_unrecorded`] does, in a span `gpu.graph` with
+    /// `gpu.recorded = false` (no replay number or launch id).
     ///
     /// Every replay of a profiled graph must go through here: the device
     /// numbers replays as they run, and the host numbers them here. The
@@ -351,6 +356,25 @@ impl Profiler {
             return Err(o.error(name));
         }
         let n = ready.nodes.len() as u64;
+        if let Some(unrecorded) = &graph.unrecorded {
+            if ready.count.in_flight() > ready.mask {
+                // Every region is still in flight, so this replay's prologue would find
+                // its region in use and record nothing: replay the graph without the
+                // recorder instead, which costs what the user's graph does.
+                let span = tracing::info_span!(
+                    "gpu.graph",
+                    gpu.graph = name,
+                    gpu.nodes = n as i64,
+                    gpu.device = self.device.ordinal as i64,
+                    gpu.recorded = false,
+                );
+                let _entered = span.enter();
+                // SAFETY: a live executable graph and stream of this context.
+                unsafe { sys::cuGraphLaunch(unrecorded.exec(), stream.cu_stream()).result()? };
+                self.shared.count_unrecorded_replay(n);
+                return Ok(());
+            }
+        }
         let first_id = reserve_launch_ids(n);
         let order = ready.order.lock();
         let replay = ready.count.launched();
@@ -395,6 +419,7 @@ impl Profiler {
             place,
             nodes: ready.nodes.clone(),
             count: ready.count.clone(),
+            in_flight: InFlight::new(&ready.count),
         };
         self.hand_over(stream, span, launch, work);
         Ok(())

@@ -5,12 +5,16 @@
 //! ([`Short::launch`], given a trace: every warp records three ranges, load, compute
 //! and store, and an instant; given a null trace, nothing) and with the gate off
 //! ([`Short::launch_off`]: [`crate::quickstart_off`], the kernel a user ships, the
-//! baseline of every overhead the storms print).
+//! baseline of every overhead the storms print). Both again as one
+//! [`TracedKernel`] ([`Short::launch_traced`]), which runs the build without the recorder
+//! when nothing is recorded, so that a profiled graph of it replays without the recorder
+//! when its regions are all in flight.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DriverError, LaunchConfig};
-use tracing_gpu::cuda::{Profiler, ProfilerError};
+use tracing_gpu::cuda::cudarc::driver::PushKernelArg;
+use tracing_gpu::cuda::{Profiler, ProfilerError, TracedKernel};
 use tracing_gpu::format::{self, KernelArg};
 
 use crate::device;
@@ -25,6 +29,7 @@ pub const EVENTS_PER_WARP: u32 = 4;
 pub struct Short {
     on: quickstart::Kernel,
     off: quickstart_off::Kernel,
+    traced: TracedKernel,
     cfg: LaunchConfig,
     n: u32,
     work: u32,
@@ -50,7 +55,18 @@ impl Short {
             Some(b) => b,
             None => device::sm_count(profiler.context())?,
         };
+        let traced = TracedKernel::load(
+            profiler.context(),
+            quickstart::SOURCE,
+            &defines
+                .iter()
+                .fold(quickstart_off::build(profiler.arch()), |b, d| {
+                    b.define(d.clone())
+                }),
+            "tiled_poly",
+        )?;
         Ok(Short {
+            traced,
             on: quickstart::Kernel::load_build(
                 profiler,
                 defines
@@ -110,6 +126,29 @@ impl Short {
                 trace,
             )
         }
+    }
+
+    /// Enqueues one launch of the [`TracedKernel`]: the recorder's build if `trace`
+    /// records (its base is not 0: a graph node's always is), else the gate-off build.
+    pub fn launch_traced(
+        &self,
+        stream: &CudaStream,
+        b: &mut Buffers,
+        trace: &KernelArg,
+    ) -> Result<(), DriverError> {
+        let (tiles, ptr_y) = (1u32, &mut b.y);
+        // SAFETY: as in `launch`; the arguments are the kernel's own, the trace appended.
+        unsafe {
+            self.traced
+                .launch_builder(stream, trace)
+                .arg(&b.x)
+                .arg(ptr_y)
+                .arg(&self.n)
+                .arg(&tiles)
+                .arg(&self.work)
+                .launch(self.cfg)?;
+        }
+        Ok(())
     }
 
     /// Enqueues one launch of the gate-off build (no recorder, no trace) on `stream`.

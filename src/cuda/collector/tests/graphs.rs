@@ -2,7 +2,7 @@
 //! the test, one batch per node, a full replay ring, a region a later replay
 //! took, and replays the host did not make (or made and the device did not run).
 use super::*;
-use crate::cuda::job::{OutOfStep, ReplayCount};
+use crate::cuda::job::{InFlight, OutOfStep, ReplayCount};
 
 /// A graph of `nodes` simulated kernels with its replay ring of `k` regions,
 /// and the prologue the device runs at each replay.
@@ -154,6 +154,7 @@ impl SimGraph {
                 },
                 nodes: self.nodes.clone(),
                 count: self.count.clone(),
+                in_flight: InFlight::new(&self.count),
             },
         });
         (taken, event)
@@ -176,10 +177,14 @@ fn graph_replays_make_one_batch_per_node_and_skip_when_the_ring_is_full() {
         }
     });
     assert_eq!(taken, 2);
+    // Three in flight, as many as the ring has regions or more: `launch_graph`
+    // would replay the graph without the recorder.
+    assert_eq!(g.count.in_flight(), 3);
     for e in held.drain(..) {
         r.gpu.fire(e);
     }
     r.collector.flush().unwrap();
+    assert_eq!(g.count.in_flight(), 0);
     // Brought back and armed again: the next replays record.
     tracing::dispatcher::with_default(&dispatch, || {
         for i in 3..9 {

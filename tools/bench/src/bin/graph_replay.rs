@@ -13,7 +13,9 @@
 //! kernel built without the recorder (the gate off: the graph a user ships); *null
 //! trace*, the kernel built with the recorder, every node given a null trace; and
 //! *profiled*, the recorder's build through `gpu_profile!` (which puts the prologue in
-//! front), adopted by `Profiler::graph`. Each is replayed `--replays` times, in blocks
+//! front; the kernel a `TracedKernel`, so that a replay launched while every replay
+//! region is in flight runs the graph built without the recorder), adopted by
+//! `Profiler::graph`. Each is replayed `--replays` times, in blocks
 //! of `--block` back-to-back replays, the three in turn (`CudaGraph::launch` for off
 //! and null trace, `Profiler::launch_graph` for profiled; the order rotated each round,
 //! after one warm-up block of each, not counted). Per variant: the replay call (p50,
@@ -27,7 +29,10 @@
 //! replays in flight beyond it are skipped. `--profiled N` profiles only the profiled
 //! graph's first N nodes (the others are launched as in the null-trace graph): with
 //! N = 1 the slowdown is what a replay pays once, its prologue node and one recorded
-//! node, apart from what every node pays.
+//! node, apart from what every node pays. Replays that find no free region run
+//! unrecorded, so by default the profiled row mixes recorded and skipped replays;
+//! `--drain --block B` with B ≤ `--regions` flushes after each profiled block (not
+//! timed) and records every replay.
 //!
 //! After `Profiler::flush`: replays must be the profiled replays made, launches
 //! replays × nodes, and launches = delivered + skipped + failed; the run fails
@@ -90,6 +95,11 @@ struct Args {
     /// `TGPU_FORMAT=1`); repeatable. The gate-off build stays the baseline.
     #[arg(long = "define", value_name = "NAME=VALUE")]
     defines: Vec<String>,
+    /// Flush the profiler after each profiled block (not timed), as `decode_step` does:
+    /// with `--block` at most `--regions`, every profiled replay is recorded, so the
+    /// profiled row is what a recorded replay costs, not a mix with skipped ones.
+    #[arg(long)]
+    drain: bool,
 }
 
 fn main() -> ExitCode {
@@ -162,7 +172,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         for i in 0..a.nodes {
             match i < wanted {
                 true => gpu_profile!(profiler, &stream, "tiled_poly", cfg, |trace| short
-                    .launch(&stream, &mut b, &trace))?,
+                    .launch_traced(&stream, &mut b, &trace))?,
                 false => short.launch(&stream, &mut b, &KernelArg::default())?,
             }
         }
@@ -211,6 +221,9 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         stream.synchronize()?;
         let wall = start.elapsed();
         let gpu_ms = timer.ms()?;
+        if a.drain && v == PROFILED {
+            profiler.flush()?;
+        }
         if i >= NAMES.len() {
             let side = &mut sides[v];
             side.calls.add(&calls);
