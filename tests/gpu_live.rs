@@ -273,6 +273,10 @@ extern "C" __global__ void mark(unsigned* which TGPU_TRACE_PARAM) {
 #endif
     rec.end<Mark>();
 }
+extern "C" __global__ void spin(unsigned long long ns) {
+    const unsigned long long t0 = tgpu::globaltimer();
+    while (tgpu::globaltimer() - t0 < ns) {}
+}
 "#;
     let profiler = tracing_gpu::cuda::Profiler::builder()
         .device(0)
@@ -354,12 +358,36 @@ extern "C" __global__ void mark(unsigned* which TGPU_TRACE_PARAM) {
     replay(false, 2);
     replay(true, 1);
 
+    // Behind a kernel that holds the stream for 300 ms, the first replays fill every
+    // replay region (4, the default) before any has run: `launch_graph` knows the next
+    // two cannot record and replays the production build, which runs last.
+    profiler.flush().unwrap();
+    let spin = profiler
+        .context()
+        .load_module(tracing_gpu::compile(SOURCE, &build).unwrap())
+        .unwrap()
+        .load_function("spin")
+        .unwrap();
+    // SAFETY: `spin` takes one u64.
+    unsafe {
+        stream
+            .launch_builder(&spin)
+            .arg(&300_000_000u64)
+            .launch(LaunchConfig::for_num_elems(1))
+            .unwrap()
+    };
+    for _ in 0..6 {
+        profiler.launch_graph(&graph, &stream, "marks").unwrap();
+    }
+    let got = stream.clone_dtoh(&which).unwrap();
+    assert!(got.iter().all(|&w| w == 2), "the last replay: {got:?}");
+
     profiler.flush().unwrap();
     let st = profiler.stats();
-    assert_eq!((st.replays, st.launches), (3, 4), "{st:?}");
-    assert_eq!((st.delivered, st.skipped, st.failed), (3, 1, 0), "{st:?}");
+    assert_eq!((st.replays, st.launches), (9, 10), "{st:?}");
+    assert_eq!((st.delivered, st.skipped, st.failed), (7, 3, 0), "{st:?}");
     // Two warps per block, one event each, in each recorded launch.
-    assert_eq!(st.events, 3 * (blocks * 2) as u64, "{st:?}");
+    assert_eq!(st.events, 7 * (blocks * 2) as u64, "{st:?}");
 }
 
 /// Per warp, in events: delivered + lost = produced, for v1 and v2, in fixed slots too
@@ -921,6 +949,10 @@ extern "C" __global__ void sampled(unsigned* made TGPU_TRACE_PARAM) {
     // A graph node captured with the sampler samples the same blocks and warps at
     // every replay (one in n applies to the capture: this node records).
     use tracing_gpu::cuda::cudarc::driver::sys;
+    // One stream: no slice needs cudarc's events, and with them the capture's launch
+    // would wait on `made`'s zeroing, recorded before the capture (an isolation error).
+    // SAFETY: every use of the slices below is on `stream`, in order.
+    unsafe { profiler.context().disable_event_tracking() };
     let every = sampling.launches(0);
     let sampler = Sampler::new(every);
     for format in [1, 2] {
