@@ -105,8 +105,11 @@ fn a_launch_past_its_deadline_shows_where_every_warp_is() {
     let (second, n, at2) = &got[1];
     assert_eq!(*n, 1);
     assert!(second.contains("(snapshot 2)"), "{second}");
-    let gap = at2.duration_since(*at);
-    assert!(gap >= Duration::from_millis(350), "{gap:?}");
+    // Due a period after the first was due, whenever the first came (on a loaded
+    // machine it may come late, and the gap between the two be shorter than a period).
+    let after2 = at2.duration_since(launched);
+    let due = dog.deadline + dog.every.unwrap() - Duration::from_millis(1);
+    assert!(after2 >= due, "{after2:?} {at:?}");
     // Done: no more.
     rig.gpu.fire(event);
     rig.collector.flush().unwrap();
