@@ -3,12 +3,14 @@
 //! status).
 
 use std::error::Error;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
+use tracing_gpu::cuda::KernelBuild;
 
 /// `--no-lineinfo`: the kernels compile without line info (`KernelBuild::lineinfo`).
 #[derive(Args, Debug, Clone, Copy)]
@@ -102,6 +104,60 @@ pub fn exit(name: &str, result: Result<bool, Box<dyn Error>>) -> ExitCode {
             eprintln!("{name}: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `--header FILE`: a variant of the recorder's header (`kernels/include/tracing_gpu.cuh`),
+/// read from a file, for the build with the recorder on. So one call on the GPU machine can
+/// run the shipped header beside a variant, with the same binary, instead of packing a
+/// binary per variant. The gate-off build keeps the embedded header.
+#[derive(Debug, Clone)]
+pub struct Header {
+    path: PathBuf,
+    text: String,
+}
+
+impl Header {
+    /// Reads `path`; `None` without one.
+    pub fn read(path: Option<&Path>) -> Result<Option<Header>, Box<dyn Error>> {
+        let Some(path) = path else { return Ok(None) };
+        // It is named in the JSON output, unescaped.
+        if path.to_string_lossy().contains(['"', '\\']) {
+            return Err(format!(
+                "--header {}: a path without quotes or backslashes",
+                path.display()
+            )
+            .into());
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--header {}: {e}", path.display()))?;
+        Ok(Some(Header {
+            path: path.to_owned(),
+            text,
+        }))
+    }
+
+    /// `source` and `build` with this header in place of the embedded one: the source's
+    /// `#include "tracing_gpu.cuh"` names the build's own copy (the embedded header's folder
+    /// comes first on the include path, so the name must differ).
+    pub fn apply(&self, source: &str, build: KernelBuild) -> (String, KernelBuild) {
+        const NAME: &str = "variant/tracing_gpu.cuh";
+        (
+            source.replace(
+                "#include \"tracing_gpu.cuh\"",
+                &format!("#include \"{NAME}\""),
+            ),
+            build.header(NAME, self.text.clone()),
+        )
+    }
+}
+
+/// How a binary names the recorder's build in its output: `TGPU_ENABLED=1`, the
+/// `--define`s added to it and the `--header`, if any.
+pub fn recorder_build_with(defines: &[String], header: Option<&Header>) -> String {
+    match header {
+        Some(h) => format!("{} header={}", recorder_build(defines), h.path.display()),
+        None => recorder_build(defines),
     }
 }
 

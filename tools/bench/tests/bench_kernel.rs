@@ -180,3 +180,38 @@ fn decode_step_kernels_compile_with_the_gate_off_and_on() {
         }
     }
 }
+
+/// `--header FILE` (`cli::Header`): the decode step's recorder build compiles the variant,
+/// not the embedded header. The variant here is the shipped header with a marker kernel
+/// appended, which the PTX then holds; a file that cannot be read is a clear error.
+#[test]
+fn a_header_variant_replaces_the_embedded_one() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("variant.cuh");
+    let marker = "extern \"C\" __global__ void tgpu_header_variant_marker() {}\n";
+    std::fs::write(
+        &path,
+        format!("{}{marker}", tracing_gpu::cuda::HEADER_SOURCE),
+    )
+    .unwrap();
+    let header = tracing_gpu_bench::cli::Header::read(Some(&path))
+        .unwrap()
+        .expect("a header");
+    let (src, build) = header.apply(
+        tracing_gpu_bench::kernels::DECODE_STEP,
+        KernelBuild::new("decode_step.cu", "sm_90"),
+    );
+    let with = nvrtc_tools::ptx(&src, build, &["TGPU_ENABLED=1"]);
+    assert!(with.contains("tgpu_header_variant_marker"));
+    let without = nvrtc_tools::ptx(
+        tracing_gpu_bench::kernels::DECODE_STEP,
+        KernelBuild::new("decode_step.cu", "sm_90"),
+        &["TGPU_ENABLED=1"],
+    );
+    assert!(!without.contains("tgpu_header_variant_marker"));
+    let missing = tracing_gpu_bench::cli::Header::read(Some(&dir.path().join("none.cuh")));
+    assert!(missing.unwrap_err().to_string().contains("none.cuh"));
+}

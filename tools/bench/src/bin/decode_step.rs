@@ -5,7 +5,7 @@
 //! cargo run --release -p tracing-gpu-bench --bin decode_step -- [--layers 16] [--batch 1] \
 //!     [--hidden 2048] [--heads H] [--kv-heads H] [--intermediate I] [--tokens 2048] \
 //!     [--replays 1000] [--block 50] [--every 10] [--capacity 8] [--regions 4] \
-//!     [--memory BYTES] [--no-check] [--json FILE]
+//!     [--memory BYTES] [--no-check] [--json FILE] [--define NAME=VALUE] [--header FILE]
 //! ```
 //!
 //! The step ([`tracing_gpu_bench::decode`], kernels `tools/bench/kernels/decode_step.cu`):
@@ -133,6 +133,10 @@ struct Args {
     /// `TGPU_FORMAT=1`); repeatable. The gate-off build stays the baseline.
     #[arg(long = "define", value_name = "NAME=VALUE")]
     defines: Vec<String>,
+    /// The recorder's build includes this file instead of the embedded
+    /// `tracing_gpu.cuh` (a variant of the header, beside the shipped one in one call).
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
 }
 
 impl Args {
@@ -378,12 +382,13 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let ctx = profiler.context().clone();
     let stream = ctx.new_stream()?;
     let card = profiler.device().name.clone();
-    let build = cli::recorder_build(&a.defines);
+    let header = cli::Header::read(a.header.as_deref())?;
+    let build = cli::recorder_build_with(&a.defines, header.as_ref());
     println!("decode_step on {card}; recorder build {build}");
     let mut json =
         format!(r#"{{"bench":"decode_step","card":"{card}","recorder_build":"{build}","#);
 
-    let builds = Builds::load(&profiler, &a.defines)?;
+    let builds = Builds::load(&profiler, &a.defines, header.as_ref())?;
     let (mut ok, mut direct) = (true, 0u64);
     if !a.no_check {
         (ok, direct) = check(&profiler, &builds, &stream, &mut json)?;

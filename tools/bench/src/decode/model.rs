@@ -13,6 +13,7 @@ use tracing_gpu::format::KernelArg;
 
 use super::shape::{Shape, CHUNK, GEMV_ROWS, GEMV_WARPS, HEAD_DIM};
 use super::Kind;
+use crate::cli::Header;
 use crate::kernels::DECODE_STEP;
 use crate::Result;
 
@@ -35,10 +36,14 @@ pub struct Builds {
 impl Builds {
     /// Compiles and loads both builds; `defines` (`NAME=VALUE`) are added to the one with
     /// the recorder.
-    pub fn load(profiler: &Profiler, defines: &[String]) -> Result<Arc<Builds>, ProfilerError> {
+    pub fn load(
+        profiler: &Profiler,
+        defines: &[String],
+        header: Option<&Header>,
+    ) -> Result<Arc<Builds>, ProfilerError> {
         let (off, on) = (
             Kernels::load(profiler, None)?,
-            Kernels::load(profiler, Some(defines))?,
+            Kernels::load(profiler, Some((defines, header)))?,
         );
         let traced = on
             .step
@@ -57,17 +62,24 @@ struct Kernels {
 }
 
 impl Kernels {
-    /// The build without the recorder (`None`), or with it and `defines`.
-    fn load(profiler: &Profiler, gate: Option<&[String]>) -> Result<Kernels, ProfilerError> {
+    /// The build without the recorder (`None`), or with it, `defines` and the header.
+    fn load(
+        profiler: &Profiler,
+        gate: Option<(&[String], Option<&Header>)>,
+    ) -> Result<Kernels, ProfilerError> {
         let mut build = KernelBuild::new("decode_step.cu", profiler.arch());
-        if let Some(defines) = gate {
+        let mut source = DECODE_STEP.to_owned();
+        if let Some((defines, header)) = gate {
             build = defines
                 .iter()
                 .fold(build.define("TGPU_ENABLED=1"), |b, d| b.define(d.clone()));
+            if let Some(h) = header {
+                (source, build) = h.apply(&source, build);
+            }
         }
         let module = profiler
             .context()
-            .load_module(cuda::compile(DECODE_STEP, &build)?)?;
+            .load_module(cuda::compile(&source, &build)?)?;
         Ok(Kernels {
             step: Kind::ALL
                 .iter()
