@@ -115,7 +115,7 @@ fn run(args: Args) -> Result<bool, String> {
             None
         }
     });
-    layer.replay(&head.host_spans, head.realtime_offset_ns(), batches);
+    layer.replay(head, batches);
     if let Some(e) = unread {
         return Err(e);
     }

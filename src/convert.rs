@@ -223,10 +223,7 @@ impl<'a> Export<'a> {
     /// Replays `head`'s host spans and `batches` as they come. The replay
     /// waits for room in the export queue while the collector answers.
     fn replay(&self, head: &Capture, batches: impl Iterator<Item = Arc<Batch>>) {
-        self.watched(|| {
-            self.layer
-                .replay(&head.host_spans, head.realtime_offset_ns(), batches)
-        });
+        self.watched(|| self.layer.replay(head, batches));
     }
 
     /// Runs `work` while a watcher gives up at the first failed export (the

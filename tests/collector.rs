@@ -255,3 +255,66 @@ fn the_collector_receives_what_docs_otlp_md_says() {
         "every kind of span checked"
     );
 }
+
+/// A capture that keeps a watchdog's snapshot of a launch that never finished (issue #32):
+/// exported, its launch span says so as the live layer does (`gpu.unfinished`, and the
+/// snapshot's text told from the warps as `gpu.watchdog`), and no other span does.
+#[test]
+fn a_launch_the_watchdog_saw_running_is_marked_unfinished() {
+    let Some(bin) = backends::binaries() else {
+        return;
+    };
+    let collector = Collector::start(&bin);
+    // Launch 1 finished; launch 2 (its launch span below) was still running at the snapshot.
+    let mut capture = support::synthetic_capture(1, 1, 3);
+    capture.host_spans.push(tracing_gpu::batch::HostSpan {
+        name: "launch".into(),
+        target: "collector_test".into(),
+        thread_name: "main".into(),
+        thread_id: 1,
+        start_ns: 1_003_000_000,
+        end_ns: 1_003_000_000,
+        parent: None,
+        launch_id: Some(2),
+        fields: vec![],
+    });
+    let warps = "tgpu-watch 1
+launch 2 snapshot 0 grid 1 1 1 warps_per_block 2 now_ns 1005000000 running_ns 2000000 warps 2
+kernel stuck
+r 3 -2000000 -1500000 1:7 0@-1500000
+r 3 -2000000 -1500000 1:7 0@-1500000
+";
+    capture
+        .metadata
+        .push(("watchdog 2.0".into(), "the text as logged".into()));
+    capture
+        .metadata
+        .push(("watchdog-warps 2.0".into(), warps.into()));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stuck.tgpu");
+    capture.write(&path).unwrap();
+    let err = convert(&collector, path.to_str().unwrap(), false, "kernel", "stuck");
+    let spans = collector.spans("stuck", exported(&err), Duration::from_secs(30));
+    let mut kinds = BTreeSet::new();
+    check_attributes(&spans, &mut kinds);
+    let marked: Vec<&Value> = spans
+        .iter()
+        .map(|(_, s)| s)
+        .filter(|s| !attribute(&s["attributes"], "gpu.unfinished").is_null())
+        .collect();
+    assert_eq!(marked.len(), 1, "{spans:?}");
+    let a = &marked[0]["attributes"];
+    assert_eq!(attribute(a, "gpu.unfinished")["boolValue"], true);
+    // Launch 2's span: this capture's spans carry no fields, so its start tells it.
+    let start = 1_003_000_000i128 + i128::from(capture.realtime_offset_ns());
+    assert_eq!(marked[0]["startTimeUnixNano"], start.to_string().as_str());
+    let text = attribute(a, "gpu.watchdog")["stringValue"]
+        .as_str()
+        .unwrap();
+    // Told from the warps, not the text the run logged.
+    assert_eq!(
+        text.trim_end(),
+        "launch 2 (stuck, grid 1x1x1, 2 warps per block) still running after 2 ms:\n  \
+         2 warps in load for 2 ms, after mma (payload 7)"
+    );
+}

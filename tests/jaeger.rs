@@ -296,11 +296,7 @@ fn the_layers_replay_reads_right_in_jaeger() {
             .detail(Detail::Phase)
             .build()
             .unwrap();
-        layer.replay(
-            &capture.host_spans,
-            capture.realtime_offset_ns(),
-            capture.batches().unwrap(),
-        );
+        layer.replay(&capture, capture.batches().unwrap());
         let stats = guard.finish().unwrap();
         assert_eq!(
             (

@@ -141,7 +141,7 @@ fn the_layer_counts_spans_a_collector_rejects() {
         .unwrap();
     let capture = Capture::read(CAPTURE).unwrap();
     let batches: Vec<Arc<Batch>> = capture.batches().unwrap().into_iter().take(1).collect();
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
+    layer.replay(&capture, batches);
     let stats = guard.finish().unwrap();
     assert_eq!(stats.spans_rejected, 2 * server.requests(), "{stats:?}");
     assert!(stats.spans_exported > 0, "{stats:?}");
@@ -236,7 +236,7 @@ fn layer(protocol: Protocol, endpoint: &str, max_queue: usize) -> (OtlpLayer, Ot
 fn replay_and_finish(protocol: Protocol, endpoint: &str) -> (OtlpStats, Duration) {
     let (capture, batches) = capture();
     let (layer, guard) = layer(protocol, endpoint, 2048);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
+    layer.replay(&capture, batches);
     let t = Instant::now();
     let finished = guard.finish();
     let took = t.elapsed();
@@ -276,7 +276,7 @@ fn flush_ends_within_its_bound_against_a_silent_collector() {
     let hole = BlackHole::start();
     let (capture, batches) = capture();
     let (layer, guard) = layer(Protocol::HttpProtobuf, &hole.endpoint(), 2048);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
+    layer.replay(&capture, batches);
     let t = Instant::now();
     let flushed = guard.flush();
     let took = t.elapsed();
@@ -301,7 +301,7 @@ fn give_up_at_bounds_a_replay_that_waits_for_room() {
     let give_up = Duration::from_secs(2);
     let t = Instant::now();
     guard.give_up_at(t + give_up);
-    layer.replay(&capture.host_spans, capture.realtime_offset_ns(), batches);
+    layer.replay(&capture, batches);
     let replayed = t.elapsed();
     let finished = guard.finish();
     let took = t.elapsed();

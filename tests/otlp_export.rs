@@ -883,7 +883,7 @@ fn replay_ships_recorded_host_spans_and_launches_with_their_times() {
         ..Capture::default()
     };
     let batch = test_batch();
-    layer.replay(&dump.host_spans, dump.realtime_offset_ns(), [batch.clone()]);
+    layer.replay(&dump, [batch.clone()]);
     guard.flush().unwrap();
     let spans = rx.wait_spans(2 + 1 + 6);
     assert_eq!(spans.len(), 9);
@@ -1055,7 +1055,7 @@ fn device_times_equal_the_perfetto_traces() {
 
     let rx = Receiver::start(Transport::Http);
     let (layer, guard) = layer(&rx, Detail::Warp);
-    layer.replay(&[], 0, [batch.clone()]);
+    layer.replay(&tracing_gpu::capture::Capture::default(), [batch.clone()]);
     guard.flush().unwrap();
     let events = batch.buffer.event_count() as usize;
     let spans = rx.wait_spans(1 + 4 + events);

@@ -1,5 +1,6 @@
 //! [`OtlpLayer::replay`]: a recorded run's host spans and batches, shipped with
-//! their recorded times, a batch at a time.
+//! their recorded times, a batch at a time; a launch the watchdog saw still
+//! running marked on its launch span, as live.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -18,6 +19,7 @@ use super::layer::{Inner, Job, OtlpLayer, Progress};
 use super::state::Patient;
 use super::streamed::PresetIds;
 use crate::batch::{Batch, HostSpan};
+use crate::capture::Capture;
 
 /// Batches a replay hands the conversion thread before it waits for one to
 /// be converted: one being converted and one ready, while the caller reads
@@ -31,10 +33,12 @@ impl OtlpLayer {
     /// Ships a recorded run (a capture file's: [`crate::capture::CaptureReader`]
     /// or [`crate::capture::Capture`]) with its recorded times, without a
     /// subscriber: each of `batches` under the host span that wraps its launch
-    /// (matched by launch id), and the host spans `spans` (BOOTTIME, moved to
-    /// wall time by `realtime_offset_ns`, `CLOCK_REALTIME − CLOCK_BOOTTIME` as
-    /// measured with the run's first calibration,
-    /// [`crate::capture::Capture::realtime_offset_ns`]).
+    /// (matched by launch id), and `head`'s host spans (BOOTTIME, moved to
+    /// wall time by [`Capture::realtime_offset_ns`], `CLOCK_REALTIME −
+    /// CLOCK_BOOTTIME` as measured with the run's first calibration). A launch
+    /// span whose launch the watchdog saw still running
+    /// ([`Capture::snapshots`]) gets `gpu.unfinished = true` and the latest
+    /// snapshot's text as `gpu.watchdog`, as the live layer marks it.
     ///
     /// `batches` is taken a batch at a time, as the caller reads them (a
     /// capture of any size: [`crate::capture::CaptureReader::batches`]); the
@@ -53,15 +57,22 @@ impl OtlpLayer {
     /// so the iterator always runs to its end. It returns once everything is
     /// handed over. Follow with [`OtlpGuard::flush`](crate::otlp::OtlpGuard::flush)
     /// and check [`OtlpGuard::stats`](crate::otlp::OtlpGuard::stats).
-    pub fn replay(
-        &self,
-        spans: &[HostSpan],
-        realtime_offset_ns: i64,
-        batches: impl IntoIterator<Item = Arc<Batch>>,
-    ) {
+    pub fn replay(&self, head: &Capture, batches: impl IntoIterator<Item = Arc<Batch>>) {
         let inner = &*self.inner;
         let _patient = Patient::new();
-        let mut host = HostReplay::new(inner, spans, realtime_offset_ns);
+        // The latest snapshot of each launch the watchdog saw running.
+        let mut unfinished: HashMap<u64, (u32, String)> = HashMap::new();
+        for (launch, n, text) in head.snapshots() {
+            if unfinished.get(&launch).is_none_or(|(m, _)| *m <= n) {
+                unfinished.insert(launch, (n, text.into_owned()));
+            }
+        }
+        let mut host = HostReplay::new(
+            inner,
+            &head.host_spans,
+            head.realtime_offset_ns(),
+            unfinished,
+        );
         let mut batches = batches.into_iter();
         // The next batch is read (decoded) only once what is in flight is small.
         while let Some(batch) = {
@@ -97,10 +108,17 @@ struct HostReplay<'a> {
     exported: Vec<bool>,
     /// Launch id → the index of the span that wraps it, until its last batch.
     launches: HashMap<u64, usize>,
+    /// Launch id → the latest snapshot of it (its number and text).
+    unfinished: HashMap<u64, (u32, String)>,
 }
 
 impl<'a> HostReplay<'a> {
-    fn new(inner: &'a Inner, spans: &'a [HostSpan], realtime_offset_ns: i64) -> HostReplay<'a> {
+    fn new(
+        inner: &'a Inner,
+        spans: &'a [HostSpan],
+        realtime_offset_ns: i64,
+        unfinished: HashMap<u64, (u32, String)>,
+    ) -> HostReplay<'a> {
         let random = RandomIdGenerator::default();
         let parent = |i: usize| spans[i].parent.map(|p| p as usize).filter(|&p| p < i);
         let mut ids: Vec<SpanContext> = Vec::with_capacity(spans.len());
@@ -148,6 +166,7 @@ impl<'a> HostReplay<'a> {
             exported: vec![false; spans.len()],
             pending,
             launches,
+            unfinished,
         };
         for i in 0..spans.len() {
             if replay.pending[i] == 0 {
@@ -207,6 +226,10 @@ impl<'a> HostReplay<'a> {
                 .iter()
                 .map(|(k, v)| KeyValue::new(k.clone(), typed(v))),
         );
+        if let Some((_, text)) = span.launch_id.and_then(|id| self.unfinished.get(&id)) {
+            attributes.push(KeyValue::new("gpu.unfinished", true));
+            attributes.push(KeyValue::new("gpu.watchdog", text.clone()));
+        }
         let ids = &self.ids[i];
         let builder = SpanBuilder::from_name(span.name.clone())
             .with_kind(SpanKind::Internal)
