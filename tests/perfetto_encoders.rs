@@ -199,16 +199,20 @@ impl std::io::Write for SlowFile {
 #[test]
 fn encoders_deflate_what_a_slow_output_cannot_take() {
     let dir = tempfile::tempdir().unwrap();
-    // Enough for some 20 pieces of output, each written in 50 ms or more: from
-    // the first on, the writer is behind however slow a loaded machine makes
-    // the encoders (how many pieces it deflates depends on them).
+    // Some 18 pieces of output (1 MiB each, `FLUSH_AT`), each written in 30 ms
+    // or more: the writer is behind from its second write on, when the encoders
+    // can be at most 8 pieces ahead (4 queued, one each filling, 2 written), so
+    // that they deflate some of the rest however fast they are. (With 400
+    // launches, 6 pieces, fast encoders had made them all before the writer was
+    // known to be behind: none deflated.)
     let h0 = HostClock::Boottime.now_ns();
-    let batches: Vec<_> = (0..400).map(|k| launch((k % 2) as u32, k, h0)).collect();
+    let count = 1200;
+    let batches: Vec<_> = (0..count).map(|k| launch((k % 2) as u32, k, h0)).collect();
     let events: u64 = batches.iter().map(|b| b.buffer.event_count()).sum();
     let path = dir.path().join("behind.perfetto-trace");
     let slow = SlowFile(
         std::fs::File::create(&path).unwrap(),
-        std::time::Duration::from_millis(50),
+        std::time::Duration::from_millis(30),
     );
     let (layer, guard) = PerfettoLayer::builder()
         .writer(slow)
@@ -228,7 +232,7 @@ fn encoders_deflate_what_a_slow_output_cannot_take() {
             "--expect-device-slices",
             &events.to_string(),
             "--expect-kernels",
-            "400",
+            &count.to_string(),
         ],
     ) else {
         return;
