@@ -136,13 +136,13 @@ impl Short {
         b: &mut Buffers,
         trace: &KernelArg,
     ) -> Result<(), DriverError> {
-        let (tiles, ptr_y) = (1u32, &mut b.y);
+        let tiles = 1u32;
         // SAFETY: as in `launch`; the arguments are the kernel's own, the trace appended.
         unsafe {
             self.traced
                 .launch_builder(stream, trace)
                 .arg(&b.x)
-                .arg(ptr_y)
+                .arg(&mut b.y)
                 .arg(&self.n)
                 .arg(&tiles)
                 .arg(&self.work)
