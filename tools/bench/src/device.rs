@@ -140,3 +140,52 @@ pub fn capture(
     made?;
     graph?.ok_or_else(|| ProfilerError::Invalid("the capture made no graph".into()))
 }
+
+/// A kernel that keeps the GPU busy for a while (one thread spinning on `%globaltimer`),
+/// enqueued ahead of a timed block and not timed itself, so that the host enqueues the
+/// block's launches while the GPU is still busy: the block's GPU time is then the work's
+/// alone, not the host's first calls (`--lead-us`).
+pub struct Lead {
+    spin: cudarc::driver::CudaFunction,
+    ns: u64,
+}
+
+/// [`Lead`]'s kernel, `tgpu_bench_lead`.
+pub const LEAD_SOURCE: &str = r#"
+extern "C" __global__ void tgpu_bench_lead(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+"#;
+
+impl Lead {
+    /// The lead kernel, `us` µs long, compiled for `ctx`'s GPU; `None` for 0.
+    pub fn new(ctx: &Arc<CudaContext>, us: u64) -> Result<Option<Lead>> {
+        if us == 0 {
+            return Ok(None);
+        }
+        let build = tracing_gpu::cuda::KernelBuild::new("lead.cu", arch(ctx)?);
+        let ptx = tracing_gpu::cuda::compile(LEAD_SOURCE, &build)?;
+        let spin = ctx.load_module(ptx)?.load_function("tgpu_bench_lead")?;
+        Ok(Some(Lead {
+            spin,
+            ns: us * 1000,
+        }))
+    }
+
+    /// Enqueues it on `stream`.
+    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
+        use cudarc::driver::PushKernelArg;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes one u64 by value and touches no memory.
+        unsafe { stream.launch_builder(&self.spin).arg(&self.ns).launch(cfg) }?;
+        Ok(())
+    }
+}

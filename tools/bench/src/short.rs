@@ -12,11 +12,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DriverError, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig};
 use tracing_gpu::cuda::cudarc::driver::PushKernelArg;
-use tracing_gpu::cuda::{Profiler, ProfilerError, TracedKernel};
+use tracing_gpu::cuda::{self, KernelBuild, Profiler, ProfilerError, TracedKernel};
 use tracing_gpu::format::{self, KernelArg};
 
+use crate::cli::Header;
 use crate::device;
 use crate::{quickstart, quickstart_off};
 
@@ -27,7 +28,8 @@ pub const EVENTS_PER_WARP: u32 = 4;
 
 /// The kernel's two builds, its launch shape and its work.
 pub struct Short {
-    on: quickstart::Kernel,
+    /// The build with the recorder on, for launches given a trace of their own.
+    on: CudaFunction,
     off: quickstart_off::Kernel,
     traced: TracedKernel,
     cfg: LaunchConfig,
@@ -44,37 +46,41 @@ pub struct Buffers {
 impl Short {
     /// Compiles and loads both builds of the kernel for the profiler's GPU: `blocks`
     /// blocks (default one per SM), `work` FMAs per thread; `defines` (`NAME=VALUE`, such
-    /// as `TGPU_FORMAT=1`) are added to the build with the recorder on.
+    /// as `TGPU_FORMAT=1`) are added to the build with the recorder on, which includes
+    /// `header` (`--header`), if any, in place of the embedded recorder header.
     pub fn load(
         profiler: &Profiler,
         work: u32,
         blocks: Option<u32>,
         defines: &[String],
+        header: Option<&Header>,
     ) -> Result<Short, ProfilerError> {
         let blocks = match blocks {
             Some(b) => b,
             None => device::sm_count(profiler.context())?,
         };
-        let traced = TracedKernel::load(
-            profiler.context(),
-            quickstart::SOURCE,
-            &defines
-                .iter()
-                .fold(quickstart_off::build(profiler.arch()), |b, d| {
-                    b.define(d.clone())
-                }),
-            "tiled_poly",
-        )?;
+        let ctx = profiler.context();
+        let on_build = defines
+            .iter()
+            .fold(quickstart::Kernel::build(profiler, true), |b, d| {
+                b.define(d.clone())
+            });
+        let (source, on_build) = match header {
+            Some(h) => h.apply(quickstart::SOURCE, on_build),
+            None => (quickstart::SOURCE.to_owned(), on_build),
+        };
+        let load = |source: &str, build: &KernelBuild| -> Result<CudaFunction, ProfilerError> {
+            let ptx = cuda::compile(source, build)?;
+            Ok(ctx.load_module(ptx)?.load_function("tiled_poly")?)
+        };
+        let on = load(&source, &on_build)?;
+        let traced = TracedKernel::new(
+            on.clone(),
+            load(quickstart::SOURCE, &quickstart_off::build(profiler.arch()))?,
+        );
         Ok(Short {
             traced,
-            on: quickstart::Kernel::load_build(
-                profiler,
-                defines
-                    .iter()
-                    .fold(quickstart::Kernel::build(profiler, true), |b, d| {
-                        b.define(d.clone())
-                    }),
-            )?,
+            on,
             off: quickstart_off::Kernel::load(profiler)?,
             cfg: LaunchConfig {
                 grid_dim: (blocks, 1, 1),
@@ -114,18 +120,23 @@ impl Short {
         b: &mut Buffers,
         trace: &KernelArg,
     ) -> Result<(), DriverError> {
+        let tiles = 1u32;
         // SAFETY: `buffers` made x and y of n elements; cfg gives each block 4 bytes of
         // shared memory per thread; the kernel was loaded in the profiler's context,
-        // whose streams these are.
+        // whose streams these are; the arguments are the kernel's (quickstart.cu), the
+        // trace last.
         unsafe {
-            self.on.launch(
-                stream,
-                self.cfg,
-                (&b.x, &mut b.y),
-                [self.n, 1, self.work],
-                trace,
-            )
+            stream
+                .launch_builder(&self.on)
+                .arg(&b.x)
+                .arg(&mut b.y)
+                .arg(&self.n)
+                .arg(&tiles)
+                .arg(&self.work)
+                .arg(trace)
+                .launch(self.cfg)?;
         }
+        Ok(())
     }
 
     /// Enqueues one launch of the [`TracedKernel`]: the recorder's build if `trace`

@@ -215,3 +215,19 @@ fn a_header_variant_replaces_the_embedded_one() {
     let missing = tracing_gpu_bench::cli::Header::read(Some(&dir.path().join("none.cuh")));
     assert!(missing.unwrap_err().to_string().contains("none.cuh"));
 }
+
+/// The lead kernel that `--lead-us` puts ahead of each timed block compiles, and spins on
+/// the timer it reads (a loop on `%globaltimer`, not a fixed count of iterations).
+#[test]
+fn the_lead_kernel_compiles() {
+    if !available() {
+        return;
+    }
+    let ptx = nvrtc_tools::ptx(
+        tracing_gpu_bench::device::LEAD_SOURCE,
+        KernelBuild::new("lead.cu", "sm_90"),
+        &[],
+    );
+    assert!(ptx.contains(".entry tgpu_bench_lead"), "{ptx}");
+    assert!(ptx.contains("%globaltimer"), "{ptx}");
+}

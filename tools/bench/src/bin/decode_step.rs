@@ -5,7 +5,8 @@
 //! cargo run --release -p tracing-gpu-bench --bin decode_step -- [--layers 16] [--batch 1] \
 //!     [--hidden 2048] [--heads H] [--kv-heads H] [--intermediate I] [--tokens 2048] \
 //!     [--replays 1000] [--block 50] [--every 10] [--capacity 8] [--regions 4] \
-//!     [--memory BYTES] [--no-check] [--json FILE] [--define NAME=VALUE] [--header FILE]
+//!     [--memory BYTES] [--no-check] [--json FILE] [--define NAME=VALUE] [--header FILE] \
+//!     [--lead-us US]
 //! ```
 //!
 //! The step ([`tracing_gpu_bench::decode`], kernels `tools/bench/kernels/decode_step.cu`):
@@ -20,7 +21,8 @@
 //! First, unless `--no-check`, a two-layer model of two sequences is run one step in each
 //! way the kernels launch (gate off, null trace, `gpu_profile!`) and compared with the
 //! host's computation of the same step: the run fails if any is off by more than 1 %
-//! (relative L2). Then each kernel of the step alone (gate off, median of 21, CUDA events).
+//! (relative L2). Then each kernel of the step alone, gate off and null trace: the median
+//! of 21 interleaved bursts of 20 back-to-back launches, per launch (CUDA events).
 //!
 //! Then the variants, `--replays` steps each, in blocks of `--block` back-to-back steps,
 //! all variants in turn (the order rotated each round, one warm-up block of each first),
@@ -67,7 +69,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tracing_gpu::cuda::cudarc::driver::CudaStream;
+use tracing_gpu::cuda::cudarc::driver::{CudaContext, CudaStream, DriverError};
 use tracing_gpu::cuda::{
     gpu_profile, Profiler, ProfilerError, ProfilerStats, DEFAULT_GRAPH_REGIONS,
     DEFAULT_MEMORY_LIMIT,
@@ -75,8 +77,8 @@ use tracing_gpu::cuda::{
 use tracing_gpu::format::KernelArg;
 use tracing_gpu_bench::cli;
 use tracing_gpu_bench::decode::{reference, Builds, Delivered, Node, Shape, Step, EVENTS};
-use tracing_gpu_bench::device::{capture, Timer};
-use tracing_gpu_bench::stats::{percent, quantile, Calls};
+use tracing_gpu_bench::device::{capture, Lead, Timer};
+use tracing_gpu_bench::stats::{median, percent, quantile, Calls};
 use tracing_gpu_bench::trace::PerfettoTrace;
 
 /// One decode step as a graph and as a storm, gate off against null trace against profiled.
@@ -137,6 +139,12 @@ struct Args {
     /// `tracing_gpu.cuh` (a variant of the header, beside the shipped one in one call).
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
+    /// Before each timed block, a kernel of this many µs, not timed, so that the host has
+    /// enqueued the block's launches before the GPU reaches them: the block's GPU time is
+    /// then the launches' work alone, not the host's first calls after the last block's
+    /// flush. 0: none.
+    #[arg(long, default_value_t = 0)]
+    lead_us: u64,
 }
 
 impl Args {
@@ -340,6 +348,46 @@ fn check(
 }
 
 /// A number for JSON: NaN and infinities are `null`.
+/// Launches per timed burst of one kernel alone.
+const ALONE_BURST: usize = 20;
+
+/// One kernel of the step timed alone: the first node of its name.
+struct Alone<'a> {
+    node: &'a Node,
+    /// µs per launch, gate off and null trace.
+    off_us: f64,
+    null_us: f64,
+    /// Nodes of this name per step.
+    count: usize,
+}
+
+/// µs per launch of `off` and of `null`: the medians of 21 bursts of [`ALONE_BURST`]
+/// back-to-back launches each, the two interleaved (so that drift in clocks or
+/// temperature falls on both alike), each burst between CUDA events and waited for.
+fn time_alone(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    mut off: impl FnMut() -> Result<(), DriverError>,
+    mut null: impl FnMut() -> Result<(), DriverError>,
+) -> Result<(f64, f64), DriverError> {
+    let timer = Timer::new(ctx)?;
+    let (mut off_ms, mut null_ms) = (Vec::with_capacity(21), Vec::with_capacity(21));
+    for _ in 0..21 {
+        for (f, ms) in [
+            (
+                &mut off as &mut dyn FnMut() -> Result<(), DriverError>,
+                &mut off_ms,
+            ),
+            (&mut null, &mut null_ms),
+        ] {
+            timer.around(stream, || (0..ALONE_BURST).try_for_each(|_| f()))?;
+            ms.push(timer.ms()?);
+        }
+    }
+    let per_launch = |ms: &mut Vec<f64>| 1e3 * median(ms) / ALONE_BURST as f64;
+    Ok((per_launch(&mut off_ms), per_launch(&mut null_ms)))
+}
+
 fn num(x: f64) -> String {
     match x.is_finite() {
         true => format!("{x:.4}"),
@@ -403,15 +451,26 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let nodes = step.nodes();
     let n = nodes.len();
 
-    // Each kernel alone: the first node of each name.
-    let mut alone: Vec<(&str, f64, usize, &Node)> = Vec::new();
+    // Each kernel alone: the first node of each name, gate off and null trace, so that a
+    // null-trace cost of the whole step can be traced to the kernels that carry it.
+    let mut alone: Vec<Alone> = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
-        if alone.iter().any(|(name, ..)| *name == node.name) {
+        if alone.iter().any(|k| k.node.name == node.name) {
             continue;
         }
-        let us = 1e3 * Timer::median_ms(&ctx, &stream, 21, || step.launch_off(&stream, i))?;
+        let (off_us, null_us) = time_alone(
+            &ctx,
+            &stream,
+            || step.launch_off(&stream, i),
+            || step.launch(&stream, i, &KernelArg::default()),
+        )?;
         let count = nodes.iter().filter(|m| m.name == node.name).count();
-        alone.push((node.name, us, count, node));
+        alone.push(Alone {
+            node,
+            off_us,
+            null_us,
+            count,
+        });
     }
 
     let off = capture(&stream, || {
@@ -456,11 +515,15 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     // Profiled graph replays and profiled launches made (the check's included).
     let (mut made_replays, mut made_launches) = (0u64, direct);
     let timers = Timer::many(&ctx, a.block)?;
+    let lead = Lead::new(&ctx, a.lead_us)?;
     for (b, &(k, count)) in blocks.iter().enumerate() {
         let variant = VARIANTS[k];
         let before = profiler.stats();
         let mut calls = Calls::default();
         let start = Instant::now();
+        if let Some(lead) = &lead {
+            lead.launch(&stream)?;
+        }
         for timer in &timers[..count] {
             timer.record_start(&stream)?;
             let t = Instant::now();
@@ -587,13 +650,19 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         a.capacity,
         a.regions
     );
-    println!("\n| kernel alone (gate off) | µs | per step | grid | threads | warps | events per launch |");
-    println!("|---|---:|---:|---|---:|---:|---:|");
+    println!(
+        "\n| kernel alone, {ALONE_BURST} back to back | off µs | null trace µs | null vs off | per step | grid | threads | warps | events per launch |"
+    );
+    println!("|---|---:|---:|---:|---:|---|---:|---:|---:|");
     let mut json_alone = Vec::new();
-    for (name, us, count, node) in &alone {
+    for k in &alone {
+        let (node, name, count) = (k.node, k.node.name, k.count);
         let g = node.cfg.grid_dim;
         println!(
-            "| {name} | {us:.2} | {count} | {}×{}×{} | {} | {} | {} |",
+            "| {name} | {:.2} | {:.2} | {:+.2} % | {count} | {}×{}×{} | {} | {} | {} |",
+            k.off_us,
+            k.null_us,
+            percent(k.off_us, k.null_us),
             g.0,
             g.1,
             g.2,
@@ -602,14 +671,19 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             node.events()
         );
         json_alone.push(format!(
-            r#""{name}":{{"us":{},"per_step":{count},"warps":{},"events":{}}}"#,
-            num(*us),
+            r#""{name}":{{"us":{},"null_trace_us":{},"per_step":{count},"warps":{},"events":{}}}"#,
+            num(k.off_us),
+            num(k.null_us),
             node.warps(),
             node.events()
         ));
     }
-    let sum_alone: f64 = alone.iter().map(|(_, us, c, _)| us * *c as f64).sum();
-    println!("sum of the kernels alone per step: {sum_alone:.1} µs");
+    let sum_alone: f64 = alone.iter().map(|k| k.off_us * k.count as f64).sum();
+    let sum_null: f64 = alone.iter().map(|k| k.null_us * k.count as f64).sum();
+    println!(
+        "sum of the kernels alone per step: {sum_alone:.1} µs off, {sum_null:.1} µs null trace ({:+.2} %)",
+        percent(sum_alone, sum_null)
+    );
 
     let gpu: Vec<Gpu> = sides.iter().map(Side::gpu).collect();
     let at = |w: Variant| VARIANTS.iter().position(|&x| x == w).expect("a variant");
@@ -706,7 +780,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     );
     write!(
         json,
-        r#""shape":{{"layers":{},"batch":{},"hidden":{},"heads":{},"kv_heads":{},"intermediate":{},"tokens":{},"head_dim":128}},"kernels_per_step":{n},"events_per_step":{},"replays":{},"block":{},"every":{},"capacity":{},"regions":{},"memory":{},"kernels_alone":{{{}}},"sum_of_kernels_alone_us":{},"variants":{{{}}},"stats":{{"launches":{},"launches_made":{launches_made},"replays":{},"delivered":{},"skipped":{},"failed":{},"events":{},"events_lost":{},"memory_bytes":{}}},"sink":{{"batches":{},"events":{},"wrong":{}}},"outputs":{{"identical":{identical},"relative_l2":{},"ok":{same_output}}},"perfetto_bytes":{},"counts_ok":{counts_ok},"ok":{ok}}}"#,
+        r#""shape":{{"layers":{},"batch":{},"hidden":{},"heads":{},"kv_heads":{},"intermediate":{},"tokens":{},"head_dim":128}},"kernels_per_step":{n},"events_per_step":{},"replays":{},"block":{},"every":{},"capacity":{},"regions":{},"memory":{},"kernels_alone":{{{}}},"sum_of_kernels_alone_us":{},"sum_of_kernels_alone_null_trace_us":{},"variants":{{{}}},"stats":{{"launches":{},"launches_made":{launches_made},"replays":{},"delivered":{},"skipped":{},"failed":{},"events":{},"events_lost":{},"memory_bytes":{}}},"sink":{{"batches":{},"events":{},"wrong":{}}},"outputs":{{"identical":{identical},"relative_l2":{},"ok":{same_output}}},"perfetto_bytes":{},"counts_ok":{counts_ok},"ok":{ok}}}"#,
         s.layers,
         s.batch,
         s.hidden,
@@ -723,6 +797,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         a.memory,
         json_alone.join(","),
         num(sum_alone),
+        num(sum_null),
         json_sides.join(","),
         stats.launches,
         stats.replays,

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! cargo run --release -p tracing-gpu-bench --bin graph_replay -- [--nodes 100] [--replays 1000] \
-//!     [--block 50] [--capacity 16] [--regions 4] [--memory BYTES] [--work 1024] [--profiled N]
+//!     [--block 50] [--capacity 16] [--regions 4] [--memory BYTES] [--work 1024] [--profiled N] \
+//!     [--drain] [--define NAME=VALUE] [--header FILE] [--lead-us US]
 //! ```
 //!
 //! Three graphs of `--nodes` launches of [`tracing_gpu_bench::short`]'s kernel are
@@ -43,6 +44,7 @@
 //! `null_trace_vs_off_pct`, `slowdown_vs_null_pct`, each `{"wall":…,"gpu":…}`).
 
 use std::error::Error;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -52,8 +54,8 @@ use tracing_gpu::cuda::{
     gpu_profile, Profiler, ProfilerError, DEFAULT_GRAPH_REGIONS, DEFAULT_MEMORY_LIMIT,
 };
 use tracing_gpu::format::KernelArg;
-use tracing_gpu_bench::cli::{self, recorder_build};
-use tracing_gpu_bench::device::{capture, Timer};
+use tracing_gpu_bench::cli;
+use tracing_gpu_bench::device::{capture, Lead, Timer};
 use tracing_gpu_bench::quickstart;
 use tracing_gpu_bench::short::Short;
 use tracing_gpu_bench::stats::{percent, Calls};
@@ -95,6 +97,16 @@ struct Args {
     /// `TGPU_FORMAT=1`); repeatable. The gate-off build stays the baseline.
     #[arg(long = "define", value_name = "NAME=VALUE")]
     defines: Vec<String>,
+    /// The build with the recorder on includes this file instead of the embedded
+    /// `tracing_gpu.cuh` (a variant of the header, beside the shipped one in one call).
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
+    /// Before each timed block, a kernel of this many µs, not timed, so that the host has
+    /// enqueued the block's launches before the GPU reaches them: the block's GPU time is
+    /// then the launches' work alone, not the host's first calls after the last block's
+    /// flush. 0: none.
+    #[arg(long, default_value_t = 0)]
+    lead_us: u64,
     /// Flush the profiler after each profiled block (not timed), as `decode_step` does:
     /// with `--block` at most `--regions`, every profiled replay is recorded, so the
     /// profiled row is what a recorded replay costs, not a mix with skipped ones.
@@ -144,7 +156,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .graph_regions(a.regions)
         .memory_limit(a.memory)
         .build()?;
-    let short = Short::load(&profiler, a.work, a.blocks, &a.defines)?;
+    let header = cli::Header::read(a.header.as_deref())?;
+    let short = Short::load(&profiler, a.work, a.blocks, &a.defines, header.as_ref())?;
     let ctx = profiler.context().clone();
     let stream = ctx.new_stream()?;
     let mut b = short.buffers(&stream)?;
@@ -203,9 +216,13 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .sum();
     let mut sides: [Side; 3] = Default::default();
     let timer = Timer::new(&ctx)?;
+    let lead = Lead::new(&ctx, a.lead_us)?;
     for (i, &(v, count)) in blocks.iter().enumerate() {
         let mut calls = Calls::default();
         let start = Instant::now();
+        if let Some(lead) = &lead {
+            lead.launch(&stream)?;
+        }
         timer.around(&stream, || {
             for _ in 0..count {
                 let t = Instant::now();
@@ -254,7 +271,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         a.block,
         a.capacity,
         a.regions,
-        recorder_build(&a.defines)
+        cli::recorder_build_with(&a.defines, header.as_ref())
     );
     println!("| replay | call p50 µs | call p99 µs | wall per replay µs | GPU per replay µs | wall per node µs | GPU per node µs |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
@@ -318,7 +335,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     };
     println!(
         r#"{{"bench":"graph_replay","recorder_build":"{}","nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"off":{},"null_trace":{},"profiled":{},"slowdown_vs_off_pct":{vs_off},"null_trace_vs_off_pct":{null_vs_off},"slowdown_vs_null_pct":{vs_null},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
-        recorder_build(&a.defines),
+        cli::recorder_build_with(&a.defines, header.as_ref()),
         a.nodes,
         a.replays,
         a.block,

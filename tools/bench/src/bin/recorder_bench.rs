@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo build --release -p tracing-gpu-bench --bin recorder_bench
 //! target/release/recorder_bench [--events N] [--repeats R] [--warmup W] [--json PATH] [--check-only]
+//!     [--header FILE]
 //! compute-sanitizer --tool memcheck --error-exitcode 1 target/release/recorder_bench --check-only
 //! ```
 //!
@@ -86,10 +87,12 @@ struct Gpu {
     arch: &'static str,
     sms: u32,
     name: String,
+    /// `--header`: the recorder's builds include it in place of the embedded header.
+    header: Option<cli::Header>,
 }
 
 impl Gpu {
-    fn new() -> Result<Gpu> {
+    fn new(header: Option<cli::Header>) -> Result<Gpu> {
         let ctx = device::open(0)?;
         // One stream and explicit synchronization: no per-launch tracking events between
         // the timing events.
@@ -100,17 +103,23 @@ impl Gpu {
             arch: device::arch(&ctx)?,
             sms: device::sm_count(&ctx)?,
             name: ctx.name()?,
+            header,
             ctx,
         })
     }
 
-    /// Compiles `source` with NVRTC and loads its entry point `entry`.
+    /// Compiles `source` with NVRTC and loads its entry point `entry`; a build with the
+    /// recorder on includes `--header`'s file, if any.
     fn load(&self, source: &str, entry: &str, defines: &[String]) -> Result<CudaFunction> {
         let mut build = KernelBuild::new(entry, self.arch).header("baselines.cuh", BASELINES);
         for d in defines {
             build = build.define(d.clone());
         }
-        let module = self.ctx.load_module(compile(source, &build)?)?;
+        let (source, build) = match &self.header {
+            Some(h) if defines.iter().any(|d| d == "TGPU_ENABLED=1") => h.apply(source, build),
+            _ => (source.to_owned(), build),
+        };
+        let module = self.ctx.load_module(compile(&source, &build)?)?;
         Ok(module.load_function(entry)?)
     }
 
@@ -477,6 +486,10 @@ struct Options {
     /// Run the checks only (the compute-sanitizer run).
     #[arg(long)]
     check_only: bool,
+    /// The recorder's builds (v1, v2) include this file instead of the embedded
+    /// `tracing_gpu.cuh` (a variant of the header, beside the shipped one in one call).
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
 }
 
 fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
@@ -1055,7 +1068,8 @@ fn main() -> ExitCode {
 }
 
 fn run(o: &Options) -> Result<()> {
-    let gpu = match Gpu::new() {
+    let header = cli::Header::read(o.header.as_deref())?;
+    let gpu = match Gpu::new(header) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("skipped: no GPU ({e})");
@@ -1063,6 +1077,9 @@ fn run(o: &Options) -> Result<()> {
         }
     };
     eprintln!("device: {}, {} SMs, {}", gpu.name, gpu.sms, gpu.arch);
+    if let Some(path) = &o.header {
+        eprintln!("recorder header: {}", path.display());
+    }
     // A failed check is reported and fails the run, after the bench has run too.
     let checks = check_overflow(&gpu)
         .and_then(|()| check_examples(&gpu, 1))

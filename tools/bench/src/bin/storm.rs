@@ -7,7 +7,7 @@
 //! cargo run --release -p tracing-gpu-bench --bin storm -- [--launches 100000] [--threads 1] \
 //!     [--stream legacy|own] [--capacity 16] [--memory BYTES] [--work 1024] [--block 1000] \
 //!     [--blocks N] [--settle] [--gap US] [--variants off,plain,floor,unsubscribed,profiled] \
-//!     [--bisect] [--pin] [--bring-back-ms 5]
+//!     [--bisect] [--pin] [--bring-back-ms 5] [--define NAME=VALUE] [--header FILE]
 //! ```
 //!
 //! The kernel is [`tracing_gpu_bench::short`]'s (one block of 128 threads per SM, or
@@ -99,6 +99,7 @@
 
 use std::error::Error;
 use std::hint::black_box;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -110,7 +111,7 @@ use tracing_gpu::clock::HostClock;
 use tracing_gpu::cuda::cudarc::driver::CudaStream;
 use tracing_gpu::cuda::{gpu_profile, Profiler, ProfilerError, DEFAULT_MEMORY_LIMIT};
 use tracing_gpu::format::KernelArg;
-use tracing_gpu_bench::cli::{self, recorder_build, StreamKind};
+use tracing_gpu_bench::cli::{self, StreamKind};
 use tracing_gpu_bench::device::Timer;
 use tracing_gpu_bench::fake_collector::{FakeCollector, Marks, Passes, Queries};
 use tracing_gpu_bench::floor::{Floor, Mark};
@@ -191,6 +192,10 @@ struct Args {
     /// `TGPU_FORMAT=1`); repeatable. The gate-off build stays the baseline.
     #[arg(long = "define", value_name = "NAME=VALUE")]
     defines: Vec<String>,
+    /// The build with the recorder on includes this file instead of the embedded
+    /// `tracing_gpu.cuh` (a variant of the header, beside the shipped one in one call).
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
 }
 
 /// What a block of launch calls does.
@@ -499,7 +504,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         .memory_limit(a.memory)
         .bring_back_every(Duration::from_secs_f64(a.bring_back_ms * 1e-3))
         .build()?;
-    let short = Short::load(&profiler, a.work, a.blocks, &a.defines)?;
+    let header = cli::Header::read(a.header.as_deref())?;
+    let short = Short::load(&profiler, a.work, a.blocks, &a.defines, header.as_ref())?;
     let ctx = profiler.context().clone();
     let streams = (0..threads)
         .map(|_| a.stream.open(&ctx))
@@ -653,7 +659,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         a.work,
         a.capacity,
         trace_bytes as f64 / 1e3,
-        recorder_build(&a.defines)
+        cli::recorder_build_with(&a.defines, header.as_ref())
     );
     println!(
         "host: a CLOCK_BOOTTIME read {:.1} ns, Instant::now {:.1} ns, clock source {}; {}",
