@@ -10,7 +10,7 @@
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
 //!                       [--drain-threads N] [--unfiltered] [--capacity R --memory-limit B]
 //!                       [--walkers N] [--perfetto-encoders N]
-//!                       [--perfetto-zlib LEVEL [--perfetto-when-behind]]
+//!                       [--perfetto-zlib LEVEL [--perfetto-when-behind]] [--header FILE]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -185,6 +185,11 @@ struct Options {
     /// collector thread. By default it filters at `INFO`, as the README's.
     #[arg(long)]
     unfiltered: bool,
+    /// The recorder's builds (every mode but `off`) include this file instead of the
+    /// embedded `tracing_gpu.cuh` (a variant of the header, beside the shipped one in one
+    /// call).
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
 }
 
 /// What the in-memory sink saw.
@@ -399,7 +404,11 @@ impl Kernel {
         if mode == "watch" {
             build = build.define("TGPU_WATCH=1");
         }
-        let module = ctx.load_module(compile(STREAM, &build)?)?;
+        let (source, build) = match cli::Header::read(o.header.as_deref())? {
+            Some(h) if mode != "off" => h.apply(STREAM, build),
+            _ => (STREAM.to_owned(), build),
+        };
+        let module = ctx.load_module(compile(&source, &build)?)?;
         let sms = device::sm_count(ctx)?;
         let cfg = LaunchConfig {
             grid_dim: (sms, 1, 1),
@@ -725,6 +734,9 @@ fn run(o: &Options) -> Result<bool> {
         return Err("--probe-at must be 0 to 3600 seconds".into());
     }
     println!("stream: {}", probe::env_line());
+    if let Some(path) = &o.header {
+        println!("stream: the recorder's builds include {}", path.display());
+    }
     let ctx = device::open(0)?;
     let iters = match o.iters {
         Some(i) => i,
