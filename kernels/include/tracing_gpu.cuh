@@ -1106,7 +1106,7 @@ class Recorder {
     // used: a graph node's base is the word its constructor loaded, and with the sum made
     // in parts, ptxas hoisted `base + BUFFER_HEADER_SIZE` to the kernel's start, where
     // every warp of every recorded node then waited for the load from L2 before its first
-    // call (+0.4 µs per node; recorder_sass.rs checks where the first wait is).
+    // call (recorder_sass.rs checks where the first wait is).
     unsigned long long offset = header_of(0ull, capacity, slot);
     asm volatile("" : "+l"(offset));
     header = base + offset;
