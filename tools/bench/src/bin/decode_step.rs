@@ -347,7 +347,6 @@ fn check(
     Ok((ok, step.nodes().len() as u64))
 }
 
-/// A number for JSON: NaN and infinities are `null`.
 /// Launches per timed burst of one kernel alone.
 const ALONE_BURST: usize = 20;
 
@@ -388,6 +387,7 @@ fn time_alone(
     Ok((per_launch(&mut off_ms), per_launch(&mut null_ms)))
 }
 
+/// A number for JSON: NaN and infinities are `null`.
 fn num(x: f64) -> String {
     match x.is_finite() {
         true => format!("{x:.4}"),
