@@ -71,7 +71,10 @@ impl OtlpLayer {
             inner,
             &head.host_spans,
             head.realtime_offset_ns(),
-            unfinished,
+            unfinished
+                .into_iter()
+                .map(|(launch, (_, text))| (launch, text))
+                .collect(),
         );
         let mut batches = batches.into_iter();
         // The next batch is read (decoded) only once what is in flight is small.
@@ -108,8 +111,8 @@ struct HostReplay<'a> {
     exported: Vec<bool>,
     /// Launch id → the index of the span that wraps it, until its last batch.
     launches: HashMap<u64, usize>,
-    /// Launch id → the latest snapshot of it (its number and text).
-    unfinished: HashMap<u64, (u32, String)>,
+    /// Launch id → the text of its latest snapshot.
+    unfinished: HashMap<u64, String>,
 }
 
 impl<'a> HostReplay<'a> {
@@ -117,7 +120,7 @@ impl<'a> HostReplay<'a> {
         inner: &'a Inner,
         spans: &'a [HostSpan],
         realtime_offset_ns: i64,
-        unfinished: HashMap<u64, (u32, String)>,
+        unfinished: HashMap<u64, String>,
     ) -> HostReplay<'a> {
         let random = RandomIdGenerator::default();
         let parent = |i: usize| spans[i].parent.map(|p| p as usize).filter(|&p| p < i);
@@ -226,7 +229,7 @@ impl<'a> HostReplay<'a> {
                 .iter()
                 .map(|(k, v)| KeyValue::new(k.clone(), typed(v))),
         );
-        if let Some((_, text)) = span.launch_id.and_then(|id| self.unfinished.get(&id)) {
+        if let Some(text) = span.launch_id.and_then(|id| self.unfinished.get(&id)) {
             attributes.push(KeyValue::new("gpu.unfinished", true));
             attributes.push(KeyValue::new("gpu.watchdog", text.clone()));
         }
