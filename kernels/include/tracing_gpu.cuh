@@ -966,7 +966,8 @@ class Recorder {
   Trace trace_;          // the argument, kept, slot_count the warp's slot (found at
                          // construction); the slot's address is made at each store (a graph
                          // node's, without the streaming code: the buffer's address in base,
-                         // TRACE_INDIRECT cleared); with TGPU_KEEP_SLOT=1, then kept here
+                         // TRACE_INDIRECT left in capacity, which slot_capacity() masks); with
+                         // TGPU_KEEP_SLOT=1, then kept here
                          // (see keep_slot)
   unsigned int lane_;    // this lane's rank among the warp's lanes (streaming: minus one, so
                          // ~0 in the first lane, which stages nothing); ~0 if it records nothing
@@ -1070,7 +1071,7 @@ class Recorder {
   // compiler, so that the slot's address computed from it stays in the store's code, and
   // not ahead of the kernel's loops, where it would hold registers across every event.
   __device__ __forceinline__ unsigned int slot_capacity() const {
-    unsigned int capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
+    unsigned int capacity = trace_.capacity & ~(TRACE_INDIRECT | (TGPU_STREAM ? TRACE_STREAM : 0u));
     asm volatile("" : "+r"(capacity));
     return capacity;
   }
@@ -1094,7 +1095,7 @@ class Recorder {
 #if TGPU_KEEP_SLOT
     keep_slot();
     header = trace_.base - 1ull;
-    capacity = trace_.capacity & ~(TGPU_STREAM ? TRACE_INDIRECT | TRACE_STREAM : 0u);
+    capacity = trace_.capacity & ~(TRACE_INDIRECT | (TGPU_STREAM ? TRACE_STREAM : 0u));
     slot = trace_.slot_count;
     return (static_cast<unsigned int>(trace_.base) & 1u) != 0;
 #else
@@ -1425,7 +1426,16 @@ class Recorder {
     unsigned int slot = trace.slot_count;  // past the last: none, unless sampled_slot says
     const bool records =
         trace.base != 0 && (TGPU_STREAM || !stream) && detail::any(detail::sampled_slot(trace, slot));
+    // The slot is the same in every lane: made uniform (a reduction, which ptxas knows the
+    // warp shares), it is held in a uniform register across the user's code, not in one of
+    // the kernel's own. Held in one, it was the register by which ptxas, keeping the decode
+    // step's attention at 32, issued its value loop's loads one at a time: +36 % with a
+    // null trace (docs/lab/performance-history.md, session 21).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    trace_.slot_count = __reduce_max_sync(active, slot);
+#else
     trace_.slot_count = slot;
+#endif
     // Streaming, the first lane stores the metas: the others stage, ranked from 0.
     const unsigned int first = TGPU_STREAM && stream ? 1u : 0u;
     group_ = records ? __popc(active) - first : 0u;
@@ -1453,8 +1463,10 @@ class Recorder {
     // every lane, and loaded under a condition the warp shares, ptxas may move it into
     // uniform registers right after the load, where the warp waits for it (on the H200
     // the 100-node graph of 8-block kernels replayed +7.4 % slower instead of +5.6 %).
+    // The flag stays in trace_.capacity, which slot_capacity() masks: changed here, the
+    // capacity was a value of the kernel's registers across the user's code, where the
+    // argument's is one ptxas can read again from the parameter bank (the same attention).
     if (trace.capacity & TRACE_INDIRECT) {
-      trace_.capacity &= ~TRACE_INDIRECT;
       const unsigned long long* word = reinterpret_cast<const unsigned long long*>(trace.base);
       trace_.base = 0ull;
       if (lane_ != 0xFFFFFFFFu) trace_.base = *word;

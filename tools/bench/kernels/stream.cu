@@ -7,7 +7,7 @@
 // FMAs, so `work` sets the event rate: an iteration is 2 * work dependent FMAs, about 4
 // cycles each, so work = 2500 should give about 10 µs per iteration on an H200 (1.98 GHz)
 // and iters = 1,000,000 about 10 s (measure it). every >= 1. out has gridDim.x *
-// blockDim.x floats.
+// blockDim.x floats and one more, 0, that the kernel reads and no thread writes.
 //
 //   producer, per iteration i:  begin<Load>, work, end<Load>, work,
 //                               and when i % every == 0: instant<Issue>(i)
@@ -48,6 +48,14 @@ __device__ __forceinline__ float chain(float x, float a, float b, int n) {
 extern "C" __global__ void __launch_bounds__(1024)
     stream_bench(float* out, float a, float b, unsigned iters, unsigned every, int work TGPU_TRACE_PARAM) {
   TGPU_RECORDER(rec, Load, Wait, Mma, Issue);
+  // The chain's operands plus a word no thread writes (0, the host's): values ptxas must
+  // keep in registers. Taken from the parameter bank, ptxas reloaded them at every pass of
+  // the chain's loop in the watch build (not in the others), which measured that choice of
+  // ptxas on this loop, +35 %, rather than the recorder (lab history, session 21).
+  float zero;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(zero) : "l"(out + gridDim.x * blockDim.x));
+  a += zero;
+  b += zero;
   float x = static_cast<float>(threadIdx.x) * 1e-3f;
   if (threadIdx.x / 32 == 0) {
     for (unsigned i = 0; i < iters; ++i) {

@@ -31,7 +31,17 @@ struct Instr {
 /// by a line `/* 0xhi */`; on sm_70 and later the stall count is bits 41..45 of `hi`, the
 /// write scoreboard bits 46..48 and the wait mask bits 52..57.
 fn disassemble(cuobjdump: &Path, cubin: &Path) -> Vec<Instr> {
-    let out = run(Command::new(cuobjdump).arg("-sass").arg(cubin));
+    parse_sass(&run(Command::new(cuobjdump).arg("-sass").arg(cubin)))
+}
+
+/// One function of the cubin (`cuobjdump -sass -fun NAME`).
+fn disassemble_function(cuobjdump: &Path, cubin: &Path, name: &str) -> Vec<Instr> {
+    parse_sass(&run(Command::new(cuobjdump)
+        .args(["-sass", "-fun", name])
+        .arg(cubin)))
+}
+
+fn parse_sass(out: &str) -> Vec<Instr> {
     let lines: Vec<&str> = out.lines().collect();
     let mut instrs = Vec::new();
     for (i, line) in lines.iter().enumerate() {
@@ -394,9 +404,9 @@ fn recorder_sass_per_warp_fixed_cost() {
 /// wrote) in its constructor and first needs it at its first store. Where the warp waits
 /// for that load is where it pays L2's latency: ptxas had hoisted an addition to the
 /// address to the kernel's start, so that every warp of every recorded node waited for
-/// the load there, before the user's first call (a recorded node of `graph_replay` costs
-/// 0.4-0.6 µs more than a null-trace one on an H100; how much of it this was is not yet
-/// measured). Nothing from the load up to the first stamp may wait for it.
+/// the load there, before the user's first call (on an H100 a recorded node of
+/// `graph_replay` cost 0.45 / 0.67 µs more than a null-trace one with that wait, 0.29 / 0.48 µs
+/// without, at 8 / 132 blocks). Nothing from the load up to the first stamp may wait for it.
 /// The kernel: the quickstart's `tiled_poly` (a loop and several call sites, as in the
 /// graph benchmark).
 #[test]
@@ -438,4 +448,138 @@ fn a_graph_nodes_buffer_address_is_not_waited_for_before_the_first_call() {
         load.addr,
         load.text
     );
+}
+
+/// The streamed benchmark's own loop (`tools/bench/kernels/stream.cu`: chains of dependent
+/// FMAs between the calls) is the same code in every build: the recorder's calls around
+/// it may not change it. Its operands were kernel parameters once, and in the watch build
+/// ptxas reloaded them from the parameter bank at every pass of the chain, a wait the
+/// other builds did not have: `stream` measured watch mode +35 % where the recorder cost
+/// under 1 % (lab history, session 21). Each chain loop (a backward branch over FMAs)
+/// must hold what the gate off's holds, and no load.
+#[test]
+fn the_streamed_benchmarks_own_loops_are_the_same_in_every_build() {
+    let Some((nvcc_path, cuobjdump)) = tools() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = source("kernels/stream.cu");
+    let loops = |defines: &[&str]| -> Vec<(usize, Vec<String>)> {
+        let mut args = vec!["-arch=sm_90", "-cubin"];
+        let defines: Vec<String> = defines.iter().map(|d| format!("-D{d}")).collect();
+        args.extend(defines.iter().map(String::as_str));
+        let cubin = nvcc(
+            &nvcc_path,
+            dir.path(),
+            "stream",
+            &src,
+            &args,
+            "stream.cubin",
+        );
+        let instrs = disassemble(&cuobjdump, &cubin);
+        let mut loops = Vec::new();
+        for (end, ins) in instrs.iter().enumerate() {
+            let Some(target) = branch_target(ins).filter(|&t| t < ins.addr) else {
+                continue;
+            };
+            let start = instrs.iter().position(|x| x.addr == target).unwrap();
+            let body = &instrs[start..=end];
+            // The chains: small loops of FMAs (the recorder's own loops hold none).
+            if fmas(body) > 0 && body.len() < 32 {
+                let loads = body
+                    .iter()
+                    .filter(|i| i.text.contains("LD"))
+                    .map(|i| i.text.clone())
+                    .collect();
+                loops.push((fmas(body), loads));
+            }
+        }
+        loops
+    };
+    let off = loops(&[]);
+    assert!(!off.is_empty(), "no chain loop in the gate-off build");
+    for (fmas, loads) in &off {
+        assert!(
+            loads.is_empty(),
+            "the gate off's chain of {fmas} FMAs loads: {loads:?}"
+        );
+    }
+    for defines in [
+        &["TGPU_ENABLED=1"][..],
+        &["TGPU_ENABLED=1", "TGPU_STREAM=1"],
+        &["TGPU_ENABLED=1", "TGPU_STREAM=1", "TGPU_WATCH=1"],
+    ] {
+        let on = loops(defines);
+        println!("stream.cu {defines:?}: chain loops (FMAs, loads) {on:?}");
+        assert_eq!(
+            on, off,
+            "{defines:?}: the chain loops differ from the gate off's"
+        );
+    }
+}
+
+/// The decode step's `attention` keeps the gate off's loads in flight in its loops, in the
+/// SASS the GPU machine runs (NVRTC 13.0 and its ptxas, through
+/// `tools/bench/scripts/device-sass.sh`; the wheels' 13.5 make other SASS and did not show
+/// it). ptxas holds the kernel at 32 registers; the warp's slot kept in one of them made
+/// ptxas wait for each load of the value loop before the next: +36 % with a null trace on
+/// an H100 (lab history, session 21). Per loop, the instructions that wait for one of the
+/// loop's own loads: as many as the gate off's, not more.
+#[test]
+fn attention_keeps_the_gate_offs_loads_in_flight_in_the_devices_sass() {
+    let Some((_, cuobjdump)) = tools() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/device-sass.sh");
+    let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/decode_step.cu");
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/include");
+    let waits = |name: &str, defines: &[&str]| -> Vec<usize> {
+        let out = dir.path().join(name);
+        run(Command::new("bash")
+            .arg(&script)
+            .arg(&out)
+            .arg(&kernel)
+            .arg(&include)
+            .args(defines));
+        let instrs = disassemble_function(&cuobjdump, &out.with_extension("cubin"), "attention");
+        let mut per_loop = Vec::new();
+        for (end, ins) in instrs.iter().enumerate() {
+            let Some(target) = branch_target(ins).filter(|&t| t < ins.addr) else {
+                continue;
+            };
+            let start = instrs.iter().position(|x| x.addr == target).unwrap();
+            // In order: the scoreboards of the loop's loads still in flight; an
+            // instruction waiting for one of them waits for them all to that point.
+            let (mut in_flight, mut count) = (0u32, 0);
+            for i in &instrs[start..=end] {
+                if i.wait & in_flight != 0 {
+                    count += 1;
+                    in_flight = 0;
+                }
+                if i.text.contains("LDG") && i.write_barrier < 6 {
+                    in_flight |= 1 << i.write_barrier;
+                }
+            }
+            if count > 0 {
+                per_loop.push(count);
+            }
+        }
+        per_loop
+    };
+    let off = waits("off", &[]);
+    let on = waits("on", &["-DTGPU_ENABLED=1"]);
+    println!("attention, waits for the loops' loads per loop: gate off {off:?}, recorder {on:?}");
+    assert!(!off.is_empty(), "no loop of attention loads");
+    assert_eq!(
+        on.len(),
+        off.len(),
+        "the loops differ: off {off:?}, on {on:?}"
+    );
+    for (n, (on, off)) in on.iter().zip(&off).enumerate() {
+        assert!(
+            on <= off,
+            "loop {n}: {on} waits for its loads against the gate off's {off}"
+        );
+    }
 }

@@ -415,7 +415,8 @@ impl Kernel {
             block_dim: (32 * o.warps, 1, 1),
             shared_mem_bytes: 0,
         };
-        let out = stream.alloc_zeros::<f32>((sms * 32 * o.warps) as usize)?;
+        // One float per thread, and the zero word stream.cu reads after them.
+        let out = stream.alloc_zeros::<f32>((sms * 32 * o.warps) as usize + 1)?;
         Ok(Kernel {
             f: module.load_function("stream_bench")?,
             cfg,
