@@ -408,7 +408,8 @@ fn recorder_sass_per_warp_fixed_cost() {
 /// `graph_replay` cost 0.45 / 0.67 µs more than a null-trace one with that wait, 0.29 / 0.48 µs
 /// without, at 8 / 132 blocks). Nothing from the load up to the first stamp may wait for it.
 /// The kernel: the quickstart's `tiled_poly` (a loop and several call sites, as in the
-/// graph benchmark).
+/// graph benchmark), assembled by the wheels' nvcc and as the device assembles it
+/// (`device_sass`).
 #[test]
 fn a_graph_nodes_buffer_address_is_not_waited_for_before_the_first_call() {
     let Some((nvcc_path, cuobjdump)) = tools() else {
@@ -424,30 +425,50 @@ fn a_graph_nodes_buffer_address_is_not_waited_for_before_the_first_call() {
         &["-arch=sm_90", "-cubin", "-DTGPU_ENABLED=1"],
         "quickstart.cubin",
     );
-    let instrs = disassemble(&cuobjdump, &cubin);
-    // The constructor's load: the kernel's first 64-bit global load (its own are 32-bit).
-    let at = instrs
-        .iter()
-        .position(|i| i.text.contains("LDG.E.64 "))
-        .expect("the constructor's load of the graph word");
-    let load = &instrs[at];
-    assert!(load.write_barrier < 6, "{}: no scoreboard", load.text);
-    let first_stamp = instrs[at..]
-        .iter()
-        .position(|i| i.text.contains("SR_GLOBALTIMERLO"))
-        .expect("a stamp after the constructor")
-        + at;
-    let waits: Vec<String> = instrs[at + 1..=first_stamp]
-        .iter()
-        .filter(|i| i.wait & (1 << load.write_barrier) != 0)
-        .map(|i| format!("{:#06x} {}", i.addr, i.text))
-        .collect();
-    assert!(
-        waits.is_empty(),
-        "waiting for the graph word ({:#06x} {}) before the first call: {waits:?}",
-        load.addr,
-        load.text
-    );
+    let quickstart =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/examples/quickstart.cu");
+    let device = device_sass(dir.path(), "device", &quickstart, &["-DTGPU_ENABLED=1"]);
+    for (toolchain, cubin) in [("nvcc", cubin), ("device", device)] {
+        let instrs = disassemble(&cuobjdump, &cubin);
+        // The constructor's load: the kernel's first 64-bit global load (its own are 32-bit).
+        let at = instrs
+            .iter()
+            .position(|i| i.text.contains("LDG.E.64 "))
+            .expect("the constructor's load of the graph word");
+        let load = &instrs[at];
+        assert!(load.write_barrier < 6, "{}: no scoreboard", load.text);
+        let first_stamp = instrs[at..]
+            .iter()
+            .position(|i| i.text.contains("SR_GLOBALTIMERLO"))
+            .expect("a stamp after the constructor")
+            + at;
+        let waits: Vec<String> = instrs[at + 1..=first_stamp]
+            .iter()
+            .filter(|i| i.wait & (1 << load.write_barrier) != 0)
+            .map(|i| format!("{:#06x} {}", i.addr, i.text))
+            .collect();
+        assert!(
+            waits.is_empty(),
+            "{toolchain}: waiting for the graph word ({:#06x} {}) before the first call: {waits:?}",
+            load.addr,
+            load.text
+        );
+    }
+}
+
+/// The cubin the GPU machine would run for `kernel` (`tools/bench/scripts/device-sass.sh`:
+/// NVRTC 13.0 and its ptxas, which give the device's SASS where the wheels' 13.5 do not),
+/// written as `dir/name.cubin`.
+fn device_sass(dir: &Path, name: &str, kernel: &Path, defines: &[&str]) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = dir.join(name);
+    run(Command::new("bash")
+        .arg(manifest.join("scripts/device-sass.sh"))
+        .arg(&out)
+        .arg(kernel)
+        .arg(manifest.join("../../kernels/include"))
+        .args(defines));
+    out.with_extension("cubin")
 }
 
 /// The streamed benchmark's own loop (`tools/bench/kernels/stream.cu`: chains of dependent
@@ -531,18 +552,10 @@ fn attention_keeps_the_gate_offs_loads_in_flight_in_the_devices_sass() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/device-sass.sh");
     let kernel = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/decode_step.cu");
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/include");
     let waits = |name: &str, defines: &[&str]| -> Vec<usize> {
-        let out = dir.path().join(name);
-        run(Command::new("bash")
-            .arg(&script)
-            .arg(&out)
-            .arg(&kernel)
-            .arg(&include)
-            .args(defines));
-        let instrs = disassemble_function(&cuobjdump, &out.with_extension("cubin"), "attention");
+        let cubin = device_sass(dir.path(), name, &kernel, defines);
+        let instrs = disassemble_function(&cuobjdump, &cubin, "attention");
         let mut per_loop = Vec::new();
         for (end, ins) in instrs.iter().enumerate() {
             let Some(target) = branch_target(ins).filter(|&t| t < ins.addr) else {
