@@ -1067,11 +1067,14 @@ class Recorder {
     return trace_.base;
   }
 
+  // The flags in the argument's capacity that a build reads (the constructor leaves them).
+  enum : unsigned int { CAPACITY_FLAGS = TRACE_INDIRECT | (TGPU_STREAM ? TRACE_STREAM : 0u) };
+
   // The slot's capacity in records: the argument's, without its flags. Opaque to the
   // compiler, so that the slot's address computed from it stays in the store's code, and
   // not ahead of the kernel's loops, where it would hold registers across every event.
   __device__ __forceinline__ unsigned int slot_capacity() const {
-    unsigned int capacity = trace_.capacity & ~(TRACE_INDIRECT | (TGPU_STREAM ? TRACE_STREAM : 0u));
+    unsigned int capacity = trace_.capacity & ~CAPACITY_FLAGS;
     asm volatile("" : "+r"(capacity));
     return capacity;
   }
@@ -1095,7 +1098,7 @@ class Recorder {
 #if TGPU_KEEP_SLOT
     keep_slot();
     header = trace_.base - 1ull;
-    capacity = trace_.capacity & ~(TRACE_INDIRECT | (TGPU_STREAM ? TRACE_STREAM : 0u));
+    capacity = trace_.capacity & ~CAPACITY_FLAGS;
     slot = trace_.slot_count;
     return (static_cast<unsigned int>(trace_.base) & 1u) != 0;
 #else

@@ -82,20 +82,21 @@ fn parse_sass(out: &str) -> Vec<Instr> {
 /// The event loop: the body of the backward branch holding the most FMAs.
 fn loop_body(instrs: &[Instr]) -> &[Instr] {
     let mut best: Option<&[Instr]> = None;
-    for (end, ins) in instrs.iter().enumerate() {
-        let Some(target) = branch_target(ins) else {
-            continue;
-        };
-        if target >= ins.addr {
-            continue;
-        }
-        let start = instrs.iter().position(|x| x.addr == target).unwrap();
-        let body = &instrs[start..=end];
+    for body in loops(instrs) {
         if best.is_none_or(|b| fmas(b) < fmas(body)) {
             best = Some(body);
         }
     }
     best.expect("no loop in the kernel")
+}
+
+/// The body of each backward branch, in the order of the branches.
+fn loops(instrs: &[Instr]) -> impl Iterator<Item = &[Instr]> {
+    instrs.iter().enumerate().filter_map(|(end, ins)| {
+        let target = branch_target(ins).filter(|&t| t < ins.addr)?;
+        let start = instrs.iter().position(|x| x.addr == target).unwrap();
+        Some(&instrs[start..=end])
+    })
 }
 
 fn branch_target(ins: &Instr) -> Option<u64> {
@@ -485,7 +486,7 @@ fn the_streamed_benchmarks_own_loops_are_the_same_in_every_build() {
     };
     let dir = tempfile::tempdir().unwrap();
     let src = source("kernels/stream.cu");
-    let loops = |defines: &[&str]| -> Vec<(usize, Vec<String>)> {
+    let chains = |defines: &[&str]| -> Vec<(usize, Vec<String>)> {
         let mut args = vec!["-arch=sm_90", "-cubin"];
         let defines: Vec<String> = defines.iter().map(|d| format!("-D{d}")).collect();
         args.extend(defines.iter().map(String::as_str));
@@ -498,26 +499,20 @@ fn the_streamed_benchmarks_own_loops_are_the_same_in_every_build() {
             "stream.cubin",
         );
         let instrs = disassemble(&cuobjdump, &cubin);
-        let mut loops = Vec::new();
-        for (end, ins) in instrs.iter().enumerate() {
-            let Some(target) = branch_target(ins).filter(|&t| t < ins.addr) else {
-                continue;
-            };
-            let start = instrs.iter().position(|x| x.addr == target).unwrap();
-            let body = &instrs[start..=end];
-            // The chains: small loops of FMAs (the recorder's own loops hold none).
-            if fmas(body) > 0 && body.len() < 32 {
+        // The chains: small loops of FMAs (the recorder's own loops hold none).
+        loops(&instrs)
+            .filter(|body| fmas(*body) > 0 && body.len() < 32)
+            .map(|body| {
                 let loads = body
                     .iter()
                     .filter(|i| i.text.contains("LD"))
                     .map(|i| i.text.clone())
                     .collect();
-                loops.push((fmas(body), loads));
-            }
-        }
-        loops
+                (fmas(body), loads)
+            })
+            .collect()
     };
-    let off = loops(&[]);
+    let off = chains(&[]);
     assert!(!off.is_empty(), "no chain loop in the gate-off build");
     for (fmas, loads) in &off {
         assert!(
@@ -530,7 +525,7 @@ fn the_streamed_benchmarks_own_loops_are_the_same_in_every_build() {
         &["TGPU_ENABLED=1", "TGPU_STREAM=1"],
         &["TGPU_ENABLED=1", "TGPU_STREAM=1", "TGPU_WATCH=1"],
     ] {
-        let on = loops(defines);
+        let on = chains(defines);
         println!("stream.cu {defines:?}: chain loops (FMAs, loads) {on:?}");
         assert_eq!(
             on, off,
@@ -556,29 +551,24 @@ fn attention_keeps_the_gate_offs_loads_in_flight_in_the_devices_sass() {
     let waits = |name: &str, defines: &[&str]| -> Vec<usize> {
         let cubin = device_sass(dir.path(), name, &kernel, defines);
         let instrs = disassemble_function(&cuobjdump, &cubin, "attention");
-        let mut per_loop = Vec::new();
-        for (end, ins) in instrs.iter().enumerate() {
-            let Some(target) = branch_target(ins).filter(|&t| t < ins.addr) else {
-                continue;
-            };
-            let start = instrs.iter().position(|x| x.addr == target).unwrap();
-            // In order: the scoreboards of the loop's loads still in flight; an
-            // instruction waiting for one of them waits for them all to that point.
-            let (mut in_flight, mut count) = (0u32, 0);
-            for i in &instrs[start..=end] {
-                if i.wait & in_flight != 0 {
-                    count += 1;
-                    in_flight = 0;
+        loops(&instrs)
+            .map(|body| {
+                // In order: the scoreboards of the loop's loads still in flight; an
+                // instruction waiting for one of them waits for them all to that point.
+                let (mut in_flight, mut count) = (0u32, 0);
+                for i in body {
+                    if i.wait & in_flight != 0 {
+                        count += 1;
+                        in_flight = 0;
+                    }
+                    if i.text.contains("LDG") && i.write_barrier < 6 {
+                        in_flight |= 1 << i.write_barrier;
+                    }
                 }
-                if i.text.contains("LDG") && i.write_barrier < 6 {
-                    in_flight |= 1 << i.write_barrier;
-                }
-            }
-            if count > 0 {
-                per_loop.push(count);
-            }
-        }
-        per_loop
+                count
+            })
+            .filter(|&count| count > 0)
+            .collect()
     };
     let off = waits("off", &[]);
     let on = waits("on", &["-DTGPU_ENABLED=1"]);
