@@ -1027,7 +1027,7 @@ class Recorder {
     if (trace.base == 0 || !(trace.capacity & TRACE_STREAM)) return;
     unsigned int slot;
     if (!detail::sampled_slot(trace, slot)) return;
-    const unsigned int capacity = trace.capacity & ~(TRACE_INDIRECT | TRACE_STREAM);
+    const unsigned int capacity = trace.capacity & ~CAPACITY_FLAGS;
     cell_ = header_of(trace.base, capacity, trace.slot_count) +
             static_cast<unsigned long long>(slot) * WATCH_CELL_SIZE + WATCH_RECORD_SIZE;
     rec_ = 0u;

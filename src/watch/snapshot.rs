@@ -70,7 +70,7 @@ pub(crate) struct Snapshot {
     pub(crate) kernel: String,
     pub(crate) grid: [u32; 3],
     pub(crate) warps_per_block: u32,
-    /// The device time the snapshot was taken at (ns): durations are measured to it.
+    /// The device time just after the cells were read (ns): durations are measured to it.
     pub(crate) now_ns: u64,
     /// How long the launch had been running, on the host's clock (ns).
     pub(crate) running_ns: u64,

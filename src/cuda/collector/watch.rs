@@ -43,15 +43,20 @@ impl Worker {
             at: place.region.offset + rings,
             slots: header.slot_count,
         };
+        let warps = cells.read(&*place.memory);
+        // Durations are measured to a time taken after the cells were read: taken before,
+        // every warp of a kernel whose phases last a few µs had started its phase after it,
+        // and showed "for 0 ns" (H100, `stream --modes watch`, session 23).
+        let read_ns = HostClock::Boottime.now_ns();
         let snapshot = Snapshot {
             launch_id: job.launch.launch_id,
             kernel: job.launch.kernel.to_string(),
             grid: job.launch.grid,
             warps_per_block: header.warps_per_block,
-            now_ns: self.device_now(now),
+            now_ns: self.device_now(read_ns),
             running_ns: now.saturating_sub(launch_ns),
             index: *taken,
-            warps: cells.read(&*place.memory),
+            warps,
         };
         *taken += 1;
         self.shared.state.lock().stats.snapshots += 1;
