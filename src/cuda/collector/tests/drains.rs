@@ -214,8 +214,8 @@ pub(super) fn watched_launch(
     )
 }
 
-/// The launch of [`stream_sampled`] and [`watched_launch`]; `before` runs on the
-/// warps before the collector is told of it.
+/// The launch of every helper above; `before` runs on the warps before the
+/// collector is told of it.
 fn launch_with(
     rig: &Rig,
     blocks: u32,
