@@ -31,14 +31,24 @@ python=${TGPU_PYTHON:-$top/target/pyenv/bin/python}
 cuobjdump=${TGPU_CUDA_HOME:+$TGPU_CUDA_HOME/bin/cuobjdump}
 cuobjdump=${cuobjdump:-$(ls "$top"/target/pyenv/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1)}
 [ -x "$cuobjdump" ] || fail "no cuobjdump from the CUDA wheels: run scripts/test-env.sh first"
-if [ ! -x "$bin/ptxas" ] || [ ! -e "$lib/libnvrtc.so.13" ]; then
+installed() { [ -x "$bin/ptxas" ] && [ -e "$lib/libnvrtc.so.13" ]; }
+if ! installed; then
   [ -x "$python" ] || fail "no $python: run scripts/test-env.sh first"
-  # Installed whole into a fresh folder, then moved, so that a folder is complete or absent.
-  rm -rf "$cuda.tmp"
-  "$python" -m pip install -q --no-deps --target "$cuda.tmp" nvidia-cuda-nvrtc==13.0.88 \
-    nvidia-cuda-nvcc==13.0.88 || fail "could not install the CUDA 13.0 wheels"
-  chmod +x "$cuda.tmp"/nvidia/cu13/bin/*
-  rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
+  # The tests run this script in parallel: the first to get the lock installs, and the
+  # others wait for it and find the folder there (CI once failed on two pips sharing
+  # one temporary folder). Installed whole into a fresh folder, then moved, so that the
+  # folder is complete or absent. flock's own timeout bounds the wait.
+  mkdir -p "$(dirname "$cuda")"
+  exec 9>"$cuda.lock"
+  flock -w 600 9 || fail "waited 600 s for another run's install of the CUDA 13.0 wheels"
+  if ! installed; then
+    rm -rf "$cuda.tmp"
+    "$python" -m pip install -q --no-deps --target "$cuda.tmp" nvidia-cuda-nvrtc==13.0.88 \
+      nvidia-cuda-nvcc==13.0.88 || fail "could not install the CUDA 13.0 wheels"
+    chmod +x "$cuda.tmp"/nvidia/cu13/bin/*
+    rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
+  fi
+  exec 9>&-
 fi
 
 LD_LIBRARY_PATH=$lib python3 - "$src" "$out.ptx" "$inc" "$lib/libnvrtc.so.13" "$@" <<'EOF'
