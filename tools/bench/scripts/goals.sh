@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Every device figure that the open goals of docs/performance.md ("Goals open") wait for,
+# in one call to the GPU machine: each against the gate-off build, on one card.
+#
+#   tools/bench/scripts/goals.sh pack             here: builds and strips the binaries
+#                                                 into .gpu/ (about 25 MB, for `carry`)
+#   tools/bench/scripts/goals.sh run [SET...]     there: runs the sets (all by default)
+#
+# Sets, in the order they run, with about how long each takes on an H100:
+#   decode   decode_step, v2 and v1 (TGPU_FORMAT=1), every step recorded and back to back  70 s
+#   graph    graph_replay, 8 and 132 blocks, v2 and v1, every replay recorded            50 s
+#   storm    storm, own stream, 1 and 4 threads, 15 µs apart                               20 s
+#   bench    recorder_bench (per range, lone warp and full SM) and dense                   60 s
+#   stream   stream: fixed slots at 215 M/s; Perfetto at 101 M/s, deflated when behind    80 s
+#   gemm     gemm_stream, 10 s: sampled to fit the drain, and unsampled (overloaded)      100 s
+#
+# Why one script: the device returns at most eight files from $OUT and the last 12,000
+# characters of output, so a call that writes a file per run loses all but eight (session
+# 23 lost most of its figures so). Here every run writes its log (and JSON, where the
+# binary has it) into one folder, packed into $OUT/goals.tar.gz at the end, and the
+# summary printed is the tables' rows alone. Each run is bounded by `timeout`, so that one
+# run that hangs costs its own figures and not the call's; the call's own limit (600 s)
+# still holds the whole: leave out sets to stay under it.
+set -uo pipefail
+fail() { echo "goals.sh: $*" >&2; exit 2; }
+top=$(cd "$(dirname "$0")/../../.." && pwd)
+cd "$top"
+
+bins=(decode_step graph_replay storm recorder_bench dense stream gemm_stream)
+sets=(decode graph storm bench stream gemm)
+
+pack() {
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  cargo build --release -p tracing-gpu-bench --bins || fail "the build failed"
+  mkdir -p .gpu
+  for b in "${bins[@]}"; do strip -o ".gpu/$b" "target/release/$b" || fail "no target/release/$b"; done
+  du -sh .gpu
+}
+
+# One run: NAME, a limit in seconds, then the command; its output into $work/NAME.log,
+# its exit status and wall time onto the summary.
+one() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS rc
+  timeout -k 5 "$limit" "$@" > "$work/$name.log" 2>&1
+  rc=$?
+  echo "## $name: exit $rc, $((SECONDS - t0)) s: ${*#./.gpu/}" | tee -a "$work/summary"
+  # The tables' rows, and the lines that say what was delivered or lost.
+  grep -E '^\||delivered|lost|skipped|error' "$work/$name.log" | grep -vE '^\|[-| :]+\|$' |
+    cut -c1-220 | head -40 | tee -a "$work/summary"
+}
+
+decode() {
+  local d=./.gpu/decode_step a=(--no-check --replays 100 --lead-us 3000)
+  one decode_v2 120 $d "${a[@]}" --json "$work/decode_v2.json"
+  one decode_v2_recorded 120 $d "${a[@]}" --block 4 --json "$work/decode_v2_recorded.json"
+  one decode_v1 120 $d "${a[@]}" --define TGPU_FORMAT=1 --json "$work/decode_v1.json"
+  one decode_v1_recorded 120 $d "${a[@]}" --block 4 --define TGPU_FORMAT=1 \
+    --json "$work/decode_v1_recorded.json"
+}
+
+graph() {
+  local g=./.gpu/graph_replay a=(--drain --block 4 --replays 400)
+  for blocks in 8 132; do
+    one "graph_${blocks}_v2" 90 $g "${a[@]}" --blocks $blocks
+    one "graph_${blocks}_v1" 90 $g "${a[@]}" --blocks $blocks --define TGPU_FORMAT=1
+  done
+}
+
+storm() {
+  local s=./.gpu/storm a=(--stream own --blocks 8 --work 64 --gap 15 --launches 40000)
+  one storm_1 90 $s "${a[@]}" --threads 1
+  one storm_4 90 $s "${a[@]}" --threads 4
+}
+
+bench() {
+  one recorder_bench 150 ./.gpu/recorder_bench --json "$work/recorder_bench.json"
+  one dense 120 ./.gpu/dense --json "$work/dense.json"
+}
+
+stream() {
+  local s=./.gpu/stream
+  one stream_fixed 90 $s --modes off,fixed --seconds 10 --work 900 --json "$work/stream_fixed.json"
+  one stream_perfetto 150 $s --modes off,perfetto --seconds 10 --work 2000 \
+    --perfetto-encoders 8 --perfetto-zlib 1 --perfetto-when-behind --json "$work/stream_perfetto.json"
+}
+
+gemm() {
+  local g=./.gpu/gemm_stream
+  one gemm_sampled 120 $g --seconds 10 --modes off,memory --sample-warps 0x21 --sample-blocks 8
+  one gemm_overloaded 120 $g --seconds 10 --modes off,memory
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run)
+    shift
+    [ -n "${OUT:-}" ] && [ -d "$OUT" ] || fail "run is for the GPU machine: no \$OUT"
+    for b in "${bins[@]}"; do [ -x ".gpu/$b" ] || fail "no .gpu/$b: run \`$0 pack\` here and carry .gpu"; done
+    [ $# -gt 0 ] || set -- "${sets[@]}"
+    for s in "$@"; do [[ " ${sets[*]} " == *" $s "* ]] || fail "no set $s (sets: ${sets[*]})"; done
+    work=$(mktemp -d)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$work/summary"
+    git -C "$top" log -1 --format='%h %s' 2>/dev/null | cut -c1-100 | tee -a "$work/summary"
+    for s in "$@"; do "$s"; done
+    tar -czf "$OUT/goals.tar.gz" -C "$work" .
+    echo "## packed: $(du -h "$OUT/goals.tar.gz" | cut -f1) in \$OUT/goals.tar.gz"
+    ;;
+  *) fail "usage: $0 pack | run [SET...] (sets: ${sets[*]})" ;;
+esac
