@@ -37,14 +37,14 @@ if ! installed; then
   # The tests run this script in parallel: the first to get the lock installs, and the
   # others wait for it and find the folder there (CI once failed on two pips sharing
   # one temporary folder). Installed whole into a fresh folder, then moved, so that the
-  # folder is complete or absent. flock's own timeout bounds the wait.
+  # folder is complete or absent. Both the wait and the install are bounded.
   mkdir -p "$(dirname "$cuda")"
   exec 9>"$cuda.lock"
   flock -w 600 9 || fail "waited 600 s for another run's install of the CUDA 13.0 wheels"
   if ! installed; then
     rm -rf "$cuda.tmp"
-    "$python" -m pip install -q --no-deps --target "$cuda.tmp" nvidia-cuda-nvrtc==13.0.88 \
-      nvidia-cuda-nvcc==13.0.88 || fail "could not install the CUDA 13.0 wheels"
+    timeout 600 "$python" -m pip install -q --no-deps --target "$cuda.tmp" \
+      nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-nvcc==13.0.88 || fail "could not install the CUDA 13.0 wheels"
     chmod +x "$cuda.tmp"/nvidia/cu13/bin/*
     rm -rf "$cuda" && mv "$cuda.tmp" "$cuda"
   fi
