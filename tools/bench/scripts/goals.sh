@@ -12,7 +12,7 @@
 #   storm    storm, own stream, 1 and 4 threads, 15 µs apart                               20 s
 #   bench    recorder_bench (per range, lone warp and full SM) and dense                   60 s
 #   stream   stream: fixed slots at 215 M/s; Perfetto at 101 M/s, deflated when behind    80 s
-#   gemm     gemm_stream, 10 s: sampled to fit the drain, and unsampled (overloaded)      100 s
+#   gemm     gemm_stream, 10 s: sampled to fit the drain, nearly none, and all (overloaded) 150 s
 #
 # Why one script: the device returns at most eight files from $OUT and the last 12,000
 # characters of output, so a call that writes a file per run loses all but eight (session
@@ -89,6 +89,8 @@ stream() {
 gemm() {
   local g=./.gpu/gemm_stream
   one gemm_sampled 120 $g --seconds 10 --modes off,memory --sample-warps 0x21 --sample-blocks 8
+  # One warp of one block in 1,000 recorded: what the warps that are not sampled cost.
+  one gemm_unsampled 120 $g --seconds 10 --modes off,memory --sample-warps 0x1 --sample-blocks 1000
   one gemm_overloaded 120 $g --seconds 10 --modes off,memory
 }
 
