@@ -3,7 +3,7 @@
 # in one call to the GPU machine: each against the gate-off build, on one card.
 #
 #   tools/bench/scripts/goals.sh pack             here: builds and strips the binaries
-#                                                 into .gpu/ (about 25 MB, for `carry`)
+#                                                 into .gpu/ (about 17 MB, for `carry`)
 #   tools/bench/scripts/goals.sh run [SET...]     there: runs the sets (all by default)
 #
 # Sets, in the order they run, with about how long each takes on an H100:
