@@ -461,15 +461,90 @@ fn a_graph_nodes_buffer_address_is_not_waited_for_before_the_first_call() {
 /// NVRTC 13.0 and its ptxas, which give the device's SASS where the wheels' 13.5 do not),
 /// written as `dir/name.cubin`.
 fn device_sass(dir: &Path, name: &str, kernel: &Path, defines: &[&str]) -> PathBuf {
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/include");
+    device_sass_with(dir, name, kernel, &include, defines)
+}
+
+/// [`device_sass`] with the `tracing_gpu.cuh` of the folder `include`.
+fn device_sass_with(
+    dir: &Path,
+    name: &str,
+    kernel: &Path,
+    include: &Path,
+    defines: &[&str],
+) -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = dir.join(name);
     run(Command::new("bash")
         .arg(manifest.join("scripts/device-sass.sh"))
         .arg(&out)
         .arg(kernel)
-        .arg(manifest.join("../../kernels/include"))
+        .arg(include)
         .args(defines));
     out.with_extension("cubin")
+}
+
+/// `tools/bench/kernels/floor.cuh`, the bound that the benchmarks measure with `--header`
+/// (docs/performance.md, "What bounds the recorded path"), is what it says: in the device's
+/// SASS of the quickstart kernel, one timer read per call (five) and one store per warp
+/// more than the gate off, and no local memory; and it builds every benchmark kernel that
+/// takes `--header` (the recorder's API, all of it that they use).
+#[test]
+fn the_floor_header_stamps_each_call_once_and_stores_once() {
+    let Some((_, cuobjdump)) = tools() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let include = dir.path().join("floor");
+    std::fs::create_dir(&include).unwrap();
+    std::fs::copy(
+        manifest.join("kernels/floor.cuh"),
+        include.join("tracing_gpu.cuh"),
+    )
+    .unwrap();
+    let quickstart = manifest.join("../../kernels/examples/quickstart.cu");
+    let count = |cubin: &Path, what: &str| {
+        disassemble(&cuobjdump, cubin)
+            .iter()
+            .filter(|i| i.text.contains(what))
+            .count()
+    };
+    let off = device_sass(dir.path(), "off", &quickstart, &[]);
+    let floor = device_sass_with(
+        dir.path(),
+        "floor",
+        &quickstart,
+        &include,
+        &["-DTGPU_ENABLED=1"],
+    );
+    assert_eq!(count(&off, "SR_GLOBALTIMERLO"), 0);
+    assert_eq!(count(&floor, "SR_GLOBALTIMERLO"), 5, "one stamp per call");
+    assert_eq!(count(&floor, "STG"), count(&off, "STG") + 1, "one store");
+    assert_eq!(count(&floor, "LDL") + count(&floor, "STL"), 0);
+    for kernel in ["kernels/decode_step.cu", "kernels/stream.cu"] {
+        let name = kernel
+            .trim_start_matches("kernels/")
+            .trim_end_matches(".cu");
+        let cubin = device_sass_with(
+            dir.path(),
+            &format!("floor-{name}"),
+            &manifest.join(kernel),
+            &include,
+            &["-DTGPU_ENABLED=1"],
+        );
+        let off = device_sass(
+            dir.path(),
+            &format!("off-{name}"),
+            &manifest.join(kernel),
+            &[],
+        );
+        assert!(count(&cubin, "SR_GLOBALTIMERLO") > 0, "{kernel}: no stamp");
+        assert!(
+            count(&cubin, "STL") <= count(&off, "STL"),
+            "{kernel}: the floor spills"
+        );
+    }
 }
 
 /// The streamed benchmark's own loop (`tools/bench/kernels/stream.cu`: chains of dependent
