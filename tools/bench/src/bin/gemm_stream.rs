@@ -31,7 +31,7 @@ use std::sync::Arc;
 use clap::Parser;
 use cudarc::driver::CudaStream;
 use tracing::Dispatch;
-use tracing_gpu::cuda::{gpu_profile, Profiler, Sampler};
+use tracing_gpu::cuda::{gpu_profile, Profiler, Sampler, DEFAULT_STREAM_MEMORY};
 use tracing_gpu::format::{KernelArg, Sampling};
 use tracing_gpu_bench::cli::{self, Size};
 use tracing_gpu_bench::device::{self, Timer};
@@ -64,6 +64,10 @@ struct Args {
     /// Record only every this-many-th block (from block 0; 1: all).
     #[arg(long, default_value_t = 1)]
     sample_blocks: u32,
+    /// Bytes of the streaming arena (`ProfilerBuilder::stream_memory`): the rings take
+    /// up to half of it.
+    #[arg(long, default_value_t = DEFAULT_STREAM_MEMORY)]
+    stream_memory: usize,
 }
 
 /// A warp mask, in hex (`0x..`) or decimal.
@@ -165,7 +169,14 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             "fixed" | "memory" => {
                 let sampler = Sampler::new(sampling);
                 let fixed = mode == "fixed";
-                let (s, st) = profiled(&ctx, &stream, (&traced, &mut p, &timer), fixed, sampler)?;
+                let (s, st) = profiled(
+                    &ctx,
+                    &stream,
+                    (&traced, &mut p, &timer),
+                    fixed,
+                    sampler,
+                    a.stream_memory,
+                )?;
                 (s, Some(st))
             }
             _ => unreachable!("the modes are checked above"),
@@ -221,6 +232,7 @@ fn profiled(
     (gemm, p, timer): (&Gemm, &mut Problem, &Timer),
     fixed: bool,
     sampler: Sampler,
+    stream_memory: usize,
 ) -> Result<(f64, tracing_gpu::cuda::ProfilerStats), Box<dyn Error>> {
     let dispatch = Dispatch::new(tracing_subscriber::registry().with(LevelFilter::INFO));
     let _default = tracing::dispatcher::set_default(&dispatch);
@@ -230,6 +242,7 @@ fn profiled(
         .registry(registry())
         .capacity(per_pass)
         .sampler(sampler)
+        .stream_memory(stream_memory)
         .build()?;
     let cfg = gemm.config(p);
     let launch = |trace: KernelArg| {
