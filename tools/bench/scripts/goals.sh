@@ -7,12 +7,16 @@
 #   tools/bench/scripts/goals.sh run [SET...]     there: runs the sets (all by default)
 #
 # Sets, in the order they run, with about how long each takes on an H100:
-#   decode   decode_step, v2 and v1 (TGPU_FORMAT=1), every step recorded and back to back  70 s
-#   graph    graph_replay, 8 and 132 blocks, v2 and v1, every replay recorded            50 s
+#   decode   decode_step, v2, v1 (TGPU_FORMAT=1) and the floor, every step recorded      90 s
+#   graph    graph_replay, 8 and 132 blocks, v2, v1 and the floor, every replay recorded  70 s
 #   storm    storm, own stream, 1 and 4 threads, 15 µs apart                               20 s
 #   bench    recorder_bench (per range, lone warp and full SM) and dense                   60 s
-#   stream   stream: fixed slots at 215 M/s; Perfetto at 101 M/s, deflated when behind    80 s
+#   stream   stream: fixed slots at 215 M/s, and the floor; Perfetto at 101 M/s           80 s
 #   gemm     gemm_stream, 10 s: sampled to fit the drain, nearly none, and all (overloaded) 150 s
+#
+# The floor: tools/bench/kernels/floor.cuh in place of the recorder's header (`--header`),
+# what stamping every call costs at least; its runs print no trace's counts (it writes none,
+# and decode_step exits 1 for it).
 #
 # Why one script: the device returns at most eight files from $OUT and the last 12,000
 # characters of output, so a call that writes a file per run loses all but eight (session
@@ -34,6 +38,7 @@ pack() {
   cargo build --release -p tracing-gpu-bench --bins || fail "the build failed"
   mkdir -p .gpu
   for b in "${bins[@]}"; do strip -o ".gpu/$b" "target/release/$b" || fail "no target/release/$b"; done
+  cp tools/bench/kernels/floor.cuh .gpu/
   du -sh .gpu
 }
 
@@ -58,6 +63,7 @@ decode() {
   one decode_v1 120 $d "${a[@]}" --define TGPU_FORMAT=1 --json "$work/decode_v1.json"
   one decode_v1_recorded 120 $d "${a[@]}" --block 4 --define TGPU_FORMAT=1 \
     --json "$work/decode_v1_recorded.json"
+  one decode_floor 120 $d "${a[@]}" --header .gpu/floor.cuh
 }
 
 graph() {
@@ -65,6 +71,7 @@ graph() {
   for blocks in 8 132; do
     one "graph_${blocks}_v2" 90 $g "${a[@]}" --blocks $blocks
     one "graph_${blocks}_v1" 90 $g "${a[@]}" --blocks $blocks --define TGPU_FORMAT=1
+    one "graph_${blocks}_floor" 90 $g "${a[@]}" --blocks $blocks --header .gpu/floor.cuh
   done
 }
 
@@ -82,13 +89,19 @@ bench() {
 stream() {
   local s=./.gpu/stream
   one stream_fixed 90 $s --modes off,fixed --seconds 10 --work 900 --json "$work/stream_fixed.json"
+  one stream_fixed_floor 90 $s --modes off,fixed --seconds 10 --work 900 --header .gpu/floor.cuh
+  # The settings that delivered every event on the H100 (docs/performance.md): 12 encoders
+  # deflating everything, 4 drain threads (16 cores in all).
   one stream_perfetto 150 $s --modes off,perfetto --seconds 10 --work 2000 \
-    --perfetto-encoders 8 --perfetto-zlib 1 --perfetto-when-behind --json "$work/stream_perfetto.json"
+    --perfetto-encoders 12 --drain-threads 4 --perfetto-zlib 1 --json "$work/stream_perfetto.json"
 }
 
 gemm() {
   local g=./.gpu/gemm_stream
-  one gemm_sampled 120 $g --seconds 10 --modes off,memory --sample-warps 0x21 --sample-blocks 8
+  # With 1 GiB of streaming memory (the rings take half): with the default 256 MiB, 0.7 %
+  # of the sampled events were lost at 55 M/s, none with 1 GiB.
+  one gemm_sampled 120 $g --seconds 10 --modes off,memory --sample-warps 0x21 --sample-blocks 8 \
+    --stream-memory 1073741824
   # One warp of one block in 1,000 recorded: what the warps that are not sampled cost.
   one gemm_unsampled 120 $g --seconds 10 --modes off,memory --sample-warps 0x1 --sample-blocks 1000
   one gemm_overloaded 120 $g --seconds 10 --modes off,memory
