@@ -8,7 +8,7 @@
 #
 # Sets, in the order they run, with about how long each takes on an H100:
 #   decode   decode_step, v2, v1 (TGPU_FORMAT=1) and the floor, every step recorded      90 s
-#   graph    graph_replay, 8 and 132 blocks, v2, v1 and the floor, every replay recorded  70 s
+#   graph    graph_replay, 8 and 132 blocks, v2, v1 and the floor, every replay recorded  80 s
 #   storm    storm, own stream, 1 and 4 threads, 15 µs apart                               20 s
 #   bench    recorder_bench (per range, lone warp and full SM) and dense                   60 s
 #   stream   stream: fixed slots at 215 M/s, and the floor; Perfetto at 101 M/s           80 s
@@ -73,6 +73,10 @@ graph() {
     one "graph_${blocks}_v1" 90 $g "${a[@]}" --blocks $blocks --define TGPU_FORMAT=1
     one "graph_${blocks}_floor" 90 $g "${a[@]}" --blocks $blocks --header .gpu/floor.cuh
   done
+  # Slots of 8 records (they hold a warp's 9 entries; 192 bytes instead of 320): the 4
+  # regions' 68 MB at 132 blocks become 41 MB, under the L2's 50 MB. Recorded, that graph cost 5 points more than the
+  # same kernels writing to buffers that stay in L2 (lab history, session 25).
+  one graph_132_v2_capacity8 90 $g "${a[@]}" --blocks 132 --capacity 8
 }
 
 storm() {
