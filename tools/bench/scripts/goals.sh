@@ -73,10 +73,11 @@ graph() {
     one "graph_${blocks}_v1" 90 $g "${a[@]}" --blocks $blocks --define TGPU_FORMAT=1
     one "graph_${blocks}_floor" 90 $g "${a[@]}" --blocks $blocks --header .gpu/floor.cuh
   done
-  # Slots of 8 records (they hold a warp's 9 entries; 192 bytes instead of 320): the 4
-  # regions' 68 MB at 132 blocks become 41 MB, under the L2's 50 MB. Recorded, that graph
-  # cost 5 points more than the same kernels writing to buffers that stay in L2 (lab
-  # history, session 25).
+  # Slots of 8 records (they hold a warp's 9 entries; 192 bytes instead of 320). Recorded,
+  # the 132-block graph cost 5 points more than the same kernels writing to buffers of their
+  # own (lab history, session 25); what its regions' size may explain: 17 MB a replay copied
+  # back (longer than the replay at PCIe's rate) and zeroed beside the next replays, and 68
+  # MB for 4 regions against the L2's 50 MB. This run halves all three.
   one graph_132_v2_capacity8 90 $g "${a[@]}" --blocks 132 --capacity 8
 }
 
