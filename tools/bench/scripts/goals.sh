@@ -7,8 +7,8 @@
 #   tools/bench/scripts/goals.sh run [SET...]     there: runs the sets (all by default)
 #
 # Sets, in the order they run, with about how long each takes on an H100:
-#   decode   decode_step, v2, v1 (TGPU_FORMAT=1) and the floor, every step recorded      90 s
-#   graph    graph_replay, 8 and 132 blocks, v2, v1 and the floor, every replay recorded  80 s
+#   decode   decode_step, v2, v1 (TGPU_FORMAT=1), the floor and its direct mode        120 s
+#   graph    graph_replay, 8 and 132 blocks, v2, v1, the floor and its direct mode       100 s
 #   storm    storm, own stream, 1 and 4 threads, 15 µs apart                               20 s
 #   bench    recorder_bench (per range, lone warp and full SM) and dense                   60 s
 #   stream   stream: fixed slots at 215 M/s, and the floor; Perfetto at 101 M/s           80 s
@@ -64,6 +64,11 @@ decode() {
   one decode_v1_recorded 120 $d "${a[@]}" --block 4 --define TGPU_FORMAT=1 \
     --json "$work/decode_v1_recorded.json"
   one decode_floor 120 $d "${a[@]}" --header .gpu/floor.cuh
+  # The floor with each stamp stored at once (mode 1): here mode 0's held register made the
+  # attention kernel 31 % slower alone (lab history, session 26).
+  one decode_floor_mode1 120 $d "${a[@]}" --header .gpu/floor.cuh --define TGPU_FLOOR_MODE=1
+  one decode_direct_recorded 120 $d "${a[@]}" --block 4 --header .gpu/floor.cuh \
+    --define TGPU_FLOOR_MODE=3
 }
 
 graph() {
@@ -72,6 +77,8 @@ graph() {
     one "graph_${blocks}_v2" 90 $g "${a[@]}" --blocks $blocks
     one "graph_${blocks}_v1" 90 $g "${a[@]}" --blocks $blocks --define TGPU_FORMAT=1
     one "graph_${blocks}_floor" 90 $g "${a[@]}" --blocks $blocks --header .gpu/floor.cuh
+    one "graph_${blocks}_direct" 90 $g "${a[@]}" --blocks $blocks --header .gpu/floor.cuh \
+      --define TGPU_FLOOR_MODE=3
   done
   # Slots of 8 records (they hold a warp's 9 entries; 192 bytes instead of 320). Recorded,
   # the 132-block graph cost 5 points more than the same kernels writing to buffers of their

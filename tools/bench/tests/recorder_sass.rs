@@ -485,10 +485,11 @@ fn device_sass_with(
 }
 
 /// `tools/bench/kernels/floor.cuh`, the bound that the benchmarks measure with `--header`
-/// (docs/performance.md, "What bounds the recorded path"), is what it says: in the device's
-/// SASS of the quickstart kernel, one timer read per call (five) and one store per warp
-/// more than the gate off, and no local memory; and it builds every benchmark kernel that
-/// takes `--header` (the recorder's API, all of it that they use).
+/// (docs/performance.md, "What bounds recording short kernels"), is what it says: in the
+/// device's SASS of the quickstart kernel, one timer read per call (five) and one store per
+/// warp more than the gate off, and no local memory, and its modes theirs; and it builds
+/// every benchmark kernel that takes `--header` (the recorder's API, all of it that they
+/// use).
 #[test]
 fn the_floor_header_stamps_each_call_once_and_stores_once() {
     let Some((_, cuobjdump)) = tools() else {
@@ -522,16 +523,43 @@ fn the_floor_header_stamps_each_call_once_and_stores_once() {
     assert_eq!(count(&floor, "SR_GLOBALTIMERLO"), 5, "one stamp per call");
     assert_eq!(count(&floor, "STG"), count(&off, "STG") + 1, "one store");
     assert_eq!(count(&floor, "LDL") + count(&floor, "STL"), 0);
-    for kernel in ["kernels/decode_step.cu", "kernels/stream.cu"] {
+    // Its variants: mode 1 stores each of the 5 stamps and 4 payloads at once, mode 2 has
+    // no code per call and keeps the one store, and the candidate of mode 3 stores the 9
+    // entries at once and the slot header (three stores) after one more timer read.
+    for (mode, stamps, stores) in [(1, 5, 9), (2, 0, 1), (3, 6, 12)] {
+        let cubin = device_sass_with(
+            dir.path(),
+            &format!("floor-mode-{mode}"),
+            &quickstart,
+            &include,
+            &["-DTGPU_ENABLED=1", &format!("-DTGPU_FLOOR_MODE={mode}")],
+        );
+        assert_eq!(count(&cubin, "SR_GLOBALTIMERLO"), stamps, "mode {mode}");
+        assert_eq!(
+            count(&cubin, "STG"),
+            count(&off, "STG") + stores,
+            "mode {mode}"
+        );
+        assert_eq!(
+            count(&cubin, "LDL") + count(&cubin, "STL"),
+            0,
+            "mode {mode}"
+        );
+    }
+    for (kernel, mode) in [
+        ("kernels/decode_step.cu", 0),
+        ("kernels/stream.cu", 0),
+        ("kernels/decode_step.cu", 3),
+    ] {
         let name = kernel
             .trim_start_matches("kernels/")
             .trim_end_matches(".cu");
         let cubin = device_sass_with(
             dir.path(),
-            &format!("floor-{name}"),
+            &format!("floor-{name}-{mode}"),
             &manifest.join(kernel),
             &include,
-            &["-DTGPU_ENABLED=1"],
+            &["-DTGPU_ENABLED=1", &format!("-DTGPU_FLOOR_MODE={mode}")],
         );
         let off = device_sass(
             dir.path(),
