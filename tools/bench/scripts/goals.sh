@@ -10,7 +10,7 @@
 #   decode   decode_step, v2, v1 (TGPU_FORMAT=1), the floor and its direct mode        120 s
 #   graph    graph_replay, 8 and 132 blocks, v2, v1, the floor and its direct mode       100 s
 #   storm    storm, own stream, 1 and 4 threads, 15 µs apart                               20 s
-#   bench    recorder_bench (per range, lone warp and full SM) and dense                   60 s
+#   bench    recorder_bench (per range, lone warp and full SM), dense and its direct mode  80 s
 #   stream   stream: fixed slots at 215 M/s, and the floor; Perfetto at 101 M/s           80 s
 #   gemm     gemm_stream, 10 s: sampled to fit the drain, nearly none, and all (overloaded) 200 s
 #
@@ -97,6 +97,8 @@ storm() {
 bench() {
   one recorder_bench 150 ./.gpu/recorder_bench --json "$work/recorder_bench.json"
   one dense 120 ./.gpu/dense --json "$work/dense.json"
+  # The direct candidate at full occupancy (a store per entry; v2 stores 32 at once).
+  one dense_direct 120 ./.gpu/dense --header .gpu/floor.cuh --define TGPU_FLOOR_MODE=3
 }
 
 stream() {

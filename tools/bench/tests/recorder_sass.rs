@@ -550,6 +550,7 @@ fn the_floor_header_stamps_each_call_once_and_stores_once() {
         ("kernels/decode_step.cu", 0),
         ("kernels/stream.cu", 0),
         ("kernels/decode_step.cu", 3),
+        ("kernels/dense.cu", 3),
     ] {
         let name = kernel
             .trim_start_matches("kernels/")

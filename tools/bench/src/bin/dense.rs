@@ -4,7 +4,8 @@
 //!
 //! ```sh
 //! cargo build --release -p tracing-gpu-bench --bin dense
-//! target/release/dense [--blocks 1440] [--steps 12] [--work 192] [--repeats 51] [--json PATH]
+//! target/release/dense [--blocks 1440] [--steps 12] [--work 192] [--repeats 51] [--json PATH] \
+//!     [--define NAME=VALUE] [--header FILE]
 //! ```
 //!
 //! Blocks of 8 warps (as many as `--blocks`, several waves of them on every SM); each
@@ -18,6 +19,11 @@
 //! Checks, after the timing: every output equals the gate-off build's bit for bit; the
 //! recording builds' buffers decode strictly to exactly each warp's events; v1 silent
 //! flushes every warp with no record, and v2 silent writes nothing at all.
+//!
+//! `--define` and `--header` change the v2 builds alone (recording and silent), so that a
+//! candidate recorder that writes v2's format (such as `tools/bench/kernels/floor.cuh`'s
+//! mode 3, or a header with `TGPU_DIRECT`) is measured and checked at full occupancy beside
+//! v1 as shipped.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -118,6 +124,18 @@ struct Options {
     /// Also write every figure and sample as JSON here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// A define added to the v2 builds (`NAME=VALUE`); repeatable.
+    #[arg(long = "define", value_name = "NAME=VALUE")]
+    defines: Vec<String>,
+    /// The v2 builds include this file instead of the embedded `tracing_gpu.cuh`.
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
+}
+
+/// What changes the v2 builds: `--define`s and `--header`.
+struct Variant {
+    defines: Vec<String>,
+    header: Option<cli::Header>,
 }
 
 fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
@@ -128,12 +146,22 @@ fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
-fn load(ctx: &Arc<CudaContext>, arch: &'static str, b: Build) -> Result<CudaFunction> {
+fn load(ctx: &Arc<CudaContext>, arch: &'static str, b: Build, v: &Variant) -> Result<CudaFunction> {
     let mut build = KernelBuild::new("dense", arch);
     for d in b.defines() {
         build = build.define(*d);
     }
-    let module = ctx.load_module(compile(DENSE, &build)?)?;
+    let v2 = matches!(b, Build::V2 | Build::V2Silent);
+    let mut source = DENSE.to_owned();
+    if v2 {
+        for d in &v.defines {
+            build = build.define(d.clone());
+        }
+        if let Some(h) = &v.header {
+            (source, build) = h.apply(&source, build);
+        }
+    }
+    let module = ctx.load_module(compile(&source, &build)?)?;
     Ok(module.load_function("dense")?)
 }
 
@@ -209,6 +237,10 @@ fn main() -> ExitCode {
 }
 
 fn run(o: &Options) -> Result<bool> {
+    let variant = Variant {
+        defines: o.defines.clone(),
+        header: cli::Header::read(o.header.as_deref())?,
+    };
     let ctx = match device::open(0) {
         Ok(c) => c,
         Err(e) => {
@@ -232,7 +264,7 @@ fn run(o: &Options) -> Result<bool> {
         let f = if b == Build::OffAgain {
             runs.first().map(|r: &Run| r.f.clone()).expect("off first")
         } else {
-            load(&ctx, arch, b)?
+            load(&ctx, arch, b, &variant)?
         };
         let trace = if b.traced() {
             let buf = device::trace_buffer(&stream, &cfg, capacity, warps)?;
@@ -278,13 +310,15 @@ fn run(o: &Options) -> Result<bool> {
         "dense: {} SMs, {arch}; {} blocks of 8 warps ({waves:.2} waves of {fit} blocks per SM), {} steps of 2 x {} FMAs, {} events per warp; medians of {} interleaved repeats",
         sms, o.blocks, o.steps, o.work, PER_STEP * o.steps, o.repeats
     );
+    let v2_build = cli::recorder_build_with(&variant.defines, variant.header.as_ref());
+    let _ = writeln!(s, "v2 builds: {v2_build}");
     let _ = writeln!(
         s,
         "{:<10} {:>10} {:>9} {:>16} {:>15}",
         "build", "median us", "slowdown", "SM ns per event", "SM ns per warp"
     );
     let mut json = format!(
-        "{{\"sms\":{sms},\"arch\":\"{arch}\",\"blocks\":{},\"steps\":{},\"work\":{},\"repeats\":{},\"builds\":{{",
+        "{{\"sms\":{sms},\"arch\":\"{arch}\",\"v2_build\":\"{v2_build}\",\"blocks\":{},\"steps\":{},\"work\":{},\"repeats\":{},\"builds\":{{",
         o.blocks, o.steps, o.work, o.repeats
     );
     for (i, b) in Build::ALL.iter().enumerate() {
