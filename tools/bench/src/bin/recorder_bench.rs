@@ -5,7 +5,7 @@
 //! ```sh
 //! cargo build --release -p tracing-gpu-bench --bin recorder_bench
 //! target/release/recorder_bench [--events N] [--repeats R] [--warmup W] [--json PATH] [--check-only]
-//!     [--header FILE]
+//!     [--header FILE] [--define NAME=VALUE]
 //! compute-sanitizer --tool memcheck --error-exitcode 1 target/release/recorder_bench --check-only
 //! ```
 //!
@@ -89,10 +89,12 @@ struct Gpu {
     name: String,
     /// `--header`: the recorder's builds include it in place of the embedded header.
     header: Option<cli::Header>,
+    /// `--define`s: added to the v2 recorder's builds (not v1's, not the baselines').
+    defines: Vec<String>,
 }
 
 impl Gpu {
-    fn new(header: Option<cli::Header>) -> Result<Gpu> {
+    fn new(header: Option<cli::Header>, defines: Vec<String>) -> Result<Gpu> {
         let ctx = device::open(0)?;
         // One stream and explicit synchronization: no per-launch tracking events between
         // the timing events.
@@ -104,16 +106,23 @@ impl Gpu {
             sms: device::sm_count(&ctx)?,
             name: ctx.name()?,
             header,
+            defines,
             ctx,
         })
     }
 
     /// Compiles `source` with NVRTC and loads its entry point `entry`; a build with the
-    /// recorder on includes `--header`'s file, if any.
+    /// recorder on includes `--header`'s file, if any, and v2's the `--define`s.
     fn load(&self, source: &str, entry: &str, defines: &[String]) -> Result<CudaFunction> {
         let mut build = KernelBuild::new(entry, self.arch).header("baselines.cuh", BASELINES);
         for d in defines {
             build = build.define(d.clone());
+        }
+        let v1 = defines.iter().any(|d| d == "TGPU_FORMAT=1");
+        if !v1 && defines.iter().any(|d| d == "TGPU_ENABLED=1") {
+            for d in &self.defines {
+                build = build.define(d.clone());
+            }
         }
         let (source, build) = match &self.header {
             Some(h) if defines.iter().any(|d| d == "TGPU_ENABLED=1") => h.apply(source, build),
@@ -490,6 +499,10 @@ struct Options {
     /// `tracing_gpu.cuh` (a variant of the header, beside the shipped one in one call).
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
+    /// A define added to the v2 recorder's builds, checks and bench alike (`NAME=VALUE`,
+    /// such as a candidate's switch); repeatable.
+    #[arg(long = "define", value_name = "NAME=VALUE")]
+    defines: Vec<String>,
 }
 
 fn bench(gpu: &Gpu, o: &Options) -> Result<Vec<Cell>> {
@@ -1069,7 +1082,7 @@ fn main() -> ExitCode {
 
 fn run(o: &Options) -> Result<()> {
     let header = cli::Header::read(o.header.as_deref())?;
-    let gpu = match Gpu::new(header) {
+    let gpu = match Gpu::new(header, o.defines.clone()) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("skipped: no GPU ({e})");
@@ -1079,6 +1092,9 @@ fn run(o: &Options) -> Result<()> {
     eprintln!("device: {}, {} SMs, {}", gpu.name, gpu.sms, gpu.arch);
     if let Some(path) = &o.header {
         eprintln!("recorder header: {}", path.display());
+    }
+    if !o.defines.is_empty() {
+        eprintln!("v2 builds also define: {}", o.defines.join(" "));
     }
     // A failed check is reported and fails the run, after the bench has run too.
     let checks = check_overflow(&gpu)
