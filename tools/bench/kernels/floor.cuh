@@ -58,8 +58,8 @@ namespace tgpu {
 //      +12.1 % at 132 / 8 blocks (v2 +16.4 / +14.2 %), every event exact; at full
 //      occupancy (a store per entry, where v2 stores 32 at once) not measured. Made exact
 //      in the shipped header (sampling, a full slot's anchor, its lost events counted),
-//      it measured +4.2 to +8.7 % and the graph +16 to +19 %: its gain rests on what it
-//      leaves out, in ways not taken apart yet.
+//      it measured +4.2 to +8.7 % and the graph +16 to +19 %, though each piece it adds
+//      is free alone here (lab history, session 26: what the combination pays for).
 // In the decode step (H100, lab history, session 26) mode 0 made the attention kernel
 // 31 % slower alone and the step +7.9 %, where mode 2 left the step as fast as off.
 #ifndef TGPU_FLOOR_MODE
