@@ -48,9 +48,9 @@ namespace tgpu {
 //   3: not a floor but a candidate recorder for latency-bound kernels (issue #28), which
 //      writes recorder v2's slot format, so the host decodes it unchanged, and stages
 //      nothing: the warp's first lane stamps each call and stores its 8-byte entry at once
-//      (a payload: one entry more), and writes the v2 slot header at the flush. Four
-//      registers held (the next entry's address, the entries stored, left and lost); per
-//      call a timer read, a predicated store and three adds. A prototype, not shipped: no
+//      (a payload: one entry more), and writes the v2 slot header at the flush. Five
+//      registers held (the next entry's address, two; the entries stored, left and lost);
+//      per call a timer read, a predicated store and three adds. A prototype, not shipped: no
 //      sampling (every warp records), no streaming (a streaming argument records
 //      nothing), and a slot that fills counts its lost entries but not the events they end
 //      (v2 counts those). Measured against v2 on the H100 (lab history, session 26): the
