@@ -152,6 +152,21 @@ impl Header {
     }
 }
 
+/// `source` and `build` as a binary's `--define`s and `--header` change them: the defines
+/// added, and the header, if any, in place of the embedded one.
+pub fn variant(
+    source: &str,
+    build: KernelBuild,
+    defines: &[String],
+    header: Option<&Header>,
+) -> (String, KernelBuild) {
+    let build = defines.iter().fold(build, |b, d| b.define(d.clone()));
+    match header {
+        Some(h) => h.apply(source, build),
+        None => (source.to_owned(), build),
+    }
+}
+
 /// How a binary names the recorder's build in its output: `TGPU_ENABLED=1`, the
 /// `--define`s added to it and the `--header`, if any.
 pub fn recorder_build_with(defines: &[String], header: Option<&Header>) -> String {

@@ -17,7 +17,7 @@ use tracing_gpu::cuda::cudarc::driver::PushKernelArg;
 use tracing_gpu::cuda::{self, KernelBuild, Profiler, ProfilerError, TracedKernel};
 use tracing_gpu::format::{self, KernelArg};
 
-use crate::cli::Header;
+use crate::cli::{self, Header};
 use crate::device;
 use crate::{quickstart, quickstart_off};
 
@@ -60,15 +60,12 @@ impl Short {
             None => device::sm_count(profiler.context())?,
         };
         let ctx = profiler.context();
-        let on_build = defines
-            .iter()
-            .fold(quickstart::Kernel::build(profiler, true), |b, d| {
-                b.define(d.clone())
-            });
-        let (source, on_build) = match header {
-            Some(h) => h.apply(quickstart::SOURCE, on_build),
-            None => (quickstart::SOURCE.to_owned(), on_build),
-        };
+        let (source, on_build) = cli::variant(
+            quickstart::SOURCE,
+            quickstart::Kernel::build(profiler, true),
+            defines,
+            header,
+        );
         let load = |source: &str, build: &KernelBuild| -> Result<CudaFunction, ProfilerError> {
             let ptx = cuda::compile(source, build)?;
             Ok(ctx.load_module(ptx)?.load_function("tiled_poly")?)

@@ -151,16 +151,10 @@ fn load(ctx: &Arc<CudaContext>, arch: &'static str, b: Build, v: &Variant) -> Re
     for d in b.defines() {
         build = build.define(*d);
     }
-    let v2 = matches!(b, Build::V2 | Build::V2Silent);
-    let mut source = DENSE.to_owned();
-    if v2 {
-        for d in &v.defines {
-            build = build.define(d.clone());
-        }
-        if let Some(h) = &v.header {
-            (source, build) = h.apply(&source, build);
-        }
-    }
+    let (source, build) = match b {
+        Build::V2 | Build::V2Silent => cli::variant(DENSE, build, &v.defines, v.header.as_ref()),
+        _ => (DENSE.to_owned(), build),
+    };
     let module = ctx.load_module(compile(&source, &build)?)?;
     Ok(module.load_function("dense")?)
 }

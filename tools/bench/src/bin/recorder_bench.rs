@@ -118,15 +118,13 @@ impl Gpu {
         for d in defines {
             build = build.define(d.clone());
         }
-        let v1 = defines.iter().any(|d| d == "TGPU_FORMAT=1");
-        if !v1 && defines.iter().any(|d| d == "TGPU_ENABLED=1") {
-            for d in &self.defines {
-                build = build.define(d.clone());
+        let v2 = !defines.iter().any(|d| d == "TGPU_FORMAT=1");
+        let (source, build) = match defines.iter().any(|d| d == "TGPU_ENABLED=1") {
+            true => {
+                let extra: &[String] = if v2 { &self.defines } else { &[] };
+                cli::variant(source, build, extra, self.header.as_ref())
             }
-        }
-        let (source, build) = match &self.header {
-            Some(h) if defines.iter().any(|d| d == "TGPU_ENABLED=1") => h.apply(source, build),
-            _ => (source.to_owned(), build),
+            false => (source.to_owned(), build),
         };
         let module = self.ctx.load_module(compile(&source, &build)?)?;
         Ok(module.load_function(entry)?)

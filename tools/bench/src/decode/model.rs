@@ -13,7 +13,7 @@ use tracing_gpu::format::KernelArg;
 
 use super::shape::{Shape, CHUNK, GEMV_ROWS, GEMV_WARPS, HEAD_DIM};
 use super::Kind;
-use crate::cli::Header;
+use crate::cli::{self, Header};
 use crate::kernels::DECODE_STEP;
 use crate::Result;
 
@@ -67,16 +67,13 @@ impl Kernels {
         profiler: &Profiler,
         gate: Option<(&[String], Option<&Header>)>,
     ) -> Result<Kernels, ProfilerError> {
-        let mut build = KernelBuild::new("decode_step.cu", profiler.arch());
-        let mut source = DECODE_STEP.to_owned();
-        if let Some((defines, header)) = gate {
-            build = defines
-                .iter()
-                .fold(build.define("TGPU_ENABLED=1"), |b, d| b.define(d.clone()));
-            if let Some(h) = header {
-                (source, build) = h.apply(&source, build);
+        let build = KernelBuild::new("decode_step.cu", profiler.arch());
+        let (source, build) = match gate {
+            Some((defines, header)) => {
+                cli::variant(DECODE_STEP, build.define("TGPU_ENABLED=1"), defines, header)
             }
-        }
+            None => (DECODE_STEP.to_owned(), build),
+        };
         let module = profiler
             .context()
             .load_module(cuda::compile(&source, &build)?)?;
