@@ -57,9 +57,10 @@ namespace tgpu {
 //      decode step, every step recorded, +2.95 % (v2 +8.38 %), the 100-node graph +11.6 /
 //      +12.1 % at 132 / 8 blocks (v2 +16.4 / +14.2 %), every event exact; at full
 //      occupancy (a store per entry, where v2 stores 32 at once) not measured. Made exact
-//      in the shipped header (sampling, a full slot's anchor, its lost events counted),
-//      it measured +4.2 to +8.7 % and the graph +16 to +19 %, though each piece it adds
-//      is free alone here (lab history, session 26: what the combination pays for).
+//      in the header (sampling, a full slot's anchor, its lost events counted), it
+//      measured +4.2 to +8.7 % and the graph +16 to +19 % (session 26), and as
+//      `TGPU_DIRECT=1` +7.7 % and +16.5 / +17.1 % beside v2's +8.3 % and +14.0 / +15.6 %
+//      (session 27), though each piece it adds is free alone here (lab history).
 // In the decode step (H100, lab history, session 26) mode 0 made the attention kernel
 // 31 % slower alone and the step +7.9 %, where mode 2 left the step as fast as off.
 #ifndef TGPU_FLOOR_MODE
