@@ -121,14 +121,6 @@ impl Header {
     /// Reads `path`; `None` without one.
     pub fn read(path: Option<&Path>) -> Result<Option<Header>, Box<dyn Error>> {
         let Some(path) = path else { return Ok(None) };
-        // It is named in the JSON output, unescaped.
-        if path.to_string_lossy().contains(['"', '\\']) {
-            return Err(format!(
-                "--header {}: a path without quotes or backslashes",
-                path.display()
-            )
-            .into());
-        }
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("--header {}: {e}", path.display()))?;
         Ok(Some(Header {
@@ -183,4 +175,32 @@ pub fn recorder_build(defines: &[String]) -> String {
         .chain(defines.iter().map(String::as_str))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `s` as a JSON string, quoted and escaped: a `--define` or a header's path may hold
+/// quotes or backslashes, and the benchmarks' JSON lines embed them.
+pub fn json_string(s: &str) -> String {
+    let mut q = String::with_capacity(s.len() + 2);
+    q.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => q.push_str("\\\""),
+            '\\' => q.push_str("\\\\"),
+            c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
+            c => q.push(c),
+        }
+    }
+    q.push('"');
+    q
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_with_quotes_and_backslashes_is_one_json_string() {
+        let build = recorder_build(&[r#"NAME="a\b""#.to_owned()]);
+        assert_eq!(json_string(&build), r#""TGPU_ENABLED=1 NAME=\"a\\b\"""#);
+    }
 }

@@ -35,7 +35,7 @@ use cudarc::nvrtc::Ptx;
 use tracing_gpu::cuda::calibrate::Calibrator;
 use tracing_gpu::cuda::{compile, KernelBuild};
 
-use crate::{device, BenchError, Result};
+use crate::{cli, device, BenchError, Result};
 
 const EMPTY: &str = r#"extern "C" __global__ void tgpu_probe_empty() {}"#;
 const FRESH: &str = r#"extern "C" __global__ void tgpu_probe_fresh() {}"#;
@@ -358,34 +358,17 @@ struct Json(Vec<String>);
 
 impl Json {
     fn raw(&mut self, k: &str, v: String) {
-        self.0.push(format!("{}:{v}", quote(k)));
+        self.0.push(format!("{}:{v}", cli::json_string(k)));
     }
     fn num(&mut self, k: &str, v: f64) {
         self.raw(k, format!("{v:.3}"));
     }
     fn str(&mut self, k: &str, v: &str) {
-        self.raw(k, quote(v));
+        self.raw(k, cli::json_string(v));
     }
     fn finish(self) -> String {
         format!("{{{}}}", self.0.join(","))
     }
-}
-
-fn quote(s: &str) -> String {
-    let mut q = String::with_capacity(s.len() + 2);
-    q.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => q.push_str("\\\""),
-            '\\' => q.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(q, "\\u{:04x}", c as u32);
-            }
-            c => q.push(c),
-        }
-    }
-    q.push('"');
-    q
 }
 
 #[cfg(test)]

@@ -219,8 +219,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         let _ = write!(
             json,
-            "{}{{\"ordinal\":{ordinal},\"name\":\"{name}\",\"timer_step_ns\":{},\"pollers\":{},\"create_ms\":{create_ms:.2},\"first\":{},\"first_ms\":{first_ms:.3}",
+            "{}{{\"ordinal\":{ordinal},\"name\":{},\"timer_step_ns\":{},\"pollers\":{},\"create_ms\":{create_ms:.2},\"first\":{},\"first_ms\":{first_ms:.3}",
             if ordinal > 0 { "," } else { "" },
+            cli::json_string(&name),
             cal.timer_step_ns(),
             cal.pollers(),
             burst_json(m, &first_two)

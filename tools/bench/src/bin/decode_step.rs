@@ -433,8 +433,11 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
     let header = cli::Header::read(a.header.as_deref())?;
     let build = cli::recorder_build_with(&a.defines, header.as_ref());
     println!("decode_step on {card}; recorder build {build}");
-    let mut json =
-        format!(r#"{{"bench":"decode_step","card":"{card}","recorder_build":"{build}","#);
+    let mut json = format!(
+        r#"{{"bench":"decode_step","card":{},"recorder_build":{},"#,
+        cli::json_string(&card),
+        cli::json_string(&build)
+    );
 
     let builds = Builds::load(&profiler, &a.defines, header.as_ref())?;
     let (mut ok, mut direct) = (true, 0u64);

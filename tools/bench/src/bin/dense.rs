@@ -312,7 +312,8 @@ fn run(o: &Options) -> Result<bool> {
         "build", "median us", "slowdown", "SM ns per event", "SM ns per warp"
     );
     let mut json = format!(
-        "{{\"sms\":{sms},\"arch\":\"{arch}\",\"v2_build\":\"{v2_build}\",\"blocks\":{},\"steps\":{},\"work\":{},\"repeats\":{},\"builds\":{{",
+        "{{\"sms\":{sms},\"arch\":\"{arch}\",\"v2_build\":{},\"blocks\":{},\"steps\":{},\"work\":{},\"repeats\":{},\"builds\":{{",
+        cli::json_string(&v2_build),
         o.blocks, o.steps, o.work, o.repeats
     );
     for (i, b) in Build::ALL.iter().enumerate() {

@@ -334,8 +334,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
         )
     };
     println!(
-        r#"{{"bench":"graph_replay","recorder_build":"{}","nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"off":{},"null_trace":{},"profiled":{},"slowdown_vs_off_pct":{vs_off},"null_trace_vs_off_pct":{null_vs_off},"slowdown_vs_null_pct":{vs_null},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
-        cli::recorder_build_with(&a.defines, header.as_ref()),
+        r#"{{"bench":"graph_replay","recorder_build":{},"nodes":{},"profiled_nodes":{nodes},"replays":{},"block":{},"work":{},"capacity":{},"regions":{},"off":{},"null_trace":{},"profiled":{},"slowdown_vs_off_pct":{vs_off},"null_trace_vs_off_pct":{null_vs_off},"slowdown_vs_null_pct":{vs_null},"made":{made},"stats_replays":{},"stats_launches":{},"delivered":{},"skipped":{},"failed":{},"events":{},"memory_bytes":{},"counts_ok":{ok}}}"#,
+        cli::json_string(&cli::recorder_build_with(&a.defines, header.as_ref())),
         a.nodes,
         a.replays,
         a.block,

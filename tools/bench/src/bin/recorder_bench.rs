@@ -740,8 +740,11 @@ fn json(gpu: &Gpu, o: &Options, cells: &[Cell]) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "{{\"device\":\"{}\",\"sms\":{},\"arch\":\"{}\",\"events_per_warp\":{},\"repeats\":{},\"warmup\":{},\"cells\":[",
-        gpu.name, gpu.sms, gpu.arch, o.events, o.repeats, o.warmup
+        "{{\"device\":{},\"sms\":{},\"arch\":\"{}\",\"events_per_warp\":{},\"repeats\":{},\"warmup\":{},\"cells\":[",
+        cli::json_string(&gpu.name),
+        gpu.sms,
+        gpu.arch,
+        o.events, o.repeats, o.warmup
     );
     for (i, c) in cells.iter().enumerate() {
         let _ = write!(

@@ -10,7 +10,8 @@
 //!                       [--probe [--probe-at 1.0] [--probe-thread]] [--no-recalibration]
 //!                       [--drain-threads N] [--unfiltered] [--capacity R --memory-limit B]
 //!                       [--walkers N] [--perfetto-encoders N]
-//!                       [--perfetto-zlib LEVEL [--perfetto-when-behind]] [--header FILE]
+//!                       [--perfetto-zlib LEVEL [--perfetto-when-behind]]
+//!                       [--header FILE] [--define NAME=VALUE]
 //! ```
 //!
 //! One block per SM of `--warps` warps (one producer, the rest consumers), each looping
@@ -190,6 +191,10 @@ struct Options {
     /// call).
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
+    /// A define added to the recorder's builds (every mode but `off`; `NAME=VALUE`, such
+    /// as `TGPU_FLOOR_MODE=3` with the floor's `--header`); repeatable.
+    #[arg(long = "define", value_name = "NAME=VALUE")]
+    defines: Vec<String>,
 }
 
 /// What the in-memory sink saw.
@@ -404,9 +409,14 @@ impl Kernel {
         if mode == "watch" {
             build = build.define("TGPU_WATCH=1");
         }
-        let (source, build) = match cli::Header::read(o.header.as_deref())? {
-            Some(h) if mode != "off" => h.apply(STREAM, build),
-            _ => (STREAM.to_owned(), build),
+        let (source, build) = match mode {
+            "off" => (STREAM.to_owned(), build),
+            _ => cli::variant(
+                STREAM,
+                build,
+                &o.defines,
+                cli::Header::read(o.header.as_deref())?.as_ref(),
+            ),
         };
         let module = ctx.load_module(compile(&source, &build)?)?;
         let sms = device::sm_count(ctx)?;
@@ -735,8 +745,12 @@ fn run(o: &Options) -> Result<bool> {
         return Err("--probe-at must be 0 to 3600 seconds".into());
     }
     println!("stream: {}", probe::env_line());
-    if let Some(path) = &o.header {
-        println!("stream: the recorder's builds include {}", path.display());
+    if o.header.is_some() || !o.defines.is_empty() {
+        let header = cli::Header::read(o.header.as_deref())?;
+        println!(
+            "stream: recorder build {}",
+            cli::recorder_build_with(&o.defines, header.as_ref())
+        );
     }
     let ctx = device::open(0)?;
     let iters = match o.iters {
