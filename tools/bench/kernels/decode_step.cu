@@ -297,17 +297,29 @@ extern "C" __global__ void __launch_bounds__(CHUNK)
   float q[8];
   unpack(reinterpret_cast<const uint4*>(qkv + ((unsigned long long)b * per + h) * HEAD_DIM)[sub], q);
   rec.switch_to<Load, Score>();
-#pragma unroll 4
-  for (u32 j = warp * 2 + (lane >> 4); j < CHUNK; j += 8) {
-    const bool ok = j < n;
-    float kf[8];
-    unpack(ok ? kc[j * (HEAD_DIM / 8) + sub] : make_uint4(0, 0, 0, 0), kf);
-    float s = 0.0f;
+  // Four tokens' keys loaded before any is used, as a kernel author keeps loads in
+  // flight: left to `#pragma unroll 4`, ptxas issued them one at a time in some builds
+  // and four at a time in others, and the step's time moved by what one loop's schedule
+  // did, not by what the recorder costs (docs/lab/performance-history.md, session 28).
+  for (u32 j0 = warp * 2 + (lane >> 4); j0 < CHUNK; j0 += 32) {
+    uint4 kw[4];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) s = fmaf(q[e], kf[e], s);
+    for (int u = 0; u < 4; ++u) {
+      const u32 j = j0 + 8 * u;
+      kw[u] = j < n ? kc[j * (HEAD_DIM / 8) + sub] : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (sub == 0) p[j] = ok ? s * scale : NEG_INF;
+    for (int u = 0; u < 4; ++u) {
+      const u32 j = j0 + 8 * u;
+      float kf[8];
+      unpack(kw[u], kf);
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(q[e], kf[e], s);
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (sub == 0) p[j] = j < n ? s * scale : NEG_INF;
+    }
   }
   __syncthreads();
   rec.switch_to<Score, Softmax>();
@@ -325,14 +337,25 @@ extern "C" __global__ void __launch_bounds__(CHUNK)
   rec.switch_to<Softmax, Value>();
   // Warp w takes tokens w, w + 4, ...; lane holds dims lane * 4 .. + 4.
   float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-  for (u32 j = warp; j < n; j += 4) {
-    const uint2 vv = vc[j * (HEAD_DIM / 4) + lane];
-    const float pj = p[j];
-    o[0] = fmaf(pj, lo(vv.x), o[0]);
-    o[1] = fmaf(pj, hi(vv.x), o[1]);
-    o[2] = fmaf(pj, lo(vv.y), o[2]);
-    o[3] = fmaf(pj, hi(vv.y), o[3]);
+  // Four tokens' values in flight at once, as the keys above.
+  for (u32 j0 = warp; j0 < n; j0 += 16) {
+    uint2 vv[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const u32 j = j0 + 4 * u;
+      vv[u] = j < n ? vc[j * (HEAD_DIM / 4) + lane] : make_uint2(0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const u32 j = j0 + 4 * u;
+      if (j < n) {
+        const float pj = p[j];
+        o[0] = fmaf(pj, lo(vv[u].x), o[0]);
+        o[1] = fmaf(pj, hi(vv[u].x), o[1]);
+        o[2] = fmaf(pj, lo(vv[u].y), o[2]);
+        o[3] = fmaf(pj, hi(vv[u].y), o[3]);
+      }
+    }
   }
   rec.switch_to<Value, Reduce>();
 #pragma unroll

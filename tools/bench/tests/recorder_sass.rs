@@ -641,10 +641,11 @@ fn the_streamed_benchmarks_own_loops_are_the_same_in_every_build() {
 /// The decode step's `attention` keeps the gate off's loads in flight in its loops, in the
 /// SASS the GPU machine runs (NVRTC 13.0 and its ptxas, through
 /// `tools/bench/scripts/device-sass.sh`; the wheels' 13.5 make other SASS and did not show
-/// it). ptxas holds the kernel at 32 registers; the warp's slot kept in one of them made
-/// ptxas wait for each load of the value loop before the next: +36 % with a null trace on
-/// an H100 (lab history, session 21). Per loop, the instructions that wait for one of the
-/// loop's own loads: as many as the gate off's, not more.
+/// it). When its loops were left to `#pragma unroll`, the warp's slot kept in a register
+/// made ptxas wait for each load of the value loop before the next: +36 % with a null
+/// trace on an H100 (lab history, session 21); the loops now load four tokens before using
+/// any (session 28). Per loop, the instructions that wait for one of the loop's own loads:
+/// as many as the gate off's, not more.
 #[test]
 fn attention_keeps_the_gate_offs_loads_in_flight_in_the_devices_sass() {
     let Some((_, cuobjdump)) = tools() else {
