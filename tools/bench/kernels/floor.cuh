@@ -54,7 +54,9 @@ namespace tgpu {
 //      sampling (every warp records), no streaming (a streaming argument records
 //      nothing), and a slot that fills counts its lost entries but not the events they end
 //      (v2 counts those). Measured against v2 on the H100 (lab history, session 26): the
-//      decode step, every step recorded, +2.95 % (v2 +8.38 %), the 100-node graph +11.6 /
+//      decode step, every step recorded, +2.95 % (v2 +8.38 %; on 8ad9709's kernels, whose
+//      attention keeps its loads in flight in every build, +8.03 % against v2's +8.62 %:
+//      the gain was that kernel's schedule, session 28), the 100-node graph +11.6 /
 //      +12.1 % at 132 / 8 blocks (v2 +16.4 / +14.2 %), every event exact; at full
 //      occupancy (a store per entry, where v2 stores 32 at once) not measured. Made exact
 //      in the header (sampling, a full slot's anchor, its lost events counted), it
@@ -62,7 +64,9 @@ namespace tgpu {
 //      `TGPU_DIRECT=1` +7.7 % and +16.5 / +17.1 % beside v2's +8.3 % and +14.0 / +15.6 %
 //      (session 27), though each piece it adds is free alone here (lab history).
 // In the decode step (H100, lab history, session 26) mode 0 made the attention kernel
-// 31 % slower alone and the step +7.9 %, where mode 2 left the step as fast as off.
+// 31 % slower alone and the step +7.9 %, where mode 2 left the step as fast as off; on
+// 8ad9709's kernels mode 0 costs the step +0.17 %, mode 1 +3.02 % (session 28). On
+// `stream`'s fixed slots mode 0 costs +4.12 %, mode 1 +2.73 %, mode 2 +0.02 % (v2 +3.48 %).
 #ifndef TGPU_FLOOR_MODE
 #define TGPU_FLOOR_MODE 0
 #endif

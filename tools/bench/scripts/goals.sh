@@ -11,7 +11,7 @@
 #   graph    graph_replay, 8 and 132 blocks, v2, v1, the floor and its direct mode       100 s
 #   storm    storm, own stream, 1 and 4 threads, 15 µs apart                               20 s
 #   bench    recorder_bench (per range, lone warp and full SM), dense and its direct mode  80 s
-#   stream   stream: fixed slots at 215 M/s, and the floor; Perfetto at 101 M/s           80 s
+#   stream   stream: fixed slots at 215 M/s, the floor (modes 0, 1); Perfetto at 101 M/s  100 s
 #   gemm     gemm_stream, 10 s: sampled to fit the drain, nearly none, and all (overloaded) 200 s
 #
 # The floor: tools/bench/kernels/floor.cuh in place of the recorder's header (`--header`),
@@ -64,8 +64,8 @@ decode() {
   one decode_v1_recorded 120 $d "${a[@]}" --block 4 --define TGPU_FORMAT=1 \
     --json "$work/decode_v1_recorded.json"
   one decode_floor 120 $d "${a[@]}" --header .gpu/floor.cuh
-  # The floor with each stamp stored at once (mode 1): here mode 0's held register made the
-  # attention kernel 31 % slower alone (lab history, session 26).
+  # The floor with each stamp stored at once (mode 1): before 8ad9709 mode 0's held register
+  # made the attention kernel 31 % slower alone (lab history, sessions 26 and 28).
   one decode_floor_mode1 120 $d "${a[@]}" --header .gpu/floor.cuh --define TGPU_FLOOR_MODE=1
   one decode_direct_recorded 120 $d "${a[@]}" --block 4 --header .gpu/floor.cuh \
     --define TGPU_FLOOR_MODE=3
@@ -105,6 +105,10 @@ stream() {
   local s=./.gpu/stream
   one stream_fixed 90 $s --modes off,fixed --seconds 10 --work 900 --json "$work/stream_fixed.json"
   one stream_fixed_floor 90 $s --modes off,fixed --seconds 10 --work 900 --header .gpu/floor.cuh
+  # Each stamp stored at once, nothing held between calls: +2.73 % where mode 0 cost +4.12 %
+  # and v2 +3.48 % (H100, lab history, session 28).
+  one stream_fixed_floor_mode1 90 $s --modes off,fixed --seconds 10 --work 900 \
+    --header .gpu/floor.cuh --define TGPU_FLOOR_MODE=1
   # The settings that delivered every event on the H100 (docs/performance.md): 12 encoders
   # deflating everything, 4 drain threads (16 cores in all).
   one stream_perfetto 150 $s --modes off,perfetto --seconds 10 --work 2000 \
