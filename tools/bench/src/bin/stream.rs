@@ -766,6 +766,14 @@ fn run(o: &Options) -> Result<bool> {
             ((o.seconds * 1e3 / ms.max(1e-3)) * probe as f64).clamp(1.0, u32::MAX as f64) as u32
         }
     };
+    // stream.cu finds the iterations with a payload by adding `every` to a 32-bit count.
+    if u64::from(iters) + u64::from(o.every) >= 1 << 32 {
+        return Err(format!(
+            "{iters} iterations and --every {}: their sum must be below 2^32",
+            o.every
+        )
+        .into());
+    }
     println!(
         "stream: {} SMs, {} warps per block, {iters} iterations per warp",
         device::sm_count(&ctx)?,
