@@ -3,6 +3,7 @@
 //! status).
 
 use std::error::Error;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
@@ -186,7 +187,9 @@ pub fn json_string(s: &str) -> String {
         match c {
             '"' => q.push_str("\\\""),
             '\\' => q.push_str("\\\\"),
-            c if (c as u32) < 0x20 => q.push_str(&format!("\\u{:04x}", c as u32)),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(q, "\\u{:04x}", c as u32);
+            }
             c => q.push(c),
         }
     }
