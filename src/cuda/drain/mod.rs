@@ -52,9 +52,13 @@ pub(crate) struct DrainConfig {
     pub backlog: usize,
 }
 
-/// Warps per drain thread by default, at least: fewer would spend more on
-/// threads than on reading (one core rebuilds about 50-60 M entries a second).
-const SHARD_WARPS_BY_CORES: usize = 32;
+/// Warps per drain thread by default, at least. A warp alone may record tens of
+/// millions of events a second, and one core rebuilds about 50-60 M entries a
+/// second: a sampled launch's few warps each record at full rate (the sampled
+/// GEMM's 34 warps at 55 M events/s lost 5 % on the two threads that 32 warps a
+/// thread gave them, none on 8; H100, session 29), while a thread with little to
+/// read costs a look at its rings every [`IDLE`].
+const SHARD_WARPS_BY_CORES: usize = 4;
 /// How many threads read a streamed launch's rings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DrainThreads {
@@ -310,10 +314,11 @@ mod tests {
 
     #[test]
     fn drain_threads_share_the_warps_as_set_or_by_the_cores() {
-        // By the cores: 32 warps a thread at least, at most 12 threads.
+        // By the cores: 4 warps a thread at least, at most 12 threads.
         let cores = DrainThreads::by_cores();
         assert_eq!(cores.shards(528), 12.min(cores.max));
-        assert_eq!(cores.shards(32), 1);
+        assert_eq!(cores.shards(34), 9.min(cores.max));
+        assert_eq!(cores.shards(4), 1);
         assert!(cores.max <= 12);
         // Set: that many, at most one a warp.
         assert_eq!(DrainThreads::exactly(12).shards(528), 12);

@@ -75,7 +75,7 @@ impl ProfilerBuilder {
     }
 
     /// Threads that read a running streamed launch's rings, each a share of its
-    /// warps (default: three quarters of the cores, up to 12, each with 32
+    /// warps (default: three quarters of the cores, up to 12, each with 4
     /// warps at least). One core rebuilds about 50 M entries a second: a kernel
     /// that records faster than its drain threads read fills its rings and
     /// drops entries.

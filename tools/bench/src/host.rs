@@ -2,11 +2,17 @@
 //! read costs (a clock the vDSO cannot read is a system call, and the profiled
 //! launch reads one several times), and which threads share a core (the profiler's
 //! threads on the launching thread's core, or its hyperthread sibling, slow its
-//! calls down without appearing in any of their parts).
+//! calls down without appearing in any of their parts), and what the profiler's own
+//! threads cost it in CPU time.
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::io;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
 use tracing_gpu::clock::HostClock;
@@ -57,6 +63,90 @@ impl ClockCosts {
             self.boottime_ns, self.instant_ns, self.source
         )
     }
+}
+
+/// CPU seconds of the profiler's own threads (names starting "tracing-gpu"), by
+/// role; [`profiler_cpu`] measures them.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProfilerCpu {
+    /// The collector.
+    pub collector: f64,
+    /// The drain threads of streamed launches.
+    pub drain: f64,
+    /// The rest (the Perfetto writer and encoders, the calibrator).
+    pub other: f64,
+}
+
+impl ProfilerCpu {
+    /// All of them.
+    pub fn total(self) -> f64 {
+        self.collector + self.drain + self.other
+    }
+}
+
+/// Runs `f`, and the CPU time the profiler's threads took meanwhile: each read from
+/// `/proc/self/task` every 50 ms while `f` runs, so that threads that end before it
+/// (a streamed launch's drain threads) are counted too.
+pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(HashMap::<u64, (usize, f64)>::new()));
+    let sample = {
+        let (stop, seen) = (stop.clone(), seen.clone());
+        std::thread::spawn(move || loop {
+            let last = stop.load(Ordering::Acquire);
+            for task in std::fs::read_dir("/proc/self/task")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                    continue;
+                };
+                let name = &stat[open + 1..close];
+                if !name.starts_with("tracing-gpu") {
+                    continue;
+                }
+                // Thread names are cut to 15 bytes: "tracing-gpu col", "tracing-gpu dra".
+                let role = match &name["tracing-gpu".len()..] {
+                    r if r.starts_with(" col") => 0,
+                    r if r.starts_with(" dra") => 1,
+                    _ => 2,
+                };
+                let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+                // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
+                let ticks = |i: usize| {
+                    fields
+                        .get(i)
+                        .and_then(|x| x.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                };
+                let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
+                seen.lock()
+                    .insert(tid, (role, (ticks(11) + ticks(12)) / 100.0));
+            }
+            if last {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        })
+    };
+    let out = f();
+    stop.store(true, Ordering::Release);
+    let _ = sample.join();
+    let mut cpu = [0.0; 3];
+    for &(role, s) in seen.lock().values() {
+        cpu[role] += s;
+    }
+    let [collector, drain, other] = cpu;
+    (
+        out,
+        ProfilerCpu {
+            collector,
+            drain,
+            other,
+        },
+    )
 }
 
 /// The cores split between launching threads, each on a physical core of its own

@@ -8,6 +8,7 @@
 //! target/release/gemm_stream [--size 4096 4096 4096] [--seconds 10]
 //!                            [--variant phases|phases-wg] [--modes off,fixed,memory]
 //!                            [--sample-warps 0x21] [--sample-blocks 4]
+//!                            [--stream-memory BYTES] [--drain-threads N]
 //! ```
 //!
 //! `reps` comes from one gate-off launch of a single pass, so that a launch takes about
@@ -16,7 +17,8 @@
 //! counted), `memory` (streamed; the collector counts what it delivers). Per mode: the
 //! kernel's time (CUDA events around the kernel, inside the profiled call), the slowdown
 //! against `off`, the events produced (`Gemm::expected_records` × reps: known from the
-//! loops) against delivered and lost (events), the rates, the drain's stalls, and C
+//! loops) against delivered and lost (events), the rates, the drain's stalls, the CPU
+//! time of the drain threads and of the collector (`host::profiler_cpu`), and C
 //! checked against cuBLAS (every pass writes the same C). A recorded mode fails the run
 //! if delivered + lost ≠ produced (in events, counted per warp), or C is wrong.
 //!
@@ -39,6 +41,7 @@ use tracing_gpu_bench::gemm::{
     registry, relative_error, Gemm, Out, Problem, Reference, Variant, BK, BM, BN, THREADS,
     TOLERANCE,
 };
+use tracing_gpu_bench::host::profiler_cpu;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -68,6 +71,10 @@ struct Args {
     /// up to half of it.
     #[arg(long, default_value_t = DEFAULT_STREAM_MEMORY)]
     stream_memory: usize,
+    /// Threads reading the rings (`ProfilerBuilder::stream_drain_threads`); by default
+    /// the profiler's choice.
+    #[arg(long, value_parser = cli::positive::<usize>)]
+    drain_threads: Option<usize>,
 }
 
 /// A warp mask, in hex (`0x..`) or decimal.
@@ -169,15 +176,18 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
             "fixed" | "memory" => {
                 let sampler = Sampler::new(sampling);
                 let fixed = mode == "fixed";
-                let (s, st) = profiled(
-                    &ctx,
-                    &stream,
-                    (&traced, &mut p, &timer),
-                    fixed,
-                    sampler,
-                    a.stream_memory,
-                )?;
-                (s, Some(st))
+                let (ran, cpu) = profiler_cpu(|| {
+                    profiled(
+                        &ctx,
+                        &stream,
+                        (&traced, &mut p, &timer),
+                        fixed,
+                        sampler,
+                        (a.stream_memory, a.drain_threads),
+                    )
+                });
+                let (s, st) = ran?;
+                (s, Some((st, cpu)))
             }
             _ => unreachable!("the modes are checked above"),
         };
@@ -192,12 +202,12 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                 "{mode:<7} kernel {kernel_s:.3} s ({slow:+.2}% vs off)  C rel err {err:.2e}: {}",
                 if c_ok { "ok" } else { "WRONG" }
             ),
-            Some(st) => {
+            Some((st, cpu)) => {
                 let exact = st.events + st.events_lost == produced;
                 println!(
                     "{mode:<7} kernel {kernel_s:.3} s ({slow:+.2}% vs off)  produced {produced} ({:.0} M/s)  \
                      delivered {} ({:.1} %, {:.1} M/s)  lost {}  (drain stalls {})  parts {}  \
-                     C rel err {err:.2e}: {}",
+                     drain / collector cpu {:.1} / {:.1} s  C rel err {err:.2e}: {}",
                     produced as f64 / kernel_s / 1e6,
                     st.events,
                     100.0 * st.events as f64 / produced as f64,
@@ -205,6 +215,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                     st.events_lost,
                     st.stream_stalls,
                     st.parts,
+                    cpu.drain,
+                    cpu.collector,
                     if c_ok { "ok" } else { "WRONG" }
                 );
                 if !exact || st.failed != 0 {
@@ -232,18 +244,21 @@ fn profiled(
     (gemm, p, timer): (&Gemm, &mut Problem, &Timer),
     fixed: bool,
     sampler: Sampler,
-    stream_memory: usize,
+    (stream_memory, drain_threads): (usize, Option<usize>),
 ) -> Result<(f64, tracing_gpu::cuda::ProfilerStats), Box<dyn Error>> {
     let dispatch = Dispatch::new(tracing_subscriber::registry().with(LevelFilter::INFO));
     let _default = tracing::dispatcher::set_default(&dispatch);
     let per_pass = gemm.capacity(p);
-    let profiler = Profiler::builder()
+    let mut builder = Profiler::builder()
         .context(ctx.clone())
         .registry(registry())
         .capacity(per_pass)
         .sampler(sampler)
-        .stream_memory(stream_memory)
-        .build()?;
+        .stream_memory(stream_memory);
+    if let Some(n) = drain_threads {
+        builder = builder.stream_drain_threads(n);
+    }
+    let profiler = builder.build()?;
     let cfg = gemm.config(p);
     let launch = |trace: KernelArg| {
         timer.record_start(stream)?;

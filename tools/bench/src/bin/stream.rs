@@ -62,7 +62,6 @@
 //! probes run on a thread of their own while the launching thread waits for the
 //! kernel (`cuEventSynchronize`), as the collector's recalibrations do.
 
-use std::collections::HashMap;
 use std::error::Error;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -83,6 +82,7 @@ use tracing_gpu::cuda::{
 use tracing_gpu::deliver::SinkLayer;
 use tracing_gpu::format::KernelArg;
 use tracing_gpu::perfetto::PerfettoLayer;
+use tracing_gpu_bench::host::{profiler_cpu, ProfilerCpu};
 use tracing_gpu_bench::kernels::STREAM;
 use tracing_gpu_bench::probe::{self, Probe};
 use tracing_gpu_bench::snapshots::{self, Snapshots};
@@ -316,74 +316,6 @@ fn now_ns() -> u64 {
     tracing_gpu::clock::HostClock::Boottime.now_ns()
 }
 
-/// CPU seconds of the profiler's own threads (names starting "tracing-gpu"), by
-/// role: the collector, the drain threads, the rest (the Perfetto writer and
-/// encoders); sampled every 50 ms while `f` runs, so that threads that end before
-/// it are counted too.
-fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, Cpu) {
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = Arc::new(parking_lot::Mutex::new(HashMap::<u64, (usize, f64)>::new()));
-    let sample = {
-        let (stop, seen) = (stop.clone(), seen.clone());
-        std::thread::spawn(move || loop {
-            let last = stop.load(Ordering::Acquire);
-            for task in std::fs::read_dir("/proc/self/task")
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-                let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-                    continue;
-                };
-                let name = &stat[open + 1..close];
-                if !name.starts_with("tracing-gpu") {
-                    continue;
-                }
-                // Thread names are cut to 15 bytes: "tracing-gpu col", "tracing-gpu dra".
-                let role = match &name["tracing-gpu".len()..] {
-                    r if r.starts_with(" col") => 0,
-                    r if r.starts_with(" dra") => 1,
-                    _ => 2,
-                };
-                let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-                // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
-                let ticks = |i: usize| {
-                    fields
-                        .get(i)
-                        .and_then(|x| x.parse::<f64>().ok())
-                        .unwrap_or(0.0)
-                };
-                let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
-                seen.lock()
-                    .insert(tid, (role, (ticks(11) + ticks(12)) / 100.0));
-            }
-            if last {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        })
-    };
-    let out = f();
-    stop.store(true, Ordering::Release);
-    let _ = sample.join();
-    let mut cpu = Cpu::default();
-    for &(role, s) in seen.lock().values() {
-        cpu.0[role] += s;
-    }
-    (out, cpu)
-}
-
-/// CPU seconds of the collector, the drain threads and the other profiler threads.
-#[derive(Default, Clone, Copy)]
-struct Cpu([f64; 3]);
-
-impl Cpu {
-    fn total(self) -> f64 {
-        self.0.iter().sum()
-    }
-}
-
 struct Kernel {
     f: CudaFunction,
     cfg: LaunchConfig,
@@ -479,7 +411,7 @@ struct Figures {
     /// the run, and the median, 99th percentile and largest of all.
     lag_quarters_ms: [f64; 4],
     lag_ms: [f64; 3],
-    cpu: Cpu,
+    cpu: ProfilerCpu,
     /// The process's peak resident memory during the mode (bytes).
     peak_rss: Option<u64>,
     /// `--probe`'s JSON object.
@@ -529,7 +461,7 @@ fn run_mode(mode: &str, ctx: &Arc<CudaContext>, iters: u32, o: &Options) -> Resu
             delivered_after_s: 0.0,
             lag_quarters_ms: [f64::NAN; 4],
             lag_ms: [f64::NAN; 3],
-            cpu: Cpu::default(),
+            cpu: ProfilerCpu::default(),
             peak_rss: peak_rss(),
             probe,
             snapshots: Vec::new(),
@@ -823,9 +755,9 @@ fn run(o: &Options) -> Result<bool> {
             st.memory_bytes >> 20,
             f.peak_rss.map_or("?".into(), |b| (b >> 20).to_string()),
             f.cpu.total(),
-            f.cpu.0[0],
-            f.cpu.0[1],
-            f.cpu.0[2],
+            f.cpu.collector,
+            f.cpu.drain,
+            f.cpu.other,
             f.lag_ms[0],
             f.lag_ms[1],
             f.lag_ms[2],
@@ -852,7 +784,7 @@ fn run(o: &Options) -> Result<bool> {
             st.memory_bytes,
             f.peak_rss.map_or("null".into(), |b| b.to_string()),
             f.cpu.total(),
-            f.cpu.0,
+            [f.cpu.collector, f.cpu.drain, f.cpu.other],
             json_ms(&f.lag_ms),
             json_ms(&f.lag_quarters_ms),
             st.failed,
