@@ -12,19 +12,29 @@
 //! finished an older one.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
+use super::host::KeyHasher;
 use crate::batch::Batch;
 use crate::deliver::watched::Watched;
 use crate::watch::State;
 
-/// A warp's key, as its tracks are found (`tracks::WarpTracks`): GPU ordinal,
-/// SM, block, warp.
-type Key = (u32, u32, u32, u32);
+/// A warp's key, as its tracks are found (`tracks::WarpTracks`: GPU ordinal,
+/// SM, block, warp), packed into one word for a cheap lookup (the writer
+/// thread makes one per warp of every batch). Packing may give two warps one
+/// key (an ordinal past 255, an SM past 65,535, a warp past 255): they then
+/// share an encoder, which is all a key decides.
+fn key(ordinal: u32, sm: u32, block: u32, warp: u32) -> u64 {
+    u64::from(block) << 32
+        | u64::from(sm & 0xFFFF) << 16
+        | u64::from(ordinal & 0xFF) << 8
+        | u64::from(warp & 0xFF)
+}
 
 /// The encoder of every warp seen so far, and the work each was given.
 #[derive(Debug)]
 pub(crate) struct Owners {
-    of: HashMap<Key, u8>,
+    of: HashMap<u64, u8, BuildHasherDefault<KeyHasher>>,
     /// Per encoder: events handed to it so far, plus one per warp-batch (so
     /// that warps without events spread too).
     load: Vec<u64>,
@@ -35,14 +45,14 @@ impl Owners {
     pub(crate) fn new(n: usize) -> Owners {
         assert!((1..=256).contains(&n), "{n} encoders");
         Owners {
-            of: HashMap::new(),
+            of: HashMap::default(),
             load: vec![0; n],
         }
     }
 
     /// The encoder of warp `key`, which has `events` events now: the one it
     /// had, or, first seen, the one with the least work.
-    fn owner(&mut self, key: Key, events: u64) -> u8 {
+    fn owner(&mut self, key: u64, events: u64) -> u8 {
         let load = &mut self.load;
         let e = *self.of.entry(key).or_insert_with(|| {
             let least = (0..load.len()).min_by_key(|&e| load[e]).unwrap_or(0);
@@ -60,8 +70,8 @@ impl Owners {
             .slots()
             .map(|s| {
                 let h = &s.header;
-                let key = (ordinal, h.sm_first, h.block_linear, h.warp);
-                self.owner(key, s.event_count() as u64)
+                let key = key(ordinal, h.sm_first, h.block_linear, h.warp);
+                self.owner(key, u64::from(s.event_count()))
             })
             .collect()
     }
@@ -75,12 +85,8 @@ impl Owners {
             .iter()
             .map(|warp| match &warp.state {
                 State::Running { open, .. } if !open.is_empty() => {
-                    let key = (
-                        w.device.ordinal,
-                        warp.sm,
-                        warp.slot / per_block,
-                        warp.slot % per_block,
-                    );
+                    let (block, index) = (warp.slot / per_block, warp.slot % per_block);
+                    let key = key(w.device.ordinal, warp.sm, block, index);
                     self.owner(key, open.len() as u64)
                 }
                 _ => 0,
@@ -131,7 +137,7 @@ mod tests {
                     for b in quarter * 33..(quarter + 1) * 33 {
                         for w in 0..4u32 {
                             let events = if w == 0 { 100 } else { 200 };
-                            let e = owners.owner((0, sm(b), b, w), events);
+                            let e = owners.owner(key(0, sm(b), b, w), events);
                             assert_eq!(*seen.entry((b, w)).or_insert(e), e, "warp {b}/{w}");
                             work[e as usize] += events;
                         }
