@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use super::error::PerfettoError;
 use super::flows::{launch_flow_id, FlowOrigins};
-use super::owners::Mine;
 use super::parts::{KernelSum, LaunchParts};
 use super::proto::{
     Clock, ClockSnapshot, Data, DebugAnnotation, Enc, EventType, TracePacket, TracePacketDefaults,
@@ -15,7 +14,7 @@ use super::proto::{
 use super::stats::WriteStats;
 use super::tracks::{DeviceTracks, Ids, MISC_SEQUENCE};
 use super::unfinished::Unfinished;
-use super::warps::{WarpEncoder, FLUSH_AT};
+use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use crate::batch::Batch;
 use crate::clock::HostClock;
 use crate::deliver::watched::Watched;
@@ -114,7 +113,7 @@ impl DeviceEncoder {
             warps,
             ..
         } = self;
-        stats.device_events += warps.batch(ids, enc, b, head.window, Mine::All, &mut |enc| {
+        stats.device_events += warps.batch(ids, enc, b, head.window, Shard::ALL, &mut |enc| {
             stats.bytes += sink(&enc.buf)?;
             enc.clear();
             Ok(())
@@ -333,7 +332,7 @@ impl DeviceEncoder {
             stats,
             ..
         } = self;
-        warps.open(ids, enc, w, Mine::All, &mut |enc| {
+        warps.open(ids, enc, w, Shard::ALL, &mut |enc| {
             stats.bytes += sink(&enc.buf)?;
             enc.clear();
             Ok(())

@@ -33,8 +33,7 @@ pub(crate) fn process(ids: &Ids, pid: i32, name: String) -> TracePacket {
     })
 }
 
-/// Hashes a key of one word (a callsite's address, an index, a warp's packed
-/// key in `owners.rs`) with one multiply.
+/// Hashes a name key (a callsite's address, an index) with one multiply.
 #[derive(Default)]
 pub(crate) struct KeyHasher(u64);
 
@@ -48,10 +47,9 @@ impl Hasher for KeyHasher {
         }
     }
     fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(26);
+        self.0 = (v as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
     }
 }
 

@@ -71,7 +71,6 @@ mod guard;
 mod host;
 mod layer;
 mod output;
-mod owners;
 mod parallel;
 mod parts;
 pub(crate) mod proto;

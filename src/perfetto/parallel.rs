@@ -5,8 +5,8 @@
 //! batch it writes, itself, what lies above the warps
 //! ([`TraceWriter::write_head`]: the GPU and SM descriptors,
 //! the kernel slice, the events-lost counter), then hands the batch to every encoder
-//! thread, with which encoder writes each of its warps ([`Owners`], `owners.rs`):
-//! the same encoder, batch after batch, so each warp's lanes and their writer
+//! thread. Encoder `i` of `n` writes the warps that [`Shard`] `i` owns: the
+//! same warps, batch after batch, so each warp's lanes and their writer
 //! sequences belong to one encoder, which writes their packets in order, with
 //! its own interned names and its own one-byte sequence ids. Packets of
 //! different sequences may interleave in a trace; each encoder's output is
@@ -37,10 +37,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::PerfettoError;
-use super::owners::{Mine, Owners};
 use super::proto::Enc;
 use super::tracks::Ids;
-use super::warps::{WarpEncoder, FLUSH_AT};
+use super::warps::{Shard, WarpEncoder, FLUSH_AT};
 use super::writer::{compressed_packet, TraceWriter};
 use crate::batch::Batch;
 use crate::deliver::watched::Watched;
@@ -140,23 +139,14 @@ impl Drop for Obituary<'_> {
     }
 }
 
-/// A batch handed to the encoders: with its device time window
-/// ([`TraceWriter::write_head`]) and the encoder of each of its warps.
-struct Handed {
-    batch: Arc<Batch>,
-    window: (u64, u64),
-    owners: Box<[u8]>,
-}
-
-/// A group of batches.
-type Group = Arc<[Handed]>;
+/// A group of batches, each with its device time window ([`TraceWriter::write_head`]).
+type Group = Arc<[(Arc<Batch>, (u64, u64))]>;
 
 /// What an encoder is handed: a group of batches, or, at the end of the trace, a
-/// launch still running whose warps' open ranges are to be written (with the
-/// encoder of each of its warps).
+/// launch still running whose warps' open ranges are to be written.
 enum Job {
     Batches(Group),
-    Open(Arc<Watched>, Arc<[u8]>),
+    Open(Arc<Watched>),
 }
 
 /// The encoder threads of one layer, seen from its writer thread.
@@ -169,10 +159,8 @@ pub(crate) struct Encoders {
     out: Receiver<Piece>,
     /// The writer's time in writes ([`Deflate::WhenBehind`]).
     duty: Duty,
-    /// Which encoder writes which warp.
-    owners: Owners,
     /// The group being gathered, and its events.
-    group: Vec<Handed>,
+    group: Vec<(Arc<Batch>, (u64, u64))>,
     group_events: u64,
     /// Groups handed out so far, and per encoder, groups it has finished
     /// and whose output is written.
@@ -218,6 +206,10 @@ impl Encoders {
             // Never full: at most DEPTH_PER_ENCODER × n groups are handed out.
             let (job_tx, rx) = mpsc::sync_channel(DEPTH_PER_ENCODER * n);
             let (spare_tx, spare_rx) = mpsc::channel();
+            let shard = Shard {
+                index: index as u32,
+                of: n as u32,
+            };
             let (ids, tx, wake) = (ids.clone(), tx.clone(), wake.clone());
             let behind = behind.clone();
             let spawned = std::thread::Builder::new()
@@ -230,7 +222,7 @@ impl Encoders {
                         behind: &behind,
                         wake: &wake,
                     };
-                    encode(index, warps, &ids, (&rx, &spare_rx), out)
+                    encode(index, shard, warps, &ids, (&rx, &spare_rx), out)
                 });
             match spawned {
                 Ok(t) => {
@@ -259,7 +251,6 @@ impl Encoders {
                 busy: Duration::ZERO,
                 behind,
             },
-            owners: Owners::new(n),
             group: Vec::new(),
             group_events: 0,
             handed: 0,
@@ -289,12 +280,7 @@ impl Encoders {
                 return;
             }
         };
-        let owners = self.owners.batch(batch);
-        self.group.push(Handed {
-            batch: batch.clone(),
-            window,
-            owners,
-        });
+        self.group.push((batch.clone(), window));
         self.group_events += batch.buffer.event_count();
         if self.group.len() >= GROUP_BATCHES || self.group_events >= GROUP_EVENTS {
             self.hand_out(w, failed);
@@ -340,9 +326,8 @@ impl Encoders {
                 break;
             }
         }
-        let owners: Arc<[u8]> = self.owners.snapshot(&watched).into();
         for jobs in &self.jobs {
-            let _ = jobs.send(Job::Open(watched.clone(), owners.clone()));
+            let _ = jobs.send(Job::Open(watched.clone()));
         }
         self.handed += 1;
     }
@@ -457,6 +442,7 @@ impl Out<'_> {
 /// is waiting (so that nothing stays behind while the layer is idle).
 fn encode(
     encoder: usize,
+    shard: Shard,
     mut warps: WarpEncoder,
     ids: &Ids,
     (jobs, spare): (&Receiver<Job>, &Receiver<Vec<u8>>),
@@ -517,23 +503,15 @@ fn encode(
         };
         let group = match job {
             Job::Batches(group) => group,
-            Job::Open(watched, owners) => {
-                let mine = Mine::Of {
-                    encoder: encoder as u8,
-                    owners: &owners,
-                };
+            Job::Open(watched) => {
                 // Kept whole (this sink never fails): it goes back as the next hand-back does.
-                let _ = warps.open(ids, &mut enc, &watched, mine, &mut |_| Ok(()));
+                let _ = warps.open(ids, &mut enc, &watched, shard, &mut |_| Ok(()));
                 groups += 1;
                 continue;
             }
         };
-        for h in group.iter() {
-            let mine = Mine::Of {
-                encoder: encoder as u8,
-                owners: &h.owners,
-            };
-            let r = warps.batch(ids, &mut enc, &h.batch, h.window, mine, &mut |enc| {
+        for (batch, window) in group.iter() {
+            let r = warps.batch(ids, &mut enc, batch, *window, shard, &mut |enc| {
                 // The writer is gone (finished or failed): nobody to tell.
                 let (mut none, mut no_events) = (0, 0);
                 if hand_back(enc, &mut none, &mut no_events) {
