@@ -75,6 +75,9 @@ pub struct ProfilerCpu {
     pub drain: f64,
     /// The rest (the Perfetto writer and encoders, the calibrator).
     pub other: f64,
+    /// The busiest thread of each role (collector, drain, other): one near the
+    /// run's wall time is what sets the pace of its role.
+    pub busiest: [f64; 3],
 }
 
 impl ProfilerCpu {
@@ -134,9 +137,10 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
     let out = f();
     stop.store(true, Ordering::Release);
     let _ = sample.join();
-    let mut cpu = [0.0; 3];
+    let (mut cpu, mut busiest) = ([0.0; 3], [0.0f64; 3]);
     for &(role, s) in seen.lock().values() {
         cpu[role] += s;
+        busiest[role] = busiest[role].max(s);
     }
     let [collector, drain, other] = cpu;
     (
@@ -145,6 +149,7 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
             collector,
             drain,
             other,
+            busiest,
         },
     )
 }

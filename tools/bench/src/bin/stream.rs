@@ -42,9 +42,10 @@
 //! last part arrived, how late the parts arrived (from their cut to the sink: median,
 //! 99th percentile, largest, and the largest in each quarter of the run), the streaming
 //! memory, the process's peak resident memory, and the CPU time of the profiler's
-//! threads (the collector, the drain threads, the others). The subscriber filters at
-//! `INFO`, as the README's, so that `deliver` makes no plain spans (`--unfiltered`: no
-//! filter). A mode fails the run if produced ≠ delivered + lost (in events).
+//! threads (the collector, the drain threads, the others, and the busiest thread of
+//! each). The subscriber filters at `INFO`, as the README's, so that `deliver` makes
+//! no plain spans (`--unfiltered`: no filter). A mode fails the run if produced ≠
+//! delivered + lost (in events).
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
@@ -736,7 +737,7 @@ fn run(o: &Options) -> Result<bool> {
         println!(
             "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed, {:+.2}% vs memory)  launch call {:.1} ms  produced {}  delivered {}  lost {}  \
              (drain stalls {})  parts {}  checkpoints {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
-             (collector {:.1}, drain {:.1}, other {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
+             (collector {:.1}, drain {:.1}, other {:.1}; busiest thread {:.1} / {:.1} / {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
             f.mode,
             f.kernel_s,
@@ -758,6 +759,9 @@ fn run(o: &Options) -> Result<bool> {
             f.cpu.collector,
             f.cpu.drain,
             f.cpu.other,
+            f.cpu.busiest[0],
+            f.cpu.busiest[1],
+            f.cpu.busiest[2],
             f.lag_ms[0],
             f.lag_ms[1],
             f.lag_ms[2],
@@ -768,7 +772,7 @@ fn run(o: &Options) -> Result<bool> {
         );
         json.push_str(&format!(
             "{{\"mode\":\"{}\",\"kernel_s\":{},\"launch_call_s\":{},\"produced\":{},\"delivered\":{},\"events_lost\":{},\"stream_stalls\":{},\"parts\":{},\"calibrations\":{},\
-             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"peak_rss_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\
+             \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"peak_rss_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\"busiest_thread_by_role_s\":{:?},\
              \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
             f.kernel_s,
@@ -785,6 +789,7 @@ fn run(o: &Options) -> Result<bool> {
             f.peak_rss.map_or("null".into(), |b| b.to_string()),
             f.cpu.total(),
             [f.cpu.collector, f.cpu.drain, f.cpu.other],
+            f.cpu.busiest,
             json_ms(&f.lag_ms),
             json_ms(&f.lag_quarters_ms),
             st.failed,
