@@ -137,6 +137,10 @@ case "${1:-}" in
     for s in "$@"; do [[ " ${sets[*]} " == *" $s "* ]] || fail "no set $s (sets: ${sets[*]})"; done
     work=$(mktemp -d)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$work/summary"
+    # The host's cores: the streamed runs' drain and encoder threads share them (16 CPUs
+    # may be 8 cores with two threads each).
+    lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)):' |
+      tr -s ' ' | tee -a "$work/summary"
     git -C "$top" log -1 --format='%h %s' 2>/dev/null | cut -c1-100 | tee -a "$work/summary"
     for s in "$@"; do "$s"; done
     tar -czf "$OUT/goals.tar.gz" -C "$work" .
