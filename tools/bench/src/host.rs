@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-
 use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
 use tracing_gpu::clock::HostClock;
 
@@ -66,24 +65,28 @@ impl ClockCosts {
 }
 
 /// CPU seconds of the profiler's own threads (names starting "tracing-gpu"), by
-/// role; [`profiler_cpu`] measures them.
+/// role, indexed by [`ProfilerCpu::COLLECTOR`], [`ProfilerCpu::DRAIN`] and
+/// [`ProfilerCpu::OTHER`]; [`profiler_cpu`] measures them.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ProfilerCpu {
-    /// The collector.
-    pub collector: f64,
-    /// The drain threads of streamed launches.
-    pub drain: f64,
-    /// The rest (the Perfetto writer and encoders, the calibrator).
-    pub other: f64,
-    /// The busiest thread of each role (collector, drain, other): one near the
-    /// run's wall time is what sets the pace of its role.
+    /// All the role's threads together.
+    pub by_role: [f64; 3],
+    /// The role's busiest thread: one near the run's wall time is what sets the
+    /// pace of its role.
     pub busiest: [f64; 3],
 }
 
 impl ProfilerCpu {
+    /// The collector.
+    pub const COLLECTOR: usize = 0;
+    /// The drain threads of streamed launches.
+    pub const DRAIN: usize = 1;
+    /// The rest (the Perfetto writer and encoders, the calibrator).
+    pub const OTHER: usize = 2;
+
     /// All of them.
     pub fn total(self) -> f64 {
-        self.collector + self.drain + self.other
+        self.by_role.iter().sum()
     }
 }
 
@@ -112,9 +115,9 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
                 }
                 // Thread names are cut to 15 bytes: "tracing-gpu col", "tracing-gpu dra".
                 let role = match &name["tracing-gpu".len()..] {
-                    r if r.starts_with(" col") => 0,
-                    r if r.starts_with(" dra") => 1,
-                    _ => 2,
+                    r if r.starts_with(" col") => ProfilerCpu::COLLECTOR,
+                    r if r.starts_with(" dra") => ProfilerCpu::DRAIN,
+                    _ => ProfilerCpu::OTHER,
                 };
                 let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
                 // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
@@ -137,21 +140,12 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
     let out = f();
     stop.store(true, Ordering::Release);
     let _ = sample.join();
-    let (mut cpu, mut busiest) = ([0.0; 3], [0.0f64; 3]);
+    let mut cpu = ProfilerCpu::default();
     for &(role, s) in seen.lock().values() {
-        cpu[role] += s;
-        busiest[role] = busiest[role].max(s);
+        cpu.by_role[role] += s;
+        cpu.busiest[role] = cpu.busiest[role].max(s);
     }
-    let [collector, drain, other] = cpu;
-    (
-        out,
-        ProfilerCpu {
-            collector,
-            drain,
-            other,
-            busiest,
-        },
-    )
+    (out, cpu)
 }
 
 /// The cores split between launching threads, each on a physical core of its own

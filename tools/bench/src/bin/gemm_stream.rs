@@ -41,7 +41,7 @@ use tracing_gpu_bench::gemm::{
     registry, relative_error, Gemm, Out, Problem, Reference, Variant, BK, BM, BN, THREADS,
     TOLERANCE,
 };
-use tracing_gpu_bench::host::profiler_cpu;
+use tracing_gpu_bench::host::{profiler_cpu, ProfilerCpu};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -215,8 +215,8 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                     st.events_lost,
                     st.stream_stalls,
                     st.parts,
-                    cpu.drain,
-                    cpu.collector,
+                    cpu.by_role[ProfilerCpu::DRAIN],
+                    cpu.by_role[ProfilerCpu::COLLECTOR],
                     if c_ok { "ok" } else { "WRONG" }
                 );
                 if !exact || st.failed != 0 {
