@@ -4,7 +4,7 @@
 #
 #   tools/bench/scripts/goals.sh pack             here: builds and strips the binaries
 #                                                 into .gpu/ (about 17 MB, for `carry`)
-#   tools/bench/scripts/goals.sh run [SET...]     there: runs the sets (all by default)
+#   tools/bench/scripts/goals.sh run [SET...]     there: runs the sets (all but goals31 by default)
 #
 # Sets, in the order they run, with about how long each takes on an H100:
 #   decode   decode_step, v2, v1 (TGPU_FORMAT=1), the floor and its direct mode        120 s
@@ -13,6 +13,7 @@
 #   bench    recorder_bench (per range, lone warp and full SM), dense and its direct mode  80 s
 #   stream   stream: fixed slots at 215 M/s, the floor (modes 0, 1); Perfetto at 101 M/s  100 s
 #   gemm     gemm_stream, 10 s: sampled to fit the drain, nearly none, and all (overloaded) 200 s
+#   goals31  issue #31's goals alone: fixed slots, Perfetto three times, and gemm          300 s
 #
 # The floor: tools/bench/kernels/floor.cuh in place of the recorder's header (`--header`),
 # what stamping every call costs at least; its runs print no trace's counts (it writes none,
@@ -31,7 +32,7 @@ top=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$top"
 
 bins=(decode_step graph_replay storm recorder_bench dense stream gemm_stream)
-sets=(decode graph storm bench stream gemm)
+sets=(decode graph storm bench stream gemm goals31)
 
 pack() {
   grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -101,18 +102,27 @@ bench() {
   one dense_direct 120 ./.gpu/dense --header .gpu/floor.cuh --define TGPU_FLOOR_MODE=3
 }
 
+fixed() {
+  one stream_fixed 90 ./.gpu/stream --modes off,fixed --seconds 10 --work 900 \
+    --json "$work/stream_fixed.json"
+}
+
+# The settings that delivered every event on the H100 (docs/performance.md): 12 encoders
+# deflating everything, 4 drain threads (16 cores in all). NAME: the run's name.
+perfetto() {
+  one "$1" 150 ./.gpu/stream --modes off,perfetto --seconds 10 --work 2000 \
+    --perfetto-encoders 12 --drain-threads 4 --perfetto-zlib 1 --json "$work/$1.json"
+}
+
 stream() {
   local s=./.gpu/stream
-  one stream_fixed 90 $s --modes off,fixed --seconds 10 --work 900 --json "$work/stream_fixed.json"
+  fixed
   one stream_fixed_floor 90 $s --modes off,fixed --seconds 10 --work 900 --header .gpu/floor.cuh
   # Each stamp stored at once, nothing held between calls: +2.73 % where mode 0 cost +4.12 %
   # and v2 +3.48 % (H100, lab history, session 28).
   one stream_fixed_floor_mode1 90 $s --modes off,fixed --seconds 10 --work 900 \
     --header .gpu/floor.cuh --define TGPU_FLOOR_MODE=1
-  # The settings that delivered every event on the H100 (docs/performance.md): 12 encoders
-  # deflating everything, 4 drain threads (16 cores in all).
-  one stream_perfetto 150 $s --modes off,perfetto --seconds 10 --work 2000 \
-    --perfetto-encoders 12 --drain-threads 4 --perfetto-zlib 1 --json "$work/stream_perfetto.json"
+  perfetto stream_perfetto
 }
 
 gemm() {
@@ -127,13 +137,21 @@ gemm() {
   one gemm_overloaded 150 $g --seconds 10 "${m[@]}"
 }
 
+# Issue #31's goals alone, in one call: fixed slots, Perfetto at 101 M/s (three times: it
+# was whole in 3 runs of 8 in session 29), the GEMM sampled, unsampled and overloaded.
+goals31() {
+  fixed
+  for i in 1 2 3; do perfetto "stream_perfetto_$i"; done
+  gemm
+}
+
 case "${1:-}" in
   pack) pack ;;
   run)
     shift
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || fail "run is for the GPU machine: no \$OUT"
     for b in "${bins[@]}"; do [ -x ".gpu/$b" ] || fail "no .gpu/$b: run \`$0 pack\` here and carry .gpu"; done
-    [ $# -gt 0 ] || set -- "${sets[@]}"
+    [ $# -gt 0 ] || set -- "${sets[@]:0:6}"
     for s in "$@"; do [[ " ${sets[*]} " == *" $s "* ]] || fail "no set $s (sets: ${sets[*]})"; done
     work=$(mktemp -d)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$work/summary"
