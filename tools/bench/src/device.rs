@@ -76,6 +76,16 @@ impl Timer {
         })
     }
 
+    /// Two timing events in `ctx` whose end is waited for on a blocking primitive: for
+    /// launches of seconds run beside the profiler's threads, where a spinning wait
+    /// (the default event's) would take one of the host's cores from them.
+    pub fn blocking(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        Ok(Timer {
+            start: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
+            end: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?,
+        })
+    }
+
     /// `count` timers.
     pub fn many(ctx: &Arc<CudaContext>, count: usize) -> Result<Vec<Self>, DriverError> {
         (0..count).map(|_| Timer::new(ctx)).collect()

@@ -66,14 +66,15 @@ impl ClockCosts {
 
 /// CPU seconds of the profiler's own threads (names starting "tracing-gpu"), by
 /// role, indexed by [`ProfilerCpu::COLLECTOR`], [`ProfilerCpu::DRAIN`] and
-/// [`ProfilerCpu::OTHER`]; [`profiler_cpu`] measures them.
+/// [`ProfilerCpu::OTHER`], and of the process's other threads
+/// ([`ProfilerCpu::APP`]); [`profiler_cpu`] measures them.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ProfilerCpu {
     /// All the role's threads together.
-    pub by_role: [f64; 3],
+    pub by_role: [f64; 4],
     /// The role's busiest thread: one near the run's wall time is what sets the
     /// pace of its role.
-    pub busiest: [f64; 3],
+    pub busiest: [f64; 4],
 }
 
 impl ProfilerCpu {
@@ -83,10 +84,14 @@ impl ProfilerCpu {
     pub const DRAIN: usize = 1;
     /// The rest (the Perfetto writer and encoders, the calibrator).
     pub const OTHER: usize = 2;
+    /// Not the profiler's: the launching thread, the driver's threads, this
+    /// measurement's own. A launching thread that spins while it waits for the
+    /// kernel shows here as one core's worth.
+    pub const APP: usize = 3;
 
-    /// All of them.
+    /// The profiler's threads, all of them.
     pub fn total(self) -> f64 {
-        self.by_role.iter().sum()
+        self.by_role[..Self::APP].iter().sum()
     }
 }
 
@@ -95,41 +100,19 @@ impl ProfilerCpu {
 /// (a streamed launch's drain threads) are counted too.
 pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
     let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(HashMap::<u64, (usize, f64)>::new()));
+    // Thread id → (role, CPU seconds before `f`, when last seen): what each took
+    // meanwhile, not since it started (the launching thread's earlier runs); a
+    // thread started since took all of its time meanwhile.
+    let before = threads_cpu().map(|(tid, role, s)| (tid, (role, s, s)));
+    let seen = Arc::new(Mutex::new(
+        before.collect::<HashMap<u64, (usize, f64, f64)>>(),
+    ));
     let sample = {
         let (stop, seen) = (stop.clone(), seen.clone());
         std::thread::spawn(move || loop {
             let last = stop.load(Ordering::Acquire);
-            for task in std::fs::read_dir("/proc/self/task")
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-                let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-                    continue;
-                };
-                let name = &stat[open + 1..close];
-                if !name.starts_with("tracing-gpu") {
-                    continue;
-                }
-                // Thread names are cut to 15 bytes: "tracing-gpu col", "tracing-gpu dra".
-                let role = match &name["tracing-gpu".len()..] {
-                    r if r.starts_with(" col") => ProfilerCpu::COLLECTOR,
-                    r if r.starts_with(" dra") => ProfilerCpu::DRAIN,
-                    _ => ProfilerCpu::OTHER,
-                };
-                let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-                // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
-                let ticks = |i: usize| {
-                    fields
-                        .get(i)
-                        .and_then(|x| x.parse::<f64>().ok())
-                        .unwrap_or(0.0)
-                };
-                let tid = task.file_name().to_string_lossy().parse().unwrap_or(0);
-                seen.lock()
-                    .insert(tid, (role, (ticks(11) + ticks(12)) / 100.0));
+            for (tid, role, now) in threads_cpu() {
+                seen.lock().entry(tid).or_insert((role, 0.0, now)).2 = now;
             }
             if last {
                 return;
@@ -141,11 +124,36 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
     stop.store(true, Ordering::Release);
     let _ = sample.join();
     let mut cpu = ProfilerCpu::default();
-    for &(role, s) in seen.lock().values() {
+    for &(role, first, last) in seen.lock().values() {
+        let s = last - first;
         cpu.by_role[role] += s;
         cpu.busiest[role] = cpu.busiest[role].max(s);
     }
     (out, cpu)
+}
+
+/// This process's threads: id, [`ProfilerCpu`] role and CPU seconds so far.
+fn threads_cpu() -> impl Iterator<Item = (u64, usize, f64)> {
+    let tasks = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten();
+    tasks.filter_map(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+        let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+        // Thread names are cut to 15 bytes: "tracing-gpu col", "tracing-gpu dra".
+        let role = match stat[open + 1..close].strip_prefix("tracing-gpu") {
+            None => ProfilerCpu::APP,
+            Some(r) if r.starts_with(" col") => ProfilerCpu::COLLECTOR,
+            Some(r) if r.starts_with(" dra") => ProfilerCpu::DRAIN,
+            Some(_) => ProfilerCpu::OTHER,
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
+        let ticks = |i: usize| fields.get(i).and_then(|x| x.parse::<f64>().ok());
+        let tid = task.file_name().to_string_lossy().parse().ok()?;
+        Some((tid, role, (ticks(11)? + ticks(12)?) / 100.0))
+    })
 }
 
 /// The cores split between launching threads, each on a physical core of its own
