@@ -112,7 +112,11 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
         std::thread::spawn(move || loop {
             let last = stop.load(Ordering::Acquire);
             for (tid, role, now) in threads_cpu() {
-                seen.lock().entry(tid).or_insert((role, 0.0, now)).2 = now;
+                // The role by the latest name: a thread names itself once it runs, so
+                // a look just after its start may still find its parent's name.
+                let mut seen = seen.lock();
+                let t = seen.entry(tid).or_insert((role, 0.0, now));
+                (t.0, t.2) = (role, now);
             }
             if last {
                 return;
@@ -259,6 +263,61 @@ mod tests {
         assert_eq!(parse_list("0-1,8-9"), vec![0, 1, 8, 9]);
         assert_eq!(parse_list("3"), vec![3]);
         assert!(parse_list("x,2-1").is_empty());
+    }
+
+    /// Spins until this thread has taken `secs` more of CPU time (not wall time:
+    /// the machine may be busy).
+    fn spin(secs: f64) {
+        let cpu = || {
+            let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+            t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+        };
+        let end = cpu() + secs;
+        while cpu() < end {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn profiler_cpu_counts_each_role_and_only_the_time_taken_meanwhile() {
+        // A collector that took 0.3 s before, and 0.2 s meanwhile; a drain thread
+        // started meanwhile, 0.4 s; the launching thread 0.2 s.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (spun, done) = std::sync::mpsc::channel::<()>();
+        let collector = std::thread::Builder::new()
+            .name("tracing-gpu collector".into())
+            .spawn(move || {
+                spin(0.3);
+                spun.send(()).unwrap();
+                wait.recv().unwrap();
+                spin(0.2);
+            })
+            .unwrap();
+        done.recv().unwrap();
+        let ((), cpu) = profiler_cpu(|| {
+            go.send(()).unwrap();
+            let drain = std::thread::Builder::new()
+                .name("tracing-gpu drain 0".into())
+                .spawn(|| spin(0.4))
+                .unwrap();
+            spin(0.2);
+            drain.join().unwrap();
+            collector.join().unwrap();
+        });
+        // /proc counts in ticks of 10 ms, and a thread that ends meanwhile may take
+        // its last ticks after the last look at it (50 ms apart, later on a busy
+        // machine): so up to 0.15 s below.
+        let near = |got: f64, want: f64| got > want - 0.15 && got < want + 0.02;
+        let role = |r| (cpu.by_role[r], cpu.busiest[r]);
+        let (collector, drain) = (role(ProfilerCpu::COLLECTOR), role(ProfilerCpu::DRAIN));
+        assert!(
+            near(collector.0, 0.2) && collector.1 == collector.0,
+            "{cpu:?}"
+        );
+        assert!(near(drain.0, 0.4) && drain.1 == drain.0, "{cpu:?}");
+        assert_eq!(cpu.total(), collector.0 + drain.0, "{cpu:?}");
+        // Other tests' threads may run beside: at least this thread's.
+        assert!(cpu.by_role[ProfilerCpu::APP] > 0.12, "{cpu:?}");
     }
 
     #[test]
