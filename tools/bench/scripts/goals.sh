@@ -40,6 +40,10 @@ pack() {
   mkdir -p .gpu
   for b in "${bins[@]}"; do strip -o ".gpu/$b" "target/release/$b" || fail "no target/release/$b"; done
   cp tools/bench/kernels/floor.cuh .gpu/
+  # The commit the binaries were built from (with `+` if the tree had changes): the
+  # carried tree's own git metadata may be older.
+  local dirty=; git diff --quiet HEAD -- src kernels tools/bench || dirty=+
+  echo "$(git log -1 --format='%h' HEAD)$dirty $(git log -1 --format='%s' HEAD)" | cut -c1-100 > .gpu/commit
   du -sh .gpu
 }
 
@@ -159,7 +163,7 @@ case "${1:-}" in
     # may be 8 cores with two threads each).
     lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)):' |
       tr -s ' ' | tee -a "$work/summary"
-    git -C "$top" log -1 --format='%h %s' 2>/dev/null | cut -c1-100 | tee -a "$work/summary"
+    echo "binaries of $(cat .gpu/commit 2>/dev/null || echo 'an unknown commit')" | tee -a "$work/summary"
     for s in "$@"; do "$s"; done
     tar -czf "$OUT/goals.tar.gz" -C "$work" .
     echo "## packed: $(du -h "$OUT/goals.tar.gz" | cut -f1) in \$OUT/goals.tar.gz"
