@@ -69,20 +69,21 @@ pub struct Timer {
 impl Timer {
     /// Two timing events in `ctx`.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        Ok(Timer {
-            start: ctx.new_event(flags)?,
-            end: ctx.new_event(flags)?,
-        })
+        Timer::ending(ctx, sys::CUevent_flags::CU_EVENT_DEFAULT)
     }
 
     /// Two timing events in `ctx` whose end is waited for on a blocking primitive: for
     /// launches of seconds run beside the profiler's threads, where a spinning wait
     /// (the default event's) would take one of the host's cores from them.
     pub fn blocking(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        Timer::ending(ctx, sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)
+    }
+
+    /// A default start event and an end event with `flags`.
+    fn ending(ctx: &Arc<CudaContext>, flags: sys::CUevent_flags) -> Result<Self, DriverError> {
         Ok(Timer {
             start: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?,
-            end: ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?,
+            end: ctx.new_event(Some(flags))?,
         })
     }
 

@@ -41,12 +41,12 @@
 //! sustained events/s delivered over the kernel's time, how long after the kernel the
 //! last part arrived, how late the parts arrived (from their cut to the sink: median,
 //! 99th percentile, largest, and the largest in each quarter of the run), the streaming
-//! memory, the process's peak resident memory, and the CPU time of the profiler's
-//! threads (the collector, the drain threads, the others, and the busiest thread of
-//! each) and of the process's other threads (the launching thread waits for the kernel
-//! on a blocking event, not spinning). The subscriber filters at `INFO`, as the README's, so that `deliver` makes
-//! no plain spans (`--unfiltered`: no filter). A mode fails the run if produced ≠
-//! delivered + lost (in events).
+//! memory, the process's peak resident memory, and the CPU time of the profiler's threads
+//! (the collector, the drain threads, the others, and the busiest thread of each) and of
+//! the process's other threads (the launching thread waits for the kernel on a blocking
+//! event, not spinning). The subscriber filters at `INFO`, as the README's, so that
+//! `deliver` makes no plain spans (`--unfiltered`: no filter). A mode fails the run if
+//! produced ≠ delivered + lost (in events).
 //!
 //! At startup it prints `CUDA_MODULE_LOADING` and `CUDA_DEVICE_MAX_CONNECTIONS` (or
 //! `unset`). `--probe` (a diagnostic, off by default: it slows the kernel and holds
