@@ -113,7 +113,7 @@ impl DeviceEncoder {
             warps,
             ..
         } = self;
-        stats.device_events += warps.batch(ids, enc, b, head.window, Shard::ALL, &mut |enc| {
+        stats.device_events += warps.batch(ids, enc, b, head.window, Shard::All, &mut |enc| {
             stats.bytes += sink(&enc.buf)?;
             enc.clear();
             Ok(())
@@ -332,7 +332,7 @@ impl DeviceEncoder {
             stats,
             ..
         } = self;
-        warps.open(ids, enc, w, Shard::ALL, &mut |enc| {
+        warps.open(ids, enc, w, Shard::All, &mut |enc| {
             stats.bytes += sink(&enc.buf)?;
             enc.clear();
             Ok(())

@@ -71,6 +71,7 @@ mod guard;
 mod host;
 mod layer;
 mod output;
+mod owners;
 mod parallel;
 mod parts;
 pub(crate) mod proto;

@@ -5,8 +5,9 @@
 //! batch it writes, itself, what lies above the warps
 //! ([`TraceWriter::write_head`]: the GPU and SM descriptors,
 //! the kernel slice, the events-lost counter), then hands the batch to every encoder
-//! thread. Encoder `i` of `n` writes the warps that [`Shard`] `i` owns: the
-//! same warps, batch after batch, so each warp's lanes and their writer
+//! thread, with the encoder of each of its warps ([`Owners`]: a warp seen
+//! first goes to the encoder given the fewest events so far). Encoder `i` of
+//! `n` writes the warps given to `i`: the same warps, batch after batch, so each warp's lanes and their writer
 //! sequences belong to one encoder, which writes their packets in order, with
 //! its own interned names and its own one-byte sequence ids. Packets of
 //! different sequences may interleave in a trace; each encoder's output is
@@ -37,6 +38,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::PerfettoError;
+use super::owners::Owners;
 use super::proto::Enc;
 use super::tracks::Ids;
 use super::warps::{Shard, WarpEncoder, FLUSH_AT};
@@ -139,14 +141,23 @@ impl Drop for Obituary<'_> {
     }
 }
 
-/// A group of batches, each with its device time window ([`TraceWriter::write_head`]).
-type Group = Arc<[(Arc<Batch>, (u64, u64))]>;
+/// A batch handed to the encoders: its device time window
+/// ([`TraceWriter::write_head`]), and the encoder of each of its slots.
+struct Handed {
+    batch: Arc<Batch>,
+    window: (u64, u64),
+    owners: Box<[u16]>,
+}
+
+/// A group of batches.
+type Group = Arc<[Handed]>;
 
 /// What an encoder is handed: a group of batches, or, at the end of the trace, a
-/// launch still running whose warps' open ranges are to be written.
+/// launch still running whose warps' open ranges are to be written (with the
+/// encoder of each warp of its snapshot).
 enum Job {
     Batches(Group),
-    Open(Arc<Watched>),
+    Open(Arc<Watched>, Arc<[u16]>),
 }
 
 /// The encoder threads of one layer, seen from its writer thread.
@@ -159,8 +170,10 @@ pub(crate) struct Encoders {
     out: Receiver<Piece>,
     /// The writer's time in writes ([`Deflate::WhenBehind`]).
     duty: Duty,
+    /// The encoder each warp was given.
+    owners: Owners,
     /// The group being gathered, and its events.
-    group: Vec<(Arc<Batch>, (u64, u64))>,
+    group: Vec<Handed>,
     group_events: u64,
     /// Groups handed out so far, and per encoder, groups it has finished
     /// and whose output is written.
@@ -206,10 +219,6 @@ impl Encoders {
             // Never full: at most DEPTH_PER_ENCODER × n groups are handed out.
             let (job_tx, rx) = mpsc::sync_channel(DEPTH_PER_ENCODER * n);
             let (spare_tx, spare_rx) = mpsc::channel();
-            let shard = Shard {
-                index: index as u32,
-                of: n as u32,
-            };
             let (ids, tx, wake) = (ids.clone(), tx.clone(), wake.clone());
             let behind = behind.clone();
             let spawned = std::thread::Builder::new()
@@ -222,7 +231,7 @@ impl Encoders {
                         behind: &behind,
                         wake: &wake,
                     };
-                    encode(index, shard, warps, &ids, (&rx, &spare_rx), out)
+                    encode(index, warps, &ids, (&rx, &spare_rx), out)
                 });
             match spawned {
                 Ok(t) => {
@@ -251,6 +260,7 @@ impl Encoders {
                 busy: Duration::ZERO,
                 behind,
             },
+            owners: Owners::new(n),
             group: Vec::new(),
             group_events: 0,
             handed: 0,
@@ -280,7 +290,11 @@ impl Encoders {
                 return;
             }
         };
-        self.group.push((batch.clone(), window));
+        self.group.push(Handed {
+            batch: batch.clone(),
+            window,
+            owners: self.owners.batch(batch),
+        });
         self.group_events += batch.buffer.event_count();
         if self.group.len() >= GROUP_BATCHES || self.group_events >= GROUP_EVENTS {
             self.hand_out(w, failed);
@@ -326,8 +340,9 @@ impl Encoders {
                 break;
             }
         }
+        let owners: Arc<[u16]> = self.owners.open(&watched).into();
         for jobs in &self.jobs {
-            let _ = jobs.send(Job::Open(watched.clone()));
+            let _ = jobs.send(Job::Open(watched.clone(), owners.clone()));
         }
         self.handed += 1;
     }
@@ -442,7 +457,6 @@ impl Out<'_> {
 /// is waiting (so that nothing stays behind while the layer is idle).
 fn encode(
     encoder: usize,
-    shard: Shard,
     mut warps: WarpEncoder,
     ids: &Ids,
     (jobs, spare): (&Receiver<Job>, &Receiver<Vec<u8>>),
@@ -501,17 +515,26 @@ fn encode(
             }
             Err(TryRecvError::Disconnected) => return,
         };
+        let index = encoder as u16;
         let group = match job {
             Job::Batches(group) => group,
-            Job::Open(watched) => {
+            Job::Open(watched, owners) => {
+                let shard = Shard::Of {
+                    owners: &owners,
+                    index,
+                };
                 // Kept whole (this sink never fails): it goes back as the next hand-back does.
                 let _ = warps.open(ids, &mut enc, &watched, shard, &mut |_| Ok(()));
                 groups += 1;
                 continue;
             }
         };
-        for (batch, window) in group.iter() {
-            let r = warps.batch(ids, &mut enc, batch, *window, shard, &mut |enc| {
+        for h in group.iter() {
+            let shard = Shard::Of {
+                owners: &h.owners,
+                index,
+            };
+            let r = warps.batch(ids, &mut enc, &h.batch, h.window, shard, &mut |enc| {
                 // The writer is gone (finished or failed): nobody to tell.
                 let (mut none, mut no_events) = (0, 0);
                 if hand_back(enc, &mut none, &mut no_events) {

@@ -146,32 +146,27 @@ pub(crate) struct DevEvent {
     instant: bool,
 }
 
-/// Which warps an encoder writes: those whose key hashes to `index` of
-/// `of`. A warp always goes to the same encoder, so its lanes, their
+/// Which warps of a batch (or of a snapshot) an encoder writes. A warp always
+/// goes to the same encoder ([`super::owners::Owners`]), so its lanes, their
 /// sequences and their clocks are one encoder's, batch after batch, and it is
 /// laid out on lanes exactly as one encoder would lay it out.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Shard {
-    pub(crate) index: u32,
-    pub(crate) of: u32,
+pub(crate) enum Shard<'a> {
+    /// Every warp: the only encoder.
+    All,
+    /// The warps whose entry in `owners` (one per slot of the batch, or per
+    /// warp of the snapshot, in order) is `index`.
+    Of { owners: &'a [u16], index: u16 },
 }
 
-impl Shard {
-    /// Every warp: the only encoder.
-    pub(crate) const ALL: Shard = Shard { index: 0, of: 1 };
-
-    /// Whether this shard writes the warp (block `block`, warp `warp`) of SM `sm`.
+impl Shard<'_> {
+    /// Whether this shard writes the batch's `i`th slot (the snapshot's `i`th warp).
     #[inline]
-    fn owns(self, sm: u32, block: u32, warp: u32) -> bool {
-        if self.of == 1 {
-            return true;
+    fn owns(self, i: usize) -> bool {
+        match self {
+            Shard::All => true,
+            Shard::Of { owners, index } => owners.get(i) == Some(&index),
         }
-        // A block's warps go to consecutive encoders; blocks start at an
-        // encoder picked by Fibonacci hashing, so that one-warp blocks and
-        // SMs filled every other one (as the block scheduler does) spread too.
-        let block_key = u64::from(sm) << 32 | u64::from(block);
-        let h = (block_key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) + u64::from(warp);
-        h % u64::from(self.of) == u64::from(self.index)
     }
 }
 
@@ -207,7 +202,7 @@ impl WarpEncoder {
         enc: &mut Enc,
         b: &Batch,
         (first, last): (u64, u64),
-        shard: Shard,
+        shard: Shard<'_>,
         sink: &mut dyn FnMut(&mut Enc) -> Result<(), PerfettoError>,
     ) -> Result<u64, PerfettoError> {
         let WarpEncoder {
@@ -223,11 +218,11 @@ impl WarpEncoder {
         let map = b.calibration.mapper(first, last);
         let ordinal = b.device.ordinal;
         let mut written = 0;
-        for slot in cap.slots() {
-            let h = &slot.header;
-            if !shard.owns(h.sm_first, h.block_linear, h.warp) {
+        for (i, slot) in cap.slots().enumerate() {
+            if !shard.owns(i) {
                 continue;
             }
+            let h = &slot.header;
             scratch.clear();
             let mut in_order = true;
             let mut prev = (0u64, Reverse(u64::MAX));
@@ -295,7 +290,7 @@ impl WarpEncoder {
         ids: &Ids,
         enc: &mut Enc,
         w: &Watched,
-        shard: Shard,
+        shard: Shard<'_>,
         sink: &mut dyn FnMut(&mut Enc) -> Result<(), PerfettoError>,
     ) -> Result<(), PerfettoError> {
         let WarpEncoder {
@@ -308,12 +303,12 @@ impl WarpEncoder {
         names.use_registry(&w.registry);
         let s = &w.snapshot;
         let per_block = s.warps_per_block.max(1);
-        for warp in &s.warps {
+        for (i, warp) in s.warps.iter().enumerate() {
             let State::Running { open, .. } = &warp.state else {
                 continue;
             };
             let (block, index) = (warp.slot / per_block, warp.slot % per_block);
-            if open.is_empty() || !shard.owns(warp.sm, block, index) {
+            if open.is_empty() || !shard.owns(i) {
                 continue;
             }
             scratch.clear();
@@ -669,46 +664,4 @@ pub(crate) fn emit_end(enc: &mut Enc, lane: &mut Lane, ts: u64) {
         b[1] = (n + 4 - 2) as u8;
         n + 4
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Shard;
-
-    /// Each warp has exactly one encoder, and a grid spread as the block
-    /// scheduler spreads it (even SMs first, then odd ones; 8 warps a block)
-    /// gives every encoder about its share.
-    #[test]
-    fn shards_partition_warps_evenly() {
-        for of in [2u32, 3, 4, 8] {
-            let mut counts = vec![0u32; of as usize];
-            let sms = (0..132).step_by(2).chain((1..132).step_by(2));
-            for (block, sm) in sms.enumerate() {
-                for warp in 0..8 {
-                    let owners: Vec<u32> = (0..of)
-                        .filter(|&index| Shard { index, of }.owns(sm, block as u32, warp))
-                        .collect();
-                    assert_eq!(owners.len(), 1, "warp {block}/{warp} on SM {sm}");
-                    counts[owners[0] as usize] += 1;
-                }
-            }
-            let share = 132 * 8 / of;
-            for c in &counts {
-                assert!(c.abs_diff(share) * 10 < share, "{of} shards: {counts:?}");
-            }
-        }
-        // One warp a block: spread by the hash alone.
-        for of in [2u32, 4] {
-            let mut counts = vec![0u32; of as usize];
-            for (block, sm) in (0..132).step_by(2).chain((1..132).step_by(2)).enumerate() {
-                let index = (0..of).find(|&index| Shard { index, of }.owns(sm, block as u32, 0));
-                counts[index.unwrap() as usize] += 1;
-            }
-            assert!(
-                counts.iter().all(|&c| c * of * 2 > 132),
-                "{of} shards: {counts:?}"
-            );
-        }
-        assert!(Shard::ALL.owns(7, 8, 9));
-    }
 }
