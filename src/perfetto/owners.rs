@@ -10,7 +10,10 @@
 //! of 4 warps), and so the layer 8-15 % less than its cores could encode.
 //! Here a warp goes, the first time it is seen, to the encoder that has been
 //! given the fewest events so far, counting each warp's events in every batch:
-//! the shares then differ by about one warp's events of a batch.
+//! the shares then differ by about one warp's events of a batch. A warp first
+//! seen with few events (one that had only begun when its first part was cut)
+//! counts there as the batch's mean, so that such warps do not all go to one
+//! encoder.
 
 use std::collections::HashMap;
 
@@ -42,10 +45,11 @@ impl Owners {
     pub(crate) fn batch(&mut self, b: &Batch) -> Box<[u16]> {
         let ordinal = b.device.ordinal;
         let cap = b.buffer.view();
+        let mean = cap.event_count() / cap.slots().len().max(1) as u64;
         let owners = cap.slots().map(|slot| {
             let h = &slot.header;
             let key = (ordinal, h.sm_first, h.block_linear, h.warp);
-            self.owner(key, u64::from(slot.event_count()))
+            self.owner(key, u64::from(slot.event_count()), mean)
         });
         owners.collect()
     }
@@ -66,19 +70,23 @@ impl Owners {
                 State::Running { open, .. } => open.len() as u64,
                 _ => 0,
             };
-            self.owner(key, open)
+            self.owner(key, open, 1)
         });
         owners.collect()
     }
 
-    fn owner(&mut self, key: WarpKey, events: u64) -> u16 {
+    /// The encoder of `key`, which has `events` in the batch at hand; given
+    /// now, it counts as at least `mean`.
+    fn owner(&mut self, key: WarpKey, events: u64, mean: u64) -> u16 {
         let load = &mut self.load;
+        let mut counts = events;
         let e = *self.by_warp.entry(key).or_insert_with(|| {
+            counts = events.max(mean);
             // The first of the least loaded: ties (the first batch) go in order.
             let least = (0..load.len()).min_by_key(|&e| load[e]).unwrap_or(0);
             least as u16
         });
-        load[e as usize] += events;
+        load[e as usize] += counts;
         e
     }
 }
@@ -100,7 +108,7 @@ mod tests {
                     for warp in 0..4u32 {
                         let events = if warp == 0 { 1_000 } else { 2_000 };
                         let key = (0, block * 7 % 132, block, warp);
-                        let e = o.owner(key, events);
+                        let e = o.owner(key, events, 0);
                         assert_eq!(*first.entry(key).or_insert(e), e, "warp moved");
                         assert!((e as usize) < n);
                     }
@@ -110,6 +118,20 @@ mod tests {
             let max = *o.load.iter().max().unwrap();
             // Within one warp's events of all batches (the largest step).
             assert!(max - mean <= 10 * 2_000, "{n} encoders: {:?}", o.load);
+        }
+    }
+
+    /// Warps first seen with nothing yet (the first part cut as they began)
+    /// spread as if they had the batch's mean, rather than all going to the
+    /// encoder that was least loaded then.
+    #[test]
+    fn warps_first_seen_empty_spread_too() {
+        let mut o = Owners::new(4);
+        // 40 warps that have recorded nothing yet, in a batch of 25 a warp.
+        let first: Vec<u16> = (0..40).map(|w| o.owner((0, 0, 0, w), 0, 25)).collect();
+        for e in 0..4u16 {
+            let n = first.iter().filter(|&&f| f == e).count();
+            assert_eq!(n, 10, "encoder {e} got {n} of 40: {first:?}");
         }
     }
 }
