@@ -14,7 +14,7 @@ use super::proto::{
 use super::stats::WriteStats;
 use super::tracks::{DeviceTracks, Ids, MISC_SEQUENCE};
 use super::unfinished::Unfinished;
-use super::warps::{Shard, WarpEncoder, FLUSH_AT};
+use super::warps::{WarpEncoder, FLUSH_AT};
 use crate::batch::Batch;
 use crate::clock::HostClock;
 use crate::deliver::watched::Watched;
@@ -113,7 +113,7 @@ impl DeviceEncoder {
             warps,
             ..
         } = self;
-        stats.device_events += warps.batch(ids, enc, b, head.window, Shard::All, &mut |enc| {
+        stats.device_events += warps.batch(ids, enc, b, head.window, &mut |enc| {
             stats.bytes += sink(&enc.buf)?;
             enc.clear();
             Ok(())
@@ -332,7 +332,7 @@ impl DeviceEncoder {
             stats,
             ..
         } = self;
-        warps.open(ids, enc, w, Shard::All, &mut |enc| {
+        warps.open(ids, enc, w, &mut |enc| {
             stats.bytes += sink(&enc.buf)?;
             enc.clear();
             Ok(())

@@ -33,7 +33,8 @@ pub(crate) fn process(ids: &Ids, pid: i32, name: String) -> TracePacket {
     })
 }
 
-/// Hashes a name key (a callsite's address, an index) with one multiply.
+/// Hashes a key (a callsite's address, an index; a warp's place, for
+/// [`super::owners`]) with one multiply.
 #[derive(Default)]
 pub(crate) struct KeyHasher(u64);
 
@@ -50,6 +51,11 @@ impl Hasher for KeyHasher {
         self.0 = (v as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .rotate_left(26);
+    }
+    fn write_u128(&mut self, v: u128) {
+        // Both halves folded into one word: a pair that folds alike only
+        // shares a bucket (the map still compares whole keys).
+        self.write_usize(((v >> 64) as u64).rotate_left(32) as usize ^ v as usize);
     }
 }
 

@@ -1,5 +1,5 @@
-//! Which encoder thread writes each warp ([`Owners`], kept by the writer thread
-//! for [`super::parallel`]).
+//! Which encoder thread writes each warp ([`Owners`], one copy in each encoder
+//! of [`super::parallel`]).
 //!
 //! A warp always goes to the same encoder, so that its lanes, their sequences
 //! and their clocks stay one encoder's. The encoders move together (the writer
@@ -14,69 +14,55 @@
 //! seen with few events (one that had only begun when its first part was cut)
 //! counts there as the batch's mean, so that such warps do not all go to one
 //! encoder.
+//!
+//! Every encoder is handed every batch, in the same order, and looks at every
+//! warp of it: each keeps its own copy of the choice and they all agree, with
+//! no lock between them and nothing more for the writer thread, which a storm
+//! of short launches keeps busy (there, a pass over each batch's slots on the
+//! writer thread cost it half again its work).
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
-use crate::batch::Batch;
-use crate::deliver::watched::Watched;
-use crate::watch::State;
+use super::host::KeyHasher;
 
-/// A warp: GPU ordinal, SM, linear block index, warp in its block (as
-/// [`super::tracks::WarpTracks`] keys its tracks).
-type WarpKey = (u32, u32, u32, u32);
+/// A warp: GPU ordinal, SM, linear block index and warp in its block (as
+/// [`super::tracks::WarpTracks`] keys its tracks), 32 bits each from the top.
+pub(crate) type WarpKey = u128;
 
-/// The encoder each warp was given, and the events each encoder has had.
+pub(crate) fn warp_key(ordinal: u32, sm: u32, block: u32, warp: u32) -> WarpKey {
+    u128::from(ordinal) << 96 | u128::from(sm) << 64 | u128::from(block) << 32 | u128::from(warp)
+}
+
+/// One encoder's copy: the encoder each warp was given, and the events each
+/// encoder has had.
 #[derive(Debug)]
 pub(crate) struct Owners {
-    by_warp: HashMap<WarpKey, u16>,
+    /// Hashed with one multiply: std's SipHash took some 400 instructions a
+    /// warp of a batch.
+    by_warp: HashMap<WarpKey, u16, BuildHasherDefault<KeyHasher>>,
     load: Vec<u64>,
+    /// The encoder this copy is for.
+    index: u16,
 }
 
 impl Owners {
-    /// For `n` encoders (at most `u16::MAX`).
-    pub(crate) fn new(n: usize) -> Owners {
+    /// Encoder `index`'s copy, of `n` encoders (at most `u16::MAX`).
+    pub(crate) fn new(index: usize, n: usize) -> Owners {
         Owners {
-            by_warp: HashMap::new(),
+            by_warp: HashMap::default(),
             load: vec![0; n.clamp(1, u16::MAX as usize)],
+            index: index as u16,
         }
     }
 
-    /// The encoder of each slot of `b`, in slot order.
-    pub(crate) fn batch(&mut self, b: &Batch) -> Box<[u16]> {
-        let ordinal = b.device.ordinal;
-        let cap = b.buffer.view();
-        let mean = cap.event_count() / cap.slots().len().max(1) as u64;
-        let owners = cap.slots().map(|slot| {
-            let h = &slot.header;
-            let key = (ordinal, h.sm_first, h.block_linear, h.warp);
-            self.owner(key, u64::from(slot.event_count()), mean)
-        });
-        owners.collect()
+    /// Whether this encoder writes warp `key`, which has `events` in the batch
+    /// at hand (given now, it counts as at least `mean`). Called for every warp
+    /// of every batch, in order, by every encoder.
+    pub(crate) fn mine(&mut self, key: WarpKey, events: u64, mean: u64) -> bool {
+        self.owner(key, events, mean) == self.index
     }
 
-    /// The encoder of each warp of `w`'s snapshot, in its order (a warp with
-    /// ranges open counts their number).
-    pub(crate) fn open(&mut self, w: &Watched) -> Box<[u16]> {
-        let s = &w.snapshot;
-        let per_block = s.warps_per_block.max(1);
-        let owners = s.warps.iter().map(|warp| {
-            let key = (
-                w.device.ordinal,
-                warp.sm,
-                warp.slot / per_block,
-                warp.slot % per_block,
-            );
-            let open = match &warp.state {
-                State::Running { open, .. } => open.len() as u64,
-                _ => 0,
-            };
-            self.owner(key, open, 1)
-        });
-        owners.collect()
-    }
-
-    /// The encoder of `key`, which has `events` in the batch at hand; given
-    /// now, it counts as at least `mean`.
     fn owner(&mut self, key: WarpKey, events: u64, mean: u64) -> u16 {
         let load = &mut self.load;
         let mut counts = events;
@@ -97,27 +83,31 @@ mod tests {
 
     /// Producer warps recording half what consumers record, as the hash could
     /// not: every encoder within one warp's events of the mean, each warp kept
-    /// by its encoder batch after batch.
+    /// by its encoder batch after batch, and every copy agreeing (each warp
+    /// exactly one encoder's).
     #[test]
     fn warps_go_to_the_least_loaded_encoder_and_stay() {
         for n in [2usize, 3, 12, 13] {
-            let mut o = Owners::new(n);
+            let mut copies: Vec<Owners> = (0..n).map(|i| Owners::new(i, n)).collect();
             let mut first = HashMap::new();
             for _ in 0..10 {
                 for block in 0..132u32 {
                     for warp in 0..4u32 {
                         let events = if warp == 0 { 1_000 } else { 2_000 };
-                        let key = (0, block * 7 % 132, block, warp);
-                        let e = o.owner(key, events, 0);
-                        assert_eq!(*first.entry(key).or_insert(e), e, "warp moved");
-                        assert!((e as usize) < n);
+                        let key = warp_key(0, block * 7 % 132, block, warp);
+                        let mine: Vec<usize> =
+                            (0..n).filter(|&i| copies[i].mine(key, events, 0)).collect();
+                        assert_eq!(mine.len(), 1, "warp {block}/{warp}: {mine:?}");
+                        assert_eq!(*first.entry(key).or_insert(mine[0]), mine[0], "warp moved");
                     }
                 }
             }
-            let mean = o.load.iter().sum::<u64>() / n as u64;
-            let max = *o.load.iter().max().unwrap();
+            let load = &copies[0].load;
+            assert!(copies.iter().all(|c| &c.load == load));
+            let mean = load.iter().sum::<u64>() / n as u64;
+            let max = *load.iter().max().unwrap();
             // Within one warp's events of all batches (the largest step).
-            assert!(max - mean <= 10 * 2_000, "{n} encoders: {:?}", o.load);
+            assert!(max - mean <= 10 * 2_000, "{n} encoders: {load:?}");
         }
     }
 
@@ -126,9 +116,11 @@ mod tests {
     /// encoder that was least loaded then.
     #[test]
     fn warps_first_seen_empty_spread_too() {
-        let mut o = Owners::new(4);
+        let mut o = Owners::new(0, 4);
         // 40 warps that have recorded nothing yet, in a batch of 25 a warp.
-        let first: Vec<u16> = (0..40).map(|w| o.owner((0, 0, 0, w), 0, 25)).collect();
+        let first: Vec<u16> = (0..40)
+            .map(|w| o.owner(warp_key(0, 0, 0, w), 0, 25))
+            .collect();
         for e in 0..4u16 {
             let n = first.iter().filter(|&&f| f == e).count();
             assert_eq!(n, 10, "encoder {e} got {n} of 40: {first:?}");

@@ -5,9 +5,10 @@
 //! batch it writes, itself, what lies above the warps
 //! ([`TraceWriter::write_head`]: the GPU and SM descriptors,
 //! the kernel slice, the events-lost counter), then hands the batch to every encoder
-//! thread, with the encoder of each of its warps ([`Owners`]: a warp seen
-//! first goes to the encoder given the fewest events so far). Encoder `i` of
-//! `n` writes the warps given to `i`: the same warps, batch after batch, so each warp's lanes and their writer
+//! thread. Encoder `i` of `n` writes the warps given to `i`
+//! ([`Owners`](super::owners::Owners): a warp seen first goes to the encoder
+//! given the fewest events so far): the same warps, batch after batch, so each
+//! warp's lanes and their writer
 //! sequences belong to one encoder, which writes their packets in order, with
 //! its own interned names and its own one-byte sequence ids. Packets of
 //! different sequences may interleave in a trace; each encoder's output is
@@ -38,10 +39,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::PerfettoError;
-use super::owners::Owners;
 use super::proto::Enc;
 use super::tracks::Ids;
-use super::warps::{Shard, WarpEncoder, FLUSH_AT};
+use super::warps::{WarpEncoder, FLUSH_AT};
 use super::writer::{compressed_packet, TraceWriter};
 use crate::batch::Batch;
 use crate::deliver::watched::Watched;
@@ -141,23 +141,14 @@ impl Drop for Obituary<'_> {
     }
 }
 
-/// A batch handed to the encoders: its device time window
-/// ([`TraceWriter::write_head`]), and the encoder of each of its slots.
-struct Handed {
-    batch: Arc<Batch>,
-    window: (u64, u64),
-    owners: Box<[u16]>,
-}
-
-/// A group of batches.
-type Group = Arc<[Handed]>;
+/// A group of batches, each with its device time window ([`TraceWriter::write_head`]).
+type Group = Arc<[(Arc<Batch>, (u64, u64))]>;
 
 /// What an encoder is handed: a group of batches, or, at the end of the trace, a
-/// launch still running whose warps' open ranges are to be written (with the
-/// encoder of each warp of its snapshot).
+/// launch still running whose warps' open ranges are to be written.
 enum Job {
     Batches(Group),
-    Open(Arc<Watched>, Arc<[u16]>),
+    Open(Arc<Watched>),
 }
 
 /// The encoder threads of one layer, seen from its writer thread.
@@ -170,10 +161,8 @@ pub(crate) struct Encoders {
     out: Receiver<Piece>,
     /// The writer's time in writes ([`Deflate::WhenBehind`]).
     duty: Duty,
-    /// The encoder each warp was given.
-    owners: Owners,
     /// The group being gathered, and its events.
-    group: Vec<Handed>,
+    group: Vec<(Arc<Batch>, (u64, u64))>,
     group_events: u64,
     /// Groups handed out so far, and per encoder, groups it has finished
     /// and whose output is written.
@@ -224,7 +213,7 @@ impl Encoders {
             let spawned = std::thread::Builder::new()
                 .name(format!("tracing-gpu perfetto encoder {index}"))
                 .spawn(move || {
-                    let warps = WarpEncoder::with_short_ids(short);
+                    let warps = WarpEncoder::sharded(index, n, short);
                     let out = Out {
                         tx: &tx,
                         deflate,
@@ -260,7 +249,6 @@ impl Encoders {
                 busy: Duration::ZERO,
                 behind,
             },
-            owners: Owners::new(n),
             group: Vec::new(),
             group_events: 0,
             handed: 0,
@@ -290,11 +278,7 @@ impl Encoders {
                 return;
             }
         };
-        self.group.push(Handed {
-            batch: batch.clone(),
-            window,
-            owners: self.owners.batch(batch),
-        });
+        self.group.push((batch.clone(), window));
         self.group_events += batch.buffer.event_count();
         if self.group.len() >= GROUP_BATCHES || self.group_events >= GROUP_EVENTS {
             self.hand_out(w, failed);
@@ -340,9 +324,8 @@ impl Encoders {
                 break;
             }
         }
-        let owners: Arc<[u16]> = self.owners.open(&watched).into();
         for jobs in &self.jobs {
-            let _ = jobs.send(Job::Open(watched.clone(), owners.clone()));
+            let _ = jobs.send(Job::Open(watched.clone()));
         }
         self.handed += 1;
     }
@@ -515,26 +498,17 @@ fn encode(
             }
             Err(TryRecvError::Disconnected) => return,
         };
-        let index = encoder as u16;
         let group = match job {
             Job::Batches(group) => group,
-            Job::Open(watched, owners) => {
-                let shard = Shard::Of {
-                    owners: &owners,
-                    index,
-                };
+            Job::Open(watched) => {
                 // Kept whole (this sink never fails): it goes back as the next hand-back does.
-                let _ = warps.open(ids, &mut enc, &watched, shard, &mut |_| Ok(()));
+                let _ = warps.open(ids, &mut enc, &watched, &mut |_| Ok(()));
                 groups += 1;
                 continue;
             }
         };
-        for h in group.iter() {
-            let shard = Shard::Of {
-                owners: &h.owners,
-                index,
-            };
-            let r = warps.batch(ids, &mut enc, &h.batch, h.window, shard, &mut |enc| {
+        for (batch, window) in group.iter() {
+            let r = warps.batch(ids, &mut enc, batch, *window, &mut |enc| {
                 // The writer is gone (finished or failed): nobody to tell.
                 let (mut none, mut no_events) = (0, 0);
                 if hand_back(enc, &mut none, &mut no_events) {

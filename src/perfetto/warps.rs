@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::error::PerfettoError;
+use super::owners::{warp_key, Owners};
 use super::proto::{field, Enc, EventType};
 use super::tracks::{sequence_start, Ids, Lane, ShortSeqs, Warp, WarpTracks};
 use crate::batch::Batch;
@@ -146,30 +147,6 @@ pub(crate) struct DevEvent {
     instant: bool,
 }
 
-/// Which warps of a batch (or of a snapshot) an encoder writes. A warp always
-/// goes to the same encoder ([`super::owners::Owners`]), so its lanes, their
-/// sequences and their clocks are one encoder's, batch after batch, and it is
-/// laid out on lanes exactly as one encoder would lay it out.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Shard<'a> {
-    /// Every warp: the only encoder.
-    All,
-    /// The warps whose entry in `owners` (one per slot of the batch, or per
-    /// warp of the snapshot, in order) is `index`.
-    Of { owners: &'a [u16], index: u16 },
-}
-
-impl Shard<'_> {
-    /// Whether this shard writes the batch's `i`th slot (the snapshot's `i`th warp).
-    #[inline]
-    fn owns(self, i: usize) -> bool {
-        match self {
-            Shard::All => true,
-            Shard::Of { owners, index } => owners.get(i) == Some(&index),
-        }
-    }
-}
-
 /// Encodes warps' events: their tracks, their lanes' sequences, the names
 /// interned on them. One per encoder; each owns the sequences it writes on.
 #[derive(Debug, Default)]
@@ -180,18 +157,22 @@ pub(crate) struct WarpEncoder {
     short: ShortSeqs,
     /// Warp writes so far (the round of [`ShortSeqs`]).
     round: u64,
+    /// One of several encoders: the warps it writes. `None`: every warp.
+    owners: Option<Owners>,
 }
 
 impl WarpEncoder {
-    /// An encoder that borrows only these short sequence ids ([`ShortSeqs::reserved`]).
-    pub(crate) fn with_short_ids(ids: Vec<u32>) -> WarpEncoder {
+    /// Encoder `index` of `n`: it writes the warps [`Owners`] gives it, and
+    /// borrows only these short sequence ids ([`ShortSeqs::reserved`]).
+    pub(crate) fn sharded(index: usize, n: usize, ids: Vec<u32>) -> WarpEncoder {
         WarpEncoder {
             short: ShortSeqs::reserved(ids),
+            owners: Some(Owners::new(index, n)),
             ..WarpEncoder::default()
         }
     }
 
-    /// Encodes the events of the warps of `b` that `shard` owns into `enc`,
+    /// Encodes the events of the warps of `b` that this encoder writes into `enc`,
     /// `window` being the batch's device time window ([`DeviceEncoder::head`](super::device::DeviceEncoder::head), which
     /// also declared their SMs). Whenever more than [`FLUSH_AT`] bytes are
     /// buffered after a warp, `sink` takes them (and leaves `enc` empty).
@@ -202,7 +183,6 @@ impl WarpEncoder {
         enc: &mut Enc,
         b: &Batch,
         (first, last): (u64, u64),
-        shard: Shard<'_>,
         sink: &mut dyn FnMut(&mut Enc) -> Result<(), PerfettoError>,
     ) -> Result<u64, PerfettoError> {
         let WarpEncoder {
@@ -211,18 +191,23 @@ impl WarpEncoder {
             scratch,
             short,
             round,
+            owners,
         } = self;
         names.use_registry(&b.registry);
         let cap = b.buffer.view();
         // The checkpoint segment is found once for the batch's device window.
         let map = b.calibration.mapper(first, last);
         let ordinal = b.device.ordinal;
+        let mean = cap.event_count() / cap.slots().len().max(1) as u64;
         let mut written = 0;
-        for (i, slot) in cap.slots().enumerate() {
-            if !shard.owns(i) {
-                continue;
-            }
+        for slot in cap.slots() {
             let h = &slot.header;
+            if let Some(o) = owners {
+                let key = warp_key(ordinal, h.sm_first, h.block_linear, h.warp);
+                if !o.mine(key, u64::from(slot.event_count()), mean) {
+                    continue;
+                }
+            }
             scratch.clear();
             let mut in_order = true;
             let mut prev = (0u64, Reverse(u64::MAX));
@@ -280,7 +265,7 @@ impl WarpEncoder {
         Ok(written)
     }
 
-    /// Writes the ranges that each running warp of snapshot `w` (those `shard`
+    /// Writes the ranges that each running warp of snapshot `w` (those this encoder
     /// owns) had open, outermost first, as slices begun at their since times
     /// and never ended, on the warp's own tracks ([`emit_open`]); more than
     /// [`FLUSH_AT`] bytes buffered after a warp go to `sink`, as in
@@ -290,7 +275,6 @@ impl WarpEncoder {
         ids: &Ids,
         enc: &mut Enc,
         w: &Watched,
-        shard: Shard<'_>,
         sink: &mut dyn FnMut(&mut Enc) -> Result<(), PerfettoError>,
     ) -> Result<(), PerfettoError> {
         let WarpEncoder {
@@ -299,16 +283,23 @@ impl WarpEncoder {
             scratch,
             short,
             round,
+            owners,
         } = self;
         names.use_registry(&w.registry);
         let s = &w.snapshot;
         let per_block = s.warps_per_block.max(1);
-        for (i, warp) in s.warps.iter().enumerate() {
-            let State::Running { open, .. } = &warp.state else {
-                continue;
-            };
+        for warp in &s.warps {
             let (block, index) = (warp.slot / per_block, warp.slot % per_block);
-            if open.is_empty() || !shard.owns(i) {
+            let open = match &warp.state {
+                State::Running { open, .. } => &open[..],
+                _ => &[],
+            };
+            // Every warp asked, in order, so that every encoder's copy agrees.
+            let key = warp_key(w.device.ordinal, warp.sm, block, index);
+            let mine = owners
+                .as_mut()
+                .is_none_or(|o| o.mine(key, open.len() as u64, 1));
+            if open.is_empty() || !mine {
                 continue;
             }
             scratch.clear();
