@@ -1,18 +1,17 @@
 //! Device batches encoded on several threads
 //! ([`PerfettoLayerBuilder::encoder_threads`]).
 //!
-//! The layer's writer thread stays the one that writes the file. For each
-//! batch it writes, itself, what lies above the warps
-//! ([`TraceWriter::write_head`]: the GPU and SM descriptors,
-//! the kernel slice, the events-lost counter), then hands the batch to every encoder
-//! thread. Encoder `i` of `n` writes the warps given to `i`
-//! ([`Owners`](super::owners::Owners): a warp seen first goes to the encoder
-//! given the fewest events so far): the same warps, batch after batch, so each
-//! warp's lanes and their writer
-//! sequences belong to one encoder, which writes their packets in order, with
-//! its own interned names and its own one-byte sequence ids. Packets of
-//! different sequences may interleave in a trace; each encoder's output is
-//! written in the order it was made, so every sequence stays in order.
+//! The layer's writer thread stays the one that writes the file. For each batch
+//! it writes, itself, what lies above the warps ([`TraceWriter::write_head`]:
+//! the GPU and SM descriptors, the kernel slice, the events-lost counter), then
+//! hands the batch to every encoder thread. Encoder `i` of `n` writes the warps
+//! given to `i` ([`Owners`](super::owners::Owners): a warp seen first goes to
+//! the encoder given the fewest events so far): the same warps, batch after
+//! batch, so each warp's lanes and their writer sequences belong to one
+//! encoder, which writes their packets in order, with its own interned names
+//! and its own one-byte sequence ids. Packets of different sequences may
+//! interleave in a trace; each encoder's output is written in the order it was
+//! made, so every sequence stays in order.
 //! Descriptors come before the events on their tracks: the SMs' go out
 //! before the batch is handed over (their uuids are derived,
 //! [`sm_uuid`](super::tracks::sm_uuid), so the encoders need not ask), a
