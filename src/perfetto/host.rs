@@ -53,9 +53,11 @@ impl Hasher for KeyHasher {
             .rotate_left(26);
     }
     fn write_u128(&mut self, v: u128) {
-        // Both halves folded into one word: a pair that folds alike only
-        // shares a bucket (the map still compares whole keys).
-        self.write_usize(((v >> 64) as u64).rotate_left(32) as usize ^ v as usize);
+        // A round a half. One fold of the halves by XOR alone would hash warps
+        // of mirrored places alike (block b on SM s, block s on SM b): a grid
+        // of many blocks would put hundreds of warps on one hash.
+        self.write_usize((v >> 64) as usize);
+        self.write_usize(self.0 as usize ^ v as usize);
     }
 }
 

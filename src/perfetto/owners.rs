@@ -111,6 +111,23 @@ mod tests {
         }
     }
 
+    /// Warps of 1,000 blocks of 4 warps on 132 SMs, each block on each SM
+    /// (many launches of one kernel): no two hash alike.
+    #[test]
+    fn warp_keys_hash_apart() {
+        use std::hash::BuildHasher;
+        let hasher = BuildHasherDefault::<KeyHasher>::default();
+        let mut seen = std::collections::HashSet::new();
+        for sm in 0..132 {
+            for block in 0..1_000 {
+                for warp in 0..4 {
+                    let h = hasher.hash_one(warp_key(0, sm, block, warp));
+                    assert!(seen.insert(h), "SM {sm} block {block} warp {warp}");
+                }
+            }
+        }
+    }
+
     /// Warps first seen with nothing yet (the first part cut as they began)
     /// spread as if they had the batch's mean, rather than all going to the
     /// encoder that was least loaded then.
