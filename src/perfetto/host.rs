@@ -34,7 +34,7 @@ pub(crate) fn process(ids: &Ids, pid: i32, name: String) -> TracePacket {
 }
 
 /// Hashes a key (a callsite's address, an index; a warp's place, for
-/// [`super::owners`]) with one multiply.
+/// [`super::owners`]) with one multiply a word.
 #[derive(Default)]
 pub(crate) struct KeyHasher(u64);
 

@@ -38,8 +38,8 @@ pub(crate) fn warp_key(ordinal: u32, sm: u32, block: u32, warp: u32) -> WarpKey 
 /// encoder has had.
 #[derive(Debug)]
 pub(crate) struct Owners {
-    /// Hashed with one multiply: std's SipHash took some 400 instructions a
-    /// warp of a batch.
+    /// Hashed with a multiply a word: std's SipHash took some 400
+    /// instructions a warp of a batch.
     by_warp: HashMap<WarpKey, u16, BuildHasherDefault<KeyHasher>>,
     load: Vec<u64>,
     /// The encoder this copy is for.
