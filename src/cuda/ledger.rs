@@ -46,6 +46,11 @@ pub struct ProfilerStats {
     /// sink, or by plain spans for an unfiltered subscriber): the events the
     /// warps lost meanwhile are among `events_lost`.
     pub stream_stalls: u64,
+    /// The longest a streamed launch's drain thread went between two reads of
+    /// its rings (cutting a part, stopped for the backlog, or waiting for a
+    /// core): where a warp's ring holds fewer of its events than it records in
+    /// that time, it dropped some (counted in `events_lost`).
+    pub stream_longest_gap: std::time::Duration,
     /// Watchdog snapshots taken of streamed launches still running past their
     /// deadline ([`ProfilerBuilder::watchdog`](crate::cuda::ProfilerBuilder::watchdog)).
     pub snapshots: u64,

@@ -46,7 +46,7 @@ impl Worker {
         }
         let got = drain.as_ref().map(Drainers::take).unwrap_or_default();
         if let Some(d) = drain {
-            self.count_stalls(d);
+            self.count_pauses(d);
         }
         let any = !got.is_empty();
         self.drained((&job.launch, &job.dispatch, &job.span), got);
@@ -119,12 +119,10 @@ impl Worker {
             )
             .ok(),
         };
-        if let Some(d) = &drain {
-            self.count_stalls(d);
-        }
         match (outcome, drain) {
-            (Ok(()), Some(drain)) => {
+            (Ok(()), Some(mut drain)) => {
                 let (got, last) = drain.finish();
+                self.count_pauses(&drain);
                 self.drained(job, got);
                 let mut info = launch.clone();
                 info.host_complete_ns = complete_ns;
@@ -141,8 +139,9 @@ impl Worker {
                 self.hold(info, empty, &dispatch, &span);
             }
             (outcome, drain) => {
-                if let Some(d) = drain {
+                if let Some(mut d) = drain {
                     let (got, _) = d.finish();
+                    self.count_pauses(&d);
                     self.drained(job, got);
                 }
                 let e = outcome.err().unwrap_or(ProfilerError::Invalid(
@@ -165,12 +164,13 @@ impl Worker {
         self.latest_anchor().saturating_sub(3_600_000_000_000)
     }
 
-    /// Counts the times a launch's drain threads stopped for its backlog.
-    fn count_stalls(&self, drain: &Drainers) {
-        let stalls = drain.stalls();
-        if stalls > 0 {
-            self.shared.state.lock().stats.stream_stalls += stalls;
-        }
+    /// Counts the times a launch's drain threads stopped for its backlog, and
+    /// keeps the longest they went without reading.
+    fn count_pauses(&self, drain: &Drainers) {
+        let (stalls, gap) = drain.pauses();
+        let mut st = self.shared.state.lock();
+        st.stats.stream_stalls += stalls;
+        st.stats.stream_longest_gap = st.stats.stream_longest_gap.max(gap);
     }
 
     /// Keeps a streamed launch's slot errors for the next flush.

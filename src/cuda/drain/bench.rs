@@ -76,15 +76,21 @@ impl Rings {
         true
     }
 
-    /// One pass of the drain over every ring; returns the events it added.
+    /// One pass of the drain over every ring (a whole one: the drain threads'
+    /// stop at a part's worth, which the bench cuts after three); returns the
+    /// events it added.
     ///
     /// # Panics
     /// If a ring's chunks are refused: the bench stores valid ones.
     pub fn poll(&mut self) -> usize {
         let mut errors = Vec::new();
-        let added = self
-            .drain
-            .poll(&self.memory, &self.region, &self.registry, &mut errors);
+        let added = self.drain.poll(
+            &self.memory,
+            &self.region,
+            &self.registry,
+            &mut errors,
+            true,
+        );
         assert!(errors.is_empty(), "{:?}", errors[0].error);
         added
     }
@@ -94,5 +100,66 @@ impl Rings {
         let (part, errors) = self.drain.cut(None, &self.registry);
         assert!(errors.is_empty(), "{:?}", errors[0].error);
         part
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::shard::PART_EVENTS;
+    use super::*;
+    use crate::format::wire::{CHUNK_ENTRIES, ENTRY_INSTANT, STREAM_MARK};
+
+    #[test]
+    fn a_pass_stops_at_a_parts_worth_and_the_next_goes_on_from_there() {
+        // 64 full rings of 512 chunks, 31 instants a chunk: about four parts'
+        // worth. A ring gives all but its last instant, which waits for the
+        // chunk after (a payload of it may be there).
+        const WARPS: u32 = 64;
+        const CHUNKS: u32 = 512;
+        let ring = (CHUNKS as usize) * CHUNK_ENTRIES - 1;
+        let reg = EventRegistry::from_pairs([(1, "tick")]).unwrap();
+        let t0 = 5_000_000_000u64;
+        let mut rings = Rings::new(WARPS, CHUNKS, reg, t0);
+        for s in 0..WARPS {
+            let mut t = t0 + u64::from(s);
+            for _ in 0..CHUNKS {
+                let mut c = [0u64; 32];
+                for w in &mut c[..CHUNK_ENTRIES] {
+                    t += 10;
+                    let kind = u64::from(ENTRY_INSTANT | STREAM_MARK);
+                    *w = u64::from(t as u32) | 1 << 32 | kind << 48;
+                }
+                let info = u64::from(STREAM_MARK) | CHUNK_ENTRIES as u64;
+                c[CHUNK_ENTRIES] = ((t + 1) & ((1 << 48) - 1)) | info << 48;
+                assert!(rings.store(s, &c));
+            }
+        }
+        let (mut total, mut parts) = (0, 0);
+        let mut errors = Vec::new();
+        while total < WARPS as usize * ring {
+            let r = &mut rings;
+            let added = r
+                .drain
+                .poll(&r.memory, &r.region, &r.registry, &mut errors, false);
+            assert!(errors.is_empty());
+            // Up to a part's worth, past it by less than a ring.
+            assert!(added >= ring, "{added}");
+            let left = WARPS as usize * ring - total - added;
+            assert!(
+                (left == 0 || added >= PART_EVENTS) && added < PART_EVENTS + ring,
+                "{added}"
+            );
+            let part = rings.cut().expect("events");
+            assert_eq!(part.event_count() as usize, added);
+            total += added;
+            parts += 1;
+        }
+        assert_eq!((total, parts), (WARPS as usize * ring, 4));
+        // Every ring read whole, none twice.
+        for s in 0..WARPS as usize {
+            let at = BUFFER_HEADER_SIZE + s * rings.stride + so::READ;
+            assert_eq!(rings.memory.load_u32(at), CHUNKS, "ring {s}");
+        }
+        assert_eq!(rings.poll(), 0);
     }
 }

@@ -147,12 +147,14 @@ impl Outbox {
 }
 
 /// A launch's parts sent and not yet taken: their bytes, the limit past which
-/// its drain threads stop reading, and how many times one stopped (not yet
-/// counted in the stats).
+/// its drain threads stop reading, how many times one stopped, and the longest
+/// a thread went between two reads of its rings (ns; both not yet counted in
+/// the stats).
 struct Backlog {
     bytes: AtomicUsize,
     limit: usize,
     stalls: AtomicU64,
+    longest_gap_ns: AtomicU64,
 }
 
 /// The drain threads of one streamed launch, reading its rings until the
@@ -183,6 +185,7 @@ impl Drainers {
             bytes: AtomicUsize::new(0),
             limit: config.backlog,
             stalls: AtomicU64::new(0),
+            longest_gap_ns: AtomicU64::new(0),
         });
         let n = header.slot_count as usize;
         let shards = config.threads.shards(n);
@@ -225,10 +228,13 @@ impl Drainers {
         })
     }
 
-    /// How many times a thread stopped reading for the backlog since the
-    /// last call.
-    pub(crate) fn stalls(&self) -> u64 {
-        self.backlog.stalls.swap(0, Ordering::AcqRel)
+    /// How many times a thread stopped reading for the backlog, and the
+    /// longest a thread went between two reads of its rings, since the last call.
+    pub(crate) fn pauses(&self) -> (u64, Duration) {
+        (
+            self.backlog.stalls.swap(0, Ordering::AcqRel),
+            Duration::from_nanos(self.backlog.longest_gap_ns.swap(0, Ordering::AcqRel)),
+        )
     }
 
     /// What the threads have sent so far (their backlog goes down by as much).
@@ -241,10 +247,11 @@ impl Drainers {
 
     /// The launch has completed: every thread reads its rings a last time and
     /// sends its last part, with the flushed counts. Returns what they sent,
-    /// and the number the launch's last part (empty, to say it is the last) takes.
-    pub(crate) fn finish(self) -> (Vec<Drained>, u32) {
+    /// and the number the launch's last part (empty, to say it is the last) takes;
+    /// [`pauses`](Self::pauses) then has the threads' last.
+    pub(crate) fn finish(&mut self) -> (Vec<Drained>, u32) {
         self.stop.store(true, Ordering::Release);
-        for t in self.threads {
+        for t in self.threads.drain(..) {
             // A thread that panicked loses its shard's last part; the others' are kept.
             let _ = t.join();
         }
@@ -257,7 +264,8 @@ impl Drainers {
 /// kernel has finished: every store has landed) for its last part. While
 /// the parts sent and not yet taken are over the backlog's limit, it reads
 /// nothing and cuts nothing: the rings fill, and the warps drop their
-/// newest entries and count them.
+/// newest entries and count them. The longest its rings went unread goes to
+/// the stats: a ring that holds less than that has dropped.
 fn read_until_stopped(
     drain: &mut Drain,
     memory: &Memory,
@@ -267,6 +275,7 @@ fn read_until_stopped(
     (outbox, backlog): (&Mutex<Outbox>, &Backlog),
 ) {
     let mut was_held_back = false;
+    let mut gap = Duration::ZERO;
     loop {
         let stopping = stop.load(Ordering::Acquire);
         let held_back = !stopping && backlog.bytes.load(Ordering::Acquire) > backlog.limit;
@@ -277,8 +286,13 @@ fn read_until_stopped(
         let mut errors = Vec::new();
         let added = match held_back {
             true => 0,
-            false => drain.poll(memory, region, registry, &mut errors),
+            false => drain.poll(memory, region, registry, &mut errors, stopping),
         };
+        if drain.longest_gap() > gap {
+            gap = drain.longest_gap();
+            let ns = gap.as_nanos().min(u128::from(u64::MAX)) as u64;
+            backlog.longest_gap_ns.fetch_max(ns, Ordering::Relaxed);
+        }
         let (part, more) = if stopping {
             drain.cut(Some((memory, region)), registry)
         } else if !held_back && drain.part_due() {

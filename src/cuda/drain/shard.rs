@@ -20,8 +20,13 @@ pub(crate) const CHUNK_RECORDS: u32 = (CHUNK_SIZE / RECORD_SIZE) as u32;
 /// A drain thread cuts a part early when it holds this many events (24 bytes
 /// each in its packed buffer): what a part holds in memory is bounded whatever
 /// the rate, and so is the time the thread spends packing and checking it,
-/// during which its rings are not read (a few milliseconds).
-const PART_EVENTS: usize = 1 << 18;
+/// during which its rings are not read (a few milliseconds). A pass stops at
+/// the ring that brings its part there (the next pass goes on from the ring
+/// after), so a part exceeds it by one ring at most: a drain that fell behind
+/// would otherwise gather every ring's backlog into one part, larger the further
+/// behind it is, and slower to pack (H100, session 32: with 1 GiB of rings,
+/// parts of 1.1 M events on average and the drain thread saturated).
+pub(super) const PART_EVENTS: usize = 1 << 18;
 
 /// What the drain found wrong with a launch; the launch goes on without the slot.
 #[derive(Debug)]
@@ -89,6 +94,11 @@ pub(crate) struct Drain {
     /// The shard's slots.
     slots: Range<u32>,
     rings: Vec<WarpRing>,
+    /// The ring the next pass starts at.
+    next: usize,
+    /// When the first ring was last read, and the longest between two reads of it.
+    first_read: Instant,
+    longest_gap: Duration,
     in_part: usize,
     cut_at: Instant,
     interval: Duration,
@@ -121,10 +131,19 @@ impl Drain {
             stride: crate::format::slot_stride(header.slot_capacity),
             slots,
             rings,
+            next: 0,
+            first_read: Instant::now(),
+            longest_gap: Duration::ZERO,
             in_part: 0,
             cut_at: Instant::now(),
             interval,
         }
+    }
+
+    /// The longest the shard's rings went unread so far (between two reads of
+    /// its first ring: a part cut, a stop for the backlog, a wait for a core).
+    pub(crate) fn longest_gap(&self) -> Duration {
+        self.longest_gap
     }
 
     /// Whether the part gathered so far should go now (its interval is over,
@@ -134,20 +153,36 @@ impl Drain {
     }
 
     /// Reads every complete chunk of the shard's rings, in the launch's buffer
-    /// `region` of `memory`; returns the events it added. Errors are per slot:
-    /// that slot stops, the others go on.
+    /// `region` of `memory`, ring after ring from where the last pass stopped;
+    /// unless `whole`, it stops after the ring that brings the part to
+    /// [`PART_EVENTS`]. Returns the events it added. Errors are per slot: that
+    /// slot stops, the others go on.
     pub(crate) fn poll(
         &mut self,
         memory: &Memory,
         region: &Region,
         registry: &EventRegistry,
         errors: &mut Vec<SlotError>,
+        whole: bool,
     ) -> usize {
         let base = region.offset + self.header.size();
         let mut added = 0;
-        for (ring, s) in self.rings.iter_mut().zip(self.slots.clone()) {
+        for _ in 0..self.rings.len() {
+            let i = self.next;
+            self.next = (i + 1) % self.rings.len();
+            if i == 0 {
+                // One clock read a round of the shard: every ring waits about as
+                // long between two reads as the first does.
+                let now = Instant::now();
+                self.longest_gap = self.longest_gap.max(now - self.first_read);
+                self.first_read = now;
+            }
+            let s = self.slots.start + i as u32;
             let at = (memory, base + s as usize * self.stride);
-            added += ring.poll(s, at, self.chunks, registry, errors);
+            added += self.rings[i].poll(s, at, self.chunks, registry, errors);
+            if !whole && self.in_part + added >= PART_EVENTS {
+                break;
+            }
         }
         self.in_part += added;
         added

@@ -75,6 +75,14 @@ pub struct ProfilerCpu {
     /// The role's busiest thread: one near the run's wall time is what sets the
     /// pace of its role.
     pub busiest: [f64; 4],
+    /// Seconds the role's threads were runnable and waited for a core
+    /// (`/proc/.../schedstat`; 0 where the kernel keeps none): a drain thread
+    /// that waits as long as its rings hold loses events, however little CPU it takes.
+    pub waited: [f64; 4],
+    /// The most one of the role's threads waited.
+    pub most_waited: [f64; 4],
+    /// Minor page faults of the role's threads (first touches of fresh memory).
+    pub faults: [f64; 4],
 }
 
 impl ProfilerCpu {
@@ -105,7 +113,7 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
     // thread started since took all of its time meanwhile.
     let before = threads_cpu().map(|(tid, role, s)| (tid, (role, s, s)));
     let seen = Arc::new(Mutex::new(
-        before.collect::<HashMap<u64, (usize, f64, f64)>>(),
+        before.collect::<HashMap<u64, (usize, Times, Times)>>(),
     ));
     let sample = {
         let (stop, seen) = (stop.clone(), seen.clone());
@@ -115,7 +123,7 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
                 // The role by the latest name: a thread names itself once it runs, so
                 // a look just after its start may still find its parent's name.
                 let mut seen = seen.lock();
-                let t = seen.entry(tid).or_insert((role, 0.0, now));
+                let t = seen.entry(tid).or_insert((role, Times::default(), now));
                 (t.0, t.2) = (role, now);
             }
             if last {
@@ -129,15 +137,27 @@ pub fn profiler_cpu<T>(f: impl FnOnce() -> T) -> (T, ProfilerCpu) {
     let _ = sample.join();
     let mut cpu = ProfilerCpu::default();
     for &(role, first, last) in seen.lock().values() {
-        let s = last - first;
+        let s = last.cpu - first.cpu;
         cpu.by_role[role] += s;
         cpu.busiest[role] = cpu.busiest[role].max(s);
+        let w = last.waited - first.waited;
+        cpu.waited[role] += w;
+        cpu.most_waited[role] = cpu.most_waited[role].max(w);
+        cpu.faults[role] += last.faults - first.faults;
     }
     (out, cpu)
 }
 
-/// This process's threads: id, [`ProfilerCpu`] role and CPU seconds so far.
-fn threads_cpu() -> impl Iterator<Item = (u64, usize, f64)> {
+/// One thread's times so far: CPU seconds, seconds waited for a core, minor faults.
+#[derive(Debug, Default, Clone, Copy)]
+struct Times {
+    cpu: f64,
+    waited: f64,
+    faults: f64,
+}
+
+/// This process's threads: id, [`ProfilerCpu`] role and [`Times`] so far.
+fn threads_cpu() -> impl Iterator<Item = (u64, usize, Times)> {
     let tasks = std::fs::read_dir("/proc/self/task")
         .into_iter()
         .flatten()
@@ -153,10 +173,26 @@ fn threads_cpu() -> impl Iterator<Item = (u64, usize, f64)> {
             Some(_) => ProfilerCpu::OTHER,
         };
         let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
-        let ticks = |i: usize| fields.get(i).and_then(|x| x.parse::<f64>().ok());
+        // minflt, utime and stime: fields 10, 14 and 15 of the line, 8, 12 and 13
+        // after the name.
+        let field = |i: usize| fields.get(i).and_then(|x| x.parse::<f64>().ok());
         let tid = task.file_name().to_string_lossy().parse().ok()?;
-        Some((tid, role, (ticks(11)? + ticks(12)?) / 100.0))
+        // schedstat: ns on a core, ns waiting for one, time slices.
+        let waited = std::fs::read_to_string(task.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .map_or(0.0, |ns| ns / 1e9);
+        let cpu = (field(11)? + field(12)?) / 100.0;
+        let faults = field(7)?;
+        Some((
+            tid,
+            role,
+            Times {
+                cpu,
+                waited,
+                faults,
+            },
+        ))
     })
 }
 

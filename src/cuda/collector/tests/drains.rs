@@ -668,6 +668,13 @@ fn a_collector_held_back_stops_the_drain_so_the_warps_drop_instead_of_the_host_p
     assert_eq!(st.events + st.events_lost, written);
     assert_eq!(st.events, u64::from(w.stored));
     assert!(st.stream_stalls >= 1, "{} stalls", st.stream_stalls);
+    // Held back, the drain read nothing while the warp stored 300 chunks at
+    // least a millisecond apart.
+    assert!(
+        st.stream_longest_gap >= Duration::from_millis(300),
+        "{:?}",
+        st.stream_longest_gap
+    );
     assert_eq!((st.delivered, st.failed), (1, 0));
     assert_eq!(
         events_of(&gate.batches.0.lock(), 0, 0).len() as u64,

@@ -209,7 +209,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                 let exact = st.events + st.events_lost == produced;
                 println!(
                     "{mode:<7} kernel {kernel_s:.3} s ({slow:+.2}% vs off)  produced {produced} ({:.0} M/s)  \
-                     delivered {} ({:.1} %, {:.1} M/s)  lost {}  (drain stalls {})  parts {}  \
+                     delivered {} ({:.1} %, {:.1} M/s)  lost {}  (drain stalls {}, rings unread at most {:.1} ms)  parts {}  \
                      drain / collector / rest of the process cpu {:.1} / {:.1} / {:.1} s  C rel err {err:.2e}: {}",
                     produced as f64 / kernel_s / 1e6,
                     st.events,
@@ -217,6 +217,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn Error>> {
                     st.events as f64 / kernel_s / 1e6,
                     st.events_lost,
                     st.stream_stalls,
+                    st.stream_longest_gap.as_secs_f64() * 1e3,
                     st.parts,
                     cpu.by_role[ProfilerCpu::DRAIN],
                     cpu.by_role[ProfilerCpu::COLLECTOR],

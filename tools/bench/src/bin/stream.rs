@@ -37,14 +37,16 @@
 //! call), the launch call's time (the first streamed launch allocates the streaming
 //! memory), the slowdown against `off`, events produced (from the loop) against
 //! delivered and lost (events), the drain's stalls for the collector
-//! (`ProfilerStats::stream_stalls`), the parts, the clock checkpoints taken, the
+//! (`ProfilerStats::stream_stalls`) and the longest its rings went unread
+//! (`stream_longest_gap`), the parts, the clock checkpoints taken, the
 //! sustained events/s delivered over the kernel's time, how long after the kernel the
 //! last part arrived, how late the parts arrived (from their cut to the sink: median,
 //! 99th percentile, largest, and the largest in each quarter of the run), the streaming
 //! memory, the process's peak resident memory, and the CPU time of the profiler's threads
 //! (the collector, the drain threads, the others, and the busiest thread of each) and of
 //! the process's other threads (the launching thread waits for the kernel on a blocking
-//! event, not spinning). The subscriber filters at `INFO`, as the README's, so that
+//! event, not spinning); for the profiler's roles, also how long their threads waited for
+//! a core (all, and the one that waited most) and their minor page faults. The subscriber filters at `INFO`, as the README's, so that
 //! `deliver` makes no plain spans (`--unfiltered`: no filter). A mode fails the run if
 //! produced ≠ delivered + lost (in events).
 //!
@@ -739,8 +741,9 @@ fn run(o: &Options) -> Result<bool> {
         let rate = st.events as f64 / f.kernel_s / 1e6;
         println!(
             "{:<9} kernel {:.3} s ({:+.2}% vs off, {:+.2}% vs fixed, {:+.2}% vs memory)  launch call {:.1} ms  produced {}  delivered {}  lost {}  \
-             (drain stalls {})  parts {}  checkpoints {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
-             (collector {:.1}, drain {:.1}, other {:.1}; busiest thread {:.1} / {:.1} / {:.1}; the process's other threads {:.1})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
+             (drain stalls {}, rings unread at most {:.1} ms)  parts {}  checkpoints {}  {:.1} M events/s  last part {:.3} s after the kernel  memory {} MiB  peak RSS {} MiB  profiler threads' cpu {:.1} s \
+             (collector {:.1}, drain {:.1}, other {:.1}; busiest thread {:.1} / {:.1} / {:.1}; the process's other threads {:.1}; waited for a core {:.2} / {:.2} / {:.2}, \
+             the most one thread {:.3} / {:.3} / {:.3}; minor faults {:.0} / {:.0} / {:.0})  part lag ms: p50 {:.0} p99 {:.0} max {:.0}, \
              largest by quarter of the run {:.0} {:.0} {:.0} {:.0}",
             f.mode,
             f.kernel_s,
@@ -752,6 +755,7 @@ fn run(o: &Options) -> Result<bool> {
             st.events,
             st.events_lost,
             st.stream_stalls,
+            st.stream_longest_gap.as_secs_f64() * 1e3,
             st.parts,
             st.calibrations,
             rate,
@@ -766,6 +770,15 @@ fn run(o: &Options) -> Result<bool> {
             f.cpu.busiest[ProfilerCpu::DRAIN],
             f.cpu.busiest[ProfilerCpu::OTHER],
             f.cpu.by_role[ProfilerCpu::APP],
+            f.cpu.waited[ProfilerCpu::COLLECTOR],
+            f.cpu.waited[ProfilerCpu::DRAIN],
+            f.cpu.waited[ProfilerCpu::OTHER],
+            f.cpu.most_waited[ProfilerCpu::COLLECTOR],
+            f.cpu.most_waited[ProfilerCpu::DRAIN],
+            f.cpu.most_waited[ProfilerCpu::OTHER],
+            f.cpu.faults[ProfilerCpu::COLLECTOR],
+            f.cpu.faults[ProfilerCpu::DRAIN],
+            f.cpu.faults[ProfilerCpu::OTHER],
             f.lag_ms[0],
             f.lag_ms[1],
             f.lag_ms[2],
@@ -775,9 +788,9 @@ fn run(o: &Options) -> Result<bool> {
             f.lag_quarters_ms[3],
         );
         json.push_str(&format!(
-            "{{\"mode\":\"{}\",\"kernel_s\":{},\"launch_call_s\":{},\"produced\":{},\"delivered\":{},\"events_lost\":{},\"stream_stalls\":{},\"parts\":{},\"calibrations\":{},\
+            "{{\"mode\":\"{}\",\"kernel_s\":{},\"launch_call_s\":{},\"produced\":{},\"delivered\":{},\"events_lost\":{},\"stream_stalls\":{},\"stream_longest_gap_s\":{},\"parts\":{},\"calibrations\":{},\
              \"events_per_s\":{},\"last_part_after_s\":{},\"memory_bytes\":{},\"peak_rss_bytes\":{},\"cpu_s\":{},\"cpu_by_role_s\":{:?},\"busiest_thread_by_role_s\":{:?},\
-             \"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
+             \"waited_by_role_s\":{:?},\"most_waited_by_role_s\":{:?},\"minor_faults_by_role\":{:?},\"part_lag_ms\":{},\"part_lag_by_quarter_ms\":{},\"failed\":{}{}}}\n",
             f.mode,
             f.kernel_s,
             f.call_s,
@@ -785,6 +798,7 @@ fn run(o: &Options) -> Result<bool> {
             st.events,
             st.events_lost,
             st.stream_stalls,
+            st.stream_longest_gap.as_secs_f64(),
             st.parts,
             st.calibrations,
             st.events as f64 / f.kernel_s,
@@ -794,6 +808,9 @@ fn run(o: &Options) -> Result<bool> {
             f.cpu.total(),
             f.cpu.by_role,
             f.cpu.busiest,
+            f.cpu.waited,
+            f.cpu.most_waited,
+            f.cpu.faults,
             json_ms(&f.lag_ms),
             json_ms(&f.lag_quarters_ms),
             st.failed,
