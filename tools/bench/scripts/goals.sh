@@ -14,6 +14,7 @@
 #   stream   stream: fixed slots at 215 M/s, the floor (modes 0, 1); Perfetto at 101 M/s  100 s
 #   gemm     gemm_stream, 10 s: sampled to fit the drain, nearly none, and all (overloaded) 200 s
 #   goals31  issue #31's goals alone: fixed slots, Perfetto three times, and gemm          300 s
+#   rings    Perfetto at 101 M/s with the default rings and with rings twice as long         100 s
 #
 # The floor: tools/bench/kernels/floor.cuh in place of the recorder's header (`--header`),
 # what stamping every call costs at least; its runs print no trace's counts (it writes none,
@@ -32,7 +33,7 @@ top=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$top"
 
 bins=(decode_step graph_replay storm recorder_bench dense stream gemm_stream)
-sets=(decode graph storm bench stream gemm goals31)
+sets=(decode graph storm bench stream gemm goals31 rings)
 
 pack() {
   grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -113,9 +114,15 @@ fixed() {
 
 # The settings that came nearest to delivering every event on the H100 (docs/performance.md):
 # 12 encoders deflating everything, 4 drain threads (16 cores in all). NAME: the run's name.
+# Extra arguments follow the name (`--stream-memory`: larger rings). The line's tail,
+# beyond the summary's cut: how long the rings went unread at most, which says whether
+# what was lost with no stall was lost to the drain's pauses (lab history, session 32).
 perfetto() {
-  one "$1" 150 ./.gpu/stream --modes off,perfetto --seconds 10 --work 2000 \
-    --perfetto-encoders 12 --drain-threads 4 --perfetto-zlib 1 --json "$work/$1.json"
+  local name=$1
+  shift
+  one "$name" 150 ./.gpu/stream --modes off,perfetto --seconds 10 --work 2000 \
+    --perfetto-encoders 12 --drain-threads 4 --perfetto-zlib 1 --json "$work/$name.json" "$@"
+  grep -oE '\(drain stalls [^)]*\)|waited for a core [^;]*' "$work/$name.log" | tee -a "$work/summary"
 }
 
 stream() {
@@ -142,11 +149,22 @@ gemm() {
 }
 
 # Issue #31's goals alone, in one call: fixed slots, Perfetto at 101 M/s (three times: it
-# was whole in 3 runs of 8 in sessions 25-29), the GEMM sampled, unsampled and overloaded.
+# was whole in 1 run of 3 in session 32, 99.32 and 99.983 % in the others), the GEMM
+# sampled, unsampled and overloaded.
 goals31() {
   fixed
   for i in 1 2 3; do perfetto "stream_perfetto_$i"; done
   gemm
+}
+
+# Why Perfetto at 101 M/s loses what it loses with no stall: the default rings (8,192
+# records for 528 warps, about 66 ms of a warp's entries) against rings twice as long
+# (512 MiB), alternated, twice each.
+rings() {
+  for i in 1 2; do
+    perfetto "rings_256m_$i"
+    perfetto "rings_512m_$i" --stream-memory 536870912
+  done
 }
 
 case "${1:-}" in
@@ -155,8 +173,8 @@ case "${1:-}" in
     shift
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || fail "run is for the GPU machine: no \$OUT"
     for b in "${bins[@]}"; do [ -x ".gpu/$b" ] || fail "no .gpu/$b: run \`$0 pack\` here and carry .gpu"; done
-    # By default every set but the last, goals31, whose runs the others make too.
-    [ $# -gt 0 ] || set -- "${sets[@]:0:${#sets[@]}-1}"
+    # By default every set but the last two: goals31, whose runs the others make too, and rings.
+    [ $# -gt 0 ] || set -- "${sets[@]:0:${#sets[@]}-2}"
     for s in "$@"; do [[ " ${sets[*]} " == *" $s "* ]] || fail "no set $s (sets: ${sets[*]})"; done
     work=$(mktemp -d)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$work/summary"
