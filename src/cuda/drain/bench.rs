@@ -76,9 +76,9 @@ impl Rings {
         true
     }
 
-    /// One pass of the drain over every ring (a whole one: the drain threads'
-    /// stop at a part's worth, which the bench cuts after three); returns the
-    /// events it added.
+    /// One pass of the drain over every ring, whole (the drain threads' passes
+    /// stop at a part's worth; the bench cuts a part after three passes);
+    /// returns the events it added.
     ///
     /// # Panics
     /// If a ring's chunks are refused: the bench stores valid ones.
